@@ -1,0 +1,40 @@
+# One entry point for newcomers and CI. `make run` and `make test` install what they need.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+UV      := $(shell command -v uv 2>/dev/null || echo $(BIN)/uv)
+STAMP   := $(VENV)/.installed
+
+.PHONY: setup run test test-fast lint crds render clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	@command -v uv >/dev/null 2>&1 || $(BIN)/pip install -q uv
+	$(UV) pip install --python $(BIN)/python -e '.[dev]'
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+run: setup
+	$(BIN)/omni up
+
+test: setup
+	bash tests/run.sh
+
+test-fast: setup
+	$(BIN)/pytest -q tests/unit
+
+lint: setup
+	$(BIN)/ruff check operator runtime tests
+	$(BIN)/ruff format --check operator runtime tests
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+crds: setup
+	$(BIN)/omni crd -o crds/
+
+render: setup
+	$(BIN)/omni render -f examples/tiny-cpu.yaml
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Control plane for omni model deployments: API, planner, renderer, reconciler, operator."""

@@ -1,0 +1,1 @@
+"""Data plane for omni models: stage pipeline, OpenAI-compatible API, router, benchmarks."""
