@@ -1,0 +1,24 @@
+"""Label and annotation keys shared by selectors, renderers, watchers and the router."""
+
+from __future__ import annotations
+
+PREFIX = "omni.dev"
+
+DEPLOYMENT = f"{PREFIX}/deployment"
+WORKER = f"{PREFIX}/worker"
+ROLE = f"{PREFIX}/role"  # stage pod role: api, thinker, talker, image-encoder, router
+STAGES = f"{PREFIX}/stages"  # annotation: comma list of the stages a pod hosts
+REVISION = f"{PREFIX}/revision"
+COMPONENT = f"{PREFIX}/component"  # worker | router
+RANK = f"{PREFIX}/node-rank"  # multi-node thinker: 0 is the leader
+
+WORKER_STATE = f"{PREFIX}/worker-state"  # annotation on a worker's Service: starting|ready|draining
+DRAIN_STARTED = f"{PREFIX}/drain-started"  # annotation: RFC 3339 time the drain began
+
+MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY_VALUE = "omni-operator"
+APP_NAME = "app.kubernetes.io/name"
+APP_INSTANCE = "app.kubernetes.io/instance"
+
+FIELD_MANAGER = "omni-operator"
+FINALIZER = f"{PREFIX}/drain"

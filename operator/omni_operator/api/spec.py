@@ -1,0 +1,339 @@
+"""The OmniDeployment spec as pydantic models: the single source of truth.
+
+Field descriptions become CRD descriptions, defaults and bounds live on the fields, and the
+YAML spelling is camelCase (aliases) while Python code uses snake_case names.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "omni.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "OmniDeployment"
+PLURAL = "omnideployments"
+SINGULAR = "omnideployment"
+SHORT_NAMES = ["omnid"]
+
+
+class SpecModel(BaseModel):
+    """Base for every spec object: camelCase in YAML, unknown fields rejected."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        use_enum_values=False,
+    )
+
+
+class Architecture(StrEnum):
+    auto = "auto"
+    qwen2_5_omni = "qwen2_5_omni"
+    qwen3_omni = "qwen3_omni"
+    ming_omni = "ming_omni"
+    minicpm_o = "minicpm_o"
+
+
+class LoadFormat(StrEnum):
+    auto = "auto"
+    dummy = "dummy"
+
+
+class SourceType(StrEnum):
+    pvc = "pvc"
+    host_path = "hostPath"
+    image = "image"
+    tiny = "tiny"
+
+
+class RuntimeType(StrEnum):
+    builtin = "builtin"
+    sglang_omni = "sglang-omni"
+    vllm_omni = "vllm-omni"
+
+
+class PipelineVariant(StrEnum):
+    text = "text"
+    speech = "speech"
+    streaming_speech = "streaming-speech"
+    duplex = "duplex"
+
+
+class Quantization(StrEnum):
+    fp8 = "fp8"
+    int8 = "int8"
+    awq = "awq"
+    gptq = "gptq"
+
+
+class ImageEncoderPlacement(StrEnum):
+    with_thinker = "withThinker"
+    dedicated = "dedicated"
+
+
+class GpuTier(StrEnum):
+    cpu = "cpu"
+    a100_40gb = "a100-40gb"
+    a100_80gb = "a100-80gb"
+    l40s = "l40s"
+    h100 = "h100"
+    h200 = "h200"
+    b200 = "b200"
+
+
+class ServiceType(StrEnum):
+    cluster_ip = "ClusterIP"
+    node_port = "NodePort"
+    load_balancer = "LoadBalancer"
+
+
+class ModelSource(SpecModel):
+    """Where the checkpoint comes from inside the stage pods."""
+
+    type: SourceType = Field(
+        default=SourceType.image,
+        description="pvc: a PersistentVolumeClaim mounted read-only; hostPath: a directory on the node; "
+        "image: baked into the runtime image at model.path; tiny: the runtime writes the tiny "
+        "random-weight checkpoint itself (builtin runtime only, for tests and demos).",
+    )
+    claim_name: str | None = Field(
+        default=None, description="PersistentVolumeClaim name (type pvc).", min_length=1
+    )
+    sub_path: str | None = Field(default=None, description="Sub-path inside the volume (type pvc).")
+    host_path: str | None = Field(default=None, description="Node directory (type hostPath).", min_length=1)
+
+    @model_validator(mode="after")
+    def _source_fields(self) -> ModelSource:
+        if self.type is SourceType.pvc and not self.claim_name:
+            raise ValueError("model.source.claimName is required when model.source.type is pvc")
+        if self.type is SourceType.host_path and not self.host_path:
+            raise ValueError("model.source.hostPath is required when model.source.type is hostPath")
+        return self
+
+
+class ModelSpec(SpecModel):
+    """Which model the deployment serves and how it is loaded."""
+
+    name: str = Field(
+        description="Served model name: the `model` field clients send to the OpenAI API.",
+        min_length=1,
+        max_length=128,
+    )
+    path: str = Field(
+        default="/models/model",
+        description="Checkpoint directory as seen inside the stage containers.",
+        min_length=1,
+    )
+    source: ModelSource = Field(default_factory=lambda: ModelSource(), description="Checkpoint source.")
+    architecture: Architecture = Field(
+        default=Architecture.auto,
+        description="Model family; auto reads it from the served name or the checkpoint's config.json.",
+    )
+    load_format: LoadFormat = Field(
+        default=LoadFormat.auto,
+        description="auto loads the checkpoint's weights; dummy builds the full-size model with random weights "
+        "(for benchmarks).",
+    )
+    trust_remote_code: bool = Field(default=False, description="Allow model code shipped in the checkpoint.")
+    voice: str | None = Field(default=None, description="Default talker voice (speaker name).")
+    thinker_params_billions: float | None = Field(
+        default=None,
+        gt=0,
+        description="Thinker parameter count in billions, for the fit check; defaults to the architecture's "
+        "known size.",
+    )
+
+
+class RuntimeSpec(SpecModel):
+    """Which serving runtime runs in the pods."""
+
+    type: RuntimeType = Field(default=RuntimeType.builtin, description="builtin, sglang-omni or vllm-omni.")
+    image: str = Field(
+        default="ghcr.io/omni-dev/omni-runtime:0.1.0",
+        description="Container image for stage pods, the worker API and the router.",
+        min_length=1,
+    )
+    image_pull_policy: str = Field(
+        default="IfNotPresent", pattern="^(Always|IfNotPresent|Never)$", description="Image pull policy."
+    )
+    stage_images: dict[str, str] = Field(
+        default_factory=dict,
+        description="Per stage-pod image overrides keyed by stage pod role (api, thinker, talker, "
+        "image-encoder).",
+    )
+    extra_args: list[str] = Field(default_factory=list, description="Extra arguments for every runtime process.")
+
+
+class Resources(SpecModel):
+    """CPU and memory for a stage pod (GPUs come from the plan)."""
+
+    cpu: str | None = Field(default=None, description="CPU request and limit, e.g. '4'.")
+    memory: str | None = Field(default=None, description="Memory request and limit, e.g. '32Gi'.")
+
+
+class ThinkerSpec(SpecModel):
+    tensor_parallel_size: int = Field(default=1, ge=1, le=64, description="GPUs the thinker is split across.")
+    mem_fraction_static: float | None = Field(
+        default=None,
+        gt=0.0,
+        lt=1.0,
+        description="Share of each GPU's memory for weights and KV cache; defaults by GPU tier "
+        "(0.80 for 80 GB parts, 0.90 for 141 GB parts).",
+    )
+    cpu_offload_gb: int = Field(default=0, ge=0, description="GiB of weights per GPU offloaded to host memory.")
+    quantization: Quantization | None = Field(default=None, description="Weight quantization.")
+    resources: Resources = Field(default_factory=Resources, description="CPU and memory of the thinker pod.")
+    image: str | None = Field(default=None, description="Image override for the thinker pod.")
+    args: list[str] = Field(default_factory=list, description="Extra arguments for the thinker process.")
+
+
+class TalkerSpec(SpecModel):
+    enabled: bool | None = Field(
+        default=None,
+        description="Run a talker; defaults to true for speech, streaming-speech and duplex, false for text.",
+    )
+    resources: Resources = Field(default_factory=Resources, description="CPU and memory of the talker pod.")
+    image: str | None = Field(default=None, description="Image override for the talker pod.")
+    args: list[str] = Field(default_factory=list, description="Extra arguments for the talker process.")
+
+
+class ImageEncoderSpec(SpecModel):
+    tensor_parallel_size: int = Field(default=1, ge=1, le=16, description="Vision encoder tensor parallelism.")
+    placement: ImageEncoderPlacement = Field(
+        default=ImageEncoderPlacement.with_thinker,
+        description="withThinker shares the thinker's GPUs; dedicated takes its own GPUs after the talker's.",
+    )
+    resources: Resources = Field(default_factory=Resources, description="CPU and memory (dedicated only).")
+
+
+class AudioEncoderSpec(SpecModel):
+    enabled: bool = Field(default=True, description="Accept audio input (runs on the thinker's first GPU).")
+
+
+class PreprocessingSpec(SpecModel):
+    resources: Resources = Field(
+        default_factory=lambda: Resources(cpu="2", memory="4Gi"),
+        description="CPU and memory of the worker API pod (preprocessing and decode).",
+    )
+
+
+class StagesSpec(SpecModel):
+    thinker: ThinkerSpec = Field(default_factory=ThinkerSpec, description="The language model.")
+    talker: TalkerSpec = Field(default_factory=TalkerSpec, description="Speech generation (codec + vocoder).")
+    image_encoder: ImageEncoderSpec = Field(default_factory=ImageEncoderSpec, description="Vision tower.")
+    audio_encoder: AudioEncoderSpec = Field(default_factory=AudioEncoderSpec, description="Audio tower.")
+    preprocessing: PreprocessingSpec = Field(
+        default_factory=PreprocessingSpec, description="CPU preprocessing and the worker API."
+    )
+
+
+class Toleration(SpecModel):
+    key: str | None = None
+    operator: str | None = Field(default=None, pattern="^(Exists|Equal)$")
+    value: str | None = None
+    effect: str | None = Field(default=None, pattern="^(NoSchedule|PreferNoSchedule|NoExecute)$")
+    toleration_seconds: int | None = None
+
+
+class GpuSpec(SpecModel):
+    resource_name: str = Field(default="nvidia.com/gpu", description="Extended resource that counts GPUs.")
+    tier: GpuTier = Field(default=GpuTier.h100, description="GPU model class; sets memory and defaults.")
+    memory_gb: float | None = Field(default=None, gt=0, description="Per-GPU memory override in GB.")
+    gpus_per_node: int = Field(default=8, ge=1, le=64, description="GPUs on one node; larger thinkers span nodes.")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Node selector for GPU pods.")
+    tolerations: list[Toleration] = Field(default_factory=list, description="Tolerations for GPU pods.")
+    topology_key: str = Field(
+        default="kubernetes.io/hostname", description="Topology key that keeps a worker's pods together."
+    )
+
+
+class RouterAuth(SpecModel):
+    secret_name: str = Field(min_length=1, description="Secret holding accepted API keys, one per line.")
+    key: str = Field(default="api-keys", min_length=1, description="Key inside the Secret.")
+
+
+class RouterLimits(SpecModel):
+    max_sessions_per_worker: int = Field(default=256, ge=1, description="Live sessions one worker accepts.")
+    max_request_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, description="Largest request body.")
+    request_timeout_seconds: int = Field(default=600, ge=1, description="Upstream timeout for one request.")
+
+
+class RouterSpec(SpecModel):
+    replicas: int = Field(default=1, ge=0, le=64, description="Router pods.")
+    session_header: str = Field(
+        default="X-Session-Id",
+        pattern=r"^[A-Za-z0-9-]+$",
+        description="Request header whose value pins requests to one worker.",
+    )
+    service_type: ServiceType = Field(default=ServiceType.cluster_ip, description="Router Service type.")
+    port: int = Field(default=8000, ge=1, le=65535, description="Router Service port.")
+    auth: RouterAuth | None = Field(default=None, description="API-key auth; off when unset.")
+    limits: RouterLimits = Field(default_factory=RouterLimits, description="Admission limits.")
+
+
+class RolloutSpec(SpecModel):
+    max_surge: int = Field(default=1, ge=0, description="Extra workers allowed during a rollout.")
+    max_unavailable: int = Field(default=0, ge=0, description="Workers that may be unavailable during a rollout.")
+    drain_timeout_seconds: int = Field(default=600, ge=0, description="Longest wait for a draining worker.")
+    progress_deadline_seconds: int = Field(
+        default=600, ge=1, description="Time a new worker has to become ready before the rollout stops."
+    )
+    paused: bool = Field(default=False, description="Stop the rollout at its next step.")
+
+    @model_validator(mode="after")
+    def _can_progress(self) -> RolloutSpec:
+        if self.max_surge == 0 and self.max_unavailable == 0:
+            raise ValueError(
+                "rollout.maxSurge and rollout.maxUnavailable are both 0: a rollout could never progress; "
+                "set maxSurge: 1 (default) or maxUnavailable: 1"
+            )
+        return self
+
+
+class OmniDeploymentSpec(SpecModel):
+    """Desired state of an omni model deployment."""
+
+    model: ModelSpec = Field(description="The model to serve.")
+    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec, description="The serving runtime.")
+    pipeline: PipelineVariant = Field(default=PipelineVariant.speech, description="Pipeline variant.")
+    workers: int = Field(default=1, ge=0, le=1024, description="Complete workers (the scale subresource).")
+    stages: StagesSpec = Field(default_factory=StagesSpec, description="Per-stage placement and settings.")
+    gpu: GpuSpec = Field(default_factory=GpuSpec, description="GPU class and scheduling.")
+    router: RouterSpec = Field(default_factory=RouterSpec, description="Session router.")
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="Worker-by-worker rollout strategy.")
+
+
+class ObjectMeta(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(min_length=1, max_length=40, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    namespace: str = "default"
+    uid: str | None = None
+    generation: int | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class OmniDeployment(BaseModel):
+    """A whole OmniDeployment object as read from YAML or the API server."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    api_version: Annotated[str, Field(alias="apiVersion")] = API_VERSION
+    kind: str = KIND
+    metadata: ObjectMeta
+    spec: OmniDeploymentSpec
+    status: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _type_meta(self) -> OmniDeployment:
+        if self.api_version != API_VERSION:
+            raise ValueError(f"apiVersion must be {API_VERSION}, got {self.api_version!r}")
+        if self.kind != KIND:
+            raise ValueError(f"kind must be {KIND}, got {self.kind!r}")
+        return self

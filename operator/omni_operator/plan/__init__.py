@@ -1,0 +1,1 @@
+"""Pure placement planner: OmniDeployment spec -> Plan."""

@@ -1,0 +1,124 @@
+"""The engine contract between the API layer and the stage pipeline (no torch here).
+
+The API turns an OpenAI request into a `GenerationRequest`; the engine answers with an async
+stream of events. Closing the stream (``aclose()``) cancels the request and frees its slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import numpy as np
+
+MediaKind = Literal["audio", "image", "video"]
+
+
+@dataclass(frozen=True)
+class MediaInput:
+    """Decoded media, ready for the processor.
+
+    audio: float32 mono waveform at ``sample_rate`` (16 kHz for the audio encoder);
+    image: uint8 array H x W x 3 (RGB); video: uint8 array T x H x W x 3 with ``fps``.
+    """
+
+    kind: MediaKind
+    data: np.ndarray
+    sample_rate: int | None = None
+    fps: float | None = None
+
+
+@dataclass(frozen=True)
+class ChatTurn:
+    role: Literal["system", "user", "assistant"]
+    text: str = ""
+    media: tuple[MediaInput, ...] = ()
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 2048
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    ignore_eos: bool = False  # benchmarks: generate exactly max_tokens
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    request_id: str
+    turns: tuple[ChatTurn, ...]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    want_audio: bool = False
+    voice: str | None = None
+    stream_audio: bool = True  # emit audio chunks while the thinker still generates (streaming-speech)
+    stage_params: dict[str, dict[str, object]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+    token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class AudioChunk:
+    pcm: np.ndarray  # float32 mono in [-1, 1]
+    sample_rate: int
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    audio_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Finished:
+    reason: Literal["stop", "length", "cancelled", "error"]
+    usage: Usage = field(default_factory=Usage)
+    error: str | None = None
+
+
+EngineEvent = TextDelta | AudioChunk | Finished
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    queue_depth: int = 0
+    running_batch: int = 0
+    max_running_batch: int = 0  # largest batch seen since start (observability and tests)
+    active_requests: int = 0
+
+
+class EngineError(Exception):
+    """A request the engine cannot serve; ``param`` names the offending field for the API error."""
+
+    def __init__(self, message: str, *, param: str | None = None, status: int = 400) -> None:
+        super().__init__(message)
+        self.param = param
+        self.status = status
+
+
+class Engine(Protocol):
+    model_name: str
+    output_sample_rate: int  # the talker's true rate (24000 for Qwen2.5-Omni)
+    supports_audio_output: bool
+    max_model_len: int
+
+    @property
+    def ready(self) -> bool: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[EngineEvent]: ...
+
+    def stats(self) -> EngineStats: ...
