@@ -1,0 +1,28 @@
+"""Options that build an engine: the `omni serve` / `omni stage` flags as one dataclass (no torch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    model_path: str | None = None  # None: the tiny checkpoint in the cache directory (created once)
+    model_name: str | None = None  # served name; defaults to the checkpoint directory name
+    pipeline: str = "speech"  # text | speech | streaming-speech | duplex
+    text_only: bool = False  # same as pipeline=text
+    load_format: str = "auto"  # auto | dummy
+    device: str = "auto"  # auto | cpu | cuda
+    dtype: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16 | float16
+    thinker_tp_size: int = 1
+    thinker_gpus: tuple[int, ...] = ()
+    talker_gpu: int | None = None
+    image_encoder_tp_size: int = 1
+    image_encoder_gpus: tuple[int, ...] = ()
+    mem_fraction_static: float | None = None
+    max_batch_size: int = 32  # thinker continuous-batching slots
+    max_model_len: int = 8192
+    # Stages served by another process: stage name -> "host:port" of its stage link.
+    remote_stages: dict[str, str] = field(default_factory=dict)
+    worker_id: str = "worker-0"
+    revision: str = "dev"
