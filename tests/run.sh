@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The project's one test command (`make test`, called by .ci/run): lint, generated-artifact
+# freshness, the real control plane for e2e tests (built once and cached), then every test tier.
+# GPU tests skip themselves without a GPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=.venv/bin
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "generated CRD is fresh"
+"$BIN/omni" crd --check
+
+step "lint (ruff, import-linter)"
+"$BIN/ruff" check operator runtime tests
+"$BIN/lint-imports"
+
+step "system tools for media tests (espeak-ng, sox)"
+if ! command -v espeak-ng >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    (apt-get update -qq && apt-get install -y -qq espeak-ng sox >/dev/null) || echo "espeak-ng not installed: speech-input tests use generated tones"
+  fi
+fi
+
+if [ -x tests/e2e/controlplane/build.sh ]; then
+  step "real Kubernetes control plane (built from Go modules, cached)"
+  bash tests/e2e/controlplane/build.sh
+  export OMNI_E2E=1
+fi
+
+step "tests"
+set +e
+"$BIN/pytest" -p no:cacheprovider tests "$@"
+rc=$?
+set -e
+# pytest exits 5 when nothing was collected: that is a failure of the suite, not a pass.
+exit $rc
