@@ -1,0 +1,48 @@
+"""One call per media kind: reference → decoded array, with decoding off the event loop.
+
+Fetching is async I/O; decoding is CPU work in C libraries that release the GIL, so it runs in a
+worker thread and a large video never stalls other requests' token streams.
+"""
+
+from __future__ import annotations
+
+import anyio.to_thread
+import httpx
+import numpy as np
+
+from omni_runtime.media.audio import ENCODER_SAMPLE_RATE, decode_audio
+from omni_runtime.media.image import decode_image
+from omni_runtime.media.limits import MediaLimits
+from omni_runtime.media.sources import decode_base64, load_source
+from omni_runtime.media.video import DecodedVideo, VideoOptions, decode_video
+
+
+async def load_audio(
+    source: str,
+    *,
+    limits: MediaLimits,
+    inline_base64: bool = False,
+    target_sr: int = ENCODER_SAMPLE_RATE,
+    client: httpx.AsyncClient | None = None,
+) -> np.ndarray:
+    """Mono float32 audio at ``target_sr``; ``inline_base64`` for OpenAI ``input_audio.data``."""
+    data = (
+        decode_base64(source, limits=limits)
+        if inline_base64
+        else await load_source(source, limits=limits, client=client)
+    )
+    return await anyio.to_thread.run_sync(lambda: decode_audio(data, limits=limits, target_sr=target_sr))
+
+
+async def load_image(
+    source: str, *, limits: MediaLimits, client: httpx.AsyncClient | None = None
+) -> np.ndarray:
+    data = await load_source(source, limits=limits, client=client)
+    return await anyio.to_thread.run_sync(lambda: decode_image(data, limits=limits))
+
+
+async def load_video(
+    source: str, *, options: VideoOptions, limits: MediaLimits, client: httpx.AsyncClient | None = None
+) -> DecodedVideo:
+    data = await load_source(source, limits=limits, client=client)
+    return await anyio.to_thread.run_sync(lambda: decode_video(data, options=options, limits=limits))
