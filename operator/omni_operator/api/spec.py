@@ -112,9 +112,13 @@ class ModelSource(SpecModel):
     @model_validator(mode="after")
     def _source_fields(self) -> ModelSource:
         if self.type is SourceType.pvc and not self.claim_name:
-            raise ValueError("model.source.claimName is required when model.source.type is pvc")
+            raise ValueError(
+                "claimName is required when type is pvc; set claimName to the PersistentVolumeClaim holding the checkpoint"
+            )
         if self.type is SourceType.host_path and not self.host_path:
-            raise ValueError("model.source.hostPath is required when model.source.type is hostPath")
+            raise ValueError(
+                "hostPath is required when type is hostPath; set hostPath to the node directory holding the checkpoint"
+            )
         return self
 
 
@@ -168,7 +172,9 @@ class RuntimeSpec(SpecModel):
         description="Per stage-pod image overrides keyed by stage pod role (api, thinker, talker, "
         "image-encoder).",
     )
-    extra_args: list[str] = Field(default_factory=list, description="Extra arguments for every runtime process.")
+    extra_args: list[str] = Field(
+        default_factory=list, description="Extra arguments for every runtime process."
+    )
 
 
 class Resources(SpecModel):
@@ -187,7 +193,9 @@ class ThinkerSpec(SpecModel):
         description="Share of each GPU's memory for weights and KV cache; defaults by GPU tier "
         "(0.80 for 80 GB parts, 0.90 for 141 GB parts).",
     )
-    cpu_offload_gb: int = Field(default=0, ge=0, description="GiB of weights per GPU offloaded to host memory.")
+    cpu_offload_gb: int = Field(
+        default=0, ge=0, description="GiB of weights per GPU offloaded to host memory."
+    )
     quantization: Quantization | None = Field(default=None, description="Weight quantization.")
     resources: Resources = Field(default_factory=Resources, description="CPU and memory of the thinker pod.")
     image: str | None = Field(default=None, description="Image override for the thinker pod.")
@@ -205,7 +213,9 @@ class TalkerSpec(SpecModel):
 
 
 class ImageEncoderSpec(SpecModel):
-    tensor_parallel_size: int = Field(default=1, ge=1, le=16, description="Vision encoder tensor parallelism.")
+    tensor_parallel_size: int = Field(
+        default=1, ge=1, le=16, description="Vision encoder tensor parallelism."
+    )
     placement: ImageEncoderPlacement = Field(
         default=ImageEncoderPlacement.with_thinker,
         description="withThinker shares the thinker's GPUs; dedicated takes its own GPUs after the talker's.",
@@ -246,7 +256,9 @@ class GpuSpec(SpecModel):
     resource_name: str = Field(default="nvidia.com/gpu", description="Extended resource that counts GPUs.")
     tier: GpuTier = Field(default=GpuTier.h100, description="GPU model class; sets memory and defaults.")
     memory_gb: float | None = Field(default=None, gt=0, description="Per-GPU memory override in GB.")
-    gpus_per_node: int = Field(default=8, ge=1, le=64, description="GPUs on one node; larger thinkers span nodes.")
+    gpus_per_node: int = Field(
+        default=8, ge=1, le=64, description="GPUs on one node; larger thinkers span nodes."
+    )
     node_selector: dict[str, str] = Field(default_factory=dict, description="Node selector for GPU pods.")
     tolerations: list[Toleration] = Field(default_factory=list, description="Tolerations for GPU pods.")
     topology_key: str = Field(
@@ -261,7 +273,9 @@ class RouterAuth(SpecModel):
 
 class RouterLimits(SpecModel):
     max_sessions_per_worker: int = Field(default=256, ge=1, description="Live sessions one worker accepts.")
-    max_request_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, description="Largest request body.")
+    max_request_body_bytes: int = Field(
+        default=64 * 1024 * 1024, ge=1024, description="Largest request body."
+    )
     request_timeout_seconds: int = Field(default=600, ge=1, description="Upstream timeout for one request.")
 
 
@@ -280,7 +294,9 @@ class RouterSpec(SpecModel):
 
 class RolloutSpec(SpecModel):
     max_surge: int = Field(default=1, ge=0, description="Extra workers allowed during a rollout.")
-    max_unavailable: int = Field(default=0, ge=0, description="Workers that may be unavailable during a rollout.")
+    max_unavailable: int = Field(
+        default=0, ge=0, description="Workers that may be unavailable during a rollout."
+    )
     drain_timeout_seconds: int = Field(default=600, ge=0, description="Longest wait for a draining worker.")
     progress_deadline_seconds: int = Field(
         default=600, ge=1, description="Time a new worker has to become ready before the rollout stops."
@@ -307,7 +323,9 @@ class OmniDeploymentSpec(SpecModel):
     stages: StagesSpec = Field(default_factory=StagesSpec, description="Per-stage placement and settings.")
     gpu: GpuSpec = Field(default_factory=GpuSpec, description="GPU class and scheduling.")
     router: RouterSpec = Field(default_factory=RouterSpec, description="Session router.")
-    rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="Worker-by-worker rollout strategy.")
+    rollout: RolloutSpec = Field(
+        default_factory=RolloutSpec, description="Worker-by-worker rollout strategy."
+    )
 
 
 class ObjectMeta(BaseModel):

@@ -52,6 +52,12 @@ class Container(Frozen):
     cpu: str | None = None
     memory: str | None = None
     gpus: int = 0
+    readiness_path: str | None = Field(
+        default=None, description="HTTP readiness path on the main port; None probes the main port over TCP."
+    )
+    liveness_path: str | None = Field(
+        default=None, description="HTTP liveness path on the main port; None probes the main port over TCP."
+    )
 
 
 class StagePod(Frozen):
@@ -86,6 +92,27 @@ class RouterPlan(Frozen):
     container: Container
 
 
+class Scheduling(Frozen):
+    """Where GPU pods may run and how a worker's pods stay together (from spec.gpu)."""
+
+    gpu_resource_name: str = "nvidia.com/gpu"
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: tuple[dict[str, str | int], ...] = Field(
+        default=(), description="Kubernetes tolerations, camelCase keys as in a Pod spec."
+    )
+    topology_key: str = "kubernetes.io/hostname"
+
+
+class ModelVolume(Frozen):
+    """How the checkpoint reaches the containers (from spec.model.source)."""
+
+    source: str = Field(description="pvc, hostPath, image or tiny.")
+    mount_path: str = Field(description="Checkpoint directory inside the containers (spec.model.path).")
+    claim_name: str | None = None
+    sub_path: str | None = None
+    host_path: str | None = None
+
+
 class Plan(Frozen):
     deployment: str
     namespace: str
@@ -106,6 +133,9 @@ class Plan(Frozen):
     config_files: dict[str, str] = Field(
         default_factory=dict, description="Files for the deployment's ConfigMap (e.g. a stage config)."
     )
+    scheduling: Scheduling = Field(default_factory=Scheduling)
+    model_volume: ModelVolume | None = None
+    image_pull_policy: str = "IfNotPresent"
 
 
 class PlanError(ValueError):

@@ -1,0 +1,198 @@
+"""Read OmniDeployments from YAML files, turning every problem into one clear message.
+
+A user who mistypes a field should read the file, the camelCase field path, what is wrong and
+what to write instead, never a pydantic dump or a traceback. `SpecError` carries exactly that.
+"""
+
+from __future__ import annotations
+
+import difflib
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from omni_operator.api.spec import API_VERSION, KIND, OmniDeployment
+
+
+class SpecError(ValueError):
+    """A spec that cannot be used: where (file, line, field), why, and how to fix it."""
+
+    def __init__(self, *, file: str, field: str, reason: str, fix: str, line: int | None = None) -> None:
+        self.file, self.field, self.reason, self.fix, self.line = file, field, reason, fix, line
+        where = f"{file}:{line}" if line is not None else file
+        parts = [where, field] if field else [where]
+        super().__init__(f"{': '.join(parts)}: {reason}; {fix}")
+
+
+def load_deployments(path: str | Path) -> list[OmniDeployment]:
+    """Every OmniDeployment in a YAML file (documents separated by ---); '-' reads stdin."""
+    name = str(path)
+    try:
+        text = sys.stdin.read() if name == "-" else Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(file=name, field="", reason="file not found", fix="check the path") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(
+            file=name, field="", reason=f"cannot read the file ({exc})", fix="pass a UTF-8 YAML file"
+        ) from None
+    return parse_deployments(text, file=name)
+
+
+def parse_deployments(text: str, *, file: str = "<string>") -> list[OmniDeployment]:
+    try:
+        documents = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else None
+        problem = exc.problem or exc.context or "invalid YAML"
+        raise SpecError(
+            file=file,
+            field="",
+            line=line,
+            reason=f"malformed YAML: {problem}",
+            fix="fix the YAML syntax on that line",
+        ) from None
+    except yaml.YAMLError as exc:
+        raise SpecError(
+            file=file, field="", reason=f"malformed YAML: {exc}", fix="fix the YAML syntax"
+        ) from None
+    if not documents:
+        raise SpecError(
+            file=file, field="", reason="no OmniDeployment found", fix="write one (see examples/)"
+        )
+    many = len(documents) > 1
+    return [
+        _parse_document(doc, file=f"{file} (document {i + 1})" if many else file)
+        for i, doc in enumerate(documents)
+    ]
+
+
+def _parse_document(doc: object, *, file: str) -> OmniDeployment:
+    if not isinstance(doc, dict):
+        raise SpecError(
+            file=file,
+            field="",
+            reason=f"expected an OmniDeployment mapping, got {_kind_of(doc)}",
+            fix="start the document with apiVersion, kind, metadata and spec",
+        )
+    if doc.get("apiVersion", API_VERSION) != API_VERSION:
+        raise SpecError(
+            file=file,
+            field="apiVersion",
+            reason=f"{doc['apiVersion']!r} is not {API_VERSION}",
+            fix=f"set apiVersion: {API_VERSION}",
+        )
+    if doc.get("kind", KIND) != KIND:
+        raise SpecError(
+            file=file, field="kind", reason=f"{doc['kind']!r} is not {KIND}", fix=f"set kind: {KIND}"
+        )
+    try:
+        return OmniDeployment.model_validate(doc)
+    except ValidationError as exc:
+        raise _spec_error(exc, file=file) from None
+
+
+def _kind_of(value: object) -> str:
+    return {list: "a list", str: "a string", int: "a number", float: "a number", bool: "a boolean"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def field_path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+_TYPE_WORDS = {
+    "int": "a whole number",
+    "float": "a number",
+    "bool": "true or false",
+    "string": "a string",
+    "dict": "a mapping",
+    "model": "a mapping",
+    "list": "a list",
+    "tuple": "a list",
+}
+
+
+def _spec_error(exc: ValidationError, *, file: str) -> SpecError:
+    """The first problem pydantic found, in the user's words (camelCase path, reason, fix)."""
+    err = exc.errors()[0]
+    loc, kind, ctx = tuple(err["loc"]), err["type"], err.get("ctx", {})
+    field, given = field_path(loc), err.get("input")
+    more = exc.error_count() - 1
+    suffix = f" ({more} more problem{'s' if more > 1 else ''} after this one)" if more else ""
+
+    def error(reason: str, fix: str, where: str = field) -> SpecError:
+        return SpecError(file=file, field=where, reason=reason, fix=fix + suffix)
+
+    if kind == "missing":
+        return error("required field is missing", f"add {loc[-1]}")
+    if kind == "extra_forbidden":
+        parent = field_path(loc[:-1])
+        valid = _valid_fields(loc[:-1])
+        close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
+        hint = f"did you mean {close[0]}? " if close else "remove it; "
+        return error(
+            f"unknown field {loc[-1]!r}", f"{hint}fields of {parent or 'the object'}: {', '.join(valid)}"
+        )
+    if kind == "enum":
+        return error(f"{given!r} is not one of {ctx['expected']}", f"use one of {ctx['expected']}")
+    if kind == "value_error":
+        message = str(ctx.get("error", err["msg"]))
+        reason, _, fix = message.partition("; ")
+        return error(reason, fix or "correct the value")
+    bounds = {
+        "greater_than_equal": ("below the minimum", "ge", ">="),
+        "greater_than": ("not above the bound", "gt", ">"),
+        "less_than_equal": ("above the maximum", "le", "<="),
+        "less_than": ("not below the bound", "lt", "<"),
+    }
+    if kind in bounds:
+        words, key, op = bounds[kind]
+        return error(f"{given!r} is {words} {ctx[key]}", f"use a value {op} {ctx[key]}")
+    if kind == "string_too_short":
+        return error(f"must have at least {ctx['min_length']} character(s)", "set a non-empty value")
+    if kind == "string_too_long":
+        return error(
+            f"is longer than {ctx['max_length']} characters", f"shorten it to {ctx['max_length']} or fewer"
+        )
+    if kind == "string_pattern_mismatch":
+        return error(f"{given!r} does not match {ctx['pattern']}", "use a value matching that pattern")
+    for prefix, words in _TYPE_WORDS.items():
+        if kind.startswith(f"{prefix}_"):
+            return error(f"expected {words}, got {given!r}", f"set {loc[-1] if loc else 'it'} to {words}")
+    return error(err["msg"], "correct the value")
+
+
+def _valid_fields(loc: tuple[int | str, ...]) -> list[str]:
+    """camelCase field names of the model at `loc`, for did-you-mean hints."""
+    model: Any = OmniDeployment
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = next((f for n, f in model.model_fields.items() if (f.alias or n) == part), None)
+        if field is None:
+            return []
+        model = _model_of(field.annotation)
+        if model is None:
+            return []
+    return [f.alias or n for n, f in model.model_fields.items()]
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType, list, tuple, dict):
+        for arg in typing.get_args(annotation):
+            found = _model_of(arg)
+            if found is not None:
+                return found
+    return None

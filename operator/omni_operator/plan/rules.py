@@ -1,0 +1,328 @@
+"""Every placement rule and its error message, in one place.
+
+The planner calls `check_spec` first, then `allocate_gpus` and `check_fit`. Each rule raises one
+`PlanError` naming the camelCase field path, the reason and the fix. Messages without numbers in
+them are static on purpose: crdgen copies them into CEL rules so the API server rejects the same
+specs with the same words (see CEL_RULES).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from omni_operator.api.spec import (
+    Architecture,
+    GpuTier,
+    ImageEncoderPlacement,
+    OmniDeploymentSpec,
+    PipelineVariant,
+    RuntimeType,
+    SourceType,
+)
+from omni_operator.plan.catalogue import ARCHITECTURES, BYTES_PER_PARAM, VISION_HEADS
+from omni_operator.plan.types import PlanError
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A static error: the same words in the planner and in the CRD's CEL rules."""
+
+    field: str
+    reason: str
+    fix: str
+
+    def error(self) -> PlanError:
+        return PlanError(self.field, self.reason, self.fix)
+
+    @property
+    def message(self) -> str:
+        return str(self.error())
+
+
+# Static errors, shared with the CRD's CEL rules (crdgen).
+TINY_NEEDS_BUILTIN = Rule(
+    "spec.model.source.type",
+    "the tiny checkpoint is written by the builtin runtime only",
+    "use runtime.type: builtin, or a real checkpoint source (pvc, hostPath, image)",
+)
+CPU_NEEDS_BUILTIN = Rule(
+    "spec.runtime.type",
+    "only the builtin runtime runs on gpu.tier cpu",
+    "use runtime.type: builtin, or a GPU tier such as h100",
+)
+CPU_THINKER_TP = Rule(
+    "spec.stages.thinker.tensorParallelSize",
+    "gpu.tier cpu runs the thinker in one process",
+    "set tensorParallelSize: 1",
+)
+CPU_VISION_TP = Rule(
+    "spec.stages.imageEncoder.tensorParallelSize",
+    "gpu.tier cpu runs the vision encoder in one process",
+    "set tensorParallelSize: 1",
+)
+CPU_VISION_DEDICATED = Rule(
+    "spec.stages.imageEncoder.placement",
+    "gpu.tier cpu runs every stage in one process, with no GPUs to dedicate",
+    "use placement: withThinker",
+)
+TEXT_WITH_TALKER = Rule(
+    "spec.stages.talker.enabled",
+    "the text pipeline launches no talker",
+    "use pipeline: speech, or remove stages.talker.enabled",
+)
+SPEECH_WITHOUT_TALKER = Rule(
+    "spec.stages.talker.enabled",
+    "the speech, streaming-speech and duplex pipelines need the talker",
+    "use pipeline: text, or remove stages.talker.enabled",
+)
+SGLANG_NO_DUPLEX = Rule(
+    "spec.pipeline",
+    "sglang-omni does not support duplex",
+    "use runtime.type: builtin for duplex, or pipeline: streaming-speech",
+)
+VLLM_TEXT_SPEECH_ONLY = Rule(
+    "spec.pipeline",
+    "vllm-omni supports the text and speech pipelines only",
+    "use pipeline: text or speech, or runtime.type: builtin",
+)
+BUILTIN_NO_QUANTIZATION = Rule(
+    "spec.stages.thinker.quantization",
+    "the builtin runtime does not load quantized weights",
+    "remove quantization, or use runtime.type: sglang-omni or vllm-omni",
+)
+BUILTIN_NO_OFFLOAD = Rule(
+    "spec.stages.thinker.cpuOffloadGb",
+    "the builtin runtime does not offload weights to host memory",
+    "remove cpuOffloadGb, or use runtime.type: sglang-omni or vllm-omni",
+)
+VLLM_VISION_DEDICATED = Rule(
+    "spec.stages.imageEncoder.placement",
+    "vllm-omni runs the vision encoder inside the thinker stage",
+    "use placement: withThinker",
+)
+VLLM_VISION_TP = Rule(
+    "spec.stages.imageEncoder.tensorParallelSize",
+    "vllm-omni shards the vision encoder with the thinker",
+    "set imageEncoder.tensorParallelSize: 1",
+)
+VISION_TP_DIVIDES_HEADS = Rule(
+    "spec.stages.imageEncoder.tensorParallelSize",
+    f"must divide the vision encoder's {VISION_HEADS} attention heads",
+    "use 1, 2, 4, 8 or 16",
+)
+VISION_TP_LE_THINKER = Rule(
+    "spec.stages.imageEncoder.tensorParallelSize",
+    "with placement withThinker the vision encoder shares the thinker's GPUs, so its tensorParallelSize "
+    "cannot exceed stages.thinker.tensorParallelSize",
+    "lower it, or use placement: dedicated",
+)
+VLLM_NEEDS_ARCHITECTURE = Rule(
+    "spec.model.architecture",
+    "vllm-omni needs the model family to pick its stage config, and none was found in the model name or path",
+    "set model.architecture: qwen2_5_omni, qwen3_omni or minicpm_o",
+)
+VLLM_NO_MING = Rule(
+    "spec.model.architecture",
+    "vllm-omni has no ming_omni support",
+    "use runtime.type: sglang-omni or builtin",
+)
+DUPLEX_NEEDS_DUPLEX_MODEL = Rule(
+    "spec.pipeline",
+    "duplex needs a model that decides per unit whether to listen or speak, and only minicpm_o has that mode",
+    "use pipeline: streaming-speech, or a MiniCPM-o model",
+)
+
+
+def talker_enabled(spec: OmniDeploymentSpec) -> bool:
+    enabled = spec.stages.talker.enabled
+    return spec.pipeline is not PipelineVariant.text if enabled is None else enabled
+
+
+def check_spec(spec: OmniDeploymentSpec, architecture: Architecture) -> None:
+    """Every static rule, in a fixed order: the first broken one raises."""
+    stages, runtime = spec.stages, spec.runtime.type
+    vision = stages.image_encoder
+    if spec.model.source.type is SourceType.tiny and runtime is not RuntimeType.builtin:
+        raise TINY_NEEDS_BUILTIN.error()
+    if spec.gpu.tier is GpuTier.cpu:
+        if runtime is not RuntimeType.builtin:
+            raise CPU_NEEDS_BUILTIN.error()
+        if stages.thinker.tensor_parallel_size != 1:
+            raise CPU_THINKER_TP.error()
+        if vision.tensor_parallel_size != 1:
+            raise CPU_VISION_TP.error()
+        if vision.placement is ImageEncoderPlacement.dedicated:
+            raise CPU_VISION_DEDICATED.error()
+    if spec.pipeline is PipelineVariant.text and stages.talker.enabled is True:
+        raise TEXT_WITH_TALKER.error()
+    if spec.pipeline is not PipelineVariant.text and stages.talker.enabled is False:
+        raise SPEECH_WITHOUT_TALKER.error()
+    _check_runtime(spec, architecture)
+    if VISION_HEADS % vision.tensor_parallel_size != 0:
+        raise VISION_TP_DIVIDES_HEADS.error()
+    if (
+        vision.placement is ImageEncoderPlacement.with_thinker
+        and vision.tensor_parallel_size > stages.thinker.tensor_parallel_size
+    ):
+        raise VISION_TP_LE_THINKER.error()
+
+
+def _check_runtime(spec: OmniDeploymentSpec, architecture: Architecture) -> None:
+    runtime, thinker, vision = spec.runtime.type, spec.stages.thinker, spec.stages.image_encoder
+    if spec.pipeline is PipelineVariant.duplex:
+        if runtime is RuntimeType.sglang_omni:
+            raise SGLANG_NO_DUPLEX.error()
+        known = ARCHITECTURES.get(architecture)
+        if (
+            runtime is RuntimeType.builtin
+            and known is not None
+            and PipelineVariant.duplex not in known.pipelines
+        ):
+            raise DUPLEX_NEEDS_DUPLEX_MODEL.error()
+    if runtime is RuntimeType.builtin:
+        if thinker.quantization is not None:
+            raise BUILTIN_NO_QUANTIZATION.error()
+        if thinker.cpu_offload_gb:
+            raise BUILTIN_NO_OFFLOAD.error()
+    if runtime is RuntimeType.vllm_omni:
+        if spec.pipeline not in (PipelineVariant.text, PipelineVariant.speech):
+            raise VLLM_TEXT_SPEECH_ONLY.error()
+        if architecture is Architecture.auto:
+            raise VLLM_NEEDS_ARCHITECTURE.error()
+        if ARCHITECTURES[architecture].vllm_model_arch is None:
+            raise VLLM_NO_MING.error()
+        if vision.placement is ImageEncoderPlacement.dedicated:
+            raise VLLM_VISION_DEDICATED.error()
+        if vision.tensor_parallel_size != 1:
+            raise VLLM_VISION_TP.error()
+
+
+@dataclass(frozen=True)
+class GpuAllocation:
+    """Worker-local logical GPU ids: thinker ranks first, then the talker, then dedicated vision."""
+
+    thinker: tuple[int, ...]
+    talker: tuple[int, ...]
+    image_encoder: tuple[int, ...]
+    image_encoder_dedicated: bool
+
+    @property
+    def total(self) -> int:
+        return (
+            len(self.thinker)
+            + len(self.talker)
+            + (len(self.image_encoder) if self.image_encoder_dedicated else 0)
+        )
+
+
+def allocate_gpus(spec: OmniDeploymentSpec) -> GpuAllocation:
+    if spec.gpu.tier is GpuTier.cpu:
+        return GpuAllocation((), (), (), False)
+    thinker_tp = spec.stages.thinker.tensor_parallel_size
+    thinker = tuple(range(thinker_tp))
+    talker = (thinker_tp,) if talker_enabled(spec) else ()
+    vision = spec.stages.image_encoder
+    dedicated = vision.placement is ImageEncoderPlacement.dedicated
+    start = thinker_tp + len(talker)
+    image = (
+        tuple(range(start, start + vision.tensor_parallel_size))
+        if dedicated
+        else thinker[: vision.tensor_parallel_size]
+    )
+    allocation = GpuAllocation(thinker, talker, image, dedicated)
+    check_disjoint(allocation)
+    return allocation
+
+
+def check_disjoint(allocation: GpuAllocation) -> None:
+    """Guard for the allocation order: a talker or dedicated vision rank never lands on a thinker GPU."""
+    overlap = set(allocation.talker) & set(allocation.thinker)
+    if overlap:
+        raise PlanError(
+            "spec.stages.talker",
+            f"talker GPU {sorted(overlap)[0]} overlaps the thinker's GPUs {list(allocation.thinker)}",
+            "give the talker the GPU after the thinker's ranks",
+        )
+    if allocation.image_encoder_dedicated:
+        taken = set(allocation.thinker) | set(allocation.talker)
+        overlap = set(allocation.image_encoder) & taken
+        if overlap:
+            raise PlanError(
+                "spec.stages.imageEncoder.placement",
+                f"dedicated vision GPUs {sorted(overlap)} overlap the thinker's or talker's GPUs",
+                "give dedicated vision ranks the GPUs after the talker's",
+            )
+
+
+def check_nodes(spec: OmniDeploymentSpec, allocation: GpuAllocation) -> None:
+    """Pods must fit a node: only the builtin thinker spans nodes, and only in whole nodes."""
+    per_node = spec.gpu.gpus_per_node
+    thinker_tp = len(allocation.thinker)
+    if spec.runtime.type is not RuntimeType.builtin:
+        if allocation.total > per_node:
+            raise PlanError(
+                "spec.gpu.gpusPerNode",
+                f"{spec.runtime.type.value} runs a worker in one pod, which needs {allocation.total} GPUs, "
+                f"but a node has {per_node}",
+                "lower the tensor-parallel sizes, or use runtime.type: builtin, whose thinker spans nodes",
+            )
+        return
+    if thinker_tp > per_node and thinker_tp % per_node != 0:
+        raise PlanError(
+            "spec.stages.thinker.tensorParallelSize",
+            f"{thinker_tp} thinker ranks cannot be split evenly over nodes of {per_node} GPUs (gpu.gpusPerNode)",
+            f"use a multiple of {per_node}",
+        )
+    if not allocation.image_encoder_dedicated and len(allocation.image_encoder) > per_node:
+        raise PlanError(
+            "spec.stages.imageEncoder.tensorParallelSize",
+            f"vision ranks placed withThinker sit on the thinker leader's node of {per_node} GPUs",
+            f"use at most {per_node}, or placement: dedicated",
+        )
+    if allocation.image_encoder_dedicated and len(allocation.image_encoder) > per_node:
+        raise PlanError(
+            "spec.stages.imageEncoder.tensorParallelSize",
+            f"{len(allocation.image_encoder)} dedicated vision ranks do not fit one node of {per_node} GPUs",
+            f"use at most {per_node}",
+        )
+
+
+def thinker_nodes(spec: OmniDeploymentSpec) -> int:
+    return max(1, math.ceil(spec.stages.thinker.tensor_parallel_size / spec.gpu.gpus_per_node))
+
+
+def check_fit(
+    spec: OmniDeploymentSpec,
+    *,
+    architecture: Architecture,
+    params_billions: float,
+    memory_gb: float,
+    mem_fraction: float,
+) -> None:
+    """The thinker's weights per GPU must fit the usable share of one GPU, arithmetic shown."""
+    thinker = spec.stages.thinker
+    per_param = BYTES_PER_PARAM[thinker.quantization]
+    weights_gb = params_billions * per_param
+    usable = mem_fraction * memory_gb
+
+    def per_gpu(tp: int) -> float:
+        return weights_gb / tp - thinker.cpu_offload_gb
+
+    tp = thinker.tensor_parallel_size
+    if per_gpu(tp) <= usable:
+        return
+    dtype = thinker.quantization.value if thinker.quantization else "bf16"
+    name = architecture.value if architecture is not Architecture.auto else "model"
+    offload = f" - cpuOffloadGb {thinker.cpu_offload_gb}" if thinker.cpu_offload_gb else ""
+    reason = (
+        f"the {name} thinker does not fit: {params_billions:g}B params x {per_param:g} bytes ({dtype}) = "
+        f"{weights_gb:.1f} GB, / tensorParallelSize {tp}{offload} = {per_gpu(tp):.1f} GB per GPU > "
+        f"{mem_fraction:.2f} x {memory_gb:g} GB = {usable:.1f} GB usable on {spec.gpu.tier.value}"
+    )
+    fitting = [n for n in (1, 2, 4, 8, 16, 32, 64) if n > tp and per_gpu(n) <= usable]
+    if fitting:
+        fix = f"set tensorParallelSize: {fitting[0]} ({per_gpu(fitting[0]):.1f} GB per GPU)"
+    else:
+        fix = "quantize (stages.thinker.quantization), offload (stages.thinker.cpuOffloadGb) or use a larger gpu.tier"
+    raise PlanError("spec.stages.thinker.tensorParallelSize", reason, fix)
