@@ -9,6 +9,7 @@ WORKER = f"{PREFIX}/worker"
 ROLE = f"{PREFIX}/role"  # stage pod role: api, thinker, talker, image-encoder, router
 STAGES = f"{PREFIX}/stages"  # annotation: comma list of the stages a pod hosts
 REVISION = f"{PREFIX}/revision"
+POD_REVISION = f"{PREFIX}/pod-revision"  # annotation: hash of one stage pod's template (replace only that role)
 COMPONENT = f"{PREFIX}/component"  # worker | router
 RANK = f"{PREFIX}/node-rank"  # multi-node thinker: 0 is the leader
 
@@ -19,6 +20,8 @@ MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE = "omni-operator"
 APP_NAME = "app.kubernetes.io/name"
 APP_INSTANCE = "app.kubernetes.io/instance"
+APP_COMPONENT = "app.kubernetes.io/component"
+APP_NAME_VALUE = "omni"
 
 FIELD_MANAGER = "omni-operator"
 FINALIZER = f"{PREFIX}/drain"

@@ -1,0 +1,132 @@
+"""Pieces every rendered object shares: metadata, labels, security and probes.
+
+One definition of the restricted security context and of the label sets, so selectors (Services,
+NetworkPolicies, the router's watch) and the objects they select can never drift apart.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from omni_operator.api import labels
+from omni_operator.api.spec import API_VERSION, KIND
+from omni_operator.plan.types import Container, Plan
+
+Manifest = dict[str, Any]  # one Kubernetes object as plain JSON-able data
+
+TMP_DIR = "/tmp"
+CACHE_DIR = "/var/cache/omni"  # writable cache (tiny checkpoint, HF files): an emptyDir
+RUN_AS = 1000
+STARTUP_PERIOD_S, STARTUP_FAILURES = 10, 180  # up to 30 minutes to load and warm a model
+
+
+class Owner(NamedTuple):
+    """The OmniDeployment that owns the rendered objects (garbage collection follows it)."""
+
+    name: str
+    uid: str
+
+
+def metadata(
+    name: str,
+    plan: Plan,
+    *,
+    labels_: dict[str, str],
+    owner: Owner | None,
+    annotations: dict[str, str] | None = None,
+) -> Manifest:
+    meta: Manifest = {"name": name, "namespace": plan.namespace, "labels": labels_}
+    if annotations:
+        meta["annotations"] = annotations
+    if owner is not None:
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "name": owner.name,
+                "uid": owner.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+    return meta
+
+
+def common_labels(plan: Plan, component: str) -> dict[str, str]:
+    return {
+        labels.DEPLOYMENT: plan.deployment,
+        labels.COMPONENT: component,
+        labels.APP_NAME: labels.APP_NAME_VALUE,
+        labels.APP_INSTANCE: plan.deployment,
+        labels.APP_COMPONENT: component,
+        labels.MANAGED_BY: labels.MANAGED_BY_VALUE,
+    }
+
+
+def worker_selector(plan: Plan, worker: str) -> dict[str, str]:
+    return {labels.DEPLOYMENT: plan.deployment, labels.WORKER: worker}
+
+
+def router_selector(plan: Plan) -> dict[str, str]:
+    return {labels.DEPLOYMENT: plan.deployment, labels.COMPONENT: "router"}
+
+
+def pod_security_context() -> Manifest:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS,
+        "runAsGroup": RUN_AS,
+        "fsGroup": RUN_AS,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security_context() -> Manifest:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _probe_action(path: str | None, port_name: str) -> Manifest:
+    if path is None:
+        return {"tcpSocket": {"port": port_name}}
+    return {"httpGet": {"path": path, "port": port_name}}
+
+
+def probes(container: Container, port_name: str) -> Manifest:
+    """Readiness on the readiness path (or TCP); a long startup window before liveness counts."""
+    ready, alive = container.readiness_path, container.liveness_path
+    return {
+        "readinessProbe": {**_probe_action(ready, port_name), "periodSeconds": 5, "failureThreshold": 3},
+        "startupProbe": {
+            **_probe_action(alive, port_name),
+            "periodSeconds": STARTUP_PERIOD_S,
+            "failureThreshold": STARTUP_FAILURES,
+        },
+        "livenessProbe": {**_probe_action(alive, port_name), "periodSeconds": 10, "failureThreshold": 6},
+    }
+
+
+def resources(container: Container, gpu_resource: str) -> Manifest:
+    """Requests equal limits: GPUs must, and equal CPU/memory keeps latency predictable."""
+    amounts: dict[str, str] = {}
+    if container.cpu:
+        amounts["cpu"] = container.cpu
+    if container.memory:
+        amounts["memory"] = container.memory
+    if container.gpus:
+        amounts[gpu_resource] = str(container.gpus)
+    return {"requests": dict(amounts), "limits": dict(amounts)} if amounts else {}
+
+
+def env_list(env: dict[str, str]) -> list[Manifest]:
+    return [{"name": k, "value": v} for k, v in env.items()]
+
+
+def container_ports(container: Container) -> list[Manifest]:
+    return [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in container.ports.items()]
