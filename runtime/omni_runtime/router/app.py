@@ -1,0 +1,258 @@
+"""The router as one ASGI application: proxy, WebSocket relay, its own probes and the admin API.
+
+`RouterApp` dispatches on the raw ASGI scope: the router's own endpoints (/health, /ready,
+/metrics, /admin/...) go to a small Starlette app, WebSockets to the relay, every other HTTP
+request to the proxy. The lifespan loads the worker table, runs one health round before serving
+(so a router started next to ready workers routes at once), then keeps the source watch and the
+health loop running until shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from omni_runtime.router.auth import EXEMPT_PATHS, authorized
+from omni_runtime.router.context import RouterConfig, RouterContext, new_upstream_client
+from omni_runtime.router.errors import RouterError
+from omni_runtime.router.health import HealthChecker
+from omni_runtime.router.http_proxy import HttpProxy, Receive, Scope, Send, send_error
+from omni_runtime.router.metrics import CONTENT_TYPE, RouterMetrics
+from omni_runtime.router.sources import WorkerSource, WorkerTableError
+from omni_runtime.router.table import Worker, WorkerSpec, WorkerState, WorkerTable
+from omni_runtime.router.ws_relay import WebSocketRelay, deny_websocket
+
+log = logging.getLogger("omni.router")
+
+MAX_IDLE_WAIT_S = 300.0
+
+
+def worker_json(worker: Worker) -> dict[str, Any]:
+    return {
+        "id": worker.id,
+        "url": worker.url,
+        "revision": worker.spec.revision,
+        "state": worker.state.value,
+        "source_state": worker.spec.state.value,
+        "drained_by_admin": worker.drained_by_admin,
+        "healthy": worker.healthy,
+        "in_rotation": worker.in_rotation,
+        "sessions": worker.sessions,
+        "idle": worker.idle,
+    }
+
+
+def _error_response(error: RouterError) -> Response:
+    return Response(error.body(), status_code=error.status, media_type="application/json")
+
+
+def _unknown_worker(worker_id: str) -> Response:
+    error = RouterError(
+        status=404,
+        code="worker_not_found",
+        error_type="invalid_request_error",
+        message=f"No worker {worker_id!r} in the router's table; GET /admin/workers lists them.",
+    )
+    return _error_response(error)
+
+
+class RouterApp:
+    def __init__(
+        self, *, config: RouterConfig, source: WorkerSource, initial: list[WorkerSpec] | None = None
+    ) -> None:
+        self.config = config
+        self.source = source
+        self.initial = initial
+        self.table = WorkerTable(max_sessions_per_worker=config.max_sessions_per_worker)
+        self.metrics = RouterMetrics()
+        self.ctx: RouterContext | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._http: HttpProxy | None = None
+        self._ws: WebSocketRelay | None = None
+        self._control = Starlette(
+            routes=[
+                Route("/health", self._health),
+                Route("/ready", self._ready),
+                Route("/metrics", self._metrics),
+                Route("/admin/workers", self._list_workers),
+                Route("/admin/workers/{worker_id}", self._get_worker),
+                Route("/admin/workers/{worker_id}/drain", self._drain, methods=["POST"]),
+                Route("/admin/workers/{worker_id}/undrain", self._undrain, methods=["POST"]),
+            ]
+        )
+
+    # ---- table updates -------------------------------------------------------------------
+
+    def apply_snapshot(self, specs: list[WorkerSpec]) -> None:
+        change = self.table.apply(specs)
+        if change.added or change.changed or change.gone or change.dropped:
+            log.info(
+                "worker table changed",
+                extra={
+                    "fields": {
+                        "event": "table",
+                        "added": change.added,
+                        "changed": change.changed,
+                        "gone": change.gone,
+                        "dropped": change.dropped,
+                    }
+                },
+            )
+        for worker_id in change.dropped:
+            with contextlib.suppress(KeyError):
+                self.metrics.sessions.remove(worker_id)
+        if self.ctx is not None:
+            for worker_id in change.gone:
+                self.ctx.evict(worker_id, code=1012, reason=f"worker {worker_id} is gone")
+            if change.added or change.changed:
+                self.ctx.health.poke()
+
+    # ---- lifespan ------------------------------------------------------------------------
+
+    async def startup(self) -> None:
+        specs = self.initial if self.initial is not None else await asyncio.to_thread(self.source.load)
+        self.apply_snapshot(specs)
+        health = HealthChecker(self.table, interval=self.config.health_interval)
+        self.ctx = RouterContext(
+            config=self.config,
+            table=self.table,
+            metrics=self.metrics,
+            health=health,
+            client=new_upstream_client(),
+        )
+        self._http = HttpProxy(self.ctx)
+        self._ws = WebSocketRelay(self.ctx)
+        await health.check_once()
+        self._tasks = [
+            asyncio.create_task(health.run(), name="health"),
+            asyncio.create_task(self.source.watch(self.apply_snapshot), name="source"),
+        ]
+        log.info(
+            "router started",
+            extra={
+                "fields": {
+                    "event": "started",
+                    "source": self.source.describe(),
+                    "workers": [worker.id for worker in self.table.workers()],
+                    "in_rotation": [worker.id for worker in self.table.in_rotation()],
+                }
+            },
+        )
+
+    async def shutdown(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.ctx is not None:
+            await self.ctx.client.aclose()
+            await self.ctx.health.aclose()
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        await receive()  # lifespan.startup
+        try:
+            await self.startup()
+        except WorkerTableError as exc:
+            await send({"type": "lifespan.startup.failed", "message": str(exc)})
+            return
+        await send({"type": "lifespan.startup.complete"})
+        await receive()  # lifespan.shutdown
+        await self.shutdown()
+        await send({"type": "lifespan.shutdown.complete"})
+
+    # ---- dispatch ------------------------------------------------------------------------
+
+    def _authorized(self, scope: Scope) -> bool:
+        if not self.config.api_keys:
+            return True
+        header = next((value for name, value in scope["headers"] if name == b"authorization"), None)
+        return authorized(header, self.config.api_keys)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            path = scope["path"]
+            if path not in EXEMPT_PATHS and not self._authorized(scope):
+                await send_error(send, RouterError.unauthorized())
+                return
+            if path in EXEMPT_PATHS or path.startswith("/admin/"):
+                await self._control(scope, receive, send)
+                return
+            assert self._http is not None, "router used before its lifespan started"
+            await self._http(scope, receive, send)
+        elif kind == "websocket":
+            if not self._authorized(scope):
+                await receive()
+                await deny_websocket(send, scope, RouterError.unauthorized())
+                return
+            assert self._ws is not None, "router used before its lifespan started"
+            await self._ws(scope, receive, send)
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+
+    # ---- the router's own endpoints ------------------------------------------------------
+
+    async def _health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def _ready(self, request: Request) -> Response:
+        rotation = [worker.id for worker in self.table.in_rotation()]
+        if not rotation:
+            return _error_response(RouterError.no_ready_worker(known=[w.id for w in self.table.workers()]))
+        return JSONResponse({"status": "ready", "workers_in_rotation": rotation})
+
+    async def _metrics(self, request: Request) -> Response:
+        return Response(self.metrics.render(self.table), media_type=CONTENT_TYPE)
+
+    async def _list_workers(self, request: Request) -> Response:
+        return JSONResponse({"workers": [worker_json(worker) for worker in self.table.workers()]})
+
+    async def _get_worker(self, request: Request) -> Response:
+        """One worker; `?wait=S` holds the answer until the worker is idle or S seconds pass."""
+        worker_id = request.path_params["worker_id"]
+        try:
+            wait = min(float(request.query_params.get("wait", "0")), MAX_IDLE_WAIT_S)
+        except ValueError:
+            error = RouterError(
+                status=400,
+                code="invalid_wait",
+                error_type="invalid_request_error",
+                message="wait: expected a number of seconds, e.g. ?wait=30",
+            )
+            return _error_response(error)
+        deadline = asyncio.get_running_loop().time() + wait
+        while True:
+            worker = self.table.get(worker_id)
+            if worker is None:
+                return _unknown_worker(worker_id)
+            if worker.idle or asyncio.get_running_loop().time() >= deadline:
+                return JSONResponse(worker_json(worker))
+            await asyncio.sleep(0.05)
+
+    async def _drain(self, request: Request) -> Response:
+        worker_id = request.path_params["worker_id"]
+        worker = self.table.drain(worker_id)
+        if worker is None:
+            return _unknown_worker(worker_id)
+        log.info(
+            "worker draining",
+            extra={"fields": {"event": "drain", "worker": worker_id, "sessions": worker.sessions}},
+        )
+        return JSONResponse(worker_json(worker))
+
+    async def _undrain(self, request: Request) -> Response:
+        worker_id = request.path_params["worker_id"]
+        worker = self.table.undrain(worker_id)
+        if worker is None:
+            return _unknown_worker(worker_id)
+        log.info("worker back in service", extra={"fields": {"event": "undrain", "worker": worker_id}})
+        return JSONResponse(worker_json(worker))
+
+
+__all__ = ["RouterApp", "RouterConfig", "WorkerState", "worker_json"]

@@ -1,0 +1,96 @@
+"""The router's settings and the shared state its HTTP proxy, WebSocket relay and admin API use."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+import httpx
+
+from omni_runtime.router.health import HealthChecker
+from omni_runtime.router.metrics import RouterMetrics
+from omni_runtime.router.table import WorkerTable
+
+log = logging.getLogger("omni.router")
+
+# Headers that describe one hop, not the message (RFC 9110 section 7.6.1), plus the ones the
+# client libraries set themselves for the next hop.
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"host",
+    }
+)
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    session_header: str = "X-Session-Id"
+    max_sessions_per_worker: int = 0  # 0: no limit
+    max_body_bytes: int = 100 * 1024 * 1024
+    upstream_timeout: float = 600.0  # seconds a worker may stay silent (per read), SSE gaps included
+    connect_timeout: float = 5.0
+    health_interval: float = 1.0
+    api_keys: tuple[bytes, ...] = ()  # empty: no client authentication
+    ws_ping_interval: float = 20.0  # keepalive pings on the router-to-worker WebSocket
+    log_requests: bool = True  # one JSON line per proxied request
+
+
+@dataclass
+class RouterContext:
+    config: RouterConfig
+    table: WorkerTable
+    metrics: RouterMetrics
+    health: HealthChecker
+    client: httpx.AsyncClient
+    # Live WebSocket relays by worker: a future per relay that, when set to (code, reason), makes
+    # the relay close its client with that code (a worker that is gone ends its sessions cleanly).
+    relays: dict[str, set[asyncio.Future[tuple[int, str]]]] = field(default_factory=dict)
+    timeout: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.timeout = {
+            "connect": self.config.connect_timeout,
+            "read": self.config.upstream_timeout,
+            "write": self.config.upstream_timeout,
+            "pool": self.config.upstream_timeout,
+        }
+
+    def open_session(self, worker_id: str) -> None:
+        self.table.open_session(worker_id)
+        worker = self.table.get(worker_id)
+        self.metrics.set_sessions(worker_id, worker.sessions if worker else 0)
+
+    def close_session(self, worker_id: str) -> None:
+        dropped = self.table.close_session(worker_id)
+        worker = self.table.get(worker_id)
+        self.metrics.set_sessions(worker_id, worker.sessions if worker else 0)
+        if dropped:
+            log.info(
+                "worker left the table", extra={"fields": {"event": "worker_dropped", "worker": worker_id}}
+            )
+
+    def evict(self, worker_id: str, *, code: int, reason: str) -> int:
+        """Close every live WebSocket on a worker with a code and reason; returns how many."""
+        futures = self.relays.get(worker_id, set())
+        count = 0
+        for future in futures:
+            if not future.done():
+                future.set_result((code, reason))
+                count += 1
+        return count
+
+
+def new_upstream_client() -> httpx.AsyncClient:
+    # trust_env=False: workers are reached directly, never through an HTTP(S)_PROXY from the env.
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=512, keepalive_expiry=30.0)
+    return httpx.AsyncClient(limits=limits, trust_env=False, follow_redirects=False)

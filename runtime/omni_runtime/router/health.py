@@ -1,0 +1,80 @@
+"""Active health checks: a worker is in rotation only while its /ready answers 200.
+
+A worker's /ready is 200 only when every stage, local and remote, is loaded and warmed up, so one
+probe covers the whole worker. Each round probes every worker concurrently; a failed probe takes
+the worker out of rotation at once and the next 200 puts it back. The proxies also report
+connection errors here (`mark_down`), so a dead worker leaves rotation before the next round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import httpx
+
+from omni_runtime.router.table import WorkerState, WorkerTable
+
+log = logging.getLogger("omni.router")
+
+
+class HealthChecker:
+    def __init__(self, table: WorkerTable, *, interval: float, timeout: float | None = None) -> None:
+        self.table = table
+        self.interval = interval
+        # Generous: a worker busy generating on a loaded CPU may answer /ready slowly and is still
+        # serving; a dead one refuses the connection at once and leaves rotation without waiting.
+        self.timeout = timeout if timeout is not None else max(2.0, interval)
+        self._client = httpx.AsyncClient(timeout=self.timeout, trust_env=False)
+        self._wake = asyncio.Event()
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    def poke(self) -> None:
+        """Run a round now (a worker joined or changed) instead of waiting for the interval."""
+        self._wake.set()
+
+    def _record(self, worker_id: str, healthy: bool, detail: str) -> None:
+        if self.table.set_health(worker_id, healthy):
+            worker = self.table.get(worker_id)
+            log.info(
+                "worker entered rotation" if healthy else "worker left rotation",
+                extra={
+                    "fields": {
+                        "event": "worker_health",
+                        "worker": worker_id,
+                        "healthy": healthy,
+                        "detail": detail,
+                        "state": worker.state.value if worker else None,
+                    }
+                },
+            )
+
+    def mark_down(self, worker_id: str, detail: str) -> None:
+        self._record(worker_id, False, detail)
+        self.poke()
+
+    async def _probe(self, worker_id: str, url: str) -> None:
+        try:
+            response = await self._client.get(f"{url}/ready")
+        except httpx.HTTPError as exc:
+            self._record(worker_id, False, f"/ready failed: {type(exc).__name__}")
+            return
+        self._record(worker_id, response.status_code == 200, f"/ready {response.status_code}")
+
+    async def check_once(self) -> None:
+        probes = [
+            self._probe(worker.id, worker.url)
+            for worker in self.table.workers()
+            if worker.state is not WorkerState.GONE
+        ]
+        await asyncio.gather(*probes)
+
+    async def run(self) -> None:
+        while True:
+            self._wake.clear()
+            await self.check_once()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self.interval)

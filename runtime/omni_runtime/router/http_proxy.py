@@ -1,0 +1,366 @@
+"""HTTP requests through the router: bind, forward, stream back unbuffered.
+
+Written against raw ASGI rather than framework request/response objects: the proxy path is the hot
+path and only needs headers, a body and a byte stream. Small complete answers (JSON with a
+Content-Length) are read whole and sent in one message; everything else (SSE, chunked, large) is
+relayed chunk by chunk as the worker produces it, with a watcher that closes the upstream stream
+as soon as the client goes away, so a worker stops generating for nobody.
+
+A request that fails to reach its worker before any response byte (connect refused, reset) is
+retried once on the next candidate, unless it belongs to a pinned session or its streamed body was
+already partly sent. A worker that fails mid-stream ends an SSE stream with an error event and
+any other stream by closing the connection, so a client never waits on a dead worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import parse_qsl
+
+import httpx
+
+from omni_runtime.router.binding import Binding, bind, retry_candidate
+from omni_runtime.router.context import HOP_BY_HOP, RouterContext
+from omni_runtime.router.errors import RouterError
+
+log = logging.getLogger("omni.router")
+
+Scope = dict[str, Any]
+Receive = Any
+Send = Any
+
+# Connection failures before any response byte: the worker never started on the request.
+RETRYABLE = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.RemoteProtocolError,
+    httpx.ReadError,
+    httpx.WriteError,
+)
+WHOLE_BODY_LIMIT = 1024 * 1024  # answers up to this size (with Content-Length) are sent in one piece
+
+
+class ClientGone(Exception):
+    """The client disconnected while sending its request body."""
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+async def send_error(send: Send, error: RouterError) -> None:
+    await send({"type": "http.response.start", "status": error.status, "headers": error.headers()})
+    await send({"type": "http.response.body", "body": error.body(), "more_body": False})
+
+
+def request_query(scope: Scope) -> dict[str, str]:
+    raw: bytes = scope.get("query_string", b"")
+    if b"session_id" not in raw:  # the only parameter binding reads; skip parsing otherwise
+        return {}
+    return dict(parse_qsl(raw.decode("latin-1")))
+
+
+def header_map(scope: Scope, *names: bytes) -> dict[str, str]:
+    """The named request headers (lower-case names) as str, for binding."""
+    found: dict[str, str] = {}
+    for name, value in scope["headers"]:
+        if name in names:
+            found[name.decode("latin-1")] = value.decode("latin-1")
+    return found
+
+
+def upstream_headers(scope: Scope, *, drop: frozenset[bytes] = HOP_BY_HOP) -> list[tuple[bytes, bytes]]:
+    headers = [
+        (name, value) for name, value in scope["headers"] if name not in drop and name != b"content-length"
+    ]
+    client = scope.get("client")
+    if client:
+        headers.append((b"x-forwarded-for", client[0].encode()))
+    headers.append((b"x-forwarded-proto", b"https" if scope.get("scheme") in {"https", "wss"} else b"http"))
+    return headers
+
+
+def upstream_target(scope: Scope, base_url: str) -> str:
+    raw_path: bytes | None = scope.get("raw_path")
+    path = raw_path.decode("latin-1") if raw_path else scope["path"]
+    query: bytes = scope.get("query_string", b"")
+    return f"{base_url}{path}?{query.decode('latin-1')}" if query else f"{base_url}{path}"
+
+
+async def _read_body(
+    receive: Receive, first: dict[str, Any], *, content_length: int | None, limit: int
+) -> bytes | AsyncIterator[bytes]:
+    """The whole body when it is small or sized; a lazy stream for chunked uploads (NDJSON input)."""
+    if first["type"] == "http.disconnect":
+        raise ClientGone
+    body: bytes = first.get("body", b"")
+    if not first.get("more_body", False):
+        return body
+    if content_length is not None:
+        parts = [body]
+        size = len(body)
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientGone
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLarge
+            parts.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(parts)
+
+    async def stream() -> AsyncIterator[bytes]:
+        size = len(body)
+        if size > limit:
+            raise BodyTooLarge
+        yield body
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientGone
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLarge
+            if chunk:
+                yield chunk
+            if not message.get("more_body", False):
+                return
+
+    return stream()
+
+
+async def _wait_for_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _sse_error(error: RouterError) -> bytes:
+    return b"data: " + json.dumps(json.loads(error.body())).encode() + b"\n\n"
+
+
+class HttpProxy:
+    def __init__(self, ctx: RouterContext) -> None:
+        self.ctx = ctx
+        self.session_header = ctx.config.session_header.lower()
+        self._binding_headers = (self.session_header.encode(),)
+
+    def _log(
+        self,
+        scope: Scope,
+        *,
+        status: int,
+        worker: str | None,
+        binding: Binding | None,
+        started: float,
+        session: str | None = None,
+    ) -> None:
+        if self.ctx.config.log_requests and log.isEnabledFor(logging.INFO):
+            fields = {
+                "event": "request",
+                "method": scope["method"],
+                "path": scope["path"],
+                "status": status,
+                "worker": worker,
+                "session": binding.session if binding else session,
+                "bind": binding.kind.value if binding else None,
+                "ms": round((time.perf_counter() - started) * 1000, 2),
+            }
+            log.info("request", extra={"fields": fields})
+
+    async def _fail(
+        self,
+        scope: Scope,
+        send: Send,
+        error: RouterError,
+        *,
+        worker: str | None,
+        binding: Binding | None,
+        started: float,
+    ) -> None:
+        worker = worker or error.worker
+        self.ctx.metrics.errors.labels(worker or "", error.code).inc()
+        await send_error(send, error)
+        self._log(
+            scope, status=error.status, worker=worker, binding=binding, started=started, session=error.session
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ctx = self.ctx
+        started = time.perf_counter()
+        content_length: int | None = None
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                content_length = int(value) if value.isdigit() else None
+        limit = ctx.config.max_body_bytes
+        if content_length is not None and content_length > limit:
+            await self._fail(
+                scope, send, RouterError.too_large(limit=limit), worker=None, binding=None, started=started
+            )
+            return
+        try:
+            body = await _read_body(receive, await receive(), content_length=content_length, limit=limit)
+        except ClientGone:
+            return
+        except BodyTooLarge:
+            await self._fail(
+                scope, send, RouterError.too_large(limit=limit), worker=None, binding=None, started=started
+            )
+            return
+        try:
+            binding = bind(
+                ctx.table,
+                path=scope["path"],
+                query=request_query(scope),
+                headers=header_map(scope, *self._binding_headers),
+                session_header=self.session_header,
+            )
+        except RouterError as error:
+            await self._fail(scope, send, error, worker=None, binding=None, started=started)
+            return
+        headers = upstream_headers(scope)
+        worker_id = binding.candidates[0]
+        failed: list[str] = []
+        while True:
+            worker = ctx.table.get(worker_id)
+            assert worker is not None  # bind() and retry_candidate() only name workers in the table
+            request = httpx.Request(
+                scope["method"],
+                upstream_target(scope, worker.url),
+                headers=headers,
+                content=body,
+                extensions={"timeout": ctx.timeout},
+            )
+            ctx.open_session(worker_id)
+            sent_at = time.perf_counter()
+            try:
+                response = await ctx.client.send(request, stream=True)
+            except RETRYABLE as exc:
+                ctx.close_session(worker_id)
+                ctx.health.mark_down(worker_id, f"request failed: {type(exc).__name__}")
+                failed.append(worker_id)
+                replayable = isinstance(body, bytes)
+                retry = retry_candidate(binding, failed=failed, table=ctx.table) if len(failed) == 1 else None
+                if retry is not None and replayable:
+                    ctx.metrics.retries.labels(worker_id).inc()
+                    log.warning(
+                        "retrying on another worker",
+                        extra={
+                            "fields": {
+                                "event": "retry",
+                                "worker": worker_id,
+                                "retry_worker": retry,
+                                "error": type(exc).__name__,
+                                "path": scope["path"],
+                            }
+                        },
+                    )
+                    worker_id = retry
+                    continue
+                error = RouterError.worker_unreachable(worker_id=worker_id, detail=type(exc).__name__)
+                await self._fail(scope, send, error, worker=worker_id, binding=binding, started=started)
+                return
+            except httpx.TimeoutException:
+                ctx.close_session(worker_id)
+                error = RouterError.worker_timeout(worker_id=worker_id, seconds=ctx.config.upstream_timeout)
+                await self._fail(scope, send, error, worker=worker_id, binding=binding, started=started)
+                return
+            except BodyTooLarge:
+                ctx.close_session(worker_id)
+                await self._fail(
+                    scope,
+                    send,
+                    RouterError.too_large(limit=limit),
+                    worker=worker_id,
+                    binding=binding,
+                    started=started,
+                )
+                return
+            except ClientGone:
+                ctx.close_session(worker_id)
+                return
+            except httpx.HTTPError as exc:
+                ctx.close_session(worker_id)
+                error = RouterError.worker_failed(worker_id=worker_id, detail=type(exc).__name__)
+                await self._fail(scope, send, error, worker=worker_id, binding=binding, started=started)
+                return
+            break
+        ctx.metrics.latency.labels(worker_id).observe(time.perf_counter() - sent_at)
+        try:
+            status = await self._relay_response(scope, receive, send, response, worker_id=worker_id)
+        finally:
+            await response.aclose()
+            ctx.close_session(worker_id)
+        ctx.metrics.requests.labels(worker_id, str(status)).inc()
+        self._log(scope, status=status, worker=worker_id, binding=binding, started=started)
+
+    async def _relay_response(
+        self, scope: Scope, receive: Receive, send: Send, response: httpx.Response, *, worker_id: str
+    ) -> int:
+        headers = [
+            (name.lower(), value) for name, value in response.headers.raw if name.lower() not in HOP_BY_HOP
+        ]
+        headers.append((b"x-omni-worker", worker_id.encode()))
+        length = response.headers.get("content-length")
+        is_sse = response.headers.get("content-type", "").startswith("text/event-stream")
+        if length is not None and length.isdigit() and int(length) <= WHOLE_BODY_LIMIT and not is_sse:
+            try:
+                data = await response.aread()
+            except httpx.HTTPError as exc:
+                self.ctx.health.mark_down(worker_id, f"response failed: {type(exc).__name__}")
+                error = RouterError.worker_failed(worker_id=worker_id, detail=type(exc).__name__)
+                self.ctx.metrics.errors.labels(worker_id, error.code).inc()
+                await send_error(send, error)
+                return error.status
+            await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+            await send({"type": "http.response.body", "body": data, "more_body": False})
+            return response.status_code
+
+        await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+
+        async def pump() -> None:
+            async for chunk in response.aiter_raw():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+        pumping = asyncio.ensure_future(pump())
+        watching = asyncio.ensure_future(_wait_for_disconnect(receive))
+        try:
+            await asyncio.wait({pumping, watching}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the server is shutting down
+            pumping.cancel()
+            watching.cancel()
+            raise
+        watching.cancel()
+        if not pumping.done():
+            pumping.cancel()  # the client left: stop reading so the worker sees the disconnect
+            await asyncio.gather(pumping, return_exceptions=True)
+            log.info(
+                "client disconnected mid-stream",
+                extra={"fields": {"event": "client_gone", "worker": worker_id}},
+            )
+            return response.status_code
+        exc = pumping.exception()
+        if exc is None:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return response.status_code
+        if not isinstance(exc, httpx.HTTPError):
+            raise exc
+        self.ctx.health.mark_down(worker_id, f"stream failed: {type(exc).__name__}")
+        error = RouterError.worker_failed(
+            worker_id=worker_id, detail=f"stream ended early: {type(exc).__name__}"
+        )
+        self.ctx.metrics.errors.labels(worker_id, error.code).inc()
+        log.warning("worker stream failed", extra={"fields": {"event": "stream_failed", "worker": worker_id}})
+        if is_sse:
+            # The status line is long gone; an SSE client still learns what happened.
+            await send({"type": "http.response.body", "body": _sse_error(error), "more_body": False})
+        # Any other stream is left incomplete: the server closes the connection, the client sees
+        # a truncated body rather than a silently shortened one.
+        return response.status_code

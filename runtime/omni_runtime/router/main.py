@@ -1,0 +1,166 @@
+"""`omni router`: run the session router in front of workers.
+
+    omni router --port 8000 --workers-file workers.json
+    omni router --port 8000 --source kubernetes --namespace NS --deployment NAME
+
+The worker table is loaded before the server starts, so a bad file or a missing cluster is a
+one-line error naming the flag, not a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from omni_runtime.router import logs
+from omni_runtime.router.auth import load_api_keys
+from omni_runtime.router.context import RouterConfig
+from omni_runtime.router.sources import FileSource, WorkerSource, WorkerTableError
+
+
+def _positive(kind: type) -> object:
+    def parse(text: str) -> object:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be greater than 0, got {text!r}")
+        return value
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="omni router", description="Run the session router in front of workers."
+    )
+    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    parser.add_argument(
+        "--source",
+        choices=["file", "kubernetes"],
+        default=None,
+        help="where the worker table comes from (default: file when --workers-file is given)",
+    )
+    parser.add_argument(
+        "--workers-file",
+        help='JSON worker table {"workers": [{"id", "url", "revision", "state"}]}; re-read when it changes',
+    )
+    parser.add_argument("--namespace", help="Kubernetes namespace of the workers (--source kubernetes)")
+    parser.add_argument(
+        "--deployment", help="OmniDeployment name whose worker Services to watch (--source kubernetes)"
+    )
+    parser.add_argument(
+        "--session-header",
+        default="X-Session-Id",
+        help="header carrying a client session key for sticky routing (default X-Session-Id)",
+    )
+    parser.add_argument(
+        "--max-sessions-per-worker",
+        type=int,
+        default=0,
+        help="live sessions a worker may hold before it takes no more; 0 = no limit (default)",
+    )
+    parser.add_argument(
+        "--max-body-bytes",
+        type=_positive(int),
+        default=100 * 1024 * 1024,
+        help="largest request body or WebSocket message accepted (default 100 MiB)",
+    )
+    parser.add_argument(
+        "--upstream-timeout",
+        type=_positive(float),
+        default=600.0,
+        help="seconds a worker may stay silent before the request fails with 504 (default 600)",
+    )
+    parser.add_argument(
+        "--connect-timeout",
+        type=_positive(float),
+        default=5.0,
+        help="seconds to connect to a worker (default 5)",
+    )
+    parser.add_argument(
+        "--health-interval",
+        type=_positive(float),
+        default=1.0,
+        help="seconds between /ready checks of each worker (default 1)",
+    )
+    parser.add_argument(
+        "--api-keys-file",
+        help="file of client API keys, one per line; clients then need "
+        "`Authorization: Bearer <key>` (/health, /ready, /metrics stay open)",
+    )
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--no-request-log", action="store_true", help="do not log one JSON line per request")
+    return parser
+
+
+def build_source(args: argparse.Namespace) -> WorkerSource:
+    source = args.source or ("file" if args.workers_file else None)
+    if source is None:
+        raise WorkerTableError(
+            "give --workers-file FILE, or --source kubernetes --namespace NS --deployment NAME"
+        )
+    if source == "file":
+        if not args.workers_file:
+            raise WorkerTableError("--source file needs --workers-file FILE")
+        return FileSource(args.workers_file)
+    if not args.namespace or not args.deployment:
+        raise WorkerTableError("--source kubernetes needs --namespace NS and --deployment NAME")
+    if args.workers_file:
+        raise WorkerTableError("--workers-file cannot be combined with --source kubernetes; choose one")
+    from omni_runtime.router.k8s_source import KubernetesSource
+
+    return KubernetesSource(namespace=args.namespace, deployment=args.deployment)
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    if args.max_sessions_per_worker < 0:
+        print("omni router: error: --max-sessions-per-worker must be 0 (no limit) or more", file=sys.stderr)
+        return 2
+    try:
+        source = build_source(args)
+        initial = source.load()
+        api_keys = load_api_keys(args.api_keys_file) if args.api_keys_file else ()
+    except WorkerTableError as exc:
+        print(f"omni router: error: {exc}", file=sys.stderr)
+        return 2
+
+    import uvicorn
+
+    from omni_runtime.router.app import RouterApp
+
+    logs.configure(args.log_level)
+    # One series per counter is enough for a scraper; the *_created companions only add noise.
+    from prometheus_client import disable_created_metrics
+
+    disable_created_metrics()
+    config = RouterConfig(
+        session_header=args.session_header,
+        max_sessions_per_worker=args.max_sessions_per_worker,
+        max_body_bytes=args.max_body_bytes,
+        upstream_timeout=args.upstream_timeout,
+        connect_timeout=args.connect_timeout,
+        health_interval=args.health_interval,
+        api_keys=api_keys,
+        log_requests=not args.no_request_log,
+    )
+    app = RouterApp(config=config, source=source, initial=initial)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=args.host,
+            port=args.port,
+            log_config=None,
+            access_log=False,
+            server_header=False,  # the worker's own headers pass through
+            date_header=False,
+            lifespan="on",
+            ws_max_size=args.max_body_bytes,
+            timeout_graceful_shutdown=10,
+        )
+    )
+    server.run()
+    return 0 if server.started else 1

@@ -1,0 +1,47 @@
+"""`omni router` flag errors: one line naming the flag, exit code 2, no traceback, no server."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from omni_runtime.router.main import main
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            [],
+            "omni router: error: give --workers-file FILE, or --source kubernetes --namespace NS --deployment NAME",
+        ),
+        (
+            ["--source", "kubernetes", "--namespace", "ml"],
+            "omni router: error: --source kubernetes needs --namespace NS and --deployment NAME",
+        ),
+        (["--source", "file"], "omni router: error: --source file needs --workers-file FILE"),
+        (
+            ["--workers-file", "/nonexistent/w.json"],
+            "omni router: error: /nonexistent/w.json: no such file (--workers-file)",
+        ),
+        (
+            ["--workers-file", "W", "--max-sessions-per-worker", "-1"],
+            "omni router: error: --max-sessions-per-worker must be 0 (no limit) or more",
+        ),
+    ],
+)
+def test_flag_errors(argv, message, capsys):
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip() == message
+
+
+def test_a_bad_keys_file_stops_before_serving(tmp_path, capsys):
+    workers = tmp_path / "w.json"
+    workers.write_text(json.dumps({"workers": []}))
+    keys = tmp_path / "keys"
+    keys.write_text("\n")
+    assert main(["--workers-file", str(workers), "--api-keys-file", str(keys)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"omni router: error: --api-keys-file {keys}: no keys in the file; write one key per line"
+    )
