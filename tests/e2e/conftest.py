@@ -1,0 +1,64 @@
+"""Fixtures for end-to-end tests on the real control plane (see e2e_cluster.py).
+
+`control_plane` (session scope) starts etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler and kwok on loopback with 4 simulated nodes x 8 `nvidia.com/gpu` (label
+omni.dev/gpu-tier=h100) and one CPU node, and tears it all down at the end. When the binaries are
+not built it skips, unless OMNI_E2E_BUILD=1 asks it to build them first (tens of minutes cold).
+`namespace` gives each test its own namespace so tests never see each other's objects.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from e2e_cluster import (
+    BUILD_SCRIPT,
+    ControlPlane,
+    NodeShape,
+    bin_dir,
+    build,
+    gpu_nodes,
+    missing_binaries,
+    start_control_plane,
+    wait_for,
+)
+
+E2E_NODES = [*gpu_nodes(4, gpus=8, tier="h100"), NodeShape(name="kwok-cpu-0", gpus=0, gpu_tier=None, cpu="32")]
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    directory = bin_dir()
+    missing = missing_binaries(directory)
+    if missing:
+        if os.environ.get("OMNI_E2E_BUILD") != "1":
+            pytest.skip(
+                f"control plane not built ({', '.join(missing)} missing in {directory}); "
+                f"run {BUILD_SCRIPT} or set OMNI_E2E_BUILD=1"
+            )
+        directory = build()
+    cp = start_control_plane(bin_dir=directory, workdir=tmp_path_factory.mktemp("controlplane"), nodes=E2E_NODES)
+    try:
+        yield cp
+    finally:
+        cp.stop()
+
+
+@pytest.fixture
+def namespace(control_plane: ControlPlane) -> Iterator[str]:
+    """A fresh namespace with its default service account (pods are admitted only once it exists)."""
+    name = f"e2e-{uuid.uuid4().hex[:8]}"
+    with control_plane.https() as client:
+        r = client.post("/api/v1/namespaces", json={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        assert r.status_code == 201, r.text
+        wait_for(
+            f"service account default in {name}",
+            lambda: client.get(f"/api/v1/namespaces/{name}/serviceaccounts/default").status_code == 200,
+            timeout=30,
+        )
+    yield name
+    with control_plane.https() as client:
+        client.delete(f"/api/v1/namespaces/{name}")

@@ -1,0 +1,432 @@
+"""A real Kubernetes control plane on loopback, for end-to-end tests and benchmarks.
+
+It runs the binaries that tests/e2e/controlplane/build.sh compiles from upstream modules: etcd,
+kube-apiserver, kube-controller-manager (garbage collector on), kube-scheduler and kwok (simulated
+nodes and pod lifecycle). Certificates are made here with `cryptography`; every component listens
+on 127.0.0.1 on a free port; an admin kubeconfig (client certificate, group system:masters) is
+written into the work directory. Each wait has a deadline and a failure shows the component's log.
+
+Used by tests/e2e/conftest.py (a session fixture) and tests/e2e/bench_operator.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from e2e_certs import make_certificates, write_kubeconfig
+
+HERE = Path(__file__).resolve().parent
+RECIPE = HERE / "controlplane"
+BUILD_SCRIPT = RECIPE / "build.sh"
+BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "kubectl")
+SERVICE_CIDR = "10.96.0.0/16"
+KWOK_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_TIER_LABEL = "omni.dev/gpu-tier"
+
+
+class ControlPlaneError(RuntimeError):
+    """A component failed to start or become ready; the message carries its log tail."""
+
+
+@dataclass(frozen=True)
+class NodeShape:
+    """A simulated node: kwok keeps it Ready and runs the pods bound to it."""
+
+    name: str
+    gpus: int = 8
+    gpu_tier: str | None = "h100"
+    cpu: str = "96"
+    memory: str = "1536Gi"
+    pods: int = 110
+
+
+def gpu_nodes(count: int = 4, *, gpus: int = 8, tier: str = "h100") -> list[NodeShape]:
+    return [NodeShape(name=f"kwok-gpu-{i}", gpus=gpus, gpu_tier=tier) for i in range(count)]
+
+
+# --- binaries ---------------------------------------------------------------------------------
+
+
+def bin_dir() -> Path:
+    """The cache directory build.sh uses for the current recipe (it may not exist yet)."""
+    out = subprocess.run(
+        ["bash", str(BUILD_SCRIPT), "--print-bin-dir"], check=True, capture_output=True, text=True
+    )
+    return Path(out.stdout.strip())
+
+
+def missing_binaries(directory: Path) -> list[str]:
+    return [b for b in BINARIES if not os.access(directory / b, os.X_OK)] + (
+        [] if (directory / "kwok-stages.yaml").is_file() else ["kwok-stages.yaml"]
+    )
+
+
+def build(*, log: Callable[[str], None] = print) -> Path:
+    """Run build.sh (reuses a complete cache), streaming its progress lines."""
+    with subprocess.Popen(
+        ["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log(line.rstrip())
+        if proc.wait() != 0:
+            raise ControlPlaneError(f"{BUILD_SCRIPT} failed with exit code {proc.returncode}")
+    return bin_dir()
+
+
+# --- processes --------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    # A killed pytest must not leave an apiserver behind: the kernel signals the child when the
+    # parent goes away (Linux prctl PR_SET_PDEATHSIG).
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+
+
+@dataclass
+class Component:
+    name: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(text[-lines:])
+
+
+def wait_for(
+    what: str, check: Callable[[], bool], *, timeout: float, component: Component | None = None
+) -> None:
+    """Poll `check` until it is true; on the deadline raise with the component's log tail."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if component is not None and component.proc.poll() is not None:
+            raise ControlPlaneError(
+                f"{component.name} exited with code {component.proc.returncode} while waiting for {what}:\n"
+                f"{component.log_tail()}"
+            )
+        with contextlib.suppress(Exception):
+            if check():
+                return
+        time.sleep(0.25)
+    tail = f":\n{component.log_tail()}" if component is not None else ""
+    raise ControlPlaneError(f"timed out after {timeout:.0f} s waiting for {what}{tail}")
+
+
+@dataclass
+class ControlPlane:
+    """A running control plane; `kubeconfig` is what clients (and the operator) use."""
+
+    workdir: Path
+    bin_dir: Path
+    kubeconfig: Path
+    server: str
+    certs: dict[str, Path]
+    components: dict[str, Component] = field(default_factory=dict)
+    nodes: list[NodeShape] = field(default_factory=list)
+
+    def start(self, name: str, args: list[str]) -> Component:
+        log_path = self.workdir / "logs" / f"{name}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("ab") as log:
+            proc = subprocess.Popen(
+                [str(self.bin_dir / name), *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.workdir,
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.workdir)},
+                preexec_fn=_die_with_parent,
+            )
+        component = Component(name=name, proc=proc, log_path=log_path)
+        self.components[name] = component
+        return component
+
+    def https(self) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.server,
+            verify=str(self.certs["ca.crt"]),
+            cert=(str(self.certs["admin.crt"]), str(self.certs["admin.key"])),
+            timeout=5.0,
+        )
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the kubectl built with the control plane against this cluster."""
+        result = subprocess.run(
+            [str(self.bin_dir / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if check and result.returncode != 0:
+            raise ControlPlaneError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
+        return result
+
+    def stop(self) -> None:
+        # Reverse start order: clients first, etcd last.
+        for component in reversed(list(self.components.values())):
+            if component.proc.poll() is None:
+                component.proc.terminate()
+        for component in reversed(list(self.components.values())):
+            try:
+                component.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                component.proc.kill()
+                component.proc.wait(timeout=5)
+
+
+def _healthz(url: str) -> Callable[[], bool]:
+    def check() -> bool:
+        return httpx.get(url, verify=False, timeout=2.0).status_code == 200
+
+    return check
+
+
+def start_control_plane(
+    *, bin_dir: Path, workdir: Path, nodes: list[NodeShape], log: Callable[[str], None] = print
+) -> ControlPlane:
+    """Start every component, wait for each to be ready, register `nodes`; stop all on failure."""
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    certs = make_certificates(workdir / "pki")
+    api_port = free_port()
+    server = f"https://127.0.0.1:{api_port}"
+    kubeconfig = workdir / "kubeconfig"
+    write_kubeconfig(kubeconfig, server=server, certs=certs)
+    cp = ControlPlane(workdir=workdir, bin_dir=bin_dir, kubeconfig=kubeconfig, server=server, certs=certs)
+    try:
+        _start_all(cp, api_port=api_port, log=log)
+        register_nodes(cp, nodes)
+    except BaseException:
+        cp.stop()
+        raise
+    return cp
+
+
+def _start_all(cp: ControlPlane, *, api_port: int, log: Callable[[str], None]) -> None:
+    c = cp.certs
+    started = time.monotonic()
+    etcd_port, peer_port = free_port(), free_port()
+    etcd_url = f"http://127.0.0.1:{etcd_port}"
+    etcd = cp.start(
+        "etcd",
+        [
+            "--name=omni-e2e",
+            f"--data-dir={cp.workdir / 'etcd'}",
+            f"--listen-client-urls={etcd_url}",
+            f"--advertise-client-urls={etcd_url}",
+            f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
+            f"--initial-cluster=omni-e2e=http://127.0.0.1:{peer_port}",
+            "--unsafe-no-fsync",  # a throwaway store: durability costs seconds on a shared disk
+            "--log-level=warn",
+        ],
+    )
+    wait_for(
+        "etcd /health",
+        lambda: httpx.get(f"{etcd_url}/health", timeout=2).json()["health"] == "true",
+        timeout=30,
+        component=etcd,
+    )
+    log(f"[control plane] etcd ready on {etcd_url}")
+
+    apiserver = cp.start(
+        "kube-apiserver",
+        [
+            f"--etcd-servers={etcd_url}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={api_port}",
+            f"--tls-cert-file={c['apiserver.crt']}",
+            f"--tls-private-key-file={c['apiserver.key']}",
+            f"--client-ca-file={c['ca.crt']}",
+            f"--service-account-key-file={c['sa.pub']}",
+            f"--service-account-signing-key-file={c['sa.key']}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--authorization-mode=Node,RBAC",
+            "--allow-privileged=true",
+            "--profiling=false",
+            "--endpoint-reconciler-type=none",
+            "--v=1",
+        ],
+    )
+    with cp.https() as client:
+        wait_for(
+            "kube-apiserver /readyz",
+            lambda: client.get("/readyz").status_code == 200,
+            timeout=120,
+            component=apiserver,
+        )
+    log(f"[control plane] kube-apiserver ready on {cp.server} ({time.monotonic() - started:.1f} s)")
+
+    kcm_port, sched_port = free_port(), free_port()
+    common = [
+        f"--kubeconfig={cp.kubeconfig}",
+        f"--authentication-kubeconfig={cp.kubeconfig}",
+        f"--authorization-kubeconfig={cp.kubeconfig}",
+        "--bind-address=127.0.0.1",
+        "--leader-elect=false",
+        "--profiling=false",
+    ]
+    kcm = cp.start(
+        "kube-controller-manager",
+        [
+            *common,
+            f"--secure-port={kcm_port}",
+            f"--service-account-private-key-file={c['sa.key']}",
+            f"--root-ca-file={c['ca.crt']}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--use-service-account-credentials=false",
+            # Garbage collector on (the default, said out loud: ownerReferences must cascade).
+            "--enable-garbage-collector=true",
+            "--concurrent-gc-syncs=10",
+            "--controllers=*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-node-route-controller",
+            "--v=1",
+        ],
+    )
+    scheduler = cp.start("kube-scheduler", [*common, f"--secure-port={sched_port}", "--v=1"])
+    wait_for(
+        "kube-controller-manager /healthz",
+        _healthz(f"https://127.0.0.1:{kcm_port}/healthz"),
+        timeout=60,
+        component=kcm,
+    )
+    wait_for(
+        "kube-scheduler /healthz",
+        _healthz(f"https://127.0.0.1:{sched_port}/healthz"),
+        timeout=60,
+        component=scheduler,
+    )
+    log("[control plane] controller-manager and scheduler healthy")
+
+    kwok_port = free_port()
+    kwok = cp.start(
+        "kwok",
+        [
+            f"--kubeconfig={cp.kubeconfig}",
+            f"--config={cp.bin_dir / 'kwok-stages.yaml'}",
+            f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION[0]}={KWOK_NODE_ANNOTATION[1]}",
+            f"--server-address=127.0.0.1:{kwok_port}",
+            "--node-lease-duration-seconds=40",
+        ],
+    )
+    wait_for("kwok /healthz", _healthz(f"http://127.0.0.1:{kwok_port}/healthz"), timeout=60, component=kwok)
+    with cp.https() as client:
+        wait_for(
+            "the default service account (controller-manager at work)",
+            lambda: client.get("/api/v1/namespaces/default/serviceaccounts/default").status_code == 200,
+            timeout=60,
+            component=kcm,
+        )
+    log(f"[control plane] all components up in {time.monotonic() - started:.1f} s")
+
+
+def node_manifest(node: NodeShape) -> dict:
+    labels = {
+        "kubernetes.io/hostname": node.name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        "type": "kwok",
+    }
+    capacity = {"cpu": node.cpu, "memory": node.memory, "pods": str(node.pods)}
+    if node.gpus:
+        capacity[GPU_RESOURCE] = str(node.gpus)
+    if node.gpu_tier:
+        labels[GPU_TIER_LABEL] = node.gpu_tier
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": node.name,
+            "labels": labels,
+            # kwok manages nodes carrying this annotation. No kwok taint: this cluster has no real
+            # nodes that real pods could land on, and the operator's pods should not need a toleration.
+            "annotations": {
+                KWOK_NODE_ANNOTATION[0]: KWOK_NODE_ANNOTATION[1],
+                "node.alpha.kubernetes.io/ttl": "0",
+            },
+        },
+        "status": {"capacity": capacity, "allocatable": dict(capacity)},
+    }
+
+
+def register_nodes(cp: ControlPlane, nodes: list[NodeShape]) -> None:
+    """Create the nodes and wait until kwok reports each Ready with its GPUs allocatable."""
+    with cp.https() as client:
+        for node in nodes:
+            r = client.post("/api/v1/nodes", json=node_manifest(node))
+            if r.status_code not in (201, 409):
+                raise ControlPlaneError(f"creating node {node.name}: {r.status_code} {r.text}")
+
+        def all_ready() -> bool:
+            items = client.get("/api/v1/nodes").json()["items"]
+            ready = {
+                n["metadata"]["name"]
+                for n in items
+                if any(
+                    c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions", [])
+                )
+            }
+            return {n.name for n in nodes} <= ready
+
+        wait_for(f"{len(nodes)} kwok nodes Ready", all_ready, timeout=60, component=cp.components.get("kwok"))
+    cp.nodes = list(nodes)
+
+
+@contextlib.contextmanager
+def running_control_plane(
+    *, workdir: Path, nodes: list[NodeShape], build_if_missing: bool, log: Callable[[str], None] = print
+) -> Iterator[ControlPlane]:
+    directory = bin_dir()
+    if missing_binaries(directory):
+        if not build_if_missing:
+            raise FileNotFoundError(
+                f"control plane binaries missing in {directory}: {', '.join(missing_binaries(directory))}; "
+                f"run {BUILD_SCRIPT} (or set OMNI_E2E_BUILD=1)"
+            )
+        directory = build(log=log)
+    cp = start_control_plane(bin_dir=directory, workdir=workdir, nodes=nodes, log=log)
+    try:
+        yield cp
+    finally:
+        cp.stop()
+
+
+if __name__ == "__main__":
+    # `python tests/e2e/e2e_cluster.py`: start a control plane with 4 GPU nodes and keep it until Ctrl-C.
+    import tempfile
+
+    with (
+        tempfile.TemporaryDirectory(prefix="omni-cp-") as tmp,
+        running_control_plane(workdir=Path(tmp), nodes=gpu_nodes(), build_if_missing=True) as plane,
+    ):
+        print(f"export KUBECONFIG={plane.kubeconfig}")
+        with contextlib.suppress(KeyboardInterrupt):
+            signal.pause()
+        sys.exit(0)
