@@ -313,10 +313,11 @@ def check_fit(
     if per_gpu(tp) <= usable:
         return
     dtype = thinker.quantization.value if thinker.quantization else "bf16"
-    name = architecture.value if architecture is not Architecture.auto else "model"
+    name = f"{architecture.value} thinker" if architecture is not Architecture.auto else "thinker"
+    unit = "byte/param" if per_param == 1 else "bytes/param"
     offload = f" - cpuOffloadGb {thinker.cpu_offload_gb}" if thinker.cpu_offload_gb else ""
     reason = (
-        f"the {name} thinker does not fit: {params_billions:g}B params x {per_param:g} bytes ({dtype}) = "
+        f"the {name} does not fit: {params_billions:g}B params x {per_param:g} {unit} ({dtype}) = "
         f"{weights_gb:.1f} GB, / tensorParallelSize {tp}{offload} = {per_gpu(tp):.1f} GB per GPU > "
         f"{mem_fraction:.2f} x {memory_gb:g} GB = {usable:.1f} GB usable on {spec.gpu.tier.value}"
     )

@@ -1,0 +1,412 @@
+"""The plan of every example equals an exact expected plan (full Plans for two, key fields for all)."""
+
+from __future__ import annotations
+
+import pytest
+from spec_builders import example
+
+from omni_operator.plan import plan_deployment, pod_revision, worker_revision
+from omni_operator.plan.types import (
+    Container,
+    ModelVolume,
+    Plan,
+    Role,
+    RouterPlan,
+    Scheduling,
+    Stage,
+    StagePod,
+    Target,
+    WorkerPlan,
+)
+
+S = Stage
+SPEECH_STAGES = (
+    S.preprocessing,
+    S.audio_encoder,
+    S.image_encoder,
+    S.mm_aggregate,
+    S.thinker,
+    S.decode,
+    S.talker,
+)
+SPEECH_EDGES = (
+    (S.preprocessing, S.audio_encoder),
+    (S.preprocessing, S.image_encoder),
+    (S.audio_encoder, S.mm_aggregate),
+    (S.image_encoder, S.mm_aggregate),
+    (S.mm_aggregate, S.thinker),
+    (S.thinker, S.decode),
+    (S.thinker, S.talker),
+)
+ROUTER_IMAGE = "ghcr.io/omni-dev/omni-runtime:0.1.0"
+
+
+def _router(deployment: str) -> RouterPlan:
+    command = (
+        "omni", "router", "--port", "8000", "--source", "kubernetes", "--namespace", "default",
+        "--deployment", deployment, "--session-header", "X-Session-Id", "--max-sessions-per-worker", "256",
+    )  # fmt: skip
+    return RouterPlan(
+        replicas=1,
+        port=8000,
+        session_header="X-Session-Id",
+        service_type="ClusterIP",
+        container=Container(
+            image=ROUTER_IMAGE,
+            command=command,
+            ports={"http": 8000},
+            cpu="1",
+            memory="1Gi",
+            readiness_path="/health",
+            liveness_path="/health",
+        ),
+    )
+
+
+def _with_pod_revisions(worker: WorkerPlan) -> WorkerPlan:
+    pods = tuple(
+        p.model_copy(update={"revision": pod_revision(p, worker=worker.name, revision=worker.revision)})
+        for p in worker.pods
+    )
+    return worker.model_copy(update={"pods": pods})
+
+
+def test_tiny_cpu_full_plan() -> None:
+    dep = example("tiny-cpu.yaml")
+    rev = worker_revision(dep.spec)
+
+    def worker(i: int) -> WorkerPlan:
+        name = f"tiny-omni-w{i}"
+        command = (
+            "omni", "serve", "--model-name", "tiny-omni", "--pipeline", "speech", "--port", "8000",
+            "--device", "cpu", "--worker-id", name, "--revision", rev,
+        )  # fmt: skip
+        pod = StagePod(
+            role=Role.worker,
+            name=f"{name}-worker",
+            hostname="worker",
+            stages=SPEECH_STAGES,
+            address=f"worker.{name}.default.svc.cluster.local:8000",
+            revision="",
+            container=Container(
+                image="ghcr.io/omni-dev/omni-runtime:0.1.0",
+                command=command,
+                ports={"http": 8000},
+                cpu="2",
+                memory="4Gi",
+                readiness_path="/ready",
+                liveness_path="/health",
+            ),
+        )
+        return _with_pod_revisions(
+            WorkerPlan(
+                index=i,
+                name=name,
+                revision=rev,
+                api_url=f"http://worker.{name}.default.svc.cluster.local:8000",
+                gpus=0,
+                pods=(pod,),
+            )
+        )
+
+    expected = Plan(
+        deployment="tiny-omni",
+        namespace="default",
+        target=Target.kubernetes,
+        model_name="tiny-omni",
+        architecture="auto",
+        runtime="builtin",
+        pipeline="speech",
+        stages=SPEECH_STAGES,
+        edges=SPEECH_EDGES,
+        gpu_tier="cpu",
+        gpu_memory_gb=0.0,
+        mem_fraction_static=0.8,
+        gpus_per_worker=0,
+        revision=rev,
+        workers=(worker(0), worker(1)),
+        router=_router("tiny-omni"),
+        scheduling=Scheduling(),
+        model_volume=ModelVolume(source="tiny", mount_path="/models/model"),
+    )
+    assert plan_deployment(dep) == expected
+
+
+def test_ming_speech_full_plan() -> None:
+    dep = example("ming-flash-omni-speech-h100.yaml")
+    rev = worker_revision(dep.spec)
+    command = (
+        "sgl-omni", "serve", "--model-path", "/models/Ming-flash-omni-2.0", "--model-name", "Ming-flash-omni-2.0",
+        "--host", "0.0.0.0", "--port", "8000", "--thinker-tp-size", "4", "--thinker-gpus", "0,1,2,3",
+        "--talker-gpu", "4", "--mem-fraction-static", "0.8", "--trust-remote-code",
+    )  # fmt: skip
+    pod = StagePod(
+        role=Role.worker,
+        name="ming-speech-w0-worker",
+        hostname="worker",
+        stages=SPEECH_STAGES,
+        logical_gpus=(0, 1, 2, 3, 4),
+        address="worker.ming-speech-w0.default.svc.cluster.local:8000",
+        revision="",
+        container=Container(
+            image="lmsysorg/sglang-omni:latest",
+            command=command,
+            ports={"http": 8000},
+            gpus=5,
+            readiness_path="/health",
+            liveness_path="/health",
+        ),
+    )
+    worker = _with_pod_revisions(
+        WorkerPlan(
+            index=0,
+            name="ming-speech-w0",
+            revision=rev,
+            api_url="http://worker.ming-speech-w0.default.svc.cluster.local:8000",
+            gpus=5,
+            pods=(pod,),
+        )
+    )
+    expected = Plan(
+        deployment="ming-speech",
+        namespace="default",
+        target=Target.kubernetes,
+        model_name="Ming-flash-omni-2.0",
+        architecture="ming_omni",
+        runtime="sglang-omni",
+        pipeline="speech",
+        stages=SPEECH_STAGES,
+        edges=SPEECH_EDGES,
+        gpu_tier="h100",
+        gpu_memory_gb=80.0,
+        mem_fraction_static=0.8,
+        gpus_per_worker=5,
+        revision=rev,
+        workers=(worker,),
+        router=_router("ming-speech"),
+        scheduling=Scheduling(),
+        model_volume=ModelVolume(
+            source="pvc", mount_path="/models/Ming-flash-omni-2.0", claim_name="ming-flash-omni-2-0"
+        ),
+    )
+    assert plan_deployment(dep) == expected
+
+
+MING = (
+    "--model-path",
+    "/models/Ming-flash-omni-2.0",
+    "--model-name",
+    "Ming-flash-omni-2.0",
+    "--host",
+    "0.0.0.0",
+)
+QWEN25 = (
+    "--model-path",
+    "/models/Qwen2.5-Omni-7B",
+    "--model-name",
+    "Qwen2.5-Omni-7B",
+    "--pipeline",
+    "speech",
+)
+MINICPM = ("--model-path", "/models/MiniCPM-o-4_5", "--model-name", "MiniCPM-o-4_5", "--pipeline", "duplex")
+
+
+def _thinker_addr(worker: str, port: int = 9100) -> str:
+    return f"thinker.{worker}.default.svc.cluster.local:{port}"
+
+
+# (example, architecture, gpus per worker, mem fraction, [(pod name, role, stages, logical GPUs, command)])
+# Commands use {rev} for the worker revision.
+EXAMPLE_TABLE = [
+    (
+        "ming-flash-omni-text-h100.yaml",
+        "ming_omni",
+        4,
+        0.8,
+        [
+            (
+                "ming-text-w0-worker",
+                Role.worker,
+                (S.preprocessing, S.audio_encoder, S.image_encoder, S.mm_aggregate, S.thinker, S.decode),
+                (0, 1, 2, 3),
+                ("sgl-omni", "serve", *MING, "--port", "8000", "--text-only", "--thinker-tp-size", "4",
+                 "--thinker-gpus", "0,1,2,3", "--mem-fraction-static", "0.8", "--trust-remote-code"),
+            )
+        ],
+    ),
+    (
+        "ming-flash-omni-vision-tp2-h200.yaml",
+        "ming_omni",
+        5,
+        0.9,
+        [
+            (
+                "ming-vision-w0-worker",
+                Role.worker,
+                SPEECH_STAGES,
+                (0, 1, 2, 3, 4),
+                ("sgl-omni", "serve", *MING, "--port", "8000", "--thinker-tp-size", "2", "--thinker-gpus", "0,1",
+                 "--talker-gpu", "2", "--image-encoder-tp-size", "2", "--image-encoder-gpus", "3,4",
+                 "--mem-fraction-static", "0.9", "--trust-remote-code"),
+            )
+        ],
+    ),
+    (
+        "qwen3-omni-vllm.yaml",
+        "qwen3_omni",
+        3,
+        0.8,
+        [
+            (
+                f"qwen3-omni-w{i}-worker",
+                Role.worker,
+                SPEECH_STAGES,
+                (0, 1, 2),
+                ("vllm", "serve", "/models/Qwen3-Omni-30B-A3B-Instruct", "--omni", "--port", "8000",
+                 "--served-model-name", "Qwen3-Omni-30B-A3B-Instruct",
+                 "--stage-configs-path", "/etc/omni/stage_configs.yaml", "--trust-remote-code"),
+            )
+            for i in range(2)
+        ],
+    ),
+    (
+        "qwen2.5-omni-7b-h100.yaml",
+        "qwen2_5_omni",
+        2,
+        0.8,
+        [
+            (
+                "qwen25-omni-w0-api",
+                Role.api,
+                (S.preprocessing, S.decode),
+                (),
+                ("omni", "serve", *QWEN25, "--port", "8000", "--device", "cpu", "--worker-id", "qwen25-omni-w0",
+                 "--revision", "{rev}",
+                 "--remote-stage", f"audio_encoder={_thinker_addr('qwen25-omni-w0')}",
+                 "--remote-stage", f"image_encoder={_thinker_addr('qwen25-omni-w0')}",
+                 "--remote-stage", f"mm_aggregate={_thinker_addr('qwen25-omni-w0')}",
+                 "--remote-stage", f"thinker={_thinker_addr('qwen25-omni-w0')}",
+                 "--remote-stage", "talker=talker.qwen25-omni-w0.default.svc.cluster.local:9101"),
+            ),
+            (
+                "qwen25-omni-w0-thinker",
+                Role.thinker,
+                (S.audio_encoder, S.image_encoder, S.mm_aggregate, S.thinker),
+                (0,),
+                ("omni", "stage", "--stages", "audio_encoder,image_encoder,mm_aggregate,thinker", *QWEN25,
+                 "--port", "9100", "--device", "cuda", "--thinker-tp-size", "1", "--thinker-gpus", "0",
+                 "--image-encoder-tp-size", "1", "--image-encoder-gpus", "0", "--mem-fraction-static", "0.8",
+                 "--worker-id", "qwen25-omni-w0", "--revision", "{rev}"),
+            ),
+            (
+                "qwen25-omni-w0-talker",
+                Role.talker,
+                (S.talker,),
+                (1,),
+                ("omni", "stage", "--stages", "talker", *QWEN25, "--port", "9101", "--device", "cuda",
+                 "--talker-gpu", "0", "--worker-id", "qwen25-omni-w0", "--revision", "{rev}"),
+            ),
+        ],
+    ),
+    (
+        "minicpm-o-duplex.yaml",
+        "minicpm_o",
+        2,
+        0.8,
+        [
+            (
+                "minicpm-duplex-w0-api",
+                Role.api,
+                (S.preprocessing, S.decode),
+                (),
+                ("omni", "serve", *MINICPM, "--port", "8000", "--device", "cpu", "--worker-id", "minicpm-duplex-w0",
+                 "--revision", "{rev}",
+                 "--remote-stage", f"audio_encoder={_thinker_addr('minicpm-duplex-w0')}",
+                 "--remote-stage", f"image_encoder={_thinker_addr('minicpm-duplex-w0')}",
+                 "--remote-stage", f"mm_aggregate={_thinker_addr('minicpm-duplex-w0')}",
+                 "--remote-stage", f"thinker={_thinker_addr('minicpm-duplex-w0')}",
+                 "--remote-stage", "talker=talker.minicpm-duplex-w0.default.svc.cluster.local:9101"),
+            ),
+            (
+                "minicpm-duplex-w0-thinker",
+                Role.thinker,
+                (S.audio_encoder, S.image_encoder, S.mm_aggregate, S.thinker),
+                (0,),
+                ("omni", "stage", "--stages", "audio_encoder,image_encoder,mm_aggregate,thinker", *MINICPM,
+                 "--port", "9100", "--device", "cuda", "--thinker-tp-size", "1", "--thinker-gpus", "0",
+                 "--image-encoder-tp-size", "1", "--image-encoder-gpus", "0", "--mem-fraction-static", "0.8",
+                 "--worker-id", "minicpm-duplex-w0", "--revision", "{rev}"),
+            ),
+            (
+                "minicpm-duplex-w0-talker",
+                Role.talker,
+                (S.talker,),
+                (1,),
+                ("omni", "stage", "--stages", "talker", *MINICPM, "--port", "9101", "--device", "cuda",
+                 "--talker-gpu", "0", "--worker-id", "minicpm-duplex-w0", "--revision", "{rev}"),
+            ),
+        ],
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "architecture", "gpus", "mem_fraction", "pods"), EXAMPLE_TABLE)
+def test_example_plan(name: str, architecture: str, gpus: int, mem_fraction: float, pods: list) -> None:
+    dep = example(name)
+    plan = plan_deployment(dep)
+    rev = worker_revision(dep.spec)
+    assert plan.architecture == architecture
+    assert plan.gpus_per_worker == gpus
+    assert plan.mem_fraction_static == mem_fraction
+    got = [
+        (p.name, p.role, p.stages, p.logical_gpus, p.container.command) for w in plan.workers for p in w.pods
+    ]
+    want = [(n, r, s, g, tuple(a.replace("{rev}", rev) for a in c)) for n, r, s, g, c in pods]
+    assert got == want
+    assert sum(p.container.gpus for p in plan.workers[0].pods) == gpus
+
+
+def test_builtin_gpu_pods_request_their_own_gpus_only() -> None:
+    plan = plan_deployment(example("qwen2.5-omni-7b-h100.yaml"))
+    pods = {p.role: p for p in plan.workers[0].pods}
+    assert {r: p.container.gpus for r, p in pods.items()} == {Role.api: 0, Role.thinker: 1, Role.talker: 1}
+    assert {r: (p.container.cpu, p.container.memory) for r, p in pods.items()} == {
+        Role.api: ("2", "4Gi"),
+        Role.thinker: ("8", "64Gi"),
+        Role.talker: (None, None),
+    }
+    assert plan.workers[0].api_url == "http://api.qwen25-omni-w0.default.svc.cluster.local:8000"
+    assert {r: p.container.ports for r, p in pods.items()} == {
+        Role.api: {"http": 8000},
+        Role.thinker: {"thinker": 9100},
+        Role.talker: {"talker": 9101},
+    }
+
+
+def test_vllm_stage_config_places_thinker_then_talker() -> None:
+    plan = plan_deployment(example("qwen3-omni-vllm.yaml"))
+    import yaml
+
+    config = yaml.safe_load(plan.config_files["stage_configs.yaml"])
+    stages = config["stage_args"]
+    assert [s["engine_args"]["model_stage"] for s in stages] == ["thinker", "talker", "code2wav"]
+    assert [s["runtime"]["devices"] for s in stages] == ["0,1", "2", "2"]
+    assert stages[0]["engine_args"]["tensor_parallel_size"] == 2
+    assert stages[0]["engine_args"]["gpu_memory_utilization"] == 0.8
+    assert stages[0]["engine_args"]["model_arch"] == "Qwen3OmniMoeForConditionalGeneration"
+    assert [s.get("engine_input_source") for s in stages] == [None, [0], [1]]
+    assert [s.get("final_output_type") for s in stages] == ["text", None, "audio"]
+    assert plan.router.replicas == 2
+
+
+def test_mixed_tolerations_and_selector_reach_scheduling() -> None:
+    plan = plan_deployment(example("qwen2.5-omni-7b-h100.yaml"))
+    assert plan.scheduling.tolerations == (
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+    )
+    minicpm = plan_deployment(example("minicpm-o-duplex.yaml"))
+    assert minicpm.scheduling.node_selector == {"nvidia.com/gpu.product": "NVIDIA-L40S"}
+    assert minicpm.gpu_memory_gb == 48.0
+    assert plan.model_volume == ModelVolume(
+        source="hostPath", mount_path="/models/Qwen2.5-Omni-7B", host_path="/mnt/models/Qwen2.5-Omni-7B"
+    )
