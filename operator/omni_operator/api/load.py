@@ -110,6 +110,10 @@ def field_path(loc: tuple[int | str, ...]) -> str:
     return out
 
 
+_PATTERN_FIXES = {
+    "metadata.name": "use lowercase letters, digits and '-', starting and ending with a letter or digit",
+}
+
 _TYPE_WORDS = {
     "int": "a whole number",
     "float": "a number",
@@ -144,7 +148,7 @@ def _spec_error(exc: ValidationError, *, file: str) -> SpecError:
             f"unknown field {loc[-1]!r}", f"{hint}fields of {parent or 'the object'}: {', '.join(valid)}"
         )
     if kind == "enum":
-        return error(f"{given!r} is not one of {ctx['expected']}", f"use one of {ctx['expected']}")
+        return error(f"{given!r} is not a valid {loc[-1]}", f"use one of {ctx['expected']}")
     if kind == "value_error":
         message = str(ctx.get("error", err["msg"]))
         reason, _, fix = message.partition("; ")
@@ -165,7 +169,10 @@ def _spec_error(exc: ValidationError, *, file: str) -> SpecError:
             f"is longer than {ctx['max_length']} characters", f"shorten it to {ctx['max_length']} or fewer"
         )
     if kind == "string_pattern_mismatch":
-        return error(f"{given!r} does not match {ctx['pattern']}", "use a value matching that pattern")
+        return error(
+            f"{given!r} does not match {ctx['pattern']}",
+            _PATTERN_FIXES.get(field, "use a value matching that pattern"),
+        )
     for prefix, words in _TYPE_WORDS.items():
         if kind.startswith(f"{prefix}_"):
             return error(f"expected {words}, got {given!r}", f"set {loc[-1] if loc else 'it'} to {words}")

@@ -1,0 +1,1 @@
+"""Loader tests parse YAML text directly; no fixtures needed."""
