@@ -1,0 +1,1 @@
+"""Renderer tests build plans from the examples; no fixtures needed."""
