@@ -1,0 +1,1 @@
+"""CRD tests read the generated CRD and the examples; no fixtures needed."""
