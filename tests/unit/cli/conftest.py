@@ -1,0 +1,1 @@
+"""CLI tests run the installed `omni` console script as a subprocess."""
