@@ -9,7 +9,8 @@ WORKER = f"{PREFIX}/worker"
 ROLE = f"{PREFIX}/role"  # stage pod role: api, thinker, talker, image-encoder, router
 STAGES = f"{PREFIX}/stages"  # annotation: comma list of the stages a pod hosts
 REVISION = f"{PREFIX}/revision"
-POD_REVISION = f"{PREFIX}/pod-revision"  # annotation: hash of one stage pod's template (replace only that role)
+# annotation: hash of one stage pod's template (a change replaces only that role)
+POD_REVISION = f"{PREFIX}/pod-revision"
 COMPONENT = f"{PREFIX}/component"  # worker | router
 RANK = f"{PREFIX}/node-rank"  # multi-node thinker: 0 is the leader
 
