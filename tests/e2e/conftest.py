@@ -25,8 +25,12 @@ from e2e_cluster import (
     start_control_plane,
     wait_for,
 )
+from e2e_operator import Api, install_crds
 
-E2E_NODES = [*gpu_nodes(4, gpus=8, tier="h100"), NodeShape(name="kwok-cpu-0", gpus=0, gpu_tier=None, cpu="32")]
+E2E_NODES = [
+    *gpu_nodes(4, gpus=8, tier="h100"),
+    NodeShape(name="kwok-cpu-0", gpus=0, gpu_tier=None, cpu="32"),
+]
 
 
 @pytest.fixture(scope="session")
@@ -40,11 +44,27 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
                 f"run {BUILD_SCRIPT} or set OMNI_E2E_BUILD=1"
             )
         directory = build()
-    cp = start_control_plane(bin_dir=directory, workdir=tmp_path_factory.mktemp("controlplane"), nodes=E2E_NODES)
+    cp = start_control_plane(
+        bin_dir=directory, workdir=tmp_path_factory.mktemp("controlplane"), nodes=E2E_NODES
+    )
     try:
         yield cp
     finally:
         cp.stop()
+
+
+@pytest.fixture(scope="session")
+def crds(control_plane: ControlPlane) -> ControlPlane:
+    """The control plane with the OmniDeployment CRD (generated now) and kopf's peering CRDs."""
+    install_crds(control_plane)
+    return control_plane
+
+
+@pytest.fixture
+def api(crds: ControlPlane, namespace: str) -> Iterator[Api]:
+    client = Api(crds, namespace)
+    yield client
+    client.close()
 
 
 @pytest.fixture
@@ -52,7 +72,9 @@ def namespace(control_plane: ControlPlane) -> Iterator[str]:
     """A fresh namespace with its default service account (pods are admitted only once it exists)."""
     name = f"e2e-{uuid.uuid4().hex[:8]}"
     with control_plane.https() as client:
-        r = client.post("/api/v1/namespaces", json={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        r = client.post(
+            "/api/v1/namespaces", json={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+        )
         assert r.status_code == 201, r.text
         wait_for(
             f"service account default in {name}",

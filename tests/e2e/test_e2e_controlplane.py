@@ -36,7 +36,9 @@ def test_nodes_advertise_gpus(control_plane: ControlPlane) -> None:
         assert nodes[name]["metadata"]["labels"]["omni.dev/gpu-tier"] == "h100"
 
 
-def test_two_gpu_pod_runs_and_nine_gpu_pod_is_unschedulable(control_plane: ControlPlane, namespace: str) -> None:
+def test_two_gpu_pod_runs_and_nine_gpu_pod_is_unschedulable(
+    control_plane: ControlPlane, namespace: str
+) -> None:
     with control_plane.https() as client:
         base = f"/api/v1/namespaces/{namespace}/pods"
         assert client.post(base, json=gpu_pod("two", 2)).status_code == 201

@@ -28,7 +28,7 @@ from omni_operator.reconcile.selfheal import Heal, heal_decisions
 from omni_operator.reconcile.status import compute_status, invalid_spec_status, status_body
 
 RenderFn = Callable[..., list[Manifest]]
-"""render_manifests(plan, owner=owner_reference) -> manifests (render/)."""
+"""render_manifests(plan, owner=(name, uid)) -> manifests (render/)."""
 
 
 @dataclass(frozen=True)
@@ -47,18 +47,6 @@ class Decision:
     @property
     def writes(self) -> int:
         return len(self.apply) + len(self.delete) + (self.status is not None) + len(self.events)
-
-
-def owner_reference(body: Manifest) -> dict:
-    meta = body["metadata"]
-    return {
-        "apiVersion": body["apiVersion"],
-        "kind": body["kind"],
-        "name": meta["name"],
-        "uid": meta["uid"],
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
 
 
 def scale_selector(name: str) -> str:
@@ -121,7 +109,7 @@ def decide(*, body: Manifest, observed: Observed, now: str, render: RenderFn) ->
     except (SpecError, PlanError) as exc:
         return _invalid(str(exc), generation=generation, previous=previous, body=body, now=now)
 
-    desired = render(plan, owner=owner_reference(body))
+    desired = render(plan, owner=(meta["name"], meta["uid"]))
     pods = observed.pods
     heals = heal_decisions(workers=plan.workers, pods=pods)
     status = compute_status(
