@@ -51,43 +51,50 @@ app.kubernetes.io/component: operator
 {{- end }}
 
 {{/*
-The operator's rules: exactly the resources and verbs it uses, the same for the namespaced Role
-and the ClusterRole. Children are written with server-side apply (patch), read back through watches
-(get, list, watch), and deleted when a worker is replaced or scaled away (delete).
+The operator's rules: exactly the requests omni_operator (k8s.py, handlers.py) and kopf make, the
+same for the namespaced Role and the ClusterRole. Children are listed by label on every reconcile
+(list), written with server-side apply (patch, plus create for objects that do not exist yet) and
+deleted when a worker is replaced or scaled away (delete). kopf watches the OmniDeployments, pods
+and services (watch); nothing is read by name except the peering object.
 */}}
 {{- define "omni-operator.rules" -}}
-# The custom resource: watched, annotated by kopf (its progress and finalizer live in metadata),
-# and its status written through the status subresource.
+# The custom resource: watched by kopf, which also patches it (its finalizer and progress
+# annotations); the operator writes the status through the status subresource.
 - apiGroups: ["omni.dev"]
   resources: ["omnideployments"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["list", "watch", "patch"]
 - apiGroups: ["omni.dev"]
   resources: ["omnideployments/status"]
-  verbs: ["get", "patch"]
-# Children of an OmniDeployment (render/): stage pods, worker and router Services, the config,
-# the router's Deployment, disruption budget, NetworkPolicies and the router's ServiceAccount.
+  verbs: ["patch"]
+# Stage pods and worker/router Services: also watched (their events trigger a reconcile). `get` is
+# there only because the router's Role grants it (see below).
 - apiGroups: [""]
-  resources: ["pods", "services", "configmaps", "serviceaccounts"]
+  resources: ["pods", "services"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# The other children of an OmniDeployment (render/): the config, the router's ServiceAccount,
+# Role, RoleBinding, Deployment and disruption budget, and one NetworkPolicy per worker.
+- apiGroups: [""]
+  resources: ["configmaps", "serviceaccounts"]
+  verbs: ["list", "create", "patch", "delete"]
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["list", "create", "patch", "delete"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["list", "create", "patch", "delete"]
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# The router's Role and RoleBinding (read-only on pods, services and endpointslices). Kubernetes
-# lets a subject grant only what it holds itself, so the operator also reads endpointslices, which
-# it otherwise never touches; this avoids the far broader `escalate` and `bind` verbs.
+  verbs: ["list", "create", "patch", "delete"]
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["list", "create", "patch", "delete"]
+# The router's Role grants get/list/watch on pods, services and endpointslices. Kubernetes lets a
+# subject grant only what it holds itself, so the operator holds those too (endpointslices it
+# never reads); this avoids the far broader `escalate` and `bind` verbs.
 - apiGroups: ["discovery.k8s.io"]
   resources: ["endpointslices"]
   verbs: ["get", "list", "watch"]
-# Events about reconciliation (kopf's handler events and the operator's own).
+# Events about reconciliation (the operator's own, and kopf's warnings).
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
