@@ -56,7 +56,9 @@ def workers_from_services(services: Iterable[Mapping[str, Any]], *, namespace: s
     """WorkerSpecs from Service objects (dicts in the API's JSON shape), sorted by worker id.
 
     Services without the worker label are not workers (a deployment may have other Services) and
-    are skipped. A missing state annotation means starting: only the operator declares readiness.
+    are skipped. A missing state annotation means ready, as in the file source: the worker's own
+    /ready still decides when it takes sessions, and the operator annotates starting or draining
+    when it wants a worker held back.
     """
     specs: list[WorkerSpec] = []
     for service in services:
@@ -71,7 +73,7 @@ def workers_from_services(services: Iterable[Mapping[str, Any]], *, namespace: s
             "id": worker_id,
             "url": annotations.get(API_URL_ANNOTATION) or default_api_url(service=name, namespace=namespace),
             "revision": labels.get(REVISION_LABEL, ""),
-            "state": annotations.get(WORKER_STATE_ANNOTATION, "starting"),
+            "state": annotations.get(WORKER_STATE_ANNOTATION, "ready"),
         }
         specs.append(parse_worker(entry, where=f"Service {namespace}/{name}"))
     return sorted(specs, key=lambda spec: spec.id)

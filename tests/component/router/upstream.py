@@ -25,7 +25,7 @@ from omni_runtime.sessions import make_session_id
 
 
 def build_app(worker_id: str) -> Starlette:
-    state = {"ready": True}
+    state = {"ready": True, "streams": 0}
 
     async def ready(request: Request) -> Response:
         return JSONResponse({"ready": state["ready"]}, status_code=200 if state["ready"] else 503)
@@ -54,12 +54,19 @@ def build_app(worker_id: str) -> Starlette:
         delay = float(request.query_params.get("delay", "0.2"))
 
         async def events():
-            for index in range(count):
-                yield f"data: {json.dumps({'worker': worker_id, 'index': index})}\n\n"
-                await asyncio.sleep(delay)
-            yield "data: [DONE]\n\n"
+            state["streams"] += 1  # open streams, so a test can see the router let go of one
+            try:
+                for index in range(count):
+                    yield f"data: {json.dumps({'worker': worker_id, 'index': index})}\n\n"
+                    await asyncio.sleep(delay)
+                yield "data: [DONE]\n\n"
+            finally:
+                state["streams"] -= 1
 
         return StreamingResponse(events(), media_type="text/event-stream")
+
+    async def stats(request: Request) -> Response:
+        return JSONResponse({"worker": worker_id, "streams": state["streams"]})
 
     async def new_session(request: Request) -> Response:
         return JSONResponse({"session_id": make_session_id(worker_id=worker_id), "worker": worker_id})
@@ -100,6 +107,7 @@ def build_app(worker_id: str) -> Starlette:
             Route("/v1/whoami", whoami, methods=["GET", "POST"]),
             Route("/echo", echo, methods=["POST"]),
             Route("/sse", sse),
+            Route("/stats", stats),
             Route("/v1/streaming_input/sessions", new_session, methods=["POST"]),
             Route("/v1/streaming_input/sessions/{session_id}/chunks", session_chunk, methods=["POST"]),
             WebSocketRoute("/ws", ws),
