@@ -14,6 +14,7 @@ POD_REVISION = f"{PREFIX}/pod-revision"
 COMPONENT = f"{PREFIX}/component"  # worker | router
 RANK = f"{PREFIX}/node-rank"  # multi-node thinker: 0 is the leader
 
+API_URL = f"{PREFIX}/api-url"  # annotation on a worker's Service: base URL of its OpenAI API
 WORKER_STATE = f"{PREFIX}/worker-state"  # annotation on a worker's Service: starting|ready|draining
 DRAIN_STARTED = f"{PREFIX}/drain-started"  # annotation: RFC 3339 time the drain began
 

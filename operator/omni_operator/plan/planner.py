@@ -133,6 +133,10 @@ def _router(dep: OmniDeployment, *, target: Target, router_port: int, workers_fi
         router.session_header,
         "--max-sessions-per-worker",
         str(router.limits.max_sessions_per_worker),
+        "--max-body-bytes",
+        str(router.limits.max_request_body_bytes),
+        "--upstream-timeout",
+        str(router.limits.request_timeout_seconds),
     ]
     if target is Target.local:
         port = router_port

@@ -129,7 +129,14 @@ def worker_service(plan: Plan, worker: WorkerPlan, *, owner: Owner | None = None
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": metadata(worker.name, plan, labels_=worker_labels(plan, worker), owner=owner),
+        # The router reads the worker's API URL here (layouts differ in which pod serves it).
+        "metadata": metadata(
+            worker.name,
+            plan,
+            labels_=worker_labels(plan, worker),
+            owner=owner,
+            annotations={labels.API_URL: worker.api_url},
+        ),
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,

@@ -45,6 +45,7 @@ def _router(deployment: str) -> RouterPlan:
     command = (
         "omni", "router", "--port", "8000", "--source", "kubernetes", "--namespace", "default",
         "--deployment", deployment, "--session-header", "X-Session-Id", "--max-sessions-per-worker", "256",
+        "--max-body-bytes", "67108864", "--upstream-timeout", "600",
     )  # fmt: skip
     return RouterPlan(
         replicas=1,

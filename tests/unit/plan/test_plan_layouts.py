@@ -22,6 +22,7 @@ def test_local_tiny_ports_and_router() -> None:
     assert plan.router.container.command == (
         "omni", "router", "--port", "9000", "--workers-file", ".omni/tiny-omni/workers.json",
         "--session-header", "X-Session-Id", "--max-sessions-per-worker", "256",
+        "--max-body-bytes", "67108864", "--upstream-timeout", "600",
     )  # fmt: skip
 
 

@@ -227,7 +227,12 @@ def test_tiny_services_policy_and_router_exact() -> None:
     assert objs[("Service", "tiny-omni-w0")] == {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": "tiny-omni-w0", "namespace": "default", "labels": worker_labels},
+        "metadata": {
+            "name": "tiny-omni-w0",
+            "namespace": "default",
+            "labels": worker_labels,
+            "annotations": {"omni.dev/api-url": "http://worker.tiny-omni-w0.default.svc.cluster.local:8000"},
+        },
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
@@ -310,6 +315,9 @@ def test_gpu_pods_request_gpus_and_schedule_on_gpu_nodes() -> None:
         ("thinker", 9100),
         ("talker", 9101),
     ]
+    assert service["metadata"]["annotations"] == {
+        "omni.dev/api-url": "http://api.qwen25-omni-w0.default.svc.cluster.local:8000"
+    }
 
 
 def test_pvc_model_and_node_selector() -> None:
