@@ -1,0 +1,90 @@
+"""`omni tiny-checkpoint` as a user runs it, determinism by seed, and the cached default."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from omni_runtime.models import tiny
+
+OMNI = Path(sys.executable).parent / "omni"
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(OMNI), "tiny-checkpoint", *args], capture_output=True, text=True, timeout=300)
+
+
+def _same_weights(a: Path, b: Path) -> bool:
+    left, right = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    return left.keys() == right.keys() and all(left[k].equal(right[k]) for k in left)
+
+
+def test_cli_writes_the_same_checkpoint_for_the_same_seed(tmp_path: Path, tiny_dir: Path) -> None:
+    target = tmp_path / "cli"
+    result = _run(str(target), "--seed", "0")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(target)
+    assert "training the BPE tokenizer" in result.stderr  # progress goes to stderr
+    assert tiny.is_tiny_checkpoint(target)
+    assert _same_weights(target, tiny_dir)
+    for name in ("tokenizer.json", "config.json", "processor_config.json"):
+        assert (target / name).read_text() == (tiny_dir / name).read_text(), name
+    import torch
+
+    left, right = torch.load(target / "spk_dict.pt"), torch.load(tiny_dir / "spk_dict.pt")
+    assert left["Chelsie"]["cond"].equal(right["Chelsie"]["cond"])
+
+
+def test_other_seed_other_weights(tmp_path: Path, tiny_dir: Path) -> None:
+    other = tiny.create_tiny_checkpoint(tmp_path / "seed1", seed=1, progress=False)
+    assert not _same_weights(other, tiny_dir)
+    assert (other / "tokenizer.json").read_text() == (tiny_dir / "tokenizer.json").read_text()
+
+
+def test_cli_refuses_non_empty_dir_without_force(tmp_path: Path) -> None:
+    (tmp_path / "keep.txt").write_text("mine")
+    result = _run(str(tmp_path))
+    assert result.returncode == 2
+    assert "exists and is not empty; pass --force" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]
+
+
+def test_cli_refuses_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "file"
+    path.write_text("x")
+    result = _run(str(path))
+    assert result.returncode == 2
+    assert "is not a directory" in result.stderr
+
+
+def test_cli_force_replaces(tmp_path: Path) -> None:
+    (tmp_path / "stale.txt").write_text("old")
+    result = _run(str(tmp_path), "--force", "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "stale.txt").exists()
+    assert tiny.is_tiny_checkpoint(tmp_path)
+    assert result.stderr.count("[tiny-checkpoint") == 0
+
+
+def test_ensure_creates_once_in_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMNI_CACHE_DIR", str(tmp_path))
+    first = tiny.ensure_tiny_checkpoint(progress=False)
+    assert first == tmp_path / "tiny"
+    stamp = (first / "model.safetensors").stat().st_mtime_ns
+    assert tiny.ensure_tiny_checkpoint(progress=False) == first
+    assert (first / "model.safetensors").stat().st_mtime_ns == stamp
+    assert [p.name for p in tmp_path.iterdir()] == ["tiny"]  # no staging directory left behind
+
+
+def test_ensure_replaces_a_broken_leftover(tmp_path: Path) -> None:
+    broken = tmp_path / "tiny"
+    broken.mkdir()
+    (broken / "config.json").write_text("{")  # no marker: a crash mid-way, or an old format
+    path = tiny.ensure_tiny_checkpoint(tmp_path, progress=False)
+    assert path == broken and tiny.is_tiny_checkpoint(path)
+    assert [p.name for p in tmp_path.iterdir()] == ["tiny"]
