@@ -1,0 +1,61 @@
+"""The command lines the planner emits are accepted by the runtime's own parsers.
+
+The planner and the runtime meet only at command lines; this keeps both sides of that contract in
+step. Parsers that do not exist yet (for example `omni stage`) skip cleanly.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytest
+
+from omni_operator.plan.main import plan_file
+from omni_operator.plan.types import Target
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+BUILTIN = ["tiny-cpu.yaml", "qwen2.5-omni-7b-h100.yaml", "minicpm-o-duplex.yaml"]
+
+
+def _parser(module: str):
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError:
+        pytest.skip(f"{module} does not exist yet")
+    if not hasattr(mod, "build_parser"):
+        pytest.skip(f"{module} has no build_parser()")
+    return mod.build_parser()
+
+
+def _commands(program: str) -> list[tuple[str, tuple[str, ...]]]:
+    found = []
+    for name in BUILTIN:
+        for target in Target:
+            plan = plan_file(str(EXAMPLES / name), target=target)[0]
+            for worker in plan.workers:
+                for pod in worker.pods:
+                    if pod.container.command[:2] == ("omni", program):
+                        found.append((f"{name}/{target.value}/{pod.name}", pod.container.command[2:]))
+            if plan.router.container.command[:2] == ("omni", program):
+                found.append((f"{name}/{target.value}/router", plan.router.container.command[2:]))
+    return found
+
+
+@pytest.mark.parametrize(
+    ("program", "module"),
+    [
+        ("serve", "omni_runtime.serve"),
+        ("stage", "omni_runtime.stage"),
+        ("router", "omni_runtime.router.main"),
+    ],
+)
+def test_runtime_parsers_accept_planned_commands(program: str, module: str) -> None:
+    parser = _parser(module)
+    commands = _commands(program)
+    assert commands, f"no planned `omni {program}` command to check"
+    for where, argv in commands:
+        try:
+            parser.parse_args(list(argv))
+        except SystemExit as exc:  # argparse exits on unknown or malformed flags
+            pytest.fail(f"{where}: `omni {program}` rejected {' '.join(argv)} (exit {exc.code})")
