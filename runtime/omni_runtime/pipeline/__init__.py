@@ -1,1 +1,26 @@
-"""pipeline package."""
+"""The stage pipeline: stage graph, continuous batching, stage links, the engine.
+
+``build_engine`` is imported lazily so that importing ``omni_runtime.pipeline.types`` (the API
+layer does) never pulls in torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from omni_runtime.pipeline.options import EngineOptions
+    from omni_runtime.pipeline.types import Engine
+
+
+def build_engine(options: EngineOptions) -> Engine:
+    """The engine for ``options`` (not started: ``await engine.start()`` loads and warms it up).
+
+    Raises EngineError for options it cannot honour (unknown pipeline, remote stage names, ...).
+    """
+    from omni_runtime.pipeline.engine import PipelineEngine
+
+    return PipelineEngine(options)
+
+
+__all__ = ["build_engine"]

@@ -1,0 +1,197 @@
+"""The model-adapter contract: what the stage pipeline asks of an omni model family.
+
+The pipeline (omni_runtime.pipeline) schedules and batches; an adapter knows one model family's
+modules and how data flows between them. Each method below is one stage's compute, called from
+that stage's worker thread with already-batched inputs, so adding Qwen3-Omni-MoE means writing
+one more adapter (its thinker is MoE, its talker adds a code predictor, its vocoder is Code2Wav)
+while the scheduler, cache, sampler and stage graph stay as they are.
+
+This module imports no torch: the pipeline imports these types, and tensors travel through them
+as opaque values (``Any``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from omni_runtime.pipeline.types import GenerationRequest
+
+STAGES: tuple[str, ...] = (
+    "preprocessing",
+    "audio_encoder",
+    "image_encoder",
+    "mm_aggregate",
+    "thinker",
+    "decode",
+    "talker",
+    "segmenter",
+    "talker_stream",
+)
+
+
+@dataclass(frozen=True)
+class RowSampling:
+    """Sampling settings of one row (a request in a decode batch)."""
+
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = -1  # <= 0: off
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None  # None: a fresh random seed per request
+    suppress_tokens: tuple[int, ...] = ()  # ids never sampled (e.g. the talker's codec BOS)
+
+
+@dataclass
+class Prompt:
+    """Preprocessing output: token ids with placeholders expanded, and encoder inputs (CPU tensors)."""
+
+    input_ids: list[int]
+    audio: dict[str, Any] | None = (
+        None  # input_features [n, mels, frames], feature_attention_mask [n, frames]
+    )
+    images: dict[str, Any] | None = None  # pixel_values [patches, dim], image_grid_thw [n, 3]
+    videos: dict[str, Any] | None = None  # pixel_values_videos, video_grid_thw, video_second_per_grid
+
+    @property
+    def media_count(self) -> dict[str, int]:
+        return {
+            "audio": 0 if self.audio is None else int(self.audio["feature_attention_mask"].shape[0]),
+            "image": 0 if self.images is None else int(self.images["image_grid_thw"].shape[0]),
+            "video": 0 if self.videos is None else int(self.videos["video_grid_thw"].shape[0]),
+        }
+
+
+@dataclass
+class ThinkerPrompt:
+    """mm_aggregate output: what the thinker prefills, and what the talker needs of the prompt."""
+
+    input_ids: list[int]
+    embeds: Any  # [L, H] token embeddings with media embeddings scattered at their placeholders
+    positions: Any  # [3, L] mrope position ids
+    rope_delta: int  # decode position = cache position + rope_delta
+    talker_context: dict[str, Any] = field(default_factory=dict)  # grids / audio lengths for talker rope
+
+
+@dataclass
+class ThinkerAdmission:
+    slot: int
+    prompt: ThinkerPrompt
+    sampling: RowSampling
+    want_vectors: bool  # keep per-token vectors for the talker
+
+
+@dataclass
+class ThinkerStep:
+    """One decode step: the next token of rows 0..n-1, and talker vectors of the rows that want them."""
+
+    tokens: list[int]
+    vectors: dict[int, Any]  # slot -> [H] thinker reply vector (hidden + input embedding) for the talker
+
+
+class ThinkerRunner(Protocol):
+    slots: int
+    max_len: int
+
+    def admit(self, rows: list[ThinkerAdmission]) -> list[tuple[int, Any]]:
+        """Prefill rows into their slots; per row (first token, prompt vectors [L, H] or None)."""
+        ...
+
+    def step(self, n: int, *, vector_slots: list[int], max_length: int) -> ThinkerStep: ...
+
+    def move(self, src: int, dst: int, length: int) -> None: ...
+
+    def warmup(self) -> None: ...
+
+
+@dataclass
+class TalkerAdmission:
+    slot: int
+    input_ids: list[int]  # the thinker prompt ids
+    talker_context: dict[str, Any]
+    prompt_vectors: Any  # [L, H]
+    first_token: int  # the thinker's first reply token
+    first_vector: Any  # [H] its reply vector
+    voice: str
+    sampling: RowSampling  # for codec tokens
+
+
+class TalkerRunner(Protocol):
+    slots: int
+    max_len: int
+    codec_eos_ids: tuple[int, ...]
+
+    def admit(self, rows: list[TalkerAdmission]) -> list[int]:
+        """Prefill rows; per row the first codec token."""
+        ...
+
+    def step(self, n: int, *, inputs: list[Any], max_length: int) -> list[int | None]:
+        """Advance rows 0..n-1; ``inputs[i]`` is row i's reply vector, or None to hold the row."""
+        ...
+
+    def text_vector(self, kind: str) -> Any:
+        """The reply vector fed after the thinker's text ends: ``eos`` once, then ``pad``."""
+        ...
+
+    def move(self, src: int, dst: int, length: int) -> None: ...
+
+    def warmup(self) -> None: ...
+
+
+class Vocoder(Protocol):
+    sample_rate: int
+    samples_per_code: int
+
+    def synthesize(
+        self, codes: list[int], *, start: int, end: int, ctx_start: int, ctx_end: int, voice: str, seed: int
+    ) -> Any:
+        """Audio (float32 numpy, mono, ``sample_rate``) of ``codes[start:end]``, given context codes."""
+        ...
+
+
+class OmniAdapter(ABC):
+    """One loaded model family, with the modules of the stages this process hosts."""
+
+    model_name: str
+    max_model_len: int
+    output_sample_rate: int
+    supports_audio_output: bool
+    hosted: frozenset[str]
+    eos_token_ids: tuple[int, ...]
+    voices: tuple[str, ...]
+    default_voice: str | None
+
+    @property
+    @abstractmethod
+    def tokenizer(self) -> Any:
+        """Has ``decode(ids, skip_special_tokens=...)``: the decode stage's detokenizer uses it."""
+
+    @abstractmethod
+    def preprocess(self, request: GenerationRequest) -> Prompt: ...
+
+    @abstractmethod
+    def encode_audio(self, batch: list[dict[str, Any]]) -> list[Any]:
+        """Audio features of several requests -> per request, a list of [tokens_i, H] tensors."""
+
+    @abstractmethod
+    def encode_vision(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Images/videos of several requests -> per request {"image": [...], "video": [...]} tensors."""
+
+    @abstractmethod
+    def aggregate(
+        self, prompt: Prompt, *, audio: list[Any], image: list[Any], video: list[Any]
+    ) -> ThinkerPrompt: ...
+
+    @abstractmethod
+    def thinker_runner(self, *, slots: int, max_len: int) -> ThinkerRunner: ...
+
+    @abstractmethod
+    def talker_runner(self, *, slots: int, max_len: int) -> TalkerRunner: ...
+
+    @abstractmethod
+    def vocoder(self) -> Vocoder: ...
+
+    def talker_sampling_defaults(self) -> dict[str, Any]:
+        return {}

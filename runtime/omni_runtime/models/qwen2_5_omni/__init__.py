@@ -1,0 +1,1 @@
+"""Qwen2.5-Omni on HF transformers, split into pipeline stages."""

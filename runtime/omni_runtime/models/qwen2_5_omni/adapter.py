@@ -1,0 +1,279 @@
+"""The Qwen2.5-Omni adapter: the model's submodules, driven one stage at a time.
+
+Instead of the monolithic ``generate``, each stage calls exactly the submodule it owns:
+preprocessing (processor: chat template, 16 kHz audio features, image/video patches),
+audio_encoder (``thinker.model.audio_tower``), image_encoder (``thinker.model.visual``, images
+and videos), mm_aggregate (token embeddings with media scattered at their placeholders plus 3D
+mrope positions from ``get_rope_index``), thinker and talker (runners.py) and the vocoder
+(vocoder.py). Encoders take the inputs of several requests in one call.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from omni_runtime.models.base import OmniAdapter, Prompt, ThinkerPrompt
+from omni_runtime.models.qwen2_5_omni.loader import EMBED_STAGES, LoadedModel
+from omni_runtime.models.qwen2_5_omni.runners import QwenTalkerRunner, QwenThinkerRunner
+from omni_runtime.models.qwen2_5_omni.vocoder import QwenVocoder
+from omni_runtime.pipeline.options import EngineOptions
+from omni_runtime.pipeline.types import EngineError, GenerationRequest
+
+# The system prompt the released model was trained with; it asks for speech-capable answers.
+DEFAULT_SYSTEM_PROMPT = (
+    "You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of perceiving "
+    "auditory and visual inputs, as well as generating text and speech."
+)
+AUDIO_RATE = 16000
+DEFAULT_VIDEO_FPS = 2.0
+
+
+def _resample(wave: np.ndarray, rate: int) -> np.ndarray:
+    """Linear-interpolation fallback; the media layer normally delivers 16 kHz already."""
+    if rate == AUDIO_RATE or wave.size == 0:
+        return wave.astype(np.float32)
+    n = round(wave.size * AUDIO_RATE / rate)
+    x = np.linspace(0, wave.size - 1, n)
+    return np.interp(x, np.arange(wave.size), wave).astype(np.float32)
+
+
+class Qwen25OmniAdapter(OmniAdapter):
+    def __init__(self, loaded: LoadedModel, *, options: EngineOptions, hosted: frozenset[str]) -> None:
+        self.loaded = loaded
+        self.hosted = hosted
+        self.placement = loaded.placement
+        self.thinker = loaded.thinker
+        path: Path | None = loaded.path
+        self.model_name = options.model_name or (path.name if path is not None else "qwen2.5-omni-dummy")
+        self.max_model_len = options.max_model_len
+        self.output_sample_rate = 24000
+        self.supports_audio_output = loaded.talker is not None
+        self.eos_token_ids = loaded.eos_token_ids
+        self.voices = tuple(loaded.speakers)
+        self.default_voice = (
+            "Chelsie" if "Chelsie" in self.voices else (self.voices[0] if self.voices else None)
+        )
+        self._processor = loaded.processor
+        cfg = self.thinker.config
+        self.audio_token, self.image_token, self.video_token = (
+            cfg.audio_token_index,
+            cfg.image_token_index,
+            cfg.video_token_index,
+        )
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._processor.tokenizer
+
+    # -- preprocessing (CPU) -------------------------------------------------------------------
+    def preprocess(self, request: GenerationRequest) -> Prompt:
+        messages: list[dict[str, Any]] = []
+        audios: list[np.ndarray] = []
+        images: list[np.ndarray] = []
+        videos: list[np.ndarray] = []
+        fps: list[float] = []
+        if not any(t.role == "system" for t in request.turns):
+            messages.append({"role": "system", "content": [{"type": "text", "text": DEFAULT_SYSTEM_PROMPT}]})
+        for turn in request.turns:
+            content: list[dict[str, Any]] = []
+            for media in turn.media:
+                content.append({"type": media.kind})
+                if media.kind == "audio":
+                    audios.append(
+                        _resample(
+                            np.asarray(media.data, dtype=np.float32).reshape(-1),
+                            media.sample_rate or AUDIO_RATE,
+                        )
+                    )
+                elif media.kind == "image":
+                    images.append(np.asarray(media.data, dtype=np.uint8))
+                else:
+                    videos.append(np.asarray(media.data, dtype=np.uint8))
+                    fps.append(float(media.fps or DEFAULT_VIDEO_FPS))
+            if turn.text or not content:
+                content.append({"type": "text", "text": turn.text})
+            messages.append({"role": turn.role, "content": content})
+        proc = self._processor
+        text = proc.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        params = dict(request.stage_params.get("preprocessing", {}))
+        video_kwargs: dict[str, Any] = {
+            "fps": fps[0] if fps else DEFAULT_VIDEO_FPS,
+            "cap_pixels_per_frame": True,
+        }
+        for key in ("min_pixels", "max_pixels"):
+            if f"video_{key}" in params:
+                video_kwargs[key] = int(params[f"video_{key}"])
+        out = proc(
+            text=[text],
+            audio=audios or None,
+            images=images or None,
+            videos=videos or None,
+            return_tensors="pt",
+            videos_kwargs=video_kwargs,
+        )
+        prompt = Prompt(input_ids=out["input_ids"][0].tolist())
+        if audios:
+            prompt.audio = {
+                "input_features": out["input_features"],
+                "feature_attention_mask": out["feature_attention_mask"],
+            }
+        if images:
+            prompt.images = {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
+        if videos:
+            temporal = proc.video_processor.temporal_patch_size
+            prompt.videos = {
+                "pixel_values_videos": out["pixel_values_videos"],
+                "video_grid_thw": out["video_grid_thw"],
+                "video_second_per_grid": torch.tensor([temporal / f for f in fps]),
+            }
+        if len(prompt.input_ids) >= self.max_model_len:
+            raise EngineError(
+                f"the prompt is {len(prompt.input_ids)} tokens (media included) but this model serves at most "
+                f"{self.max_model_len}; shorten the messages or send smaller media",
+                param="messages",
+            )
+        return prompt
+
+    # -- encoders ------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def encode_audio(self, batch: list[dict[str, Any]]) -> list[Any]:
+        tower = self.thinker.model.audio_tower
+        device = self.placement.audio
+        features = torch.cat([b["input_features"] for b in batch]).to(device, self.placement.dtype)
+        mask = torch.cat([b["feature_attention_mask"] for b in batch]).to(device)
+        out = self.thinker.model.get_audio_features(features, mask, return_dict=True).last_hidden_state
+        _, lengths = tower._get_feat_extract_output_lengths(mask.sum(-1))
+        per_audio = torch.split(out, lengths.tolist())
+        counts = [b["feature_attention_mask"].shape[0] for b in batch]
+        results, start = [], 0
+        for count in counts:
+            results.append(torch.cat(per_audio[start : start + count]))
+            start += count
+        return results
+
+    @torch.inference_mode()
+    def encode_vision(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Every image and video of every request through the vision tower in one call."""
+        visual = self.thinker.model.visual
+        pixels, grids, owners = [], [], []
+        for i, item in enumerate(batch):
+            if item.get("pixel_values") is not None:
+                pixels.append(item["pixel_values"])
+                grids.append(item["image_grid_thw"])
+                owners += [(i, "image")] * item["image_grid_thw"].shape[0]
+            if item.get("pixel_values_videos") is not None:
+                pixels.append(item["pixel_values_videos"])
+                grids.append(item["video_grid_thw"])
+                owners += [(i, "video")] * item["video_grid_thw"].shape[0]
+        device = self.placement.vision
+        grid = torch.cat(grids)
+        merged = visual(torch.cat(pixels).to(device, visual.dtype), grid_thw=grid.to(device)).pooler_output
+        sizes = (grid.prod(-1) // visual.spatial_merge_size**2).tolist()
+        results: list[dict[str, list[Any]]] = [{"image": [], "video": []} for _ in batch]
+        for (owner, kind), part in zip(owners, torch.split(merged, sizes), strict=True):
+            results[owner][kind].append(part)
+        return [{k: (torch.cat(v) if v else None) for k, v in r.items()} for r in results]
+
+    # -- mm_aggregate ----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def aggregate(self, prompt: Prompt, *, audio: Any, image: Any, video: Any) -> ThinkerPrompt:
+        device = self.placement.thinker
+        ids = torch.tensor(prompt.input_ids, device=device)
+        embeds = self.thinker.model.language_model.embed_tokens(ids)
+        for token, features in (
+            (self.audio_token, audio),
+            (self.image_token, image),
+            (self.video_token, video),
+        ):
+            mask = ids == token
+            count = int(mask.sum())
+            if count == 0:
+                continue
+            if features is None or features.shape[0] != count:
+                got = 0 if features is None else features.shape[0]
+                raise EngineError(
+                    f"media placeholders ({count}) and encoder outputs ({got}) disagree", status=500
+                )
+            embeds[mask] = features.to(device, embeds.dtype)
+        context = self.talker_context(prompt)
+        positions, delta = self.thinker.get_rope_index(
+            torch.tensor([prompt.input_ids]),
+            context.get("image_grid_thw"),
+            context.get("video_grid_thw"),
+            torch.ones(1, len(prompt.input_ids), dtype=torch.long),
+            False,
+            context.get("audio_feature_lengths"),
+            context.get("video_second_per_grid"),
+        )
+        return ThinkerPrompt(
+            input_ids=prompt.input_ids,
+            embeds=embeds,
+            positions=positions[:, 0],
+            rope_delta=int(delta.reshape(-1)[0]),
+            talker_context=context,
+        )
+
+    @staticmethod
+    def talker_context(prompt: Prompt) -> dict[str, Any]:
+        """The media geometry rope indexing needs (CPU tensors), for the thinker and the talker."""
+        context: dict[str, Any] = {}
+        if prompt.audio is not None:
+            context["audio_feature_lengths"] = prompt.audio["feature_attention_mask"].sum(-1)
+        if prompt.images is not None:
+            context["image_grid_thw"] = prompt.images["image_grid_thw"]
+        if prompt.videos is not None:
+            context["video_grid_thw"] = prompt.videos["video_grid_thw"]
+            context["video_second_per_grid"] = prompt.videos["video_second_per_grid"]
+        return context
+
+    # -- runners -------------------------------------------------------------------------------
+    def thinker_runner(self, *, slots: int, max_len: int) -> QwenThinkerRunner:
+        return QwenThinkerRunner(
+            self.thinker,
+            slots=slots,
+            max_len=max_len,
+            dtype=self.placement.dtype,
+            device=self.placement.thinker,
+            cuda_graphs=self.placement.cuda_graphs,
+        )
+
+    def talker_runner(self, *, slots: int, max_len: int) -> QwenTalkerRunner:
+        talker = self.loaded.talker
+        if talker is None:
+            raise EngineError("this worker has no talker loaded", param="modalities")
+        return QwenTalkerRunner(
+            talker,
+            text_vectors=self._text_vectors(),
+            speakers=self.loaded.speakers,
+            slots=slots,
+            max_len=max_len,
+            dtype=self.placement.dtype,
+            device=self.placement.talker,
+            cuda_graphs=self.placement.cuda_graphs,
+        )
+
+    @torch.inference_mode()
+    def _text_vectors(self) -> dict[int, torch.Tensor]:
+        """Thinker embeddings of the speaker BOS tokens and tts EOS/PAD, for the talker's device."""
+        if not self.hosted & EMBED_STAGES:
+            raise EngineError("the talker needs the thinker's embedding table in its process", status=500)
+        cfg = self.loaded.talker.config
+        ids = {int(s["bos_token"]) for s in self.loaded.speakers.values()}
+        ids |= {int(cfg.tts_text_end_token_id), int(cfg.tts_text_pad_token_id)}
+        table = self.thinker.model.language_model.embed_tokens
+        return {
+            i: table(torch.tensor(i, device=self.placement.thinker)).to(self.placement.talker) for i in ids
+        }
+
+    def vocoder(self) -> QwenVocoder:
+        if self.loaded.token2wav is None:
+            raise EngineError("this worker has no vocoder loaded", param="modalities")
+        return QwenVocoder(self.loaded.token2wav, speakers=self.loaded.speakers, device=self.placement.talker)
+
+    def talker_sampling_defaults(self) -> dict[str, Any]:
+        # The released generate() defaults for the talker.
+        return {"temperature": 0.9, "top_k": 40, "top_p": 0.8, "repetition_penalty": 1.05}

@@ -1,0 +1,250 @@
+"""Qwen2.5-Omni thinker and talker as continuously batched decoders over a SlotDecoder.
+
+This replicates, per request and incrementally, how ``Qwen2_5OmniForConditionalGeneration.generate``
+wires the thinker to the talker:
+- the talker's prompt is the thinker prompt's vectors (token embedding, zeroed at media
+  placeholders, plus the thinker's last hidden state), then the speaker's text-BOS embedding,
+  then the first reply token's vector; codec PAD and BOS embeddings are added to the last two;
+- each later talker step feeds ``codec_embedding(previous code) + reply vector``, where reply
+  vectors are the thinker's (hidden + embedding) of its 2nd, 3rd, ... reply tokens, then the
+  text-EOS embedding once, then the text-PAD embedding for as long as speech continues.
+Because the talker step k needs only the thinker's token k, it can run while the thinker is
+still generating: that is what makes streaming speech possible.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from omni_runtime.models.base import TalkerAdmission, ThinkerAdmission, ThinkerStep
+from omni_runtime.models.sampling import BatchSampler
+from omni_runtime.models.slot_cache import SlotDecoder
+
+
+def _head_dim(config: Any) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+class QwenThinkerRunner:
+    """The thinker LM (layers + lm_head) with a per-slot cache and batched sampling."""
+
+    def __init__(
+        self,
+        thinker: Any,
+        *,
+        slots: int,
+        max_len: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        cuda_graphs: bool,
+    ) -> None:
+        lm = thinker.model.language_model
+        cfg = thinker.config.text_config
+        self.slots, self.max_len, self.device = slots, max_len, device
+        self.embed = lm.embed_tokens
+        self.media_ids = torch.tensor(
+            [
+                thinker.config.audio_token_index,
+                thinker.config.image_token_index,
+                thinker.config.video_token_index,
+            ],
+            device=device,
+        )
+        self.decoder = SlotDecoder(
+            layers=lm.layers,
+            norm=lm.norm,
+            rotary=lm.rotary_emb,
+            embed_fn=lambda ids, extra: self.embed(ids),
+            head_fn=thinker.lm_head,
+            slots=slots,
+            max_len=max_len,
+            kv_heads=cfg.num_key_value_heads,
+            head_dim=_head_dim(cfg),
+            hidden_size=cfg.hidden_size,
+            extra_size=1,
+            vocab_size=cfg.vocab_size,
+            dtype=dtype,
+            device=device,
+            cuda_graphs=cuda_graphs,
+        )
+        self.sampler = BatchSampler(slots=slots, vocab_size=cfg.vocab_size, device=device)
+
+    @torch.inference_mode()
+    def admit(self, rows: list[ThinkerAdmission]) -> list[tuple[int, Any]]:
+        lengths = [len(r.prompt.input_ids) for r in rows]
+        longest = max(lengths)
+        hidden_size = rows[0].prompt.embeds.shape[-1]
+        embeds = torch.zeros(len(rows), longest, hidden_size, dtype=self.decoder.dtype, device=self.device)
+        positions = torch.zeros(3, len(rows), longest, dtype=torch.int64, device=self.device)
+        for i, row in enumerate(rows):
+            embeds[i, : lengths[i]] = row.prompt.embeds.to(self.device, self.decoder.dtype)
+            positions[:, i, : lengths[i]] = row.prompt.positions.to(self.device)
+        want_hidden = any(r.want_vectors for r in rows)
+        slots = [r.slot for r in rows]
+        logits, hidden = self.decoder.prefill(
+            slots=slots, embeds=embeds, positions=positions, lengths=lengths, want_hidden=want_hidden
+        )
+        for row in rows:
+            self.sampler.set_row(row.slot, row.sampling, history=row.prompt.input_ids)
+        tokens = self.sampler.sample(logits, rows=slots)
+        index = torch.tensor(slots, device=self.device)
+        self.decoder.last_ids[index] = tokens
+        self.decoder.lengths[index] = torch.tensor(lengths, device=self.device)
+        self.decoder.rope_delta[index] = torch.tensor([r.prompt.rope_delta for r in rows], device=self.device)
+        results: list[tuple[int, Any]] = []
+        for i, (row, token) in enumerate(zip(rows, tokens.tolist(), strict=True)):
+            vectors = None
+            if row.want_vectors and hidden is not None:
+                ids = torch.tensor(row.prompt.input_ids, device=self.device)
+                is_media = torch.isin(ids, self.media_ids)[:, None]
+                token_part = embeds[i, : lengths[i]].masked_fill(is_media, 0.0)
+                vectors = token_part + hidden[i, : lengths[i]]
+            results.append((int(token), vectors))
+        return results
+
+    @torch.inference_mode()
+    def step(self, n: int, *, vector_slots: list[int], max_length: int) -> ThinkerStep:
+        out = self.decoder.decode(n, max_length=max_length)
+        tokens = self.sampler.sample(out.logits)
+        vectors: dict[int, Any] = {}
+        if vector_slots:
+            index = torch.tensor(vector_slots, device=self.device)
+            stacked = out.hidden[index] + out.inputs[index]  # a fresh tensor: survives the next replay
+            vectors = {slot: stacked[i] for i, slot in enumerate(vector_slots)}
+        self.decoder.last_ids[:n] = tokens
+        self.decoder.lengths[:n] += 1
+        return ThinkerStep(tokens=tokens.tolist(), vectors=vectors)
+
+    def move(self, src: int, dst: int, length: int) -> None:
+        self.decoder.move(src, dst, length)
+        self.sampler.move(src, dst)
+
+    def warmup(self) -> None:
+        self.decoder.capture_all()
+
+
+class QwenTalkerRunner:
+    """The talker LM (codec embedding + thinker_to_talker_proj + layers + codec_head)."""
+
+    def __init__(
+        self,
+        talker: Any,
+        *,
+        text_vectors: dict[int, torch.Tensor],
+        speakers: dict[str, dict[str, Any]],
+        slots: int,
+        max_len: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        cuda_graphs: bool,
+    ) -> None:
+        cfg = talker.config
+        self.talker = talker
+        self.slots, self.max_len, self.device, self.dtype = slots, max_len, device, dtype
+        self.codec_bos = int(cfg.tts_codec_start_token_id)
+        self.codec_pad = int(cfg.tts_codec_pad_token_id)
+        self.codec_mask = int(cfg.tts_codec_mask_token_id)
+        self.codec_eos_ids = (self.codec_pad, int(cfg.tts_codec_end_token_id))
+        self.text_vectors = {k: v.to(device, dtype) for k, v in text_vectors.items()}
+        self.text_eos = int(cfg.tts_text_end_token_id)
+        self.text_pad = int(cfg.tts_text_pad_token_id)
+        self.speakers = speakers
+        codec_embed = talker.model.embed_tokens
+        proj = talker.thinker_to_talker_proj
+        self.decoder = SlotDecoder(
+            layers=talker.model.layers,
+            norm=talker.model.norm,
+            rotary=talker.model.rotary_emb,
+            embed_fn=lambda ids, extra: proj(codec_embed(ids) + extra),
+            head_fn=talker.codec_head,
+            slots=slots,
+            max_len=max_len,
+            kv_heads=cfg.num_key_value_heads,
+            head_dim=_head_dim(cfg),
+            hidden_size=cfg.hidden_size,
+            extra_size=cfg.embedding_size,
+            vocab_size=cfg.vocab_size,
+            dtype=dtype,
+            device=device,
+            cuda_graphs=cuda_graphs,
+        )
+        self.sampler = BatchSampler(slots=slots, vocab_size=cfg.vocab_size, device=device)
+
+    def text_vector(self, kind: str) -> torch.Tensor:
+        return self.text_vectors[self.text_eos if kind == "eos" else self.text_pad]
+
+    @torch.inference_mode()
+    def admit(self, rows: list[TalkerAdmission]) -> list[int]:
+        codes: list[int] = []
+        for row in rows:  # prompts differ in rope layout; admission is rare next to decode steps
+            codes.append(self._admit_one(row))
+        return codes
+
+    def _admit_one(self, row: TalkerAdmission) -> int:
+        talker = self.talker
+        bos_token = int(self.speakers[row.voice]["bos_token"])
+        codec_embed = talker.model.embed_tokens
+        pieces = [
+            row.prompt_vectors.to(self.device, self.dtype),
+            self.text_vectors[bos_token][None],
+            row.first_vector.to(self.device, self.dtype)[None],
+        ]
+        embeds = torch.cat(pieces, dim=0)
+        special = codec_embed(torch.tensor([self.codec_pad, self.codec_bos], device=self.device)).to(
+            self.dtype
+        )
+        embeds[-2:] += special
+        lm_input = talker.thinker_to_talker_proj(embeds)
+        text_ids = torch.tensor([[*row.input_ids, bos_token, row.first_token]])
+        ctx = row.talker_context
+        positions, delta = talker.get_rope_index(
+            text_ids,
+            ctx.get("image_grid_thw"),
+            ctx.get("video_grid_thw"),
+            torch.ones_like(text_ids),
+            False,
+            ctx.get("audio_feature_lengths"),
+            ctx.get("video_second_per_grid"),
+        )
+        length = text_ids.shape[1]
+        logits, _ = self.decoder.prefill(
+            slots=[row.slot],
+            embeds=lm_input[None],
+            positions=positions.to(self.device),
+            lengths=[length],
+            want_hidden=False,
+        )
+        history = [self.codec_mask] * len(row.input_ids) + [self.codec_pad, self.codec_bos]
+        self.sampler.set_row(row.slot, row.sampling, history=history)
+        code = self.sampler.sample(logits, rows=[row.slot])
+        self.decoder.last_ids[row.slot] = code[0]
+        self.decoder.lengths[row.slot] = length
+        self.decoder.rope_delta[row.slot] = int(delta.reshape(-1)[0])
+        return int(code[0])
+
+    @torch.inference_mode()
+    def step(self, n: int, *, inputs: list[Any], max_length: int) -> list[int | None]:
+        ready_rows = [i for i, v in enumerate(inputs) if v is not None]
+        if ready_rows:
+            index = torch.tensor(ready_rows, device=self.device)
+            self.decoder.extra[index] = torch.stack(
+                [inputs[i].to(self.device, self.dtype) for i in ready_rows]
+            )
+        out = self.decoder.decode(n, max_length=max_length)
+        ready = torch.zeros(n, dtype=torch.bool, device=self.device)
+        ready[index] = True
+        codes = self.sampler.sample(out.logits, ready=ready)
+        # Held rows keep their last code and length: their write this step is overwritten later.
+        self.decoder.last_ids[:n] = torch.where(ready, codes, self.decoder.last_ids[:n])
+        self.decoder.lengths[:n] += ready.long()
+        values = codes.tolist()
+        return [values[i] if inputs[i] is not None else None for i in range(n)]
+
+    def move(self, src: int, dst: int, length: int) -> None:
+        self.decoder.move(src, dst, length)
+        self.sampler.move(src, dst)
+
+    def warmup(self) -> None:
+        self.decoder.capture_all(max_view=4096)

@@ -1,0 +1,62 @@
+"""Choosing and loading the adapter for a checkpoint (by its config's ``model_type``).
+
+New model families register here: Qwen3-Omni-MoE (``qwen3_omni_moe``) is next.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from omni_runtime.models.base import OmniAdapter
+from omni_runtime.pipeline.options import EngineOptions
+from omni_runtime.pipeline.types import EngineError
+
+SUPPORTED = ("qwen2_5_omni",)
+PLANNED = {"qwen3_omni_moe": "Qwen3-Omni-MoE"}
+
+
+def resolve_model_path(options: EngineOptions) -> Path | None:
+    """The checkpoint directory; None only for dummy weights with no directory (7B shape)."""
+    if options.model_path:
+        path = Path(options.model_path).expanduser()
+        if not (path / "config.json").is_file():
+            raise EngineError(
+                f"model path {path} has no config.json; point --model-path at a checkpoint directory "
+                "(or omit it to serve the tiny checkpoint)",
+                param="model_path",
+            )
+        return path
+    if options.load_format == "dummy":
+        return None
+    from omni_runtime.models.tiny import ensure_tiny_checkpoint
+
+    return ensure_tiny_checkpoint()
+
+
+def model_type(path: Path | None) -> str:
+    if path is None:
+        return "qwen2_5_omni"
+    try:
+        return str(json.loads((path / "config.json").read_text(encoding="utf-8")).get("model_type", ""))
+    except (OSError, ValueError) as exc:
+        raise EngineError(f"cannot read {path / 'config.json'}: {exc}", param="model_path") from exc
+
+
+def load_adapter(options: EngineOptions, *, hosted: frozenset[str]) -> OmniAdapter:
+    """Load the modules for the ``hosted`` stages and wrap them in the family's adapter."""
+    path = resolve_model_path(options)
+    kind = model_type(path)
+    if kind == "qwen2_5_omni":
+        from omni_runtime.models.qwen2_5_omni.adapter import Qwen25OmniAdapter
+        from omni_runtime.models.qwen2_5_omni.loader import load_model
+
+        return Qwen25OmniAdapter(
+            load_model(options, path=path, hosted=hosted), options=options, hosted=hosted
+        )
+    if kind in PLANNED:
+        raise EngineError(
+            f"{PLANNED[kind]} ({kind}) is not supported by the builtin runtime yet; supported: {', '.join(SUPPORTED)}",
+            param="model_path",
+        )
+    raise EngineError(f"unknown model type {kind!r}; supported: {', '.join(SUPPORTED)}", param="model_path")

@@ -1,0 +1,254 @@
+"""A decoder stack driven with a runtime-managed, per-slot static KV cache (continuous batching).
+
+transformers' own continuous batching works on token-id prompts with 1D positions, and its
+StaticCache writes every row at one shared position; the omni thinker needs prompts given as
+embeddings (media scattered in), 3D mrope positions, per-row lengths and the hidden states for
+the talker. So the runtime owns the cache and drives the model's decoder layers itself:
+
+- one buffer per layer, ``[slots, kv_heads, max_len, head_dim]`` for keys and values; the
+  scheduler keeps the running rows dense in slots ``0..n-1``;
+- ``SlotKVCache.update`` (the method transformers attention modules call) writes each row at its
+  own position and hands back the cache view the step attends to;
+- decode steps have static shapes for a (batch bucket, length bucket) pair, so on CUDA each pair
+  is captured once as a CUDA graph and replayed; the inputs (last token, row length, rope delta,
+  extra embedding) live in fixed device buffers the graph reads, so a step needs no host copies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+EmbedFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (ids [B], extra [B, E]) -> [B, H]
+HeadFn = Callable[[torch.Tensor], torch.Tensor]  # normed hidden [B, H] -> logits [B, V]
+
+
+def _buckets(limit: int, start: int) -> list[int]:
+    sizes, size = [], start
+    while size < limit:
+        sizes.append(size)
+        size *= 2
+    sizes.append(limit)
+    return sizes
+
+
+class SlotKVCache:
+    """Per-slot static KV buffers; duck-types ``transformers.Cache.update`` for the attention modules."""
+
+    def __init__(
+        self, *, layers: int, slots: int, kv_heads: int, max_len: int, head_dim: int, dtype, device
+    ) -> None:
+        shape = (slots, kv_heads, max_len, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.max_len = max_len
+        # Set by the decoder before each forward.
+        self.prefill_slots: torch.Tensor | None = None
+        self.write_pos: torch.Tensor | None = None  # [B] decode write positions
+        self.view_len = 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        if self.prefill_slots is not None:
+            length = key_states.shape[2]
+            keys[self.prefill_slots, :, :length] = key_states
+            values[self.prefill_slots, :, :length] = value_states
+            return key_states, value_states  # a fresh prompt attends only to itself
+        rows = key_states.shape[0]
+        index = torch.arange(rows, device=key_states.device)
+        keys[index, :, self.write_pos] = key_states[:, :, 0]
+        values[index, :, self.write_pos] = value_states[:, :, 0]
+        return keys[:rows, :, : self.view_len], values[:rows, :, : self.view_len]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:  # asked by some generic code paths
+        return self.view_len
+
+    def move(self, src: int, dst: int, length: int) -> None:
+        for keys, values in zip(self.keys, self.values, strict=True):
+            keys[dst, :, :length] = keys[src, :, :length]
+            values[dst, :, :length] = values[src, :, :length]
+
+
+@dataclass
+class DecodeOutputs:
+    logits: torch.Tensor  # [n, V] float32 (view of a static buffer: consume before the next step)
+    hidden: torch.Tensor  # [n, H] final-norm hidden state of each row's input token
+    inputs: torch.Tensor  # [n, H] the embedding each row was fed (thinker: token embedding)
+
+
+class SlotDecoder:
+    """Prefill and batched decode over a stack of transformers decoder layers and a SlotKVCache.
+
+    ``embed_fn(ids, extra)`` turns each row's step input into an embedding (the thinker looks up
+    its token; the talker adds the thinker's reply vector to its codec embedding and projects);
+    ``head_fn`` maps the final-norm hidden state to logits. Row state lives in device buffers:
+    ``last_ids`` (the token fed next), ``lengths`` (tokens in the cache) and ``rope_delta``
+    (mrope position minus cache position); ``extra`` carries a per-row vector for ``embed_fn``.
+    """
+
+    def __init__(
+        self,
+        *,
+        layers: nn.ModuleList,
+        norm: nn.Module,
+        rotary: nn.Module,
+        embed_fn: EmbedFn,
+        head_fn: HeadFn,
+        slots: int,
+        max_len: int,
+        kv_heads: int,
+        head_dim: int,
+        hidden_size: int,
+        extra_size: int,
+        vocab_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        cuda_graphs: bool,
+    ) -> None:
+        self.layers, self.norm, self.rotary = layers, norm, rotary
+        self.embed_fn, self.head_fn = embed_fn, head_fn
+        self.slots, self.max_len, self.device, self.dtype = slots, max_len, device, dtype
+        self.cache = SlotKVCache(
+            layers=len(layers),
+            slots=slots,
+            kv_heads=kv_heads,
+            max_len=max_len,
+            head_dim=head_dim,
+            dtype=dtype,
+            device=device,
+        )
+        self.last_ids = torch.zeros(slots, dtype=torch.int64, device=device)
+        self.lengths = torch.zeros(slots, dtype=torch.int64, device=device)
+        self.rope_delta = torch.zeros(slots, dtype=torch.int64, device=device)
+        self.extra = torch.zeros(slots, extra_size, dtype=dtype, device=device)
+        self.out_logits = torch.zeros(slots, vocab_size, dtype=torch.float32, device=device)
+        self.out_hidden = torch.zeros(slots, hidden_size, dtype=dtype, device=device)
+        self.out_inputs = torch.zeros(slots, hidden_size, dtype=dtype, device=device)
+        self.batch_buckets = _buckets(slots, 1)
+        self.len_buckets = _buckets(max_len, min(256, max_len))
+        self.cuda_graphs = cuda_graphs and device.type == "cuda"
+        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self._pool = None
+        self._stream: torch.cuda.Stream | None = None
+
+    # -- prefill -----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def prefill(
+        self,
+        *,
+        slots: list[int],
+        embeds: torch.Tensor,
+        positions: torch.Tensor,
+        lengths: list[int],
+        want_hidden: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run prompts (right-padded ``embeds`` [b, L, H], ``positions`` [3, b, L]) into ``slots``.
+
+        Returns the last real position's logits [b, V] (float32) and, when asked, the final-norm
+        hidden states of every position [b, L, H]. Causal attention keeps real tokens from seeing
+        the right padding; padded positions write cache entries past each row's length, which the
+        row's mask never reads and its next tokens overwrite.
+        """
+        self.cache.prefill_slots = torch.tensor(slots, dtype=torch.int64, device=self.device)
+        try:
+            hidden = embeds.to(self.dtype)
+            cos_sin = self.rotary(hidden, positions)
+            for layer in self.layers:
+                hidden = layer(
+                    hidden, attention_mask=None, position_embeddings=cos_sin, past_key_values=self.cache
+                )
+                if isinstance(hidden, tuple):
+                    hidden = hidden[0]
+        finally:
+            self.cache.prefill_slots = None
+        hidden = self.norm(hidden)
+        last = torch.tensor([n - 1 for n in lengths], device=self.device)
+        last_hidden = hidden[torch.arange(len(slots), device=self.device), last]
+        logits = self.head_fn(last_hidden).float()
+        return logits, (hidden if want_hidden else None)
+
+    # -- decode ------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def decode(self, n: int, *, max_length: int) -> DecodeOutputs:
+        """One step for rows ``0..n-1``: feed ``last_ids``/``extra``, write at ``lengths``.
+
+        ``max_length`` is the largest row length after this step (host-side bookkeeping picks
+        the attention length bucket from it). Lengths are not advanced here: the caller does,
+        only for rows whose step counted.
+        """
+        batch = next(b for b in self.batch_buckets if b >= n)
+        view = next(t for t in self.len_buckets if t >= max_length)
+        if self.cuda_graphs:
+            graph = self._graphs.get((batch, view))
+            if graph is None:
+                graph = self._capture(batch, view)
+            graph.replay()
+        else:
+            self._step(n, view)
+        return DecodeOutputs(self.out_logits[:n], self.out_hidden[:n], self.out_inputs[:n])
+
+    def _step(self, batch: int, view: int) -> None:
+        """The graph body: everything reads and writes fixed buffers."""
+        ids = self.last_ids[:batch]
+        write = self.lengths[:batch]
+        inputs = self.embed_fn(ids, self.extra[:batch]).to(self.dtype)
+        hidden = inputs[:, None, :]
+        pos = (write + self.rope_delta[:batch]).view(1, batch, 1).expand(3, batch, 1)
+        cos_sin = self.rotary(hidden, pos)
+        mask = torch.arange(view, device=self.device)[None, :] <= write[:, None]
+        mask = mask[:, None, None, :]
+        self.cache.write_pos = write
+        self.cache.view_len = view
+        for layer in self.layers:
+            hidden = layer(
+                hidden, attention_mask=mask, position_embeddings=cos_sin, past_key_values=self.cache
+            )
+            if isinstance(hidden, tuple):
+                hidden = hidden[0]
+        normed = self.norm(hidden[:, 0])
+        self.out_logits[:batch].copy_(self.head_fn(normed))
+        self.out_hidden[:batch].copy_(normed)
+        self.out_inputs[:batch].copy_(inputs)
+
+    def _capture(self, batch: int, view: int) -> torch.cuda.CUDAGraph:
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=self.device)
+        self._stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self._stream):
+            # Rows past the running batch are free slots: their writes land in unused cache rows.
+            for _ in range(2):  # warm up kernels and workspaces outside the capture
+                self._step(batch, view)
+        torch.cuda.current_stream(self.device).wait_stream(self._stream)
+        graph = torch.cuda.CUDAGraph()
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self._pool, stream=self._stream):
+            self._step(batch, view)
+        self._graphs[(batch, view)] = graph
+        return graph
+
+    @torch.inference_mode()
+    def capture_all(
+        self, *, max_view: int | None = None, progress: Callable[[str], None] | None = None
+    ) -> int:
+        """Capture every (batch, length) bucket up front so no request pays a capture."""
+        if not self.cuda_graphs:
+            return 0
+        views = [t for t in self.len_buckets if max_view is None or t <= max_view]
+        for view in views:
+            for batch in self.batch_buckets:
+                if (batch, view) not in self._graphs:
+                    self._capture(batch, view)
+            if progress:
+                progress(f"captured decode graphs up to length {view}")
+        return len(self._graphs)
+
+    @torch.inference_mode()
+    def move(self, src: int, dst: int, length: int) -> None:
+        """Copy row ``src`` (cache and row state) into slot ``dst``."""
+        self.cache.move(src, dst, length)
+        for table in (self.last_ids, self.lengths, self.rope_delta, self.extra):
+            table[dst] = table[src]

@@ -1,0 +1,304 @@
+"""The pipeline engine: one request's path through the stage graph, as an async event stream.
+
+``generate`` runs preprocessing, the encoders (concurrently), mm_aggregate, then hands the
+prompt to the thinker's continuous-batching scheduler. The decode stage (incremental
+detokenizer + stop strings) turns tokens into text deltas. For speech, the thinker's reply
+vectors feed a talker job as they appear; the segmenter cuts its codec stream into vocoder
+windows and audio chunks join the same event stream, so streaming speech starts while the
+thinker is still writing. Closing the stream cancels everything the request holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from omni_runtime.models.base import RowSampling, TalkerAdmission
+from omni_runtime.pipeline.detokenize import IncrementalDetokenizer, StopMatcher
+from omni_runtime.pipeline.graph import local_stages, pipeline_variant
+from omni_runtime.pipeline.options import EngineOptions
+from omni_runtime.pipeline.scheduler import ThinkerDone, ThinkerJob, ThinkerToken
+from omni_runtime.pipeline.segmenter import CodecSegmenter, SegmenterConfig
+from omni_runtime.pipeline.services import LocalStages, gather_encoders
+from omni_runtime.pipeline.talker import TalkerDone, TalkerJob
+from omni_runtime.pipeline.types import (
+    AudioChunk,
+    EngineError,
+    EngineEvent,
+    EngineStats,
+    Finished,
+    GenerationRequest,
+    TextDelta,
+    Usage,
+)
+from omni_runtime.pipeline.validate import row_sampling, talker_limits, validate_request
+
+log = logging.getLogger(__name__)
+
+
+class PipelineEngine:
+    """Implements the ``Engine`` protocol of pipeline/types.py."""
+
+    def __init__(self, options: EngineOptions) -> None:
+        self.options = options
+        self.variant = pipeline_variant(options)
+        self.hosted = local_stages(options)
+        self.model_name = options.model_name or (
+            options.model_path.rstrip("/").split("/")[-1] if options.model_path else "tiny"
+        )
+        self.output_sample_rate = 24000
+        self.supports_audio_output = self.variant != "text"
+        self.max_model_len = options.max_model_len
+        self.adapter: Any = None
+        self.stages: Any = None
+        self._ready = False
+        self._active = 0
+        self.load_seconds = 0.0
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    async def start(self) -> None:
+        from omni_runtime.models.registry import load_adapter
+        from omni_runtime.pipeline.remote import attach_remote_stages
+
+        started = time.monotonic()
+        self.adapter = await asyncio.to_thread(load_adapter, self.options, hosted=self.hosted)
+        self.model_name = self.options.model_name or self.adapter.model_name
+        self.output_sample_rate = self.adapter.output_sample_rate
+        local = LocalStages(self.adapter, self.options, hosted=self.hosted)
+        await local.start()
+        self.stages = await attach_remote_stages(local, self.options)
+        await local.warmup()
+        await self._warm_requests()
+        self.load_seconds = time.monotonic() - started
+        self._ready = True
+        log.info("engine ready: %s (%s pipeline) in %.1fs", self.model_name, self.variant, self.load_seconds)
+
+    async def _warm_requests(self) -> None:
+        """One short request per output kind, so the first client does not pay for lazy init."""
+        from omni_runtime.pipeline.types import ChatTurn, SamplingParams
+
+        kinds = [False, True] if self.supports_audio_output else [False]
+        for audio in kinds:
+            request = GenerationRequest(
+                request_id=f"warmup-{int(audio)}",
+                turns=(ChatTurn(role="user", text="Hello."),),
+                sampling=SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True),
+                want_audio=audio,
+                stage_params={"talker": {"max_tokens": 24}},
+            )
+            async for _ in self.generate(request):
+                pass
+
+    async def stop(self) -> None:
+        self._ready = False
+        if self.stages is not None:
+            await self.stages.stop()
+
+    def stats(self) -> EngineStats:
+        thinker = getattr(self.stages, "thinker", None)
+        return EngineStats(
+            queue_depth=self.stages.queue_depth() if self.stages is not None else 0,
+            running_batch=sum(j.finish is None for j in thinker.running) if thinker is not None else 0,
+            max_running_batch=thinker.max_running_batch if thinker is not None else 0,
+            active_requests=self._active,
+        )
+
+    # -- one request ------------------------------------------------------------------------------
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[EngineEvent]:
+        if self.stages is None:
+            raise EngineError("the engine is still loading; retry when /ready says so", status=503)
+        voice = validate_request(request, engine=self)
+        self._active += 1
+        out: asyncio.Queue[EngineEvent] = asyncio.Queue()
+        state: dict[str, Any] = {}
+        producer = asyncio.get_running_loop().create_task(self._produce(request, voice, out, state))
+        try:
+            while True:
+                event = await out.get()
+                if isinstance(event, EngineError):
+                    raise event
+                yield event
+                if isinstance(event, Finished):
+                    return
+        finally:
+            self._active -= 1
+            producer.cancel()
+            self._release(state, "cancelled")
+
+    def _release(self, state: dict[str, Any], reason: str) -> None:
+        for task in state.get("tasks", []):
+            task.cancel()
+        if (job := state.get("thinker_job")) is not None and job.finish is None:
+            self.stages.thinker.finish(job, reason)
+        if (tjob := state.get("talker_job")) is not None and tjob.finish is None:
+            self.stages.talker.finish(tjob, reason)
+
+    async def _produce(
+        self, request: GenerationRequest, voice: str | None, out: asyncio.Queue, state: dict
+    ) -> None:
+        try:
+            await self._run(request, voice, out, state)
+        except EngineError as exc:
+            out.put_nowait(exc)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("request %s failed", request.request_id)
+            out.put_nowait(Finished("error", error=f"{type(exc).__name__}: {exc}"))
+
+    async def _run(
+        self, request: GenerationRequest, voice: str | None, out: asyncio.Queue, state: dict
+    ) -> None:
+        stages = self.stages
+        prompt = await stages.preprocess(request)
+        audio, image, video = await gather_encoders(stages, prompt)
+        thinker_prompt = await stages.aggregate(prompt, audio=audio, image=image, video=video)
+        sp = request.sampling
+        job = ThinkerJob(
+            request_id=request.request_id,
+            prompt=thinker_prompt,
+            sampling=row_sampling(sp),
+            max_tokens=sp.max_tokens,
+            ignore_eos=sp.ignore_eos,
+            want_vectors=request.want_audio,
+        )
+        state["thinker_job"] = job
+        stages.thinker.submit(job)
+        detok = IncrementalDetokenizer(self.adapter.tokenizer)
+        stops = StopMatcher(sp.stop)
+        eos = frozenset(self.adapter.eos_token_ids)
+        talker_job: TalkerJob | None = None
+        speaker: asyncio.Task | None = None
+        prompt_vectors = None
+        first_token = -1
+        generated = 0
+        pending_ids: list[int] = []
+        reason = "stop"
+        while True:
+            event = await job.events.get()
+            if isinstance(event, tuple):  # ("prompt_vectors", tensor) before the first token
+                prompt_vectors = event[1]
+                continue
+            if isinstance(event, ThinkerDone):
+                if event.reason == "error":
+                    raise RuntimeError(event.error or "thinker failed")
+                reason = event.reason
+                tail = stops.feed(detok.flush()) + stops.flush()
+                if tail:
+                    out.put_nowait(TextDelta(tail, tuple(pending_ids)))
+                break
+            assert isinstance(event, ThinkerToken)
+            generated += 1
+            if request.want_audio:
+                if generated == 1:
+                    first_token = event.token
+                elif generated == 2 and prompt_vectors is not None:
+                    talker_job = self._talker_job(
+                        request, thinker_prompt, prompt_vectors, first_token, event.vector, voice
+                    )
+                    state["talker_job"] = talker_job
+                    speaker = asyncio.get_running_loop().create_task(
+                        self._speak(request, talker_job, voice, out)
+                    )
+                    state.setdefault("tasks", []).append(speaker)
+                elif talker_job is not None:
+                    self.stages.talker.feed(talker_job, event.vector)
+            if event.token in eos and not sp.ignore_eos:
+                continue
+            pending_ids.append(event.token)
+            text = stops.feed(detok.push(event.token))
+            if text:
+                out.put_nowait(TextDelta(text, tuple(pending_ids)))
+                pending_ids = []
+            if stops.stopped:
+                self.stages.thinker.finish(job, "stop")
+                reason = "stop"
+                break
+        if talker_job is not None:
+            self.stages.talker.text_finished(talker_job, generated)
+        audio_seconds = await speaker if speaker is not None else 0.0
+        usage = Usage(
+            prompt_tokens=len(thinker_prompt.input_ids),
+            completion_tokens=generated,
+            audio_seconds=audio_seconds,
+        )
+        out.put_nowait(Finished(reason, usage))
+
+    def _talker_job(
+        self, request, thinker_prompt, prompt_vectors, first_token, first_vector, voice
+    ) -> TalkerJob:
+        max_codes, per_token = talker_limits(request)
+        defaults = self.adapter.talker_sampling_defaults()
+        params = {
+            **defaults,
+            **{k: v for k, v in request.stage_params.get("talker", {}).items() if k in defaults},
+        }
+        seed = request.sampling.seed
+        admission = TalkerAdmission(
+            slot=-1,
+            input_ids=thinker_prompt.input_ids,
+            talker_context=thinker_prompt.talker_context,
+            prompt_vectors=prompt_vectors,
+            first_token=first_token,
+            first_vector=first_vector,
+            voice=voice or "",
+            sampling=RowSampling(
+                temperature=float(params.get("temperature", 0.9)),
+                top_k=int(params.get("top_k", 40)),
+                top_p=float(params.get("top_p", 0.8)),
+                repetition_penalty=float(params.get("repetition_penalty", 1.05)),
+                seed=None if seed is None else seed + 7919,
+                suppress_tokens=(self.stages.talker.runner.codec_bos,),
+            ),
+        )
+        job = TalkerJob(admission=admission, max_codes=max_codes, codes_per_text_token=per_token)
+        self.stages.talker.submit(job)
+        return job
+
+    async def _speak(
+        self, request: GenerationRequest, job: TalkerJob, voice: str | None, out: asyncio.Queue
+    ) -> float:
+        """Talker codes -> segmenter windows -> vocoder -> audio chunks; returns seconds of audio."""
+        streaming = self.variant == "streaming-speech" and request.stream_audio
+        segmenter = CodecSegmenter(SegmenterConfig(whole=not streaming))
+        codes: list[int] = []
+        seed = (
+            request.sampling.seed if request.sampling.seed is not None else hash(request.request_id) & 0xFFFF
+        )
+        samples = 0
+        while True:
+            batch = [await job.events.get()]
+            while not job.events.empty():
+                batch.append(job.events.get_nowait())
+            done = False
+            for event in batch:
+                if isinstance(event, TalkerDone):
+                    done = True
+                    if event.reason == "error":
+                        raise RuntimeError(event.error or "talker failed")
+                else:
+                    codes.extend(event)
+            for window in segmenter.push(len(codes), done=done):
+                pcm = await self.stages.synthesize(
+                    {
+                        "codes": list(codes),
+                        "window": {
+                            "start": window.start,
+                            "end": window.end,
+                            "ctx_start": window.ctx_start,
+                            "ctx_end": window.ctx_end,
+                        },
+                        "voice": voice,
+                        "seed": seed,
+                    }
+                )
+                samples += len(pcm)
+                out.put_nowait(AudioChunk(pcm=pcm, sample_rate=self.output_sample_rate))
+            if done:
+                return samples / self.output_sample_rate

@@ -1,0 +1,239 @@
+"""Continuous batching for the thinker: fixed slots, requests join and leave between decode steps.
+
+Every iteration of the loop (1) drops finished and cancelled rows and compacts the survivors
+into slots ``0..n-1`` (so one decode step covers exactly the running batch), (2) prefills
+waiting requests into the next free slots, sending each one's first token at once, and (3) runs
+one decode step for all rows. The model work of an iteration runs on the thinker's thread; all
+bookkeeping stays on the event loop, so a cancel (a client closing its stream) needs no locks
+and frees its slot at the next step boundary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from omni_runtime.models.base import RowSampling, ThinkerAdmission, ThinkerPrompt, ThinkerRunner, ThinkerStep
+from omni_runtime.pipeline.workers import StageThread
+
+log = logging.getLogger(__name__)
+
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+
+@dataclass(frozen=True)
+class ThinkerToken:
+    token: int
+    vector: Any = None  # the talker's reply vector of the *previous* token (fed in this step)
+
+
+@dataclass(frozen=True)
+class ThinkerDone:
+    reason: FinishReason
+    error: str | None = None
+
+
+@dataclass(eq=False)
+class ThinkerJob:
+    request_id: str
+    prompt: ThinkerPrompt
+    sampling: RowSampling
+    max_tokens: int
+    ignore_eos: bool = False
+    want_vectors: bool = False
+    events: asyncio.Queue[ThinkerToken | ThinkerDone | tuple[str, Any]] = field(default_factory=asyncio.Queue)
+    # Scheduler state (event-loop side only).
+    slot: int = -1
+    length: int = 0  # tokens in the cache
+    generated: int = 0
+    finish: FinishReason | None = None
+    prompt_vectors: Any = None
+
+
+def plan_compaction(
+    slots: list[int | None], leaving: set[int]
+) -> tuple[list[tuple[int, int]], list[int | None]]:
+    """Moves that make the surviving rows dense again.
+
+    ``slots[i]`` is the row id in slot i (None: free). Returns (moves as (src, dst), new slots):
+    each hole below the new batch size is filled from the highest occupied slot above it.
+    """
+    table = [None if row in leaving else row for row in slots]
+    survivors = sum(row is not None for row in table)
+    moves: list[tuple[int, int]] = []
+    high = len(table) - 1
+    for dst in range(survivors):
+        if table[dst] is not None:
+            continue
+        while table[high] is None:
+            high -= 1
+        moves.append((high, dst))
+        table[dst], table[high] = table[high], None
+    return moves, table[:survivors]
+
+
+class ThinkerScheduler:
+    def __init__(
+        self,
+        runner: ThinkerRunner,
+        *,
+        thread: StageThread,
+        max_batch: int,
+        max_len: int,
+        eos_token_ids: tuple[int, ...],
+        prefill_token_budget: int = 8192,
+    ) -> None:
+        self.runner = runner
+        self.thread = thread
+        self.max_batch = min(max_batch, runner.slots)
+        self.max_len = max_len
+        self.eos = frozenset(eos_token_ids)
+        self.prefill_token_budget = prefill_token_budget
+        self.waiting: deque[ThinkerJob] = deque()
+        self.running: list[ThinkerJob] = []  # running[i].slot == i
+        self.max_running_batch = 0
+        self.steps = 0
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    # -- API used by the engine -------------------------------------------------------------------
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name="thinker-scheduler")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def submit(self, job: ThinkerJob) -> None:
+        self.waiting.append(job)
+        self._wake.set()
+
+    def finish(self, job: ThinkerJob, reason: FinishReason) -> None:
+        """Stop a request (client gone, stop string hit); its slot is freed before the next step."""
+        if job.finish is not None:
+            return
+        if job in self.waiting:
+            self.waiting.remove(job)
+        self._end(job, reason)
+        self._wake.set()
+
+    @property
+    def active(self) -> int:
+        return len(self.waiting) + sum(j.finish is None for j in self.running)
+
+    # -- the loop ---------------------------------------------------------------------------------
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            moves = self._drop_finished()
+            admit = self._pick_admissions()
+            if not self.running and not admit:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            for job in admit:
+                job.slot = len(self.running)
+                self.running.append(job)
+            n = len(self.running)
+            self.max_running_batch = max(self.max_running_batch, n)
+            vector_slots = [j.slot for j in self.running if j.want_vectors]
+            max_length = (
+                max((j.length if j not in admit else len(j.prompt.input_ids)) for j in self.running) + 1
+            )
+            try:
+                step = await self.thread.run(self._iterate, loop, moves, admit, n, vector_slots, max_length)
+            except Exception as exc:
+                log.exception("thinker step failed; failing the running batch")
+                for job in list(self.running):
+                    self._end(job, "error", error=f"thinker failed: {exc}")
+                self.running.clear()
+                continue
+            self.steps += 1
+            self._dispatch_step(step)
+
+    def _drop_finished(self) -> list[tuple[int, int, int]]:
+        slots: list[int | None] = [id(j) if j.finish is None else None for j in self.running]
+        if all(s is not None for s in slots):
+            return []
+        by_id = {id(j): j for j in self.running}
+        moves, table = plan_compaction(slots, set())
+        self.running = [by_id[row] for row in table if row is not None]
+        result = []
+        for src, dst in moves:
+            job = by_id[slots[src]]  # type: ignore[index]
+            job.slot = dst
+            result.append((src, dst, job.length))
+        return result
+
+    def _pick_admissions(self) -> list[ThinkerJob]:
+        admit: list[ThinkerJob] = []
+        free = self.max_batch - len(self.running)
+        longest = 0
+        while self.waiting and len(admit) < free:
+            job = self.waiting[0]
+            length = len(job.prompt.input_ids)
+            padded = max(longest, length) * (len(admit) + 1)
+            if admit and padded > self.prefill_token_budget:
+                break
+            self.waiting.popleft()
+            longest = max(longest, length)
+            admit.append(job)
+        return admit
+
+    def _iterate(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        moves,
+        admit: list[ThinkerJob],
+        n: int,
+        vector_slots: list[int],
+        max_length: int,
+    ) -> ThinkerStep:
+        """Thinker thread: compaction moves, prefill, one decode step."""
+        for src, dst, length in moves:
+            self.runner.move(src, dst, length)
+        if admit:
+            rows = [ThinkerAdmission(j.slot, j.prompt, j.sampling, j.want_vectors) for j in admit]
+            firsts = self.runner.admit(rows)
+            loop.call_soon_threadsafe(self._dispatch_admitted, admit, firsts)
+        return self.runner.step(n, vector_slots=vector_slots, max_length=max_length)
+
+    # -- results (event loop) ---------------------------------------------------------------------
+    def _dispatch_admitted(self, admit: list[ThinkerJob], firsts: list[tuple[int, Any]]) -> None:
+        for job, (token, vectors) in zip(admit, firsts, strict=True):
+            job.length = len(job.prompt.input_ids)
+            job.prompt_vectors = vectors
+            if job.finish is not None:
+                continue
+            if vectors is not None:
+                job.events.put_nowait(("prompt_vectors", vectors))
+            self._accept(job, token, None)
+
+    def _dispatch_step(self, step: ThinkerStep) -> None:
+        for job in self.running:
+            token = step.tokens[job.slot]
+            job.length += 1
+            if job.finish is not None:
+                continue  # ended during this step (stop string, cancel, or EOS at admission)
+            self._accept(job, token, step.vectors.get(job.slot))
+
+    def _accept(self, job: ThinkerJob, token: int, vector: Any) -> None:
+        job.generated += 1
+        job.events.put_nowait(ThinkerToken(token, vector))
+        if token in self.eos and not job.ignore_eos:
+            self._end(job, "stop")
+        elif job.generated >= job.max_tokens or job.length >= self.max_len:
+            self._end(job, "length")
+
+    def _end(self, job: ThinkerJob, reason: FinishReason, *, error: str | None = None) -> None:
+        if job.finish is None:
+            job.finish = reason
+            job.events.put_nowait(ThinkerDone(reason, error))

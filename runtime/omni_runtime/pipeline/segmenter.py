@@ -1,0 +1,65 @@
+"""The segmenter stage's pure part: cutting a growing codec-token stream into vocoder windows.
+
+The talker emits codec tokens one by one while the thinker is still writing; the vocoder turns
+a span of codes into audio. Streaming speech synthesises each span as soon as the codes after
+it (the right context the vocoder's attention looks at) exist, with a few codes of left context
+so the joins are smooth. The first span is short so the first audio leaves early; later spans
+are longer because each vocoder call has a fixed cost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Window:
+    """Synthesize codes ``[ctx_start, ctx_end)`` and keep the audio of ``[start, end)``."""
+
+    start: int
+    end: int
+    ctx_start: int
+    ctx_end: int
+
+
+@dataclass(frozen=True)
+class SegmenterConfig:
+    first_chunk: int = 10  # codes in the first window (50 codes = 1 s of Qwen2.5-Omni audio)
+    chunk: int = 40  # codes in each later window
+    left_context: int = 10
+    right_context: int = 5
+    whole: bool = False  # non-streaming: one window over all codes once the stream ends
+
+
+class CodecSegmenter:
+    """Tracks how many codes exist and yields the windows that became ready."""
+
+    def __init__(self, config: SegmenterConfig | None = None) -> None:
+        self.config = config or SegmenterConfig()
+        self._next = 0  # first code not yet covered by an emitted window
+
+    @property
+    def emitted_until(self) -> int:
+        return self._next
+
+    def push(self, available: int, *, done: bool = False) -> list[Window]:
+        """``available`` codes exist now; ``done`` once the talker has finished."""
+        cfg = self.config
+        windows: list[Window] = []
+        if cfg.whole:
+            if done and available > self._next:
+                windows.append(Window(self._next, available, self._next, available))
+                self._next = available
+            return windows
+        while self._next < available:
+            size = cfg.first_chunk if self._next == 0 else cfg.chunk
+            end = self._next + size
+            if end + cfg.right_context > available:
+                if not done:
+                    break
+                end = min(end, available)
+            ctx_start = max(0, self._next - cfg.left_context)
+            ctx_end = min(available, end + cfg.right_context)
+            windows.append(Window(self._next, end, ctx_start, ctx_end))
+            self._next = end
+        return windows

@@ -1,0 +1,156 @@
+"""The stages as services the engine calls, each with its own worker thread.
+
+A service is what the engine talks to for one stage: ``LocalStages`` runs the adapter in this
+process. ``omni_runtime.pipeline.remote`` offers the same methods through a stage link for stages
+that live in another process, so the orchestration in engine.py does not know the difference.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from omni_runtime.models.base import OmniAdapter, Prompt, ThinkerPrompt
+from omni_runtime.pipeline.graph import VARIANTS
+from omni_runtime.pipeline.options import EngineOptions
+from omni_runtime.pipeline.scheduler import ThinkerScheduler
+from omni_runtime.pipeline.talker import TalkerScheduler
+from omni_runtime.pipeline.types import GenerationRequest
+from omni_runtime.pipeline.workers import BatchingWorker, StageThread
+
+log = logging.getLogger(__name__)
+
+TALKER_SLOTS = 16
+
+
+class LocalStages:
+    """Workers for the stages hosted in this process (any subset of the pipeline's stages)."""
+
+    def __init__(self, adapter: OmniAdapter, options: EngineOptions, *, hosted: frozenset[str]) -> None:
+        self.adapter = adapter
+        self.options = options
+        self.hosted = hosted
+        self.threads: dict[str, StageThread] = {}
+        self.audio: BatchingWorker[dict[str, Any], Any] | None = None
+        self.vision: BatchingWorker[dict[str, Any], dict[str, Any]] | None = None
+        self.vocoder_worker: BatchingWorker[dict[str, Any], Any] | None = None
+        self.thinker: ThinkerScheduler | None = None
+        self.talker: TalkerScheduler | None = None
+        self.vocoder: Any = None
+        self._pre_pool = StageThread("preprocessing")
+
+    def _thread(self, name: str) -> StageThread:
+        if name not in self.threads:
+            self.threads[name] = StageThread(name)
+        return self.threads[name]
+
+    async def start(self) -> None:
+        adapter, options = self.adapter, self.options
+        if "audio_encoder" in self.hosted:
+            self.audio = BatchingWorker(
+                "audio_encoder", adapter.encode_audio, thread=self._thread("audio_encoder")
+            )
+            self.audio.start()
+        if "image_encoder" in self.hosted:
+            self.vision = BatchingWorker(
+                "image_encoder", adapter.encode_vision, thread=self._thread("image_encoder")
+            )
+            self.vision.start()
+        if "thinker" in self.hosted:
+            thread = self._thread("thinker")
+            runner = await thread.run(
+                lambda: adapter.thinker_runner(slots=options.max_batch_size, max_len=options.max_model_len)
+            )
+            self.thinker = ThinkerScheduler(
+                runner,
+                thread=thread,
+                max_batch=options.max_batch_size,
+                max_len=options.max_model_len,
+                eos_token_ids=adapter.eos_token_ids,
+            )
+            self.thinker.start()
+        if "talker" in self.hosted:
+            thread = self._thread("talker")
+            slots = min(options.max_batch_size, TALKER_SLOTS)
+            max_len = options.max_model_len + 4096
+            runner = await thread.run(lambda: adapter.talker_runner(slots=slots, max_len=max_len))
+            self.talker = TalkerScheduler(runner, thread=thread, max_batch=slots, max_len=max_len)
+            self.talker.start()
+            self.vocoder = await self._thread("vocoder").run(adapter.vocoder)
+            self.vocoder_worker = BatchingWorker(
+                "talker_stream", self._synthesize_batch, thread=self._thread("vocoder"), max_batch=4
+            )
+            self.vocoder_worker.start()
+
+    async def warmup(self) -> None:
+        """Capture CUDA graphs before the first request (no-op on the CPU)."""
+        if self.thinker is not None:
+            await self.thinker.thread.run(self.thinker.runner.warmup)
+        if self.talker is not None:
+            await self.talker.thread.run(self.talker.runner.warmup)
+
+    async def stop(self) -> None:
+        for component in (self.thinker, self.talker, self.audio, self.vision, self.vocoder_worker):
+            if component is not None:
+                await component.stop()
+        for thread in self.threads.values():
+            thread.shutdown()
+        self._pre_pool.shutdown()
+
+    # -- stage calls -------------------------------------------------------------------------------
+    async def preprocess(self, request: GenerationRequest) -> Prompt:
+        return await self._pre_pool.run(self.adapter.preprocess, request)
+
+    async def encode_audio(self, audio: dict[str, Any]) -> Any:
+        assert self.audio is not None
+        return await self.audio.submit(audio)
+
+    async def encode_vision(self, vision: dict[str, Any]) -> dict[str, Any]:
+        assert self.vision is not None
+        return await self.vision.submit(vision)
+
+    async def aggregate(self, prompt: Prompt, *, audio: Any, image: Any, video: Any) -> ThinkerPrompt:
+        return await self._thread("mm_aggregate").run(
+            lambda: self.adapter.aggregate(prompt, audio=audio, image=image, video=video)
+        )
+
+    async def synthesize(self, item: dict[str, Any]) -> Any:
+        assert self.vocoder_worker is not None
+        return await self.vocoder_worker.submit(item)
+
+    def _synthesize_batch(self, items: list[dict[str, Any]]) -> list[Any]:
+        return [
+            self.vocoder.synthesize(item["codes"], voice=item["voice"], seed=item["seed"], **item["window"])
+            for item in items
+        ]
+
+    def queue_depth(self) -> int:
+        depth = 0
+        for worker in (self.audio, self.vision):
+            if worker is not None:
+                depth += worker.queue_depth
+        if self.thinker is not None:
+            depth += len(self.thinker.waiting)
+        return depth
+
+
+def all_stage_names(variant: str) -> tuple[str, ...]:
+    return VARIANTS[variant]
+
+
+async def gather_encoders(stages: Any, prompt: Prompt) -> tuple[Any, Any, Any]:
+    """Run the audio and vision encoders of one request concurrently."""
+    audio_task = stages.encode_audio(prompt.audio) if prompt.audio is not None else None
+    vision_input: dict[str, Any] = {}
+    if prompt.images is not None:
+        vision_input.update(prompt.images)
+    if prompt.videos is not None:
+        vision_input.update(prompt.videos)
+    vision_task = stages.encode_vision(vision_input) if vision_input else None
+    tasks = [t for t in (audio_task, vision_task) if t is not None]
+    results = await asyncio.gather(*tasks) if tasks else []
+    it = iter(results)
+    audio = next(it) if audio_task is not None else None
+    vision = next(it) if vision_task is not None else {"image": None, "video": None}
+    return audio, vision.get("image"), vision.get("video")

@@ -1,0 +1,188 @@
+"""The talker stage: continuously batched codec-token generation that follows the thinker.
+
+Talker row k needs the thinker's reply vector k, so rows whose thinker has not produced it yet
+are *held*: the batch still steps (static shapes), but a held row's output is discarded and its
+length does not advance, so its next real step overwrites the scratch cache entry. Once the
+thinker's text ends, a row is fed the text-EOS vector once and then text-PAD until it emits a
+codec end token (or reaches its budget). Codes go back to the request's consumer, which cuts them
+into vocoder windows (segmenter) and synthesises audio on the vocoder's own thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from omni_runtime.models.base import TalkerAdmission, TalkerRunner
+from omni_runtime.pipeline.scheduler import FinishReason, plan_compaction
+from omni_runtime.pipeline.workers import StageThread
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TalkerDone:
+    reason: FinishReason
+    error: str | None = None
+
+
+@dataclass(eq=False)
+class TalkerJob:
+    admission: TalkerAdmission
+    max_codes: int = 4096
+    codes_per_text_token: int = 30  # budget once the text is known: runaway guard for random weights
+    pending: deque[Any] = field(default_factory=deque)
+    text_done: bool = False
+    text_tokens: int = 0
+    eos_fed: bool = False
+    events: asyncio.Queue[list[int] | TalkerDone] = field(default_factory=asyncio.Queue)
+    slot: int = -1
+    length: int = 0
+    codes: int = 0
+    finish: FinishReason | None = None
+
+    def limit(self) -> int:
+        if not self.text_done:
+            return self.max_codes
+        return min(self.max_codes, 100 + self.codes_per_text_token * self.text_tokens)
+
+
+class TalkerScheduler:
+    def __init__(self, runner: TalkerRunner, *, thread: StageThread, max_batch: int, max_len: int) -> None:
+        self.runner = runner
+        self.thread = thread
+        self.max_batch = min(max_batch, runner.slots)
+        self.max_len = max_len
+        self.eos = frozenset(runner.codec_eos_ids)
+        self.waiting: deque[TalkerJob] = deque()
+        self.running: list[TalkerJob] = []
+        self.max_running_batch = 0
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name="talker-scheduler")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def submit(self, job: TalkerJob) -> None:
+        self.waiting.append(job)
+        self._wake.set()
+
+    def feed(self, job: TalkerJob, vector: Any) -> None:
+        job.pending.append(vector)
+        self._wake.set()
+
+    def text_finished(self, job: TalkerJob, text_tokens: int) -> None:
+        job.text_done = True
+        job.text_tokens = text_tokens
+        self._wake.set()
+
+    def finish(self, job: TalkerJob, reason: FinishReason) -> None:
+        if job in self.waiting:
+            self.waiting.remove(job)
+        self._end(job, reason)
+        self._wake.set()
+
+    @property
+    def active(self) -> int:
+        return len(self.waiting) + sum(j.finish is None for j in self.running)
+
+    def _next_input(self, job: TalkerJob) -> Any:
+        if job.pending:
+            return job.pending.popleft()
+        if not job.text_done:
+            return None  # wait for the thinker
+        if not job.eos_fed:
+            job.eos_fed = True
+            return self.runner.text_vector("eos")
+        return self.runner.text_vector("pad")
+
+    async def _loop(self) -> None:
+        while True:
+            slots: list[int | None] = [i if j.finish is None else None for i, j in enumerate(self.running)]
+            moves, table = plan_compaction(slots, set())
+            old = self.running
+            self.running = [old[i] for i in table if i is not None]
+            move_plan = []
+            for src, dst in moves:
+                old[src].slot = dst
+                move_plan.append((src, dst, old[src].length))
+            admit = []
+            while self.waiting and len(self.running) + len(admit) < self.max_batch:
+                admit.append(self.waiting.popleft())
+            inputs = [self._next_input(j) for j in self.running]
+            if not admit and all(v is None for v in inputs):
+                if move_plan:
+                    await self.thread.run(self._moves, move_plan)
+                self._wake.clear()
+                await self._wake.wait()
+                # Inputs taken above were None for every row: nothing was consumed.
+                continue
+            for job in admit:
+                job.slot = len(self.running) + admit.index(job)
+            n_old = len(self.running)
+            max_length = max([j.length + 1 for j in self.running] or [1])
+            try:
+                firsts, codes = await self.thread.run(
+                    self._iterate, move_plan, admit, n_old, inputs, max_length
+                )
+            except Exception as exc:
+                log.exception("talker step failed; failing its batch")
+                for job in [*self.running, *admit]:
+                    self._end(job, "error", error=f"talker failed: {exc}")
+                self.running.clear()
+                continue
+            for job, code in zip(self.running, codes, strict=True):
+                if code is not None:
+                    job.length += 1
+                    self._accept(job, code)
+            for job, (code, length) in zip(admit, firsts, strict=True):
+                job.length = length
+                self.running.append(job)
+                self._accept(job, code)
+            self.max_running_batch = max(self.max_running_batch, len(self.running))
+
+    def _moves(self, move_plan: list[tuple[int, int, int]]) -> None:
+        for src, dst, length in move_plan:
+            self.runner.move(src, dst, length)
+
+    def _iterate(self, move_plan, admit: list[TalkerJob], n: int, inputs: list[Any], max_length: int):
+        """Talker thread: compaction, one step for running rows, then prefill of new rows."""
+        self._moves(move_plan)
+        codes: list[int | None] = []
+        if n and any(v is not None for v in inputs):
+            codes = self.runner.step(n, inputs=inputs, max_length=max_length)
+        else:
+            codes = [None] * n
+        firsts: list[tuple[int, int]] = []
+        if admit:
+            first_codes = self.runner.admit([j.admission for j in admit])
+            firsts = [(c, len(j.admission.input_ids) + 2) for c, j in zip(first_codes, admit, strict=True)]
+        return firsts, codes
+
+    def _accept(self, job: TalkerJob, code: int) -> None:
+        if job.finish is not None:
+            return
+        if code in self.eos:
+            self._end(job, "stop")
+            return
+        job.codes += 1
+        job.events.put_nowait([code])
+        if job.codes >= job.limit() or job.length + 1 >= self.max_len:
+            self._end(job, "length")
+
+    def _end(self, job: TalkerJob, reason: FinishReason, *, error: str | None = None) -> None:
+        if job.finish is None:
+            job.finish = reason
+            job.events.put_nowait(TalkerDone(reason, error))

@@ -1,0 +1,73 @@
+"""Request checks the engine owns (what the loaded model can serve) and request -> row settings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omni_runtime.models.base import RowSampling
+from omni_runtime.pipeline.types import EngineError, GenerationRequest, SamplingParams
+
+DEFAULT_TALKER_MAX_TOKENS = 4096
+DEFAULT_CODES_PER_TEXT_TOKEN = 30
+
+
+def validate_request(request: GenerationRequest, *, engine: Any) -> str | None:
+    """Raise EngineError naming the field for anything this engine cannot serve; return the voice."""
+    if not request.turns or not any(t.text or t.media for t in request.turns):
+        raise EngineError("messages must contain at least one non-empty message", param="messages")
+    sp = request.sampling
+    if sp.max_tokens < 1:
+        raise EngineError("max_tokens must be at least 1", param="max_tokens")
+    if sp.max_tokens > engine.max_model_len:
+        raise EngineError(
+            f"max_tokens ({sp.max_tokens}) exceeds this model's context ({engine.max_model_len})",
+            param="max_tokens",
+        )
+    if sp.temperature < 0:
+        raise EngineError("temperature must be >= 0", param="temperature")
+    if not 0.0 < sp.top_p <= 1.0:
+        raise EngineError("top_p must be in (0, 1]", param="top_p")
+    if not 0.0 <= sp.min_p <= 1.0:
+        raise EngineError("min_p must be in [0, 1]", param="min_p")
+    if sp.repetition_penalty <= 0:
+        raise EngineError("repetition_penalty must be > 0", param="repetition_penalty")
+    if not request.want_audio:
+        return None
+    if not engine.supports_audio_output:
+        raise EngineError(
+            f"this worker serves the {engine.variant} pipeline and cannot produce audio; ask for "
+            'modalities ["text"] or use a worker with the speech pipeline',
+            param="modalities",
+        )
+    adapter = engine.adapter
+    voices = tuple(getattr(adapter, "voices", ()))
+    voice = request.voice or getattr(adapter, "default_voice", None)
+    if voices and voice not in voices:
+        raise EngineError(
+            f"unknown voice {request.voice!r}; available: {', '.join(voices)}", param="audio.voice"
+        )
+    return voice
+
+
+def row_sampling(sp: SamplingParams) -> RowSampling:
+    return RowSampling(
+        temperature=sp.temperature,
+        top_p=sp.top_p,
+        top_k=sp.top_k,
+        min_p=sp.min_p,
+        repetition_penalty=sp.repetition_penalty,
+        seed=sp.seed,
+    )
+
+
+def talker_limits(request: GenerationRequest) -> tuple[int, int]:
+    """Codec-token budget: stage_params.talker.max_tokens, and codes allowed per text token."""
+    params = request.stage_params.get("talker", {})
+    try:
+        max_codes = int(params.get("max_tokens", DEFAULT_TALKER_MAX_TOKENS))
+        per_token = int(params.get("codes_per_text_token", DEFAULT_CODES_PER_TEXT_TOKEN))
+    except (TypeError, ValueError) as exc:
+        raise EngineError(f"stage_params.talker: {exc}", param="stage_params") from exc
+    if max_codes < 1:
+        raise EngineError("stage_params.talker.max_tokens must be at least 1", param="stage_params")
+    return max_codes, per_token

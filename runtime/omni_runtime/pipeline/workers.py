@@ -1,0 +1,94 @@
+"""Stage workers: a dedicated thread per stage for torch calls, and request batching for encoders.
+
+The event loop must stay free for HTTP while models run, so every heavy call goes to the stage's
+own single thread (a stage's modules are never entered by two threads at once, and CUDA work of
+one stage stays in order). ``BatchingWorker`` collects the requests that arrived while the
+previous call ran and hands them to the model in one call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Generic, TypeVar
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class StageThread:
+    """One thread that runs a stage's calls in order."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stage-{name}")
+
+    async def run(self, fn: Callable[..., R], *args: Any) -> R:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, fn, *args)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class BatchingWorker(Generic[T, R]):
+    """Calls ``fn(items) -> results`` (same length, same order) with whatever is queued, up to ``max_batch``."""
+
+    def __init__(
+        self, name: str, fn: Callable[[list[T]], list[R]], *, thread: StageThread, max_batch: int = 16
+    ) -> None:
+        self.name = name
+        self._fn = fn
+        self._thread = thread
+        self._max_batch = max_batch
+        self._queue: asyncio.Queue[tuple[T, asyncio.Future[R]]] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+        self.batches = 0
+        self.max_batch_seen = 0
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"worker-{self.name}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def submit(self, item: T) -> R:
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        await self._queue.put((item, future))
+        return await future
+
+    @property
+    def queue_depth(self) -> int:
+        return self._queue.qsize()
+
+    async def _loop(self) -> None:
+        while True:
+            batch = [await self._queue.get()]
+            while len(batch) < self._max_batch and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            live = [(item, fut) for item, fut in batch if not fut.cancelled()]
+            if not live:
+                continue
+            self.batches += 1
+            self.max_batch_seen = max(self.max_batch_seen, len(live))
+            try:
+                results = await self._thread.run(self._fn, [item for item, _ in live])
+            except Exception as exc:  # one bad batch fails its requests, never the worker
+                log.exception("stage %s failed on a batch of %d", self.name, len(live))
+                for _, fut in live:
+                    if not fut.done():
+                        fut.set_exception(exc)
+                continue
+            for (_, fut), result in zip(live, results, strict=True):
+                if not fut.done():
+                    fut.set_result(result)
