@@ -1,0 +1,29 @@
+"""Realtime endpoints of a worker: /v1/realtime (OpenAI Realtime, full duplex), streaming video, streaming input.
+
+Wiring (in the worker's app factory)::
+
+    from omni_runtime.realtime import RealtimeServer, RealtimeSettings, StreamingInputChatMiddleware
+
+    realtime = RealtimeServer(engine=engine, settings=RealtimeSettings(worker_id=worker_id), registry=registry)
+    app.include_router(realtime.router())
+    app.add_middleware(StreamingInputChatMiddleware, server=realtime)   # Mode A on /v1/chat/completions
+    # on shutdown: await realtime.aclose()
+
+Only `realtime.vad` imports torch, and only when a session turns server VAD on.
+"""
+
+from omni_runtime.realtime.server import (
+    RealtimeServer,
+    StreamingInputChatMiddleware,
+    realtime_router,
+    silero_scorer_factory,
+)
+from omni_runtime.realtime.settings import RealtimeSettings
+
+__all__ = [
+    "RealtimeServer",
+    "RealtimeSettings",
+    "StreamingInputChatMiddleware",
+    "realtime_router",
+    "silero_scorer_factory",
+]

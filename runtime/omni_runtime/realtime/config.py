@@ -1,0 +1,275 @@
+"""Session configuration of /v1/realtime and its `session.update`, in GA and beta shapes.
+
+The GA protocol nests audio settings (``session.audio.input.format``, ``.turn_detection``,
+``session.audio.output.voice``) and names the output ``output_modalities``; the beta protocol had
+them flat (``modalities``, ``input_audio_format``, ``turn_detection``, ``voice``). Both are
+accepted; an update is validated completely before anything changes, so a bad field leaves the
+session as it was and the client gets one ``error`` event naming the field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from omni_runtime.realtime.audio import SUPPORTED_RATES
+from omni_runtime.realtime.errors import invalid
+from omni_runtime.realtime.settings import RealtimeSettings
+
+# Stock OpenAI voice names mean "the model's default speaker" here.
+OPENAI_VOICES = frozenset(
+    {"alloy", "ash", "ballad", "coral", "echo", "sage", "shimmer", "verse", "marin", "cedar"}
+)
+
+
+def engine_voice(voice: str | None) -> str | None:
+    """The speaker to ask the engine for: stock OpenAI names mean the model's default."""
+    return None if voice is None or voice in OPENAI_VOICES else voice
+
+
+@dataclass(frozen=True)
+class TurnDetection:
+    threshold: float = 0.5
+    prefix_padding_ms: int = 300
+    silence_duration_ms: int = 500
+    create_response: bool = True
+    interrupt_response: bool = True
+    idle_timeout_ms: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "type": "server_vad",
+            "threshold": self.threshold,
+            "prefix_padding_ms": self.prefix_padding_ms,
+            "silence_duration_ms": self.silence_duration_ms,
+            "create_response": self.create_response,
+            "interrupt_response": self.interrupt_response,
+            "idle_timeout_ms": self.idle_timeout_ms,
+        }
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    model: str
+    want_audio: bool
+    instructions: str = ""
+    voice: str | None = None
+    input_rate: int = 24_000
+    output_rate: int = 24_000
+    turn_detection: TurnDetection | None = None
+    max_output_tokens: int | None = None  # None: "inf" (the server's default cap)
+    temperature: float = 0.8
+    backchannel_max_ms: int = 600
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def initial(
+        cls, *, model: str, audio_out: bool, settings: RealtimeSettings, duplex: bool
+    ) -> SessionConfig:
+        vad = TurnDetection(
+            threshold=settings.vad_threshold,
+            prefix_padding_ms=settings.vad_prefix_padding_ms,
+            silence_duration_ms=settings.vad_silence_duration_ms,
+        )
+        return cls(
+            model=model,
+            want_audio=audio_out,
+            instructions=settings.default_instructions,
+            voice=settings.default_voice,
+            # Like the OpenAI API, a new session listens with server VAD; duplex sessions must.
+            turn_detection=vad,
+            backchannel_max_ms=settings.backchannel_max_ms,
+        )
+
+    def modalities(self) -> list[str]:
+        return ["audio"] if self.want_audio else ["text"]
+
+    def engine_voice(self) -> str | None:
+        return engine_voice(self.voice)
+
+    def to_json(self, *, session_id: str, beta: bool, duplex: bool) -> dict[str, Any]:
+        vad = self.turn_detection.to_json() if self.turn_detection else None
+        max_tokens: int | str = self.max_output_tokens if self.max_output_tokens is not None else "inf"
+        if beta:
+            return {
+                "id": session_id,
+                "object": "realtime.session",
+                "model": self.model,
+                "modalities": ["text", "audio"] if self.want_audio else ["text"],
+                "instructions": self.instructions,
+                "voice": self.voice,
+                "input_audio_format": "pcm16",
+                "output_audio_format": "pcm16",
+                "turn_detection": vad,
+                "temperature": self.temperature,
+                "max_response_output_tokens": max_tokens,
+                "tools": [],
+                "tool_choice": "auto",
+            }
+        body: dict[str, Any] = {
+            "type": "realtime",
+            "object": "realtime.session",
+            "id": session_id,
+            "model": self.model,
+            "output_modalities": self.modalities(),
+            "instructions": self.instructions,
+            "audio": {
+                "input": {
+                    "format": {"type": "audio/pcm", "rate": self.input_rate},
+                    "turn_detection": vad,
+                    "transcription": None,
+                    "noise_reduction": None,
+                },
+                "output": {
+                    "format": {"type": "audio/pcm", "rate": self.output_rate},
+                    "voice": self.voice,
+                    "speed": 1.0,
+                },
+            },
+            "max_output_tokens": max_tokens,
+            "tools": [],
+            "tool_choice": "auto",
+        }
+        if duplex:
+            body["duplex"] = {"backchannel_max_ms": self.backchannel_max_ms}
+        return body
+
+
+def _rate_of(value: Any, param: str) -> int:
+    if value == "pcm16":
+        return 24_000
+    if isinstance(value, dict):
+        kind = value.get("type", "audio/pcm")
+        if kind not in ("audio/pcm", "pcm16"):
+            raise invalid(
+                param, f"format {kind!r} is not supported; use {{'type': 'audio/pcm', 'rate': 24000}}"
+            )
+        rate = value.get("rate", 24_000)
+        if rate not in SUPPORTED_RATES:
+            raise invalid(f"{param}.rate", f"{rate!r} is not supported; use 16000 or 24000")
+        return int(rate)
+    raise invalid(param, "expected 'pcm16' or {'type': 'audio/pcm', 'rate': 16000|24000}")
+
+
+def _number(value: Any, param: str, *, lo: float, hi: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
+        raise invalid(param, f"expected a number from {lo:g} to {hi:g}, got {value!r}")
+    return float(value)
+
+
+def _integer(value: Any, param: str, *, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise invalid(param, f"expected an integer from {lo} to {hi}, got {value!r}")
+    return value
+
+
+def _bool(value: Any, param: str) -> bool:
+    if not isinstance(value, bool):
+        raise invalid(param, f"expected true or false, got {value!r}")
+    return value
+
+
+def parse_turn_detection(value: Any, current: TurnDetection | None, param: str) -> TurnDetection | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise invalid(param, "expected an object or null")
+    kind = value.get("type", "server_vad")
+    if kind != "server_vad":
+        raise invalid(f"{param}.type", f"{kind!r} is not supported; use 'server_vad' or null")
+    base = current or TurnDetection()
+    changes: dict[str, Any] = {}
+    if "threshold" in value:
+        changes["threshold"] = _number(value["threshold"], f"{param}.threshold", lo=0.0, hi=1.0)
+    for name in ("prefix_padding_ms", "silence_duration_ms"):
+        if name in value:
+            changes[name] = _integer(value[name], f"{param}.{name}", lo=0, hi=10_000)
+    for name in ("create_response", "interrupt_response"):
+        if name in value:
+            changes[name] = _bool(value[name], f"{param}.{name}")
+    if "idle_timeout_ms" in value:
+        idle = value["idle_timeout_ms"]
+        changes["idle_timeout_ms"] = (
+            None if idle is None else _integer(idle, f"{param}.idle_timeout_ms", lo=5_000, hi=30_000)
+        )
+    return replace(base, **changes)
+
+
+def parse_modalities(value: Any, param: str, *, audio_out: bool) -> bool:
+    """True when the reply should be audio (with a transcript), False for text only."""
+    if not isinstance(value, list) or not value or any(m not in ("text", "audio") for m in value):
+        raise invalid(param, "expected ['text'] or ['audio'] (beta: ['text', 'audio'])")
+    want_audio = "audio" in value
+    if want_audio and not audio_out:
+        raise invalid(param, "this worker serves text only (started with --pipeline text); use ['text']")
+    return want_audio
+
+
+def apply_update(config: SessionConfig, session: Any, *, audio_out: bool, duplex: bool) -> SessionConfig:
+    """A new config with ``session`` (the body of session.update) applied; raises ProtocolError."""
+    if not isinstance(session, dict):
+        raise invalid("session", "expected an object")
+    changes: dict[str, Any] = {}
+    if "output_modalities" in session:
+        changes["want_audio"] = parse_modalities(
+            session["output_modalities"], "session.output_modalities", audio_out=audio_out
+        )
+    elif "modalities" in session:
+        changes["want_audio"] = parse_modalities(
+            session["modalities"], "session.modalities", audio_out=audio_out
+        )
+    if "instructions" in session:
+        if not isinstance(session["instructions"], str):
+            raise invalid("session.instructions", "expected a string")
+        changes["instructions"] = session["instructions"]
+    audio = session.get("audio")
+    if audio is not None and not isinstance(audio, dict):
+        raise invalid("session.audio", "expected an object")
+    audio_in = (audio or {}).get("input") or {}
+    audio_out_cfg = (audio or {}).get("output") or {}
+    if "format" in audio_in:
+        changes["input_rate"] = _rate_of(audio_in["format"], "session.audio.input.format")
+    elif "input_audio_format" in session:
+        changes["input_rate"] = _rate_of(session["input_audio_format"], "session.input_audio_format")
+    if "format" in audio_out_cfg:
+        changes["output_rate"] = _rate_of(audio_out_cfg["format"], "session.audio.output.format")
+    elif "output_audio_format" in session:
+        changes["output_rate"] = _rate_of(session["output_audio_format"], "session.output_audio_format")
+    voice: Any = audio_out_cfg.get("voice", session.get("voice"))
+    if voice is not None:
+        if isinstance(voice, dict):
+            voice = voice.get("id")
+        if not isinstance(voice, str) or not voice:
+            raise invalid("session.audio.output.voice", "expected a voice name")
+        changes["voice"] = voice
+    if "turn_detection" in audio_in:
+        changes["turn_detection"] = parse_turn_detection(
+            audio_in["turn_detection"], config.turn_detection, "session.audio.input.turn_detection"
+        )
+    elif "turn_detection" in session:
+        changes["turn_detection"] = parse_turn_detection(
+            session["turn_detection"], config.turn_detection, "session.turn_detection"
+        )
+    for name in ("max_output_tokens", "max_response_output_tokens"):
+        if name in session:
+            value = session[name]
+            changes["max_output_tokens"] = (
+                None if value == "inf" else _integer(value, f"session.{name}", lo=1, hi=1_000_000)
+            )
+    if "temperature" in session:
+        changes["temperature"] = _number(session["temperature"], "session.temperature", lo=0.0, hi=2.0)
+    duplex_cfg = session.get("duplex")
+    if duplex_cfg is not None:
+        if not isinstance(duplex_cfg, dict):
+            raise invalid("session.duplex", "expected an object")
+        if "backchannel_max_ms" in duplex_cfg:
+            changes["backchannel_max_ms"] = _integer(
+                duplex_cfg["backchannel_max_ms"], "session.duplex.backchannel_max_ms", lo=0, hi=10_000
+            )
+    new = replace(config, **changes)
+    if duplex and new.turn_detection is None:
+        raise invalid(
+            "session.audio.input.turn_detection",
+            "a duplex session decides turns itself; it needs server_vad (turn_detection cannot be null)",
+        )
+    return new

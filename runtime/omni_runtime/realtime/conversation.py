@@ -1,0 +1,196 @@
+"""A realtime session's conversation: ordered items that become the engine's chat turns.
+
+The session keeps every committed user utterance and every assistant reply, so the model sees
+earlier turns on each response (the protocol's promise) without the client re-sending them. User
+audio is kept as decoded 16 kHz samples; assistant audio is not kept at all, only its transcript
+and its length, because the model hears its own replies as text. What an assistant item puts into
+history is cut to the audio the client actually played (`conversation.item.truncate` or the duplex
+`playback.ack`): the transcript is trimmed in proportion to the played audio, at a word boundary.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from omni_runtime.pipeline.types import ChatTurn, MediaInput
+from omni_runtime.realtime.audio import MODEL_RATE, float_to_b64_pcm16
+from omni_runtime.realtime.errors import ITEM_NOT_FOUND, ProtocolError
+
+Role = Literal["user", "assistant", "system"]
+# Rough token costs, only to keep the history inside the model's context window.
+_CHARS_PER_TOKEN = 4
+_AUDIO_TOKENS_PER_SECOND = 25
+_IMAGE_TOKENS = 256
+
+_ids = itertools.count(1)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{next(_ids):06d}{secrets.token_hex(4)}"
+
+
+@dataclass
+class Part:
+    type: str  # input_text | input_audio | input_image | output_text | output_audio
+    text: str = ""  # input_text / output_text
+    transcript: str = ""  # input_audio / output_audio
+    audio: np.ndarray | None = None  # input_audio: float32 at 16 kHz
+    image: np.ndarray | None = None  # input_image: RGB uint8
+    audio_ms: int = 0  # output_audio: length generated
+
+
+@dataclass
+class Item:
+    id: str
+    role: Role
+    content: list[Part] = field(default_factory=list)
+    status: Literal["completed", "incomplete", "in_progress"] = "completed"
+    played_ms: int | None = None  # assistant audio the client played; None means all of it
+
+    def output_audio_ms(self) -> int:
+        return sum(part.audio_ms for part in self.content if part.type == "output_audio")
+
+    def history_text(self) -> str:
+        """The text this item contributes to the model's context."""
+        pieces: list[str] = []
+        for part in self.content:
+            if part.type in ("input_text", "output_text"):
+                pieces.append(part.text)
+            elif part.type == "output_audio":
+                pieces.append(
+                    trim_to_played(part.transcript, played_ms=self.played_ms, total_ms=part.audio_ms)
+                )
+            elif part.type == "input_audio" and part.audio is None:
+                pieces.append(part.transcript)
+        return " ".join(piece for piece in pieces if piece)
+
+    def media(self) -> tuple[MediaInput, ...]:
+        out: list[MediaInput] = []
+        for part in self.content:
+            if part.type == "input_audio" and part.audio is not None and part.audio.size:
+                out.append(MediaInput(kind="audio", data=part.audio, sample_rate=MODEL_RATE))
+            elif part.type == "input_image" and part.image is not None:
+                out.append(MediaInput(kind="image", data=part.image))
+        return tuple(out)
+
+    def token_estimate(self) -> int:
+        tokens = len(self.history_text()) // _CHARS_PER_TOKEN + 4
+        for part in self.content:
+            if part.audio is not None:
+                tokens += int(part.audio.size / MODEL_RATE * _AUDIO_TOKENS_PER_SECOND)
+            if part.image is not None:
+                tokens += _IMAGE_TOKENS
+        return tokens
+
+    def to_json(self, *, with_audio: bool = False, input_rate: int = MODEL_RATE) -> dict[str, Any]:
+        content: list[dict[str, Any]] = []
+        for part in self.content:
+            entry: dict[str, Any] = {"type": part.type}
+            if part.type in ("input_text", "output_text"):
+                entry["text"] = part.text
+            elif part.type == "input_audio":
+                entry["transcript"] = part.transcript or None
+                if with_audio and part.audio is not None:
+                    from omni_runtime.media.resample import resample
+
+                    entry["audio"] = float_to_b64_pcm16(
+                        resample(part.audio, orig_sr=MODEL_RATE, target_sr=input_rate)
+                    )
+            elif part.type == "output_audio":
+                entry["transcript"] = part.transcript
+            elif part.type == "input_image":
+                entry["image_url"] = None  # images are not echoed back
+            content.append(entry)
+        return {
+            "id": self.id,
+            "object": "realtime.item",
+            "type": "message",
+            "role": self.role,
+            "status": self.status,
+            "content": content,
+        }
+
+
+def trim_to_played(text: str, *, played_ms: int | None, total_ms: int) -> str:
+    """The part of ``text`` spoken in the first ``played_ms`` of ``total_ms`` of audio.
+
+    The engine does not (yet) report which characters each audio chunk speaks, so the cut is
+    proportional, moved back to the last word boundary; nothing played means nothing kept.
+    """
+    if played_ms is None or total_ms <= 0 or played_ms >= total_ms:
+        return text
+    if played_ms <= 0:
+        return ""
+    cut = int(len(text) * played_ms / total_ms)
+    head = text[:cut]
+    if cut < len(text) and not text[cut].isspace() and " " in head:
+        head = head[: head.rindex(" ")]
+    return head.rstrip()
+
+
+class Conversation:
+    def __init__(self, *, max_items: int) -> None:
+        self.items: list[Item] = []
+        self.max_items = max_items
+
+    def get(self, item_id: str) -> Item:
+        for item in self.items:
+            if item.id == item_id:
+                return item
+        raise ProtocolError(
+            f"no conversation item with id '{item_id}' (it was never created or was deleted)",
+            code=ITEM_NOT_FOUND,
+            param="item_id",
+        )
+
+    def last_id(self) -> str | None:
+        return self.items[-1].id if self.items else None
+
+    def add(self, item: Item, *, previous_item_id: str | None = None) -> str | None:
+        """Insert after ``previous_item_id`` ("root" = first; None = last); returns the id before it."""
+        if previous_item_id is None:
+            before = self.last_id()
+            self.items.append(item)
+        elif previous_item_id == "root":
+            before = None
+            self.items.insert(0, item)
+        else:
+            index = self.items.index(self.get(previous_item_id))
+            before = previous_item_id
+            self.items.insert(index + 1, item)
+        # Past the item cap the oldest items leave the context (the client keeps its own copy).
+        while len(self.items) > self.max_items:
+            self.items.pop(0)
+        return before
+
+    def delete(self, item_id: str) -> None:
+        self.items.remove(self.get(item_id))
+
+    def turns(
+        self, *, instructions: str, exclude: str | None = None, token_budget: int
+    ) -> tuple[ChatTurn, ...]:
+        """Chat turns for the engine: instructions first, then items, oldest dropped past the budget."""
+        chosen: list[Item] = []
+        budget = token_budget - len(instructions) // _CHARS_PER_TOKEN
+        for item in reversed(self.items):
+            if item.id == exclude or item.status == "in_progress":
+                continue
+            cost = item.token_estimate()
+            if chosen and cost > budget:
+                break
+            budget -= cost
+            chosen.append(item)
+        turns: list[ChatTurn] = []
+        if instructions:
+            turns.append(ChatTurn(role="system", text=instructions))
+        for item in reversed(chosen):
+            text, media = item.history_text(), item.media()
+            if not text and not media:
+                continue
+            turns.append(ChatTurn(role=item.role, text=text, media=media))
+        return tuple(turns)

@@ -1,0 +1,246 @@
+"""The /v1/realtime WebSocket: one socket, one `RealtimeSession`, and resumable duplex sessions.
+
+The socket runs two loops: the receiver hands each text message to the session in order (and
+enforces the idle and total-length limits), the sender drains the session's outbox. A duplex
+session whose socket drops without a normal close is kept for ``resume_grace_s``: a client that
+reconnects with ``?duplex=1&session_id=<resume token>&last_event_id=<last seen>`` gets the events
+it missed (stale audio excluded) and the session carries on. The resume token is the session id,
+which names this worker, so the router sends the reconnect here (``session_id`` query parameter).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from omni_runtime.pipeline.types import Engine
+from omni_runtime.realtime.errors import (
+    NOT_READY,
+    SERVER_ERROR,
+    SESSION_EXPIRED,
+    SESSION_LIMIT,
+    SESSION_NOT_FOUND,
+    ProtocolError,
+)
+from omni_runtime.realtime.metrics import RealtimeMetrics
+from omni_runtime.realtime.session import RealtimeSession
+from omni_runtime.realtime.settings import RealtimeSettings
+from omni_runtime.realtime.turn_detection import SpeechScorer
+
+log = logging.getLogger("omni.realtime")
+NORMAL_CLOSE = 1000
+TRY_AGAIN_LATER = 1013
+POLICY = 1008
+
+
+@dataclass
+class _Entry:
+    session: RealtimeSession
+    kick: asyncio.Event = field(default_factory=asyncio.Event)  # set: a newer socket took the session over
+    expiry: asyncio.Task[None] | None = None  # grace timer while detached
+
+
+class RealtimeSessions:
+    """This worker's realtime sessions: attached to a socket, or detached and waiting for a resume."""
+
+    def __init__(self, *, settings: RealtimeSettings, metrics: RealtimeMetrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self._entries: dict[str, _Entry] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, session_id: str) -> RealtimeSession | None:
+        entry = self._entries.get(session_id)
+        return entry.session if entry else None
+
+    def add(self, session: RealtimeSession) -> _Entry:
+        entry = _Entry(session=session)
+        self._entries[session.id] = entry
+        self.metrics.sessions.labels(kind="realtime").set(len(self._entries))
+        self.metrics.sessions_started.labels(kind="realtime").inc()
+        return entry
+
+    def claim(self, session_id: str) -> _Entry | None:
+        """Take a session over for a reconnecting socket (kicking an older socket still holding it)."""
+        old = self._entries.get(session_id)
+        if old is None or not old.session.duplex:
+            return None
+        if old.expiry is not None:
+            old.expiry.cancel()
+        old.kick.set()
+        entry = _Entry(session=old.session)
+        self._entries[session_id] = entry
+        self.metrics.resumes.inc()
+        return entry
+
+    def detach(self, entry: _Entry) -> None:
+        """Keep the session for the grace period, then close it if nobody came back."""
+        entry.session.outbox.detach()
+        entry.expiry = asyncio.create_task(self._expire(entry))
+
+    async def _expire(self, entry: _Entry) -> None:
+        await asyncio.sleep(self.settings.resume_grace_s)
+        await self.remove(entry)
+
+    async def remove(self, entry: _Entry) -> None:
+        if self._entries.get(entry.session.id) is entry:
+            del self._entries[entry.session.id]
+            self.metrics.sessions.labels(kind="realtime").set(len(self._entries))
+            await entry.session.close()
+
+    async def close_all(self) -> None:
+        for entry in list(self._entries.values()):
+            if entry.expiry is not None:
+                entry.expiry.cancel()
+            await self.remove(entry)
+
+
+async def _refuse(ws: WebSocket, error: ProtocolError, *, code: int, metrics: RealtimeMetrics) -> None:
+    metrics.errors.labels(kind="realtime", code=error.code).inc()
+    await ws.send_text(json.dumps({"type": "error", "event_id": "event_0", "error": error.error_body()}))
+    await ws.close(code=code, reason=error.message[:120])
+
+
+async def serve_realtime(
+    ws: WebSocket,
+    *,
+    engine: Engine,
+    settings: RealtimeSettings,
+    metrics: RealtimeMetrics,
+    sessions: RealtimeSessions,
+    scorer_factory: Callable[[], SpeechScorer],
+) -> None:
+    params = ws.query_params
+    duplex = params.get("duplex", "").lower() in ("1", "true", "yes")
+    beta = "realtime=v1" in ws.headers.get("openai-beta", "")
+    offered = ws.scope.get("subprotocols") or []
+    await ws.accept(subprotocol="realtime" if "realtime" in offered else None)
+
+    resume_id = params.get("session_id")
+    if resume_id:
+        entry = sessions.claim(resume_id)
+        if entry is None:
+            error = ProtocolError(
+                f"no resumable session {resume_id!r} on this worker (it ended, its grace period passed, "
+                "or it was not a duplex session); open a new session",
+                code=SESSION_NOT_FOUND,
+                param="session_id",
+            )
+            await _refuse(ws, error, code=POLICY, metrics=metrics)
+            return
+        session = entry.session
+        replayed, complete = session.outbox.attach(last_event_id=params.get("last_event_id"))
+        session.outbox.emit(
+            "session.resumed",
+            session=session.config.to_json(session_id=session.id, beta=session.outbox.beta, duplex=True),
+            replayed=replayed,
+            replay_complete=complete,
+        )
+    else:
+        if not engine.ready:
+            error = ProtocolError(
+                "the worker is still loading its model; retry shortly", code=NOT_READY, status=503
+            )
+            await _refuse(ws, error, code=TRY_AGAIN_LATER, metrics=metrics)
+            return
+        if len(sessions) >= settings.max_realtime_sessions:
+            metrics.sessions_refused.labels(kind="realtime").inc()
+            error = ProtocolError(
+                f"this worker already serves {settings.max_realtime_sessions} realtime sessions; retry later",
+                code=SESSION_LIMIT,
+                status=429,
+            )
+            await _refuse(ws, error, code=TRY_AGAIN_LATER, metrics=metrics)
+            return
+        session = RealtimeSession(
+            engine=engine,
+            settings=settings,
+            metrics=metrics,
+            duplex=duplex,
+            beta=beta,
+            scorer_factory=scorer_factory,
+        )
+        entry = sessions.add(session)
+        await session.open()
+
+    sender = asyncio.create_task(_send_loop(ws, session))
+    kicked = asyncio.create_task(entry.kick.wait())
+    receiver = asyncio.create_task(_receive_loop(ws, session, settings))
+    done, _ = await asyncio.wait({receiver, kicked, sender}, return_when=asyncio.FIRST_COMPLETED)
+    ending = receiver.result() if receiver in done else "kicked" if kicked in done else "gone"
+    for task in (receiver, kicked):
+        task.cancel()
+    if ending == "kicked":
+        sender.cancel()
+        with contextlib.suppress(RuntimeError, WebSocketDisconnect):
+            await ws.close(code=NORMAL_CLOSE, reason="resumed on another connection")
+        return
+    if session.duplex and ending == "dropped":
+        sender.cancel()
+        sessions.detach(entry)
+        return
+    await sessions.remove(entry)  # closes the session: its last events drain through the sender
+    with contextlib.suppress(asyncio.CancelledError, RuntimeError, WebSocketDisconnect):
+        await asyncio.wait_for(sender, timeout=5)
+    with contextlib.suppress(RuntimeError, WebSocketDisconnect):
+        await ws.close(code=NORMAL_CLOSE)
+
+
+async def _send_loop(ws: WebSocket, session: RealtimeSession) -> None:
+    try:
+        while (text := await session.outbox.next_text()) is not None:
+            await ws.send_text(text)
+    except (WebSocketDisconnect, RuntimeError):
+        return  # the socket is gone; the receiver notices too
+
+
+async def _receive_loop(ws: WebSocket, session: RealtimeSession, settings: RealtimeSettings) -> str:
+    """Feed client messages to the session; returns why it stopped: closed, dropped or expired."""
+    deadline = session.created_at + settings.max_session_seconds
+    while True:
+        now = time.monotonic()
+        timeout = min(settings.session_idle_timeout_s, deadline - now)
+        try:
+            message = await asyncio.wait_for(ws.receive(), timeout=max(timeout, 0.001))
+        except TimeoutError:
+            reason = (
+                f"the session reached its length limit of {settings.max_session_seconds:g} s"
+                if time.monotonic() >= deadline
+                else f"no client event for {settings.session_idle_timeout_s:g} s"
+            )
+            session.error(ProtocolError(f"{reason}; open a new session", code=SESSION_EXPIRED))
+            return "expired"
+        except (WebSocketDisconnect, RuntimeError):
+            return "dropped"
+        if message["type"] == "websocket.disconnect":
+            return "closed" if message.get("code", 1000) == NORMAL_CLOSE else "dropped"
+        text = message.get("text")
+        if text is None:
+            session.error(
+                ProtocolError(
+                    "binary frames are not part of the protocol; send JSON text events", code="invalid_event"
+                )
+            )
+            continue
+        try:
+            await session.handle_text(text)
+        except Exception:
+            # A fault of ours in one event must not take the whole conversation down.
+            log.exception("realtime session %s failed on an event", session.id)
+            session.error(
+                ProtocolError(
+                    "the worker failed on this event; the details are in its log",
+                    code="internal_error",
+                    type=SERVER_ERROR,
+                    status=500,
+                )
+            )

@@ -1,0 +1,542 @@
+"""The /v1/realtime session state machine: client events in, server events out (no torch here).
+
+One `RealtimeSession` per socket. It owns the session config, the conversation, the input audio
+buffer with its turn detector, and at most one active response. Client events are handled one at a
+time in arrival order; a response runs as its own task, so audio keeps arriving (and VAD keeps
+listening) while the assistant speaks — that is what full duplex needs. Every client mistake is
+answered with an ``error`` event and the session goes on.
+
+Turn taking (server VAD): speech start announces ``speech_started``; speech stop commits the spoken
+audio (with ``prefix_padding_ms`` before it) as a user item and, with ``create_response``, starts a
+response. Speech while a response is active interrupts it (``interrupt_response``). In duplex
+sessions an overlap policy applies first: speech shorter than ``backchannel_max_ms`` ("uh-huh") is
+a backchannel and neither cancels nor becomes a turn; longer speech is a barge-in. A barge-in bumps
+the epoch (queued audio of the old response is dropped unsent), cancels the response, and trims the
+assistant item in history to what the client reported playing (``playback.ack``) or, without a
+report, to what real-time playback would have reached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+
+from omni_runtime.pipeline.types import Engine
+from omni_runtime.realtime import items as item_parsing
+from omni_runtime.realtime.audio import decode_b64, pcm16_to_float
+from omni_runtime.realtime.config import SessionConfig, apply_update, engine_voice, parse_modalities
+from omni_runtime.realtime.conversation import Conversation, Item, Part, new_id
+from omni_runtime.realtime.errors import (
+    COMMIT_EMPTY,
+    EVENT_TOO_LARGE,
+    INVALID_EVENT,
+    INVALID_JSON,
+    NO_ACTIVE_RESPONSE,
+    RESPONSE_ACTIVE,
+    UNKNOWN_EVENT,
+    ProtocolError,
+    invalid,
+    missing,
+)
+from omni_runtime.realtime.input_audio import InputAudio
+from omni_runtime.realtime.metrics import RealtimeMetrics
+from omni_runtime.realtime.outbox import Outbox
+from omni_runtime.realtime.response import ResponsePlan, ResponseRun
+from omni_runtime.realtime.settings import RealtimeSettings
+from omni_runtime.realtime.turn_detection import (
+    FRAME_MS,
+    FRAME_SAMPLES,
+    SpeechScorer,
+    SpeechStarted,
+    SpeechStopped,
+    TurnDetector,
+)
+from omni_runtime.sessions import make_session_id
+
+MIN_COMMIT_MS = 100  # the OpenAI API refuses shorter commits with the same code
+Handler = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class RealtimeSession:
+    def __init__(
+        self,
+        *,
+        engine: Engine,
+        settings: RealtimeSettings,
+        metrics: RealtimeMetrics,
+        duplex: bool,
+        beta: bool,
+        scorer_factory: Callable[[], SpeechScorer],
+    ) -> None:
+        self.id = make_session_id(worker_id=settings.worker_id, prefix="rt")
+        self.engine = engine
+        self.settings = settings
+        self.metrics = metrics
+        self.duplex = duplex
+        self.config = SessionConfig.initial(
+            model=engine.model_name, audio_out=engine.supports_audio_output, settings=settings, duplex=duplex
+        )
+        self.outbox = Outbox(
+            beta=beta,
+            keep_log=duplex,
+            max_log_events=settings.max_replay_events,
+            max_log_bytes=settings.max_replay_bytes,
+            on_stale=metrics.stale_dropped.inc,
+        )
+        self.conversation = Conversation(max_items=settings.max_conversation_items)
+        self.input = InputAudio(
+            input_rate=self.config.input_rate, max_seconds=settings.max_input_buffer_seconds
+        )
+        self.response: ResponseRun | None = None
+        self.last_response: ResponseRun | None = None
+        self.acks: dict[str, int] = {}  # item id -> audio_end_ms the client reported playing
+        self.created_at = time.monotonic()
+        self._scorer_factory = scorer_factory
+        self._scorer: SpeechScorer | None = None
+        self._detector: TurnDetector | None = None
+        self._vad_origin = 0  # absolute 16 kHz position where the detector's clock starts
+        self._vad_pending = np.zeros(0, dtype=np.float32)
+        self._speech_item_id: str | None = None
+        self._overlap = False  # speech began while the assistant talked; backchannel or barge-in?
+        self._last_commit_at: float | None = None
+        self._idle_task: asyncio.Task[None] | None = None
+        self._handlers: dict[str, Handler] = {
+            "session.update": self._session_update,
+            "input_audio_buffer.append": self._append,
+            "input_audio_buffer.commit": self._commit,
+            "input_audio_buffer.clear": self._clear,
+            "conversation.item.create": self._item_create,
+            "conversation.item.delete": self._item_delete,
+            "conversation.item.truncate": self._item_truncate,
+            "conversation.item.retrieve": self._item_retrieve,
+            "response.create": self._response_create,
+            "response.cancel": self._response_cancel,
+            "playback.ack": self._playback_ack,
+        }
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        await self._configure_vad()
+        self.outbox.emit("session.created", session=self._session_json())
+
+    async def close(self) -> None:
+        if self._idle_task is not None:
+            self._idle_task.cancel()
+        if self.response is not None:
+            self.outbox.bump_epoch()
+            await self.response.cancel("session_closed")
+        self.outbox.close()
+
+    def _session_json(self) -> dict[str, Any]:
+        return self.config.to_json(session_id=self.id, beta=self.outbox.beta, duplex=self.duplex)
+
+    def error(self, exc: ProtocolError, *, event_id: str | None = None) -> None:
+        self.metrics.errors.labels(kind="realtime", code=exc.code).inc()
+        self.outbox.emit("error", error=exc.error_body(event_id=event_id))
+
+    # --- dispatch ---------------------------------------------------------------------------
+
+    async def handle_text(self, text: str) -> None:
+        event_id: str | None = None
+        try:
+            if len(text) > self.settings.max_event_bytes:
+                raise ProtocolError(
+                    f"the event is {len(text)} bytes; at most {self.settings.max_event_bytes} are accepted "
+                    "(send audio in smaller appends)",
+                    code=EVENT_TOO_LARGE,
+                )
+            try:
+                event = json.loads(text)
+            except ValueError as exc:
+                raise ProtocolError(f"the message is not valid JSON: {exc}", code=INVALID_JSON) from exc
+            if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+                raise ProtocolError(
+                    'an event is a JSON object with a string "type"', code=INVALID_EVENT, param="type"
+                )
+            if isinstance(event.get("event_id"), str):
+                event_id = event["event_id"]
+            handler = self._handlers.get(event["type"])
+            if handler is None:
+                raise ProtocolError(
+                    f"unknown event type {event['type']!r}; supported: {', '.join(sorted(self._handlers))}",
+                    code=UNKNOWN_EVENT,
+                    param="type",
+                )
+            await handler(event)
+        except ProtocolError as exc:
+            self.error(exc, event_id=event_id)
+
+    # --- session ----------------------------------------------------------------------------
+
+    async def _session_update(self, event: dict[str, Any]) -> None:
+        if "session" not in event:
+            raise missing("session", where="session.update")
+        old = self.config
+        self.config = apply_update(
+            old, event["session"], audio_out=self.engine.supports_audio_output, duplex=self.duplex
+        )
+        if self.config.input_rate != old.input_rate:
+            tail = self.input.set_rate(self.config.input_rate)
+            if self._detector is not None and tail.size:
+                await self._listen(tail)
+        if self.config.turn_detection != old.turn_detection:
+            await self._configure_vad()
+        self.outbox.emit("session.updated", session=self._session_json())
+
+    async def _configure_vad(self) -> None:
+        vad = self.config.turn_detection
+        if vad is None:
+            self._detector = None
+            self._vad_pending = np.zeros(0, dtype=np.float32)
+            self._overlap = False
+            return
+        if self._scorer is None:
+            # The first scorer loads the VAD model (once per process): keep that off the event loop.
+            self._scorer = await asyncio.to_thread(self._scorer_factory)
+        if self._detector is None:
+            self._detector = TurnDetector(
+                threshold=vad.threshold, silence_duration_ms=vad.silence_duration_ms
+            )
+            self._vad_origin = self.input.total
+            self._vad_pending = np.zeros(0, dtype=np.float32)
+        else:
+            self._detector.threshold = vad.threshold
+            self._detector.silence_duration_ms = vad.silence_duration_ms
+
+    # --- input audio ------------------------------------------------------------------------
+
+    async def _append(self, event: dict[str, Any]) -> None:
+        if "audio" not in event:
+            raise missing("audio", where="input_audio_buffer.append")
+        data = decode_b64(event["audio"], param="audio", max_bytes=self.settings.max_event_bytes)
+        new = self.input.append(pcm16_to_float(data, param="audio"))
+        if self._detector is not None:
+            await self._listen(new)
+
+    async def _commit(self, event: dict[str, Any]) -> None:
+        held = self.input.ms(self.input.size)
+        if held < MIN_COMMIT_MS:
+            raise ProtocolError(
+                f"the input audio buffer holds {held} ms; a commit needs at least {MIN_COMMIT_MS} ms of audio",
+                code=COMMIT_EMPTY,
+            )
+        item_id = self._speech_item_id or new_id("item")
+        self._speech_item_id = None
+        self._commit_audio(self.input.take(), item_id)
+
+    async def _clear(self, event: dict[str, Any]) -> None:
+        self.input.clear()
+        self._vad_pending = np.zeros(0, dtype=np.float32)
+        self.outbox.emit("input_audio_buffer.cleared")
+
+    def _commit_audio(self, samples: np.ndarray, item_id: str) -> None:
+        item = Item(id=item_id, role="user", content=[Part(type="input_audio", audio=samples)])
+        previous = self.conversation.add(item)
+        self._last_commit_at = time.monotonic()
+        self.outbox.emit("input_audio_buffer.committed", item_id=item_id, previous_item_id=previous)
+        self._announce_item(item, previous)
+
+    def _announce_item(self, item: Item, previous: str | None) -> None:
+        self.outbox.emit("conversation.item.added", previous_item_id=previous, item=item.to_json())
+        self.outbox.emit("conversation.item.done", previous_item_id=previous, item=item.to_json())
+
+    # --- server VAD and turn taking ---------------------------------------------------------
+
+    async def _listen(self, samples: np.ndarray) -> None:
+        detector, scorer = self._detector, self._scorer
+        if detector is None or scorer is None:
+            return
+        pending = np.concatenate([self._vad_pending, samples]) if self._vad_pending.size else samples
+        count = pending.size // FRAME_SAMPLES
+        self._vad_pending = pending[count * FRAME_SAMPLES :]
+        if count == 0:
+            return
+        probs = await scorer.score(pending[: count * FRAME_SAMPLES].reshape(count, FRAME_SAMPLES))
+        vad = self.config.turn_detection
+        for prob in probs:
+            if self._detector is not detector or vad is None:
+                return  # turn detection was switched off while we scored
+            turn = detector.feed(float(prob))
+            if isinstance(turn, SpeechStarted):
+                await self._speech_started(turn)
+            elif isinstance(turn, SpeechStopped):
+                await self._speech_stopped(turn)
+            elif self._overlap and detector.speech_ms() >= self.config.backchannel_max_ms:
+                await self._barge_in()
+        if not detector.in_speech and vad is not None:
+            # Outside speech only the prefix padding can still become part of a turn.
+            keep_ms = vad.prefix_padding_ms + 2 * FRAME_MS
+            self.input.drop_before(self.input.total - self.input.position(keep_ms))
+
+    def _abs_ms(self, detector_ms: int) -> int:
+        return self.input.ms(self._vad_origin) + detector_ms
+
+    def _assistant_speaking(self) -> bool:
+        return self.response is not None
+
+    async def _speech_started(self, turn: SpeechStarted) -> None:
+        self._speech_item_id = new_id("item")
+        if self._idle_task is not None:
+            self._idle_task.cancel()
+        self.outbox.emit(
+            "input_audio_buffer.speech_started",
+            audio_start_ms=self._abs_ms(turn.audio_start_ms),
+            item_id=self._speech_item_id,
+        )
+        vad = self.config.turn_detection
+        if not self._assistant_speaking() or vad is None:
+            return
+        if self.duplex:
+            if self.config.backchannel_max_ms == 0:
+                await self._barge_in()
+            else:
+                self._overlap = True
+        elif vad.interrupt_response:
+            await self._barge_in()
+
+    async def _speech_stopped(self, turn: SpeechStopped) -> None:
+        item_id = self._speech_item_id or new_id("item")
+        self._speech_item_id = None
+        end_ms = self._abs_ms(turn.audio_end_ms)
+        self.outbox.emit("input_audio_buffer.speech_stopped", audio_end_ms=end_ms, item_id=item_id)
+        if self._overlap:
+            # A backchannel: the assistant keeps talking and the "uh-huh" does not become a turn.
+            self._overlap = False
+            self.input.drop_before(self.input.position(end_ms))
+            self.metrics.backchannels.inc()
+            return
+        vad = self.config.turn_detection
+        padding = vad.prefix_padding_ms if vad else 0
+        start = self.input.position(max(0, self._abs_ms(turn.audio_start_ms) - padding))
+        samples = self.input.take(start=start, end=self.input.position(end_ms))
+        if samples.size == 0:
+            return
+        self._commit_audio(samples, item_id)
+        if vad is not None and vad.create_response and self.response is None:
+            self._start_response({}, turn_ended_at=time.monotonic())
+
+    async def _barge_in(self) -> None:
+        self._overlap = False
+        run = self.response
+        if run is not None:
+            self.metrics.barge_ins.inc()
+            await self._cancel_response("turn_detected")
+        if self.duplex:
+            self._trim_to_played(run or self.last_response)
+
+    def _trim_to_played(self, run: ResponseRun | None) -> None:
+        """Keep in history only the assistant audio (and its share of transcript) the user heard."""
+        if run is None or not run.plan.want_audio or not run.plan.in_conversation:
+            return
+        item = run.item
+        total = item.output_audio_ms()
+        played = self.acks.get(item.id)
+        if played is None:
+            played = run.played_estimate_ms(time.monotonic())
+        if played >= total or item not in self.conversation.items:
+            return
+        item.played_ms = played
+        self.outbox.emit("conversation.item.truncated", item_id=item.id, content_index=0, audio_end_ms=played)
+
+    async def _playback_ack(self, event: dict[str, Any]) -> None:
+        item_id, played = event.get("item_id"), event.get("audio_end_ms")
+        if not isinstance(item_id, str):
+            raise missing("item_id", where="playback.ack")
+        if isinstance(played, bool) or not isinstance(played, int) or played < 0:
+            raise invalid("audio_end_ms", "expected the played position in milliseconds (an integer >= 0)")
+        self.conversation.get(item_id)
+        self.acks[item_id] = played
+
+    # --- conversation items -----------------------------------------------------------------
+
+    async def _item_create(self, event: dict[str, Any]) -> None:
+        if "item" not in event:
+            raise missing("item", where="conversation.item.create")
+        item = await item_parsing.parse_item(
+            event["item"],
+            input_rate=self.config.input_rate,
+            max_bytes=self.settings.max_event_bytes,
+            media_limits=self.settings.media_limits,
+            existing={existing.id for existing in self.conversation.items},
+        )
+        previous_id = event.get("previous_item_id")
+        if previous_id is not None and not isinstance(previous_id, str):
+            raise invalid("previous_item_id", "expected an item id or 'root'")
+        previous = self.conversation.add(item, previous_item_id=previous_id)
+        self._announce_item(item, previous)
+
+    async def _item_delete(self, event: dict[str, Any]) -> None:
+        item_id = event.get("item_id")
+        if not isinstance(item_id, str):
+            raise missing("item_id", where="conversation.item.delete")
+        if self.response is not None and self.response.item.id == item_id:
+            raise invalid(
+                "item_id", "the item belongs to the response in progress; cancel the response first"
+            )
+        self.conversation.delete(item_id)
+        self.outbox.emit("conversation.item.deleted", item_id=item_id)
+
+    async def _item_truncate(self, event: dict[str, Any]) -> None:
+        item_id, end_ms = event.get("item_id"), event.get("audio_end_ms")
+        if not isinstance(item_id, str):
+            raise missing("item_id", where="conversation.item.truncate")
+        if isinstance(end_ms, bool) or not isinstance(end_ms, int) or end_ms < 0:
+            raise invalid("audio_end_ms", "expected milliseconds of audio to keep (an integer >= 0)")
+        item = self.conversation.get(item_id)
+        if item.role != "assistant" or not any(part.type == "output_audio" for part in item.content):
+            raise invalid("item_id", "only an assistant message with audio can be truncated")
+        total = item.output_audio_ms()
+        in_progress = self.response is not None and self.response.item is item
+        if end_ms > total and not in_progress:
+            raise invalid("audio_end_ms", f"{end_ms} ms is past the end of the item's audio ({total} ms)")
+        item.played_ms = end_ms
+        content_index = event.get("content_index", 0)
+        self.outbox.emit(
+            "conversation.item.truncated", item_id=item_id, content_index=content_index, audio_end_ms=end_ms
+        )
+
+    async def _item_retrieve(self, event: dict[str, Any]) -> None:
+        item_id = event.get("item_id")
+        if not isinstance(item_id, str):
+            raise missing("item_id", where="conversation.item.retrieve")
+        item = self.conversation.get(item_id)
+        self.outbox.emit(
+            "conversation.item.retrieved",
+            item=item.to_json(with_audio=True, input_rate=self.config.input_rate),
+        )
+
+    # --- responses --------------------------------------------------------------------------
+
+    async def _response_create(self, event: dict[str, Any]) -> None:
+        if self.response is not None:
+            raise ProtocolError(
+                f"response {self.response.id} is in progress; cancel it or wait for its response.done",
+                code=RESPONSE_ACTIVE,
+            )
+        body = event.get("response") or {}
+        if not isinstance(body, dict):
+            raise invalid("response", "expected an object")
+        turn_ended_at, self._last_commit_at = self._last_commit_at, None
+        self._start_response(body, turn_ended_at=turn_ended_at)
+
+    def _plan(self, body: dict[str, Any]) -> ResponsePlan:
+        cfg = self.config
+        want_audio = cfg.want_audio
+        for name in ("output_modalities", "modalities"):
+            if name in body:
+                want_audio = parse_modalities(
+                    body[name], f"response.{name}", audio_out=self.engine.supports_audio_output
+                )
+                break
+        if body.get("input") is not None:
+            raise invalid(
+                "response.input", "out-of-band input items are not supported; add items to the conversation"
+            )
+        conversation = body.get("conversation", "auto")
+        if conversation not in ("auto", "none"):
+            raise invalid("response.conversation", "expected 'auto' or 'none'")
+        instructions = body.get("instructions", cfg.instructions)
+        if not isinstance(instructions, str):
+            raise invalid("response.instructions", "expected a string")
+        voice = ((body.get("audio") or {}).get("output") or {}).get("voice", body.get("voice"))
+        if voice is not None and not isinstance(voice, str):
+            raise invalid("response.voice", "expected a voice name")
+        max_tokens: Any = body.get("max_output_tokens", body.get("max_response_output_tokens"))
+        if max_tokens is None or max_tokens == "inf":
+            max_tokens = cfg.max_output_tokens or self.settings.default_max_output_tokens
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise invalid("response.max_output_tokens", "expected a positive integer or 'inf'")
+        temperature = body.get("temperature", cfg.temperature)
+        if (
+            isinstance(temperature, bool)
+            or not isinstance(temperature, int | float)
+            or not 0 <= temperature <= 2
+        ):
+            raise invalid("response.temperature", "expected a number from 0 to 2")
+        metadata = body.get("metadata")
+        budget = max(256, self.engine.max_model_len - max_tokens)
+        chosen_voice = voice if voice is not None else cfg.voice
+        return ResponsePlan(
+            turns=self.conversation.turns(instructions=instructions, token_budget=budget),
+            want_audio=want_audio,
+            voice=engine_voice(chosen_voice),
+            output_rate=cfg.output_rate,
+            max_tokens=max_tokens,
+            temperature=float(temperature),
+            in_conversation=conversation == "auto",
+            audio_delta_ms=self.settings.audio_delta_ms,
+            metadata=metadata if isinstance(metadata, dict) else None,
+        )
+
+    def _start_response(self, body: dict[str, Any], *, turn_ended_at: float | None) -> None:
+        """Start a response now (synchronous, so two triggers can never start two)."""
+        plan = self._plan(body)
+        if self._idle_task is not None:
+            self._idle_task.cancel()
+        part = Part(type="output_audio" if plan.want_audio else "output_text")
+        item = Item(id=new_id("item"), role="assistant", status="in_progress", content=[part])
+        previous = self.conversation.add(item) if plan.in_conversation else None
+        run = ResponseRun(
+            engine=self.engine,
+            outbox=self.outbox,
+            plan=plan,
+            item=item,
+            previous_item_id=previous,
+            turn_ended_at=turn_ended_at,
+            on_first_output=self.metrics.first_output.observe,
+            on_finished=self._response_finished,
+        )
+        self.response = run
+        self.last_response = run
+        run.start()
+
+    def _response_finished(self, run: ResponseRun) -> None:
+        self.metrics.responses.labels(status=run.status).inc()
+        if self.response is run:
+            self.response = None
+        vad = self.config.turn_detection
+        if vad is not None and vad.idle_timeout_ms is not None and run.status == "completed":
+            # The idle clock starts when the reply has finished playing (OpenAI semantics).
+            delay = vad.idle_timeout_ms / 1000 + run.audio_ms / 1000
+            self._idle_task = asyncio.create_task(self._idle_timeout(delay))
+
+    async def _idle_timeout(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        if self.response is not None or (self._detector is not None and self._detector.in_speech):
+            return
+        item_id = new_id("item")
+        start_ms, end_ms = self.input.ms(self.input.start), self.input.ms(self.input.total)
+        self.outbox.emit(
+            "input_audio_buffer.timeout_triggered",
+            audio_start_ms=start_ms,
+            audio_end_ms=end_ms,
+            item_id=item_id,
+        )
+        samples = self.input.take()
+        if self.input.ms(samples.size) >= MIN_COMMIT_MS:
+            self._commit_audio(samples, item_id)
+        try:
+            self._start_response({}, turn_ended_at=None)
+        except ProtocolError as exc:
+            self.error(exc)
+
+    async def _response_cancel(self, event: dict[str, Any]) -> None:
+        if self.response is None:
+            raise ProtocolError("there is no response in progress to cancel", code=NO_ACTIVE_RESPONSE)
+        wanted = event.get("response_id")
+        if wanted is not None and wanted != self.response.id:
+            raise invalid("response_id", f"{wanted!r} is not the response in progress ({self.response.id})")
+        await self._cancel_response("client_cancelled")
+
+    async def _cancel_response(self, reason: str) -> None:
+        run = self.response
+        if run is None:
+            return
+        self.outbox.bump_epoch()  # from here on no queued delta of this response is sent
+        await run.cancel(reason)

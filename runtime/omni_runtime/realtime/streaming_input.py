@@ -1,0 +1,451 @@
+"""Streaming-input sessions: input arrives in numbered chunks, the answer comes once input ends.
+
+Chunks may arrive out of order and more than once (client retries): they are kept by
+``sequence_id``, duplicates are acknowledged and ignored, and they are assembled strictly in
+sequence order, so any arrival order gives the request one whole upload would have made. The start
+policy decides when assembly (decoding images, frames and audio) begins: ``on_end_only`` waits for
+the end of input, ``on_first_chunk`` decodes each chunk as soon as the chunks before it are in,
+``on_min_length`` once enough payload has arrived in order. Generation starts when the input is
+complete (``end_of_input`` or ``finish``) and streams into a replayable event list (SSE) and a
+final chat completion (``result``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from functools import partial
+from typing import Any, Literal
+
+import anyio.to_thread
+import numpy as np
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+
+from omni_runtime.media.errors import MediaError
+from omni_runtime.media.image import decode_image
+from omni_runtime.pipeline.types import (
+    AudioChunk,
+    ChatTurn,
+    Engine,
+    EngineError,
+    Finished,
+    GenerationRequest,
+    MediaInput,
+    SamplingParams,
+    TextDelta,
+    Usage,
+)
+from omni_runtime.realtime import chat_format
+from omni_runtime.realtime.audio import MODEL_RATE, StreamingResampler, decode_b64, pcm16_to_float
+from omni_runtime.realtime.errors import (
+    INVALID_MEDIA,
+    PAYLOAD_TOO_LARGE,
+    SESSION_FINISHED,
+    ProtocolError,
+    invalid,
+)
+from omni_runtime.realtime.response import close_quietly
+from omni_runtime.realtime.settings import RealtimeSettings
+
+Modality = Literal["text", "audio", "image", "video"]
+State = Literal["collecting", "generating", "done", "failed", "cancelled"]
+
+
+class Chunk(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    sequence_id: int = Field(ge=0, le=1_000_000_000)
+    modality: Modality
+    payload: str | None = None  # base64 (text: UTF-8 bytes)
+    text: str | None = None  # text chunks may send plain text instead of a payload
+    end_of_input: bool = False
+
+
+class Message(BaseModel):
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class StreamingInputParams(BaseModel):
+    """Body of session creation (Mode B) or the first NDJSON frame (Mode A)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    model: str | None = None
+    stream: bool = False
+    modalities: list[Literal["text", "audio"]] = ["text"]
+    max_tokens: int | None = Field(
+        None, ge=1, validation_alias=AliasChoices("max_tokens", "max_completion_tokens")
+    )
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = -1
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    repetition_penalty: float = Field(1.0, gt=0.0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    instructions: str | None = None
+    messages: list[Message] | None = None  # earlier turns (text) before the streamed one
+    start_policy: Literal["on_end_only", "on_first_chunk", "on_min_length"] | None = None
+    min_length: int | None = Field(None, ge=1)  # bytes of in-order payload for on_min_length
+    audio_format: Literal["pcm16"] = "pcm16"
+    audio_sample_rate: Literal[8000, 16000, 22050, 24000, 44100, 48000] = 16000
+    video_fps: float = Field(2.0, gt=0, le=60)
+    voice: str | None = None
+    audio: dict[str, Any] | None = None  # chat-API style {"voice": ..., "format": ...}
+    first_chunk: Chunk | None = Field(None, validation_alias=AliasChoices("first_chunk", "chunk"))
+
+
+class _Assembly:
+    """The user turn being built, in sequence order."""
+
+    def __init__(self, *, audio_rate: int) -> None:
+        self.text: list[str] = []
+        self.order: list[Modality] = []
+        self.resampler = StreamingResampler(orig_sr=audio_rate, target_sr=MODEL_RATE)
+        self.audio: list[np.ndarray] = []
+        self.images: list[np.ndarray] = []
+        self.frames: list[np.ndarray] = []
+
+    def note(self, modality: Modality) -> None:
+        if modality not in self.order:
+            self.order.append(modality)
+
+
+class StreamingInputSession:
+    def __init__(
+        self, *, session_id: str, params: StreamingInputParams, engine: Engine, settings: RealtimeSettings
+    ) -> None:
+        self.id = session_id
+        self.params = params
+        self.engine = engine
+        self.settings = settings
+        self.policy = params.start_policy or settings.start_policy
+        self.min_length = params.min_length or settings.min_length_bytes
+        self.created = chat_format.now()
+        self.last_activity = time.monotonic()
+        self.state: State = "collecting"
+        self.started = False
+        self.received_bytes = 0
+        self.in_order_bytes = 0
+        self._pending: dict[int, tuple[Modality, bytes]] = {}
+        self._seen: set[int] = set()
+        self.next_seq = 0
+        self.end_seq: int | None = None
+        self._assembly = _Assembly(audio_rate=params.audio_sample_rate)
+        self.completion = chat_format.completion_id()
+        self.events: list[str] = []  # SSE payloads, replayable from the start
+        self._changed = asyncio.Condition()
+        self.result: dict[str, Any] | None = None
+        self.failure: ProtocolError | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.want_audio = "audio" in params.modalities
+        if self.want_audio and not engine.supports_audio_output:
+            raise invalid("modalities", "this worker serves text only; use ['text']")
+
+    def touch(self) -> None:
+        self.last_activity = time.monotonic()
+
+    def status(self) -> dict[str, Any]:
+        missing = [seq for seq in range(self.next_seq, (self.end_seq or -1) + 1) if seq not in self._seen]
+        return {
+            "id": self.id,
+            "session_id": self.id,
+            "object": "streaming_input.session",
+            "status": self.state,
+            "started": self.started,
+            "received_bytes": self.received_bytes,
+            "chunks_received": len(self._seen),
+            "next_expected": self.next_seq,
+            "end_sequence_id": self.end_seq,
+            "missing": missing[:100],
+            "expires_in": int(self.settings.session_timeout_s),
+        }
+
+    # --- input ------------------------------------------------------------------------------
+
+    def _payload(self, chunk: Chunk) -> bytes:
+        param = f"chunks[{chunk.sequence_id}].payload"
+        room = self.settings.max_payload_per_session - self.received_bytes
+        if chunk.payload is None:
+            if chunk.modality != "text" or chunk.text is None:
+                raise invalid(param, f"a {chunk.modality} chunk needs a base64 payload")
+            raw = chunk.text.encode()
+        else:
+            raw = decode_b64(chunk.payload, param=param, max_bytes=max(room, 0) + 3)
+        if len(raw) > room:
+            raise ProtocolError(
+                f"this chunk would bring the session to {self.received_bytes + len(raw)} bytes; a session may "
+                f"carry at most {self.settings.max_payload_per_session} (send less, or split the input into sessions)",
+                code=PAYLOAD_TOO_LARGE,
+                param=param,
+                status=413,
+            )
+        # Cheap checks now, so the client hears about a bad chunk on the chunk's own response.
+        if chunk.modality == "text":
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise invalid(param, "a text chunk must be UTF-8") from exc
+        elif chunk.modality == "audio" and len(raw) % 2:
+            raise invalid(param, "audio chunks are PCM16: an even number of bytes")
+        return raw
+
+    async def add_chunk(self, chunk: Chunk) -> dict[str, Any]:
+        self.touch()
+        seq = chunk.sequence_id
+        ack = {"session_id": self.id, "sequence_id": seq}
+        if seq in self._seen:
+            return {**ack, "accepted": False, "duplicate": True, "started": self.started}
+        if self.state != "collecting" or (self.end_seq is not None and seq > self.end_seq):
+            raise ProtocolError(
+                f"sequence_id {seq} comes after the end of input (sequence {self.end_seq}); the session takes no more chunks",
+                code=SESSION_FINISHED,
+                param="sequence_id",
+                status=409,
+            )
+        if len(self._seen) >= self.settings.max_chunks_per_session:
+            raise ProtocolError(
+                f"a session may carry at most {self.settings.max_chunks_per_session} chunks",
+                code=PAYLOAD_TOO_LARGE,
+                param="sequence_id",
+                status=413,
+            )
+        if chunk.end_of_input and self._seen and seq < max(self._seen):
+            raise invalid(
+                "sequence_id", f"end_of_input on {seq}, but chunk {max(self._seen)} was already sent"
+            )
+        raw = self._payload(chunk)
+        self._seen.add(seq)
+        self._pending[seq] = (chunk.modality, raw)
+        self.received_bytes += len(raw)
+        if chunk.end_of_input:
+            self.end_seq = seq
+        await self._advance()
+        return {**ack, "accepted": True, "duplicate": False, "started": self.started, "status": self.state}
+
+    async def finish(self) -> dict[str, Any]:
+        """End of input (idempotent): the last chunk is the highest sequence id received."""
+        self.touch()
+        if self.end_seq is None and self.state == "collecting":
+            self.end_seq = max(self._seen) if self._seen else -1
+        await self._advance()
+        return self.status()
+
+    async def _advance(self) -> None:
+        if self.state != "collecting":
+            return
+        if not self.started and (
+            self.policy == "on_first_chunk"
+            or (self.policy == "on_min_length" and self._in_order_bytes() >= self.min_length)
+        ):
+            self.started = True
+        complete = self.end_seq is not None and all(
+            seq in self._seen for seq in range(self.next_seq, self.end_seq + 1)
+        )
+        if complete:
+            self.started = True
+        if self.started:
+            await self._assemble()
+        if complete:
+            self._begin()
+
+    def _in_order_bytes(self) -> int:
+        total, seq = self.in_order_bytes, self.next_seq
+        while seq in self._pending:
+            total += len(self._pending[seq][1])
+            seq += 1
+        return total
+
+    async def _assemble(self) -> None:
+        asm = self._assembly
+        while self.next_seq in self._pending:
+            seq = self.next_seq
+            modality, raw = self._pending.pop(seq)
+            self.in_order_bytes += len(raw)
+            self.next_seq += 1
+            asm.note(modality)
+            try:
+                if modality == "text":
+                    asm.text.append(raw.decode("utf-8"))
+                elif modality == "audio":
+                    asm.audio.append(asm.resampler.push(pcm16_to_float(raw, param="payload")))
+                elif modality == "image":
+                    asm.images.append(
+                        await anyio.to_thread.run_sync(decode_image, raw, self.settings.media_limits)
+                    )
+                else:
+                    asm.frames.append(
+                        await anyio.to_thread.run_sync(decode_image, raw, self.settings.media_limits)
+                    )
+            except MediaError as exc:
+                self._fail(
+                    ProtocolError(
+                        f"chunks[{seq}].payload: {exc.message} (video chunks are JPEG/PNG frames)",
+                        code=INVALID_MEDIA,
+                        param=f"chunks[{seq}].payload",
+                    )
+                )
+                return
+
+    # --- generation -------------------------------------------------------------------------
+
+    def request(self) -> GenerationRequest:
+        asm, params = self._assembly, self.params
+        media: list[MediaInput] = []
+        for modality in asm.order:
+            if modality == "audio":
+                pcm = np.concatenate([*asm.audio, asm.resampler.flush()])
+                asm.audio = [pcm]
+                media.append(MediaInput(kind="audio", data=pcm, sample_rate=MODEL_RATE))
+            elif modality == "image":
+                media.extend(MediaInput(kind="image", data=image) for image in asm.images)
+            elif modality == "video":
+                media.append(MediaInput(kind="video", data=_stack(asm.frames), fps=params.video_fps))
+        turns: list[ChatTurn] = []
+        if params.instructions:
+            turns.append(ChatTurn(role="system", text=params.instructions))
+        turns.extend(ChatTurn(role=m.role, text=m.content) for m in params.messages or [])
+        turns.append(ChatTurn(role="user", text="".join(asm.text), media=tuple(media)))
+        stop = (params.stop,) if isinstance(params.stop, str) else tuple(params.stop or ())
+        voice = params.voice or (params.audio or {}).get("voice")
+        return GenerationRequest(
+            request_id=self.completion,
+            turns=tuple(turns),
+            sampling=SamplingParams(
+                max_tokens=params.max_tokens or self.settings.default_max_output_tokens,
+                temperature=params.temperature,
+                top_p=params.top_p,
+                top_k=params.top_k,
+                min_p=params.min_p,
+                repetition_penalty=params.repetition_penalty,
+                stop=stop,
+                seed=params.seed,
+            ),
+            want_audio=self.want_audio,
+            voice=voice if isinstance(voice, str) else None,
+        )
+
+    def _begin(self) -> None:
+        if self.state != "collecting":
+            return
+        try:
+            request = self.request()
+        except ValueError as exc:
+            self._fail(invalid("chunks", str(exc)))
+            return
+        self.state = "generating"
+        self._task = asyncio.create_task(self._generate(request))
+
+    async def _publish(self, event: dict[str, Any] | str) -> None:
+        async with self._changed:
+            self.events.append(chat_format.sse(event))
+            self._changed.notify_all()
+
+    def _fail(self, error: ProtocolError) -> None:
+        self.failure = error
+        self.state = "failed"
+        self.events.append(chat_format.sse({"error": error.error_body()}))
+        self.events.append(chat_format.sse("[DONE]"))
+        asyncio.get_running_loop().create_task(self._notify())
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def _generate(self, request: GenerationRequest) -> None:
+        model = self.params.model or self.engine.model_name
+        base = {"completion": self.completion, "model": model, "created": self.created}
+        text, audio, rate, reason, usage = "", [], self.engine.output_sample_rate, "stop", Usage()
+        await self._publish(chat_format.chunk_json(**base, delta={"role": "assistant", "content": ""}))
+        stream = self.engine.generate(request)
+        try:
+            async for event in stream:
+                self.touch()
+                if isinstance(event, TextDelta) and event.text:
+                    text += event.text
+                    await self._publish(chat_format.chunk_json(**base, delta={"content": event.text}))
+                elif isinstance(event, AudioChunk) and event.pcm.size:
+                    audio.append(np.asarray(event.pcm, dtype=np.float32))
+                    rate = event.sample_rate
+                    delta = chat_format.audio_delta(event.pcm, sample_rate=rate, completion=self.completion)
+                    await self._publish(chat_format.chunk_json(**base, delta=delta))
+                elif isinstance(event, Finished):
+                    reason, usage = event.reason, event.usage
+        except EngineError as exc:
+            self._fail(ProtocolError(str(exc), code="engine_error", param=exc.param, status=exc.status))
+            return
+        finally:
+            await close_quietly(stream)
+        if reason == "error":
+            self._fail(
+                ProtocolError(
+                    "the engine failed on this request; see the worker log",
+                    code="engine_error",
+                    status=500,
+                    type="server_error",
+                )
+            )
+            return
+        pcm = np.concatenate(audio) if audio else None
+        self.result = chat_format.completion_json(
+            **base,
+            text=text,
+            audio=pcm if self.want_audio else None,
+            sample_rate=rate,
+            reason=reason,
+            usage=usage,
+        )
+        await self._publish(chat_format.chunk_json(**base, delta={}, reason=reason, usage=usage))
+        self.state = "done"
+        await self._publish("[DONE]")
+
+    async def wait_result(self, timeout: float) -> None:
+        async with self._changed:
+            await asyncio.wait_for(
+                self._changed.wait_for(lambda: self.state in ("done", "failed", "cancelled")), timeout
+            )
+
+    async def stream_events(self) -> Any:
+        """SSE payloads from the first one; ends after [DONE]."""
+        index = 0
+        while True:
+            async with self._changed:
+                await self._changed.wait_for(partial(self._has_news, index))
+                fresh = self.events[index:]
+            if not fresh:
+                return
+            for payload in fresh:
+                yield payload
+            index += len(fresh)
+            if fresh[-1] == chat_format.sse("[DONE]"):
+                return
+
+    def _has_news(self, index: int) -> bool:
+        return index < len(self.events) or self.state == "cancelled"
+
+    async def cancel(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        if self.state in ("collecting", "generating"):
+            self.state = "cancelled"
+        self._pending.clear()
+        self._assembly = _Assembly(audio_rate=self.params.audio_sample_rate)
+        await self._notify()
+
+
+def _stack(frames: list[np.ndarray]) -> np.ndarray:
+    if not frames:
+        raise ValueError("no video frames")
+    height, width = frames[0].shape[:2]
+    if any(frame.shape[:2] != (height, width) for frame in frames):
+        # Frames of one video share a size; a stream that changed resolution is scaled to its first.
+        from PIL import Image
+
+        frames = [
+            frame
+            if frame.shape[:2] == (height, width)
+            else np.asarray(Image.fromarray(frame).resize((width, height)), dtype=np.uint8)
+            for frame in frames
+        ]
+    return np.stack(frames)
