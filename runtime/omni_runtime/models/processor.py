@@ -195,11 +195,18 @@ def build_processor(*, max_pixels: int, min_pixels: int):
         extra_special_tokens=EXTRA_SPECIAL_TOKENS,
         chat_template=CHAT_TEMPLATE,
     )
-    vision = {"patch_size": 14, "temporal_patch_size": 2, "merge_size": 2}
-    image_processor = Qwen2VLImageProcessor(min_pixels=min_pixels, max_pixels=max_pixels, **vision)
+    # Patch 14, temporal patch 2, merge 2: the Qwen2.5-Omni vision tower's geometry.
+    image_processor = Qwen2VLImageProcessor(
+        min_pixels=min_pixels, max_pixels=max_pixels, patch_size=14, temporal_patch_size=2, merge_size=2
+    )
     # cap_pixels_per_frame: the qwen-vl-utils reference behaviour, the default from transformers 5.22 on.
     video_processor = Qwen2VLVideoProcessor(
-        min_pixels=min_pixels, max_pixels=max_pixels, cap_pixels_per_frame=True, **vision
+        min_pixels=min_pixels,
+        max_pixels=max_pixels,
+        patch_size=14,
+        temporal_patch_size=2,
+        merge_size=2,
+        cap_pixels_per_frame=True,
     )
     # 128 mel bins at 16 kHz, the Whisper-v3 front end the Qwen2.5-Omni audio tower expects.
     feature_extractor = WhisperFeatureExtractor(feature_size=128, sampling_rate=16000)
