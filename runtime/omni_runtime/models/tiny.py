@@ -301,6 +301,10 @@ def ensure_tiny_checkpoint(cache_dir: str | Path | None = None, *, progress: boo
     staging = Path(tempfile.mkdtemp(prefix=".tiny-", dir=root))
     try:
         create_tiny_checkpoint(staging, progress=progress)
+        # mkdtemp and safetensors make owner-only files; a shared cache must be readable by all.
+        staging.chmod(0o755)
+        for file in staging.iterdir():
+            file.chmod(0o644)
         if target.exists():
             if is_tiny_checkpoint(target):  # another process won the race
                 return target

@@ -79,6 +79,8 @@ def test_ensure_creates_once_in_the_cache(tmp_path: Path, monkeypatch: pytest.Mo
     assert tiny.ensure_tiny_checkpoint(progress=False) == first
     assert (first / "model.safetensors").stat().st_mtime_ns == stamp
     assert [p.name for p in tmp_path.iterdir()] == ["tiny"]  # no staging directory left behind
+    assert first.stat().st_mode & 0o777 == 0o755
+    assert (first / "model.safetensors").stat().st_mode & 0o777 == 0o644
 
 
 def test_ensure_replaces_a_broken_leftover(tmp_path: Path) -> None:
