@@ -102,7 +102,10 @@ class Item:
                         resample(part.audio, orig_sr=MODEL_RATE, target_sr=input_rate)
                     )
             elif part.type == "output_audio":
-                entry["transcript"] = part.transcript
+                # What the model will see: the transcript cut to the played audio.
+                entry["transcript"] = trim_to_played(
+                    part.transcript, played_ms=self.played_ms, total_ms=part.audio_ms
+                )
             elif part.type == "input_image":
                 entry["image_url"] = None  # images are not echoed back
             content.append(entry)

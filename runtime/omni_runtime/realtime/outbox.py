@@ -125,6 +125,21 @@ class Outbox:
                 continue
             return queued.text
 
+    def ready_texts(self) -> list[str]:
+        """Everything sendable that is queued now, without waiting (stale deltas dropped)."""
+        texts: list[str] = []
+        while not self._queue.empty():
+            queued = self._queue.get_nowait()
+            if queued is None:
+                self._queue.put_nowait(None)  # keep the close marker for the sender
+                break
+            if self._stale(queued):
+                if self._on_stale is not None:
+                    self._on_stale()
+                continue
+            texts.append(queued.text)
+        return texts
+
     def close(self) -> None:
         self._queue.put_nowait(None)
 

@@ -31,14 +31,69 @@ from omni_runtime.pipeline.types import (
     Usage,
 )
 from omni_runtime.realtime.audio import StreamingResampler, float_to_b64_pcm16
-from omni_runtime.realtime.conversation import Item, Part, new_id
-from omni_runtime.realtime.errors import ENGINE_ERROR, SERVER_ERROR
+from omni_runtime.realtime.config import SessionConfig, engine_voice, parse_modalities
+from omni_runtime.realtime.conversation import Conversation, Item, Part, new_id
+from omni_runtime.realtime.errors import ENGINE_ERROR, SERVER_ERROR, invalid
 from omni_runtime.realtime.outbox import Outbox
+from omni_runtime.realtime.settings import RealtimeSettings
 
 log = logging.getLogger("omni.realtime")
 
 Status = Literal["in_progress", "completed", "cancelled", "failed", "incomplete"]
 CODEC_TOKENS_PER_SECOND = 50  # Qwen-family talkers; only used to report output audio tokens
+
+
+def plan_response(
+    body: dict[str, Any],
+    *,
+    config: SessionConfig,
+    conversation: Conversation,
+    engine: Engine,
+    settings: RealtimeSettings,
+) -> ResponsePlan:
+    """Resolve a ``response.create`` body against the session config (raises ProtocolError)."""
+    want_audio = config.want_audio
+    for name in ("output_modalities", "modalities"):
+        if name in body:
+            want_audio = parse_modalities(
+                body[name], f"response.{name}", audio_out=engine.supports_audio_output
+            )
+            break
+    if body.get("input") is not None:
+        raise invalid(
+            "response.input", "out-of-band input items are not supported; add items to the conversation"
+        )
+    target = body.get("conversation", "auto")
+    if target not in ("auto", "none"):
+        raise invalid("response.conversation", "expected 'auto' or 'none'")
+    instructions = body.get("instructions", config.instructions)
+    if not isinstance(instructions, str):
+        raise invalid("response.instructions", "expected a string")
+    voice = ((body.get("audio") or {}).get("output") or {}).get("voice", body.get("voice", config.voice))
+    if voice is not None and not isinstance(voice, str):
+        raise invalid("response.voice", "expected a voice name")
+    max_tokens: Any = body.get("max_output_tokens", body.get("max_response_output_tokens"))
+    if max_tokens is None or max_tokens == "inf":
+        max_tokens = config.max_output_tokens or settings.default_max_output_tokens
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise invalid("response.max_output_tokens", "expected a positive integer or 'inf'")
+    temperature = body.get("temperature", config.temperature)
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not 0 <= temperature <= 2:
+        raise invalid("response.temperature", "expected a number from 0 to 2")
+    metadata = body.get("metadata")
+    return ResponsePlan(
+        turns=conversation.turns(
+            instructions=instructions, token_budget=max(256, engine.max_model_len - max_tokens)
+        ),
+        want_audio=want_audio,
+        voice=engine_voice(voice),
+        output_rate=config.output_rate,
+        max_tokens=max_tokens,
+        temperature=float(temperature),
+        in_conversation=target == "auto",
+        audio_delta_ms=settings.audio_delta_ms,
+        metadata=metadata if isinstance(metadata, dict) else None,
+    )
 
 
 @dataclass(frozen=True)

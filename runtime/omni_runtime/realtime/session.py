@@ -22,14 +22,15 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from omni_runtime.pipeline.types import Engine
-from omni_runtime.realtime import items as item_parsing
+from omni_runtime.realtime import item_events
 from omni_runtime.realtime.audio import decode_b64, pcm16_to_float
-from omni_runtime.realtime.config import SessionConfig, apply_update, engine_voice, parse_modalities
+from omni_runtime.realtime.config import SessionConfig, apply_update
 from omni_runtime.realtime.conversation import Conversation, Item, Part, new_id
 from omni_runtime.realtime.errors import (
     COMMIT_EMPTY,
@@ -46,11 +47,12 @@ from omni_runtime.realtime.errors import (
 from omni_runtime.realtime.input_audio import InputAudio
 from omni_runtime.realtime.metrics import RealtimeMetrics
 from omni_runtime.realtime.outbox import Outbox
-from omni_runtime.realtime.response import ResponsePlan, ResponseRun
+from omni_runtime.realtime.response import ResponseRun, plan_response
 from omni_runtime.realtime.settings import RealtimeSettings
 from omni_runtime.realtime.turn_detection import (
     FRAME_MS,
-    FRAME_SAMPLES,
+    Listener,
+    SpeechLong,
     SpeechScorer,
     SpeechStarted,
     SpeechStopped,
@@ -98,9 +100,7 @@ class RealtimeSession:
         self.created_at = time.monotonic()
         self._scorer_factory = scorer_factory
         self._scorer: SpeechScorer | None = None
-        self._detector: TurnDetector | None = None
-        self._vad_origin = 0  # absolute 16 kHz position where the detector's clock starts
-        self._vad_pending = np.zeros(0, dtype=np.float32)
+        self._listener: Listener | None = None
         self._speech_item_id: str | None = None
         self._overlap = False  # speech began while the assistant talked; backchannel or barge-in?
         self._last_commit_at: float | None = None
@@ -110,13 +110,13 @@ class RealtimeSession:
             "input_audio_buffer.append": self._append,
             "input_audio_buffer.commit": self._commit,
             "input_audio_buffer.clear": self._clear,
-            "conversation.item.create": self._item_create,
-            "conversation.item.delete": self._item_delete,
-            "conversation.item.truncate": self._item_truncate,
-            "conversation.item.retrieve": self._item_retrieve,
+            "conversation.item.create": partial(item_events.item_create, self),
+            "conversation.item.delete": partial(item_events.item_delete, self),
+            "conversation.item.truncate": partial(item_events.item_truncate, self),
+            "conversation.item.retrieve": partial(item_events.item_retrieve, self),
             "response.create": self._response_create,
             "response.cancel": self._response_cancel,
-            "playback.ack": self._playback_ack,
+            "playback.ack": partial(item_events.playback_ack, self),
         }
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -182,32 +182,37 @@ class RealtimeSession:
             old, event["session"], audio_out=self.engine.supports_audio_output, duplex=self.duplex
         )
         if self.config.input_rate != old.input_rate:
-            tail = self.input.set_rate(self.config.input_rate)
-            if self._detector is not None and tail.size:
-                await self._listen(tail)
-        if self.config.turn_detection != old.turn_detection:
+            await self._listen(self.input.set_rate(self.config.input_rate))
+        if (self.config.turn_detection, self.config.backchannel_max_ms) != (
+            old.turn_detection,
+            old.backchannel_max_ms,
+        ):
             await self._configure_vad()
         self.outbox.emit("session.updated", session=self._session_json())
 
     async def _configure_vad(self) -> None:
         vad = self.config.turn_detection
         if vad is None:
-            self._detector = None
-            self._vad_pending = np.zeros(0, dtype=np.float32)
+            self._listener = None
             self._overlap = False
+            return
+        long_ms = self.config.backchannel_max_ms if self.duplex and self.config.backchannel_max_ms else None
+        if self._listener is not None:
+            detector = self._listener.detector
+            detector.threshold = vad.threshold
+            detector.silence_duration_ms = vad.silence_duration_ms
+            detector.long_speech_ms = long_ms
             return
         if self._scorer is None:
             # The first scorer loads the VAD model (once per process): keep that off the event loop.
             self._scorer = await asyncio.to_thread(self._scorer_factory)
-        if self._detector is None:
-            self._detector = TurnDetector(
-                threshold=vad.threshold, silence_duration_ms=vad.silence_duration_ms
-            )
-            self._vad_origin = self.input.total
-            self._vad_pending = np.zeros(0, dtype=np.float32)
-        else:
-            self._detector.threshold = vad.threshold
-            self._detector.silence_duration_ms = vad.silence_duration_ms
+        self._scorer.reset()
+        detector = TurnDetector(
+            threshold=vad.threshold, silence_duration_ms=vad.silence_duration_ms, long_speech_ms=long_ms
+        )
+        self._listener = Listener(
+            scorer=self._scorer, detector=detector, origin_ms=self.input.ms(self.input.total)
+        )
 
     # --- input audio ------------------------------------------------------------------------
 
@@ -215,9 +220,7 @@ class RealtimeSession:
         if "audio" not in event:
             raise missing("audio", where="input_audio_buffer.append")
         data = decode_b64(event["audio"], param="audio", max_bytes=self.settings.max_event_bytes)
-        new = self.input.append(pcm16_to_float(data, param="audio"))
-        if self._detector is not None:
-            await self._listen(new)
+        await self._listen(self.input.append(pcm16_to_float(data, param="audio")))
 
     async def _commit(self, event: dict[str, Any]) -> None:
         held = self.input.ms(self.input.size)
@@ -232,7 +235,8 @@ class RealtimeSession:
 
     async def _clear(self, event: dict[str, Any]) -> None:
         self.input.clear()
-        self._vad_pending = np.zeros(0, dtype=np.float32)
+        if self._listener is not None:
+            self._listener.reset_pending()
         self.outbox.emit("input_audio_buffer.cleared")
 
     def _commit_audio(self, samples: np.ndarray, item_id: str) -> None:
@@ -240,45 +244,32 @@ class RealtimeSession:
         previous = self.conversation.add(item)
         self._last_commit_at = time.monotonic()
         self.outbox.emit("input_audio_buffer.committed", item_id=item_id, previous_item_id=previous)
-        self._announce_item(item, previous)
+        self.announce_item(item, previous)
 
-    def _announce_item(self, item: Item, previous: str | None) -> None:
+    def announce_item(self, item: Item, previous: str | None) -> None:
         self.outbox.emit("conversation.item.added", previous_item_id=previous, item=item.to_json())
         self.outbox.emit("conversation.item.done", previous_item_id=previous, item=item.to_json())
 
     # --- server VAD and turn taking ---------------------------------------------------------
 
     async def _listen(self, samples: np.ndarray) -> None:
-        detector, scorer = self._detector, self._scorer
-        if detector is None or scorer is None:
+        listener = self._listener
+        if listener is None:
             return
-        pending = np.concatenate([self._vad_pending, samples]) if self._vad_pending.size else samples
-        count = pending.size // FRAME_SAMPLES
-        self._vad_pending = pending[count * FRAME_SAMPLES :]
-        if count == 0:
-            return
-        probs = await scorer.score(pending[: count * FRAME_SAMPLES].reshape(count, FRAME_SAMPLES))
-        vad = self.config.turn_detection
-        for prob in probs:
-            if self._detector is not detector or vad is None:
+        for turn in await listener.feed(samples):
+            if self._listener is not listener:
                 return  # turn detection was switched off while we scored
-            turn = detector.feed(float(prob))
             if isinstance(turn, SpeechStarted):
                 await self._speech_started(turn)
             elif isinstance(turn, SpeechStopped):
                 await self._speech_stopped(turn)
-            elif self._overlap and detector.speech_ms() >= self.config.backchannel_max_ms:
-                await self._barge_in()
-        if not detector.in_speech and vad is not None:
+            elif isinstance(turn, SpeechLong) and self._overlap:
+                await self._barge_in()  # longer than a backchannel: the user takes the turn
+        vad = self.config.turn_detection
+        if not listener.in_speech and vad is not None:
             # Outside speech only the prefix padding can still become part of a turn.
             keep_ms = vad.prefix_padding_ms + 2 * FRAME_MS
             self.input.drop_before(self.input.total - self.input.position(keep_ms))
-
-    def _abs_ms(self, detector_ms: int) -> int:
-        return self.input.ms(self._vad_origin) + detector_ms
-
-    def _assistant_speaking(self) -> bool:
-        return self.response is not None
 
     async def _speech_started(self, turn: SpeechStarted) -> None:
         self._speech_item_id = new_id("item")
@@ -286,35 +277,34 @@ class RealtimeSession:
             self._idle_task.cancel()
         self.outbox.emit(
             "input_audio_buffer.speech_started",
-            audio_start_ms=self._abs_ms(turn.audio_start_ms),
+            audio_start_ms=turn.audio_start_ms,
             item_id=self._speech_item_id,
         )
         vad = self.config.turn_detection
-        if not self._assistant_speaking() or vad is None:
+        if self.response is None or vad is None:
             return
         if self.duplex:
             if self.config.backchannel_max_ms == 0:
                 await self._barge_in()
             else:
-                self._overlap = True
+                self._overlap = True  # decided by SpeechLong (barge-in) or SpeechStopped (backchannel)
         elif vad.interrupt_response:
             await self._barge_in()
 
     async def _speech_stopped(self, turn: SpeechStopped) -> None:
         item_id = self._speech_item_id or new_id("item")
         self._speech_item_id = None
-        end_ms = self._abs_ms(turn.audio_end_ms)
-        self.outbox.emit("input_audio_buffer.speech_stopped", audio_end_ms=end_ms, item_id=item_id)
+        self.outbox.emit("input_audio_buffer.speech_stopped", audio_end_ms=turn.audio_end_ms, item_id=item_id)
         if self._overlap:
             # A backchannel: the assistant keeps talking and the "uh-huh" does not become a turn.
             self._overlap = False
-            self.input.drop_before(self.input.position(end_ms))
+            self.input.drop_before(self.input.position(turn.audio_end_ms))
             self.metrics.backchannels.inc()
             return
         vad = self.config.turn_detection
         padding = vad.prefix_padding_ms if vad else 0
-        start = self.input.position(max(0, self._abs_ms(turn.audio_start_ms) - padding))
-        samples = self.input.take(start=start, end=self.input.position(end_ms))
+        start = self.input.position(max(0, turn.audio_start_ms - padding))
+        samples = self.input.take(start=start, end=self.input.position(turn.audio_end_ms))
         if samples.size == 0:
             return
         self._commit_audio(samples, item_id)
@@ -344,73 +334,6 @@ class RealtimeSession:
         item.played_ms = played
         self.outbox.emit("conversation.item.truncated", item_id=item.id, content_index=0, audio_end_ms=played)
 
-    async def _playback_ack(self, event: dict[str, Any]) -> None:
-        item_id, played = event.get("item_id"), event.get("audio_end_ms")
-        if not isinstance(item_id, str):
-            raise missing("item_id", where="playback.ack")
-        if isinstance(played, bool) or not isinstance(played, int) or played < 0:
-            raise invalid("audio_end_ms", "expected the played position in milliseconds (an integer >= 0)")
-        self.conversation.get(item_id)
-        self.acks[item_id] = played
-
-    # --- conversation items -----------------------------------------------------------------
-
-    async def _item_create(self, event: dict[str, Any]) -> None:
-        if "item" not in event:
-            raise missing("item", where="conversation.item.create")
-        item = await item_parsing.parse_item(
-            event["item"],
-            input_rate=self.config.input_rate,
-            max_bytes=self.settings.max_event_bytes,
-            media_limits=self.settings.media_limits,
-            existing={existing.id for existing in self.conversation.items},
-        )
-        previous_id = event.get("previous_item_id")
-        if previous_id is not None and not isinstance(previous_id, str):
-            raise invalid("previous_item_id", "expected an item id or 'root'")
-        previous = self.conversation.add(item, previous_item_id=previous_id)
-        self._announce_item(item, previous)
-
-    async def _item_delete(self, event: dict[str, Any]) -> None:
-        item_id = event.get("item_id")
-        if not isinstance(item_id, str):
-            raise missing("item_id", where="conversation.item.delete")
-        if self.response is not None and self.response.item.id == item_id:
-            raise invalid(
-                "item_id", "the item belongs to the response in progress; cancel the response first"
-            )
-        self.conversation.delete(item_id)
-        self.outbox.emit("conversation.item.deleted", item_id=item_id)
-
-    async def _item_truncate(self, event: dict[str, Any]) -> None:
-        item_id, end_ms = event.get("item_id"), event.get("audio_end_ms")
-        if not isinstance(item_id, str):
-            raise missing("item_id", where="conversation.item.truncate")
-        if isinstance(end_ms, bool) or not isinstance(end_ms, int) or end_ms < 0:
-            raise invalid("audio_end_ms", "expected milliseconds of audio to keep (an integer >= 0)")
-        item = self.conversation.get(item_id)
-        if item.role != "assistant" or not any(part.type == "output_audio" for part in item.content):
-            raise invalid("item_id", "only an assistant message with audio can be truncated")
-        total = item.output_audio_ms()
-        in_progress = self.response is not None and self.response.item is item
-        if end_ms > total and not in_progress:
-            raise invalid("audio_end_ms", f"{end_ms} ms is past the end of the item's audio ({total} ms)")
-        item.played_ms = end_ms
-        content_index = event.get("content_index", 0)
-        self.outbox.emit(
-            "conversation.item.truncated", item_id=item_id, content_index=content_index, audio_end_ms=end_ms
-        )
-
-    async def _item_retrieve(self, event: dict[str, Any]) -> None:
-        item_id = event.get("item_id")
-        if not isinstance(item_id, str):
-            raise missing("item_id", where="conversation.item.retrieve")
-        item = self.conversation.get(item_id)
-        self.outbox.emit(
-            "conversation.item.retrieved",
-            item=item.to_json(with_audio=True, input_rate=self.config.input_rate),
-        )
-
     # --- responses --------------------------------------------------------------------------
 
     async def _response_create(self, event: dict[str, Any]) -> None:
@@ -425,58 +348,15 @@ class RealtimeSession:
         turn_ended_at, self._last_commit_at = self._last_commit_at, None
         self._start_response(body, turn_ended_at=turn_ended_at)
 
-    def _plan(self, body: dict[str, Any]) -> ResponsePlan:
-        cfg = self.config
-        want_audio = cfg.want_audio
-        for name in ("output_modalities", "modalities"):
-            if name in body:
-                want_audio = parse_modalities(
-                    body[name], f"response.{name}", audio_out=self.engine.supports_audio_output
-                )
-                break
-        if body.get("input") is not None:
-            raise invalid(
-                "response.input", "out-of-band input items are not supported; add items to the conversation"
-            )
-        conversation = body.get("conversation", "auto")
-        if conversation not in ("auto", "none"):
-            raise invalid("response.conversation", "expected 'auto' or 'none'")
-        instructions = body.get("instructions", cfg.instructions)
-        if not isinstance(instructions, str):
-            raise invalid("response.instructions", "expected a string")
-        voice = ((body.get("audio") or {}).get("output") or {}).get("voice", body.get("voice"))
-        if voice is not None and not isinstance(voice, str):
-            raise invalid("response.voice", "expected a voice name")
-        max_tokens: Any = body.get("max_output_tokens", body.get("max_response_output_tokens"))
-        if max_tokens is None or max_tokens == "inf":
-            max_tokens = cfg.max_output_tokens or self.settings.default_max_output_tokens
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise invalid("response.max_output_tokens", "expected a positive integer or 'inf'")
-        temperature = body.get("temperature", cfg.temperature)
-        if (
-            isinstance(temperature, bool)
-            or not isinstance(temperature, int | float)
-            or not 0 <= temperature <= 2
-        ):
-            raise invalid("response.temperature", "expected a number from 0 to 2")
-        metadata = body.get("metadata")
-        budget = max(256, self.engine.max_model_len - max_tokens)
-        chosen_voice = voice if voice is not None else cfg.voice
-        return ResponsePlan(
-            turns=self.conversation.turns(instructions=instructions, token_budget=budget),
-            want_audio=want_audio,
-            voice=engine_voice(chosen_voice),
-            output_rate=cfg.output_rate,
-            max_tokens=max_tokens,
-            temperature=float(temperature),
-            in_conversation=conversation == "auto",
-            audio_delta_ms=self.settings.audio_delta_ms,
-            metadata=metadata if isinstance(metadata, dict) else None,
-        )
-
     def _start_response(self, body: dict[str, Any], *, turn_ended_at: float | None) -> None:
         """Start a response now (synchronous, so two triggers can never start two)."""
-        plan = self._plan(body)
+        plan = plan_response(
+            body,
+            config=self.config,
+            conversation=self.conversation,
+            engine=self.engine,
+            settings=self.settings,
+        )
         if self._idle_task is not None:
             self._idle_task.cancel()
         part = Part(type="output_audio" if plan.want_audio else "output_text")
@@ -508,7 +388,7 @@ class RealtimeSession:
 
     async def _idle_timeout(self, delay: float) -> None:
         await asyncio.sleep(delay)
-        if self.response is not None or (self._detector is not None and self._detector.in_speech):
+        if self.response is not None or (self._listener is not None and self._listener.in_speech):
             return
         item_id = new_id("item")
         start_ms, end_ms = self.input.ms(self.input.start), self.input.ms(self.input.total)

@@ -172,7 +172,8 @@ class StreamingInputSession:
                 raise invalid(param, f"a {chunk.modality} chunk needs a base64 payload")
             raw = chunk.text.encode()
         else:
-            raw = decode_b64(chunk.payload, param=param, max_bytes=max(room, 0) + 3)
+            # The body size was capped when it was read; the exact cap is checked on the bytes below.
+            raw = decode_b64(chunk.payload, param=param, max_bytes=self.settings.max_payload_per_session + 3)
         if len(raw) > room:
             raise ProtocolError(
                 f"this chunk would bring the session to {self.received_bytes + len(raw)} bytes; a session may "

@@ -41,13 +41,25 @@ class SpeechStopped:
     speech_end_ms: int  # end of the last speech frame
 
 
-TurnEvent = SpeechStarted | SpeechStopped
+@dataclass(frozen=True)
+class SpeechLong:
+    """The current speech has lasted ``long_speech_ms`` (emitted once per utterance)."""
+
+    audio_start_ms: int
+    speech_ms: int
+
+
+TurnEvent = SpeechStarted | SpeechStopped | SpeechLong
 
 
 class TurnDetector:
-    def __init__(self, *, threshold: float, silence_duration_ms: int) -> None:
+    def __init__(
+        self, *, threshold: float, silence_duration_ms: int, long_speech_ms: int | None = None
+    ) -> None:
         self.threshold = threshold
         self.silence_duration_ms = silence_duration_ms
+        self.long_speech_ms = long_speech_ms
+        self._long_sent = False
         self.frames_seen = 0
         self.in_speech = False
         self.speech_start_ms = 0
@@ -72,11 +84,19 @@ class TurnDetector:
                 self.speech_start_ms = int(start_ms)
                 self._last_speech_end_ms = end_ms
                 self._silence_ms = 0.0
+                self._long_sent = False
                 return SpeechStarted(audio_start_ms=int(start_ms))
             return None
         if prob >= self.threshold - HYSTERESIS:
             self._last_speech_end_ms = end_ms
             self._silence_ms = 0.0
+            if (
+                self.long_speech_ms is not None
+                and not self._long_sent
+                and self.speech_ms() >= self.long_speech_ms
+            ):
+                self._long_sent = True
+                return SpeechLong(audio_start_ms=self.speech_start_ms, speech_ms=int(self.speech_ms()))
             return None
         self._silence_ms += FRAME_MS
         if self._silence_ms >= self.silence_duration_ms:
@@ -88,6 +108,45 @@ class TurnDetector:
             )
         return None
 
-    def skip_to(self, frames: int) -> None:
-        """Align the frame clock after a reset of the buffer timeline (never moves backwards)."""
-        self.frames_seen = max(self.frames_seen, frames)
+
+class Listener:
+    """Server VAD over the session's 16 kHz timeline: samples in, turn events (absolute ms) out."""
+
+    def __init__(self, *, scorer: SpeechScorer, detector: TurnDetector, origin_ms: int) -> None:
+        self.scorer = scorer
+        self.detector = detector
+        self.origin_ms = origin_ms  # session time at which this listener's first frame begins
+        self._pending = np.zeros(0, dtype=np.float32)
+
+    @property
+    def in_speech(self) -> bool:
+        return self.detector.in_speech
+
+    def reset_pending(self) -> None:
+        self._pending = np.zeros(0, dtype=np.float32)
+
+    async def feed(self, samples: np.ndarray) -> list[TurnEvent]:
+        pending = np.concatenate([self._pending, samples]) if self._pending.size else samples
+        count = pending.size // FRAME_SAMPLES
+        self._pending = pending[count * FRAME_SAMPLES :]
+        if count == 0:
+            return []
+        probs = await self.scorer.score(pending[: count * FRAME_SAMPLES].reshape(count, FRAME_SAMPLES))
+        events: list[TurnEvent] = []
+        for prob in probs:
+            turn = self.detector.feed(float(prob))
+            if isinstance(turn, SpeechStarted):
+                events.append(SpeechStarted(audio_start_ms=self.origin_ms + turn.audio_start_ms))
+            elif isinstance(turn, SpeechStopped):
+                events.append(
+                    SpeechStopped(
+                        audio_start_ms=self.origin_ms + turn.audio_start_ms,
+                        audio_end_ms=self.origin_ms + turn.audio_end_ms,
+                        speech_end_ms=self.origin_ms + turn.speech_end_ms,
+                    )
+                )
+            elif isinstance(turn, SpeechLong):
+                events.append(
+                    SpeechLong(audio_start_ms=self.origin_ms + turn.audio_start_ms, speech_ms=turn.speech_ms)
+                )
+        return events

@@ -1,0 +1,177 @@
+"""/v1/realtime over a real socket (uvicorn): the official openai client, beta dialect, resume, limits."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+
+import pytest
+import uvicorn
+import websockets
+from fastapi import FastAPI
+from openai import AsyncOpenAI
+
+from conftest import EnergyScorer
+from omni_runtime.realtime import RealtimeServer, RealtimeSettings
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+async def served(engine):
+    servers: list[tuple[uvicorn.Server, asyncio.Task]] = []
+
+    async def serve(**overrides) -> tuple[str, RealtimeServer]:
+        realtime = RealtimeServer(
+            engine=engine, settings=RealtimeSettings(worker_id="w0", **overrides), scorer_factory=EnergyScorer
+        )
+        app = FastAPI()
+        app.include_router(realtime.router())
+        port = free_port()
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        task = asyncio.create_task(server.serve())
+        while not server.started:
+            await asyncio.sleep(0.02)
+        servers.append((server, task))
+        return f"127.0.0.1:{port}", realtime
+
+    yield serve
+    for server, task in servers:
+        server.should_exit = True
+        await task
+
+
+async def until(conn, event_type: str) -> list:
+    seen = []
+    async for event in conn:
+        seen.append(event)
+        if event.type == event_type:
+            return seen
+    raise AssertionError(f"connection closed before {event_type}")
+
+
+async def test_openai_client_two_turns_keep_history(served, engine) -> None:
+    host, _ = await served()
+    client = AsyncOpenAI(base_url=f"http://{host}/v1", api_key="unused")
+    async with client.realtime.connect(model="scripted") as conn:
+        created = await conn.recv()
+        assert created.type == "session.created" and created.session.id.startswith("rt_w0.")
+        await conn.session.update(
+            session={
+                "type": "realtime",
+                "output_modalities": ["audio"],
+                "audio": {"input": {"turn_detection": None}},
+            }
+        )
+        await until(conn, "session.updated")
+        for text in ("first question", "second question"):
+            await conn.conversation.item.create(
+                item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+            )
+            await conn.response.create()
+            events = await until(conn, "response.done")
+            assert events[-1].response.status == "completed"
+            assert any(e.type == "response.output_audio.delta" for e in events)
+    assert [len(request.turns) for request in engine.requests] == [1, 3]
+    assert engine.requests[1].turns[1].text == "turns1 w1 w2 w3"
+
+
+async def test_beta_clients_get_beta_event_names(served) -> None:
+    host, _ = await served()
+    async with websockets.connect(
+        f"ws://{host}/v1/realtime?model=x", additional_headers={"OpenAI-Beta": "realtime=v1"}
+    ) as ws:
+        created = json.loads(await ws.recv())
+        assert created["session"]["modalities"] == ["text", "audio"]
+        await ws.send(
+            json.dumps(
+                {"type": "session.update", "session": {"turn_detection": None, "modalities": ["text"]}}
+            )
+        )
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "conversation.item.create",
+                    "item": {
+                        "type": "message",
+                        "role": "user",
+                        "content": [{"type": "input_text", "text": "hi"}],
+                    },
+                }
+            )
+        )
+        await ws.send(json.dumps({"type": "response.create"}))
+        types = []
+        while not types or types[-1] != "response.done":
+            types.append(json.loads(await ws.recv())["type"])
+    assert "conversation.item.created" in types and "response.text.delta" in types
+    assert not [t for t in types if t.startswith(("response.output_text", "response.output_audio"))]
+
+
+async def test_duplex_session_resumes_with_replay(served, engine) -> None:
+    engine.step_s = 0.02
+    engine.words = 6
+    host, realtime = await served(resume_grace_s=5)
+    ws = await websockets.connect(f"ws://{host}/v1/realtime?duplex=1")
+    created = json.loads(await ws.recv())
+    token = created["session"]["id"]
+    await ws.send(
+        json.dumps(
+            {
+                "type": "conversation.item.create",
+                "item": {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "hi"}],
+                },
+            }
+        )
+    )
+    await ws.send(json.dumps({"type": "response.create", "response": {"output_modalities": ["text"]}}))
+    last = None
+    while True:
+        event = json.loads(await ws.recv())
+        last = event["event_id"]
+        if event["type"] == "response.output_text.delta":
+            break
+    ws.transport.abort()  # the network drops: no close frame
+    await asyncio.sleep(0.3)  # the response finishes while nobody listens
+    assert realtime.sessions.get(token) is not None
+    async with websockets.connect(
+        f"ws://{host}/v1/realtime?duplex=1&session_id={token}&last_event_id={last}"
+    ) as again:
+        replay = []
+        while not replay or replay[-1]["type"] != "session.resumed":
+            replay.append(json.loads(await again.recv()))
+        types = [event["type"] for event in replay]
+        assert types[-1] == "session.resumed" and replay[-1]["replay_complete"] is True
+        assert "response.done" in types
+        text = "".join(e["delta"] for e in replay if e["type"] == "response.output_text.delta")
+        assert text == " w1 w2 w3 w4 w5"  # everything after the first delta, nothing twice
+    async with websockets.connect(
+        f"ws://{host}/v1/realtime?duplex=1&session_id=rt_w0.unknownsession"
+    ) as stale:
+        refused = json.loads(await stale.recv())
+        assert refused["error"]["code"] == "session_not_found"
+
+
+async def test_session_limit_and_idle_limit_answer_with_error_events(served) -> None:
+    host, realtime = await served(max_realtime_sessions=1, session_idle_timeout_s=0.5)
+    async with websockets.connect(f"ws://{host}/v1/realtime") as first:
+        await first.recv()
+        async with websockets.connect(f"ws://{host}/v1/realtime") as second:
+            refused = json.loads(await second.recv())
+            assert refused["error"]["code"] == "session_limit_reached"
+            with contextlib.suppress(websockets.ConnectionClosed):
+                await second.recv()
+            assert second.close_code == 1013
+        expired = json.loads(await asyncio.wait_for(first.recv(), timeout=5))
+        assert expired["error"]["code"] == "session_expired"
+    await asyncio.sleep(0.1)
+    assert len(realtime.sessions) == 0
