@@ -16,6 +16,7 @@ import ctypes
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -165,12 +166,10 @@ class ControlPlane:
         return component
 
     def https(self) -> httpx.Client:
-        return httpx.Client(
-            base_url=self.server,
-            verify=str(self.certs["ca.crt"]),
-            cert=(str(self.certs["admin.crt"]), str(self.certs["admin.key"])),
-            timeout=5.0,
-        )
+        # An SSLContext carries the client certificate (httpx 0.28 no longer honours `cert=`).
+        context = ssl.create_default_context(cafile=str(self.certs["ca.crt"]))
+        context.load_cert_chain(str(self.certs["admin.crt"]), str(self.certs["admin.key"]))
+        return httpx.Client(base_url=self.server, verify=context, timeout=10.0)
 
     def kubectl(
         self, *args: str, input: str | None = None, check: bool = True

@@ -129,7 +129,11 @@ def decide(*, body: Manifest, observed: Observed, now: str, render: RenderFn) ->
         rollout=dep.spec.rollout,
     )
     new_body = status_body(status)
-    changed = previous is None or status_body(previous) != new_body
+    old_body = status_body(previous) if previous is not None else None
+    changed = old_body != new_body
+    if changed and old_body:
+        # A merge patch keeps keys it does not mention: null out the ones that went away.
+        new_body |= {key: None for key in old_body if key not in new_body}
     events = [*_action_events(plan=plan, diff=diff, observed=observed, heals=heals)]
     if changed:
         events += status_events(previous, status)

@@ -8,8 +8,11 @@
 #
 # The binaries land in a cache outside the repository, keyed by a hash of the recipe:
 #   ${OMNI_CONTROLPLANE_CACHE:-~/.cache/omni/controlplane}/<recipe-hash>/bin
-# A complete cache is reused. `build.sh --print-bin-dir` prints that directory and builds nothing.
-# Build one binary at a time (the test machines are small); progress goes to stdout.
+# The hash covers what decides the binaries (Go version, go.mod/go.sum of both modules, versions and
+# flags below), not this script's prose. A complete cache is reused. `build.sh --print-bin-dir`
+# prints that directory and builds nothing. One binary at a time (the test machines are small);
+# progress goes to stdout. kwok's default node and pod lifecycle stages (the ones kwokctl uses)
+# are copied from the kwok module source into kwok-stages.yaml next to the binaries.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -23,10 +26,23 @@ K8S_MINOR="36"
 
 BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok kubectl)
 
+K8S_LDFLAGS="-s -w \
+ -X k8s.io/component-base/version.gitVersion=${K8S_VERSION} \
+ -X k8s.io/component-base/version.gitMajor=${K8S_MAJOR} \
+ -X k8s.io/component-base/version.gitMinor=${K8S_MINOR} \
+ -X k8s.io/component-base/version.gitTreeState=clean \
+ -X k8s.io/client-go/pkg/version.gitVersion=${K8S_VERSION} \
+ -X k8s.io/client-go/pkg/version.gitMajor=${K8S_MAJOR} \
+ -X k8s.io/client-go/pkg/version.gitMinor=${K8S_MINOR}"
+GO_BUILD_FLAGS="-trimpath CGO_ENABLED=0 GOFLAGS=-mod=mod"
+KWOK_STAGES=(node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml
+  pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml)
+
 recipe_hash() {
   {
     go version
-    cat "${HERE}/go.mod" "${HERE}/go.sum" "${HERE}/kwok/go.mod" "${HERE}/kwok/go.sum" "${HERE}/build.sh"
+    cat "${HERE}/go.mod" "${HERE}/go.sum" "${HERE}/kwok/go.mod" "${HERE}/kwok/go.sum"
+    echo "${BINARIES[*]} | ${K8S_LDFLAGS} | ${GO_BUILD_FLAGS} | ${KWOK_STAGES[*]}"
   } | sha256sum | cut -c1-16
 }
 
@@ -42,6 +58,7 @@ complete() {
   for b in "${BINARIES[@]}"; do
     [[ -x "${BIN_DIR}/${b}" ]] || return 1
   done
+  [[ -f "${BIN_DIR}/kwok-stages.yaml" ]]
 }
 
 if complete; then
@@ -52,14 +69,6 @@ fi
 mkdir -p "${BIN_DIR}"
 export GOFLAGS="-mod=mod"
 export CGO_ENABLED=0
-K8S_LDFLAGS="-s -w \
- -X k8s.io/component-base/version.gitVersion=${K8S_VERSION} \
- -X k8s.io/component-base/version.gitMajor=${K8S_MAJOR} \
- -X k8s.io/component-base/version.gitMinor=${K8S_MINOR} \
- -X k8s.io/component-base/version.gitTreeState=clean \
- -X k8s.io/client-go/pkg/version.gitVersion=${K8S_VERSION} \
- -X k8s.io/client-go/pkg/version.gitMajor=${K8S_MAJOR} \
- -X k8s.io/client-go/pkg/version.gitMinor=${K8S_MINOR}"
 
 # build NAME MODULE_DIR PACKAGE LDFLAGS: one binary, written atomically (a killed build leaves no
 # half-written file that a later run would take for a complete one).
@@ -83,4 +92,14 @@ build kube-controller-manager "${HERE}" k8s.io/kubernetes/cmd/kube-controller-ma
 build kube-scheduler "${HERE}" k8s.io/kubernetes/cmd/kube-scheduler "${K8S_LDFLAGS}"
 build kwok "${HERE}/kwok" sigs.k8s.io/kwok/cmd/kwok "-s -w"
 build kubectl "${HERE}" k8s.io/kubernetes/cmd/kubectl "${K8S_LDFLAGS}"
+
+if [[ ! -f "${BIN_DIR}/kwok-stages.yaml" ]]; then
+  KWOK_SRC="$(cd "${HERE}/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)"
+  for f in "${KWOK_STAGES[@]}"; do
+    echo "---"
+    cat "${KWOK_SRC}/kustomize/stage/${f}"
+  done > "${BIN_DIR}/.kwok-stages.yaml.tmp"
+  mv "${BIN_DIR}/.kwok-stages.yaml.tmp" "${BIN_DIR}/kwok-stages.yaml"
+  echo "[build] kwok-stages.yaml: default node and pod stages from ${KWOK_SRC}"
+fi
 echo "[build] all binaries in ${BIN_DIR} ($((SECONDS - total_start)) s)"
