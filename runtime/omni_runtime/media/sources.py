@@ -38,8 +38,9 @@ def too_large(size: int, limits: MediaLimits) -> MediaError:
 def decode_base64(text: str, *, limits: MediaLimits) -> bytes:
     """Base64 (standard or URL-safe, padding optional) to bytes, refusing oversize before decoding."""
     compact = "".join(text.split())
-    if len(compact) * 3 // 4 > limits.max_bytes:
-        raise too_large(len(compact) * 3 // 4, limits)
+    decoded_size = len(compact) * 3 // 4 - compact[-2:].count("=")  # exact for padded input
+    if decoded_size > limits.max_bytes:
+        raise too_large(decoded_size, limits)
     padded = compact + "=" * (-len(compact) % 4)
     try:
         if "-" in padded or "_" in padded:

@@ -1,0 +1,1 @@
+"""Chat completions: protocol models, media loading, serving class and route."""

@@ -1,0 +1,394 @@
+"""OpenAI chat-completions request and response models, with the omni extensions.
+
+The request model owns its conversion: `check` refuses what this worker cannot serve,
+`media_refs` lists the media to load (with the field path each came from), and
+`to_generation_request` builds the engine's `GenerationRequest`. No torch here.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+
+from omni_runtime.api.errors import ApiError
+from omni_runtime.media.video import VideoOptions
+from omni_runtime.pipeline.types import ChatTurn, GenerationRequest, MediaInput, MediaKind, SamplingParams
+
+STAGES = frozenset(
+    {
+        "preprocessing",
+        "audio_encoder",
+        "image_encoder",
+        "mm_aggregate",
+        "thinker",
+        "decode",
+        "talker",
+        "segmenter",
+        "talker_stream",
+    }
+)
+
+
+class _Model(BaseModel):
+    # Unknown fields are ignored (OpenAI clients send many); known-but-unsupported ones are refused.
+    model_config = ConfigDict(extra="ignore")
+
+
+class MediaURL(_Model):
+    url: str
+    detail: str | None = None  # OpenAI's image detail hint; the processor decides resolution
+
+
+def _url_object(value: Any) -> Any:
+    return {"url": value} if isinstance(value, str) else value  # accept "image_url": "https://..."
+
+
+class TextPart(_Model):
+    type: Literal["text"]
+    text: str
+
+
+class ImagePart(_Model):
+    type: Literal["image_url"]
+    image_url: MediaURL
+
+    @field_validator("image_url", mode="before")
+    @classmethod
+    def _accept_plain_url(cls, value: Any) -> Any:
+        return _url_object(value)
+
+
+class InputAudio(_Model):
+    data: str = Field(description="base64-encoded audio file (wav, mp3, flac, ogg, m4a)")
+    format: str | None = None  # a hint only: the container is sniffed from the bytes
+
+
+class InputAudioPart(_Model):
+    type: Literal["input_audio"]
+    input_audio: InputAudio
+
+
+class AudioURLPart(_Model):
+    type: Literal["audio_url"]  # vLLM's extension: audio by URL / data: URI / path
+    audio_url: MediaURL
+
+    @field_validator("audio_url", mode="before")
+    @classmethod
+    def _accept_plain_url(cls, value: Any) -> Any:
+        return _url_object(value)
+
+
+class VideoPart(_Model):
+    type: Literal["video_url"]
+    video_url: MediaURL
+
+    @field_validator("video_url", mode="before")
+    @classmethod
+    def _accept_plain_url(cls, value: Any) -> Any:
+        return _url_object(value)
+
+
+def _part_tag(value: Any) -> str | None:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return f"type={kind}" if isinstance(kind, str) else None
+
+
+ContentPart = Annotated[
+    Annotated[TextPart, Tag("type=text")]
+    | Annotated[ImagePart, Tag("type=image_url")]
+    | Annotated[InputAudioPart, Tag("type=input_audio")]
+    | Annotated[AudioURLPart, Tag("type=audio_url")]
+    | Annotated[VideoPart, Tag("type=video_url")],
+    Discriminator(_part_tag),
+]
+
+
+class ChatMessage(_Model):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class AudioOutput(_Model):
+    format: Literal["wav", "pcm16"] = "wav"
+    voice: str | None = None  # a speaker of the checkpoint; None: the talker's default
+
+
+class StreamOptions(_Model):
+    include_usage: bool | None = None
+
+
+@dataclass(frozen=True)
+class ServingLimits:
+    """What this worker serves, for `ChatCompletionRequest.check` (filled from settings + engine)."""
+
+    model_name: str
+    max_tokens_limit: int
+    default_max_tokens: int
+    supports_audio_output: bool
+    max_video_frames: int
+
+
+@dataclass(frozen=True)
+class MediaRef:
+    """One media item named by the request: what it is, where it is, which field named it."""
+
+    kind: MediaKind
+    source: str
+    param: str
+    turn: int  # index into messages
+    inline_base64: bool = False
+
+
+class ChatCompletionRequest(_Model):
+    model: str | None = None  # optional: a worker serves one model
+    messages: list[ChatMessage]
+    modalities: list[Literal["text", "audio"]] | None = None
+    audio: AudioOutput | None = None
+    images: list[str] | None = None
+    audios: list[str] | None = None
+    videos: list[str] | None = None
+    video_fps: float | None = Field(default=None, gt=0, le=60)
+    video_max_frames: int | None = Field(default=None, ge=1)
+    video_min_pixels: int | None = Field(default=None, ge=1)
+    video_max_pixels: int | None = Field(default=None, ge=1)
+    video_total_pixels: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=-1, ge=-1)
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0, le=2.0)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stage_params: dict[str, dict[str, Any]] | None = None
+    # vLLM's extension, used by `omni bench`: generate exactly max_tokens, ignoring end-of-sequence.
+    ignore_eos: bool = False
+    # Standard fields with only one supported value: refused with a clear message otherwise.
+    n: int = Field(default=1, ge=1)
+    tools: list[dict[str, Any]] | None = None
+    logprobs: bool | None = None
+    user: str | None = None
+
+    @field_validator("messages")
+    @classmethod
+    def _not_empty(cls, messages: list[ChatMessage]) -> list[ChatMessage]:
+        if not messages:
+            raise ValueError("messages must contain at least one message")
+        return messages
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_not_empty(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        if (isinstance(stop, list) and any(not s for s in stop)) or stop == "":
+            raise ValueError("stop strings must not be empty")
+        return stop
+
+    @model_validator(mode="after")
+    def _pixel_budgets_ordered(self) -> ChatCompletionRequest:
+        if self.video_min_pixels and self.video_max_pixels and self.video_min_pixels > self.video_max_pixels:
+            raise ValueError("video_min_pixels must not exceed video_max_pixels")
+        return self
+
+    # --- what this worker can serve ----------------------------------------------------------
+
+    @property
+    def wants_audio(self) -> bool:
+        return bool(self.modalities and "audio" in self.modalities)
+
+    @property
+    def requested_max_tokens(self) -> tuple[int | None, str]:
+        """The caller's token budget and the field that set it (max_completion_tokens wins)."""
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens, "max_completion_tokens"
+        return self.max_tokens, "max_tokens"
+
+    def check(self, limits: ServingLimits) -> None:
+        """Refuse (ApiError) what is valid JSON but not servable here; cheap, before media loading."""
+        if self.model is not None and self.model != limits.model_name:
+            raise ApiError(
+                f"The model `{self.model}` does not exist on this worker; it serves `{limits.model_name}`.",
+                status=404,
+                param="model",
+                code="model_not_found",
+            )
+        if self.n != 1:
+            raise ApiError("Only n=1 is supported.", param="n", code="unsupported_value")
+        if self.tools:
+            raise ApiError(
+                "Tool calling is not supported by this worker.", param="tools", code="unsupported_value"
+            )
+        if self.logprobs:
+            raise ApiError(
+                "logprobs are not supported by this worker.", param="logprobs", code="unsupported_value"
+            )
+        requested, field = self.requested_max_tokens
+        if requested is not None and requested > limits.max_tokens_limit:
+            raise ApiError(
+                f"{field} is {requested}, above this worker's limit of {limits.max_tokens_limit}; ask for fewer tokens.",
+                param=field,
+                code="max_tokens_too_large",
+            )
+        if self.wants_audio and not limits.supports_audio_output:
+            raise ApiError(
+                'This worker serves text only (started with --text-only or --pipeline text); remove "audio" '
+                "from modalities, or send the request to a speech worker.",
+                param="modalities",
+                code="audio_output_unavailable",
+            )
+        if self.video_max_frames is not None and self.video_max_frames > limits.max_video_frames:
+            raise ApiError(
+                f"video_max_frames is {self.video_max_frames}, above this worker's limit of {limits.max_video_frames}.",
+                param="video_max_frames",
+                code="invalid_value",
+            )
+        for stage in self.stage_params or {}:
+            if stage not in STAGES:
+                raise ApiError(
+                    f"stage_params names an unknown stage {stage!r}; stages are {', '.join(sorted(STAGES))}.",
+                    param=f"stage_params.{stage}",
+                    code="invalid_value",
+                )
+        if not any(m.role == "user" for m in self.messages) and (self.images or self.audios or self.videos):
+            raise ApiError(
+                "images, audios and videos are added to the first user message, but there is none.",
+                param="messages",
+                code="invalid_value",
+            )
+
+    def video_options(self) -> VideoOptions:
+        return VideoOptions(
+            fps=self.video_fps,
+            max_frames=self.video_max_frames,
+            min_pixels=self.video_min_pixels,
+            max_pixels=self.video_max_pixels,
+            total_pixels=self.video_total_pixels,
+        )
+
+    def media_refs(self) -> list[MediaRef]:
+        """Every media item in request order; top-level lists join the first user message."""
+        refs: list[MediaRef] = []
+        for i, message in enumerate(self.messages):
+            if not isinstance(message.content, list):
+                continue
+            for j, part in enumerate(message.content):
+                base = f"messages[{i}].content[{j}]"
+                if isinstance(part, ImagePart):
+                    refs.append(MediaRef("image", part.image_url.url, f"{base}.image_url.url", i))
+                elif isinstance(part, InputAudioPart):
+                    refs.append(MediaRef("audio", part.input_audio.data, f"{base}.input_audio.data", i, True))
+                elif isinstance(part, AudioURLPart):
+                    refs.append(MediaRef("audio", part.audio_url.url, f"{base}.audio_url.url", i))
+                elif isinstance(part, VideoPart):
+                    refs.append(MediaRef("video", part.video_url.url, f"{base}.video_url.url", i))
+        first_user = next((i for i, m in enumerate(self.messages) if m.role == "user"), 0)
+        for field, kind in (("images", "image"), ("audios", "audio"), ("videos", "video")):
+            for k, source in enumerate(getattr(self, field) or []):
+                refs.append(MediaRef(kind, source, f"{field}[{k}]", first_user))  # type: ignore[arg-type]
+        return refs
+
+    def to_generation_request(
+        self, *, request_id: str, media: dict[str, MediaInput], limits: ServingLimits
+    ) -> GenerationRequest:
+        """The engine request; ``media`` maps each MediaRef.param to its decoded input."""
+        by_turn: dict[int, list[MediaInput]] = {}
+        for ref in self.media_refs():
+            by_turn.setdefault(ref.turn, []).append(media[ref.param])
+        turns = []
+        for i, message in enumerate(self.messages):
+            if isinstance(message.content, list):
+                text = "\n".join(p.text for p in message.content if isinstance(p, TextPart))
+            else:
+                text = message.content or ""
+            role = "system" if message.role == "developer" else message.role
+            turns.append(ChatTurn(role=role, text=text, media=tuple(by_turn.get(i, ()))))
+        requested, _ = self.requested_max_tokens
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        sampling = SamplingParams(
+            max_tokens=requested
+            if requested is not None
+            else min(limits.default_max_tokens, limits.max_tokens_limit),
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty,
+            stop=stop,
+            seed=self.seed,
+            ignore_eos=self.ignore_eos
+            or bool((self.stage_params or {}).get("thinker", {}).get("ignore_eos")),
+        )
+        return GenerationRequest(
+            request_id=request_id,
+            turns=tuple(turns),
+            sampling=sampling,
+            want_audio=self.wants_audio,
+            voice=self.audio.voice if self.audio else None,
+            stream_audio=self.stream,
+            stage_params={k: dict(v) for k, v in (self.stage_params or {}).items()},
+        )
+
+
+# --- responses ------------------------------------------------------------------------------
+
+
+class UsageInfo(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    audio_seconds: float | None = None  # omni extension: seconds of speech generated
+
+
+class AudioReply(BaseModel):
+    id: str
+    data: str  # base64 WAV (header states sample_rate) or raw PCM16 LE
+    expires_at: int
+    transcript: str
+    format: Literal["wav", "pcm16"] = "wav"
+    sample_rate: int  # omni extension: the talker's true rate, needed to play pcm16
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    audio: AudioReply | None = None
+
+
+class Choice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: Literal["stop", "length"]
+    logprobs: None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[Choice]
+    usage: UsageInfo
+    system_fingerprint: str | None = None
+
+
+class StreamChoice(BaseModel):
+    index: int = 0
+    delta: dict[str, Any]
+    finish_reason: Literal["stop", "length"] | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[StreamChoice]
+    usage: UsageInfo | None = None
+    system_fingerprint: str | None = None

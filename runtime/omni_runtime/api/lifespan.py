@@ -1,0 +1,73 @@
+"""Engine lifecycle under the app: start and warm up in the background, stop on shutdown.
+
+Loading runs in the background so /health answers while a large checkpoint loads (a liveness
+probe must not kill a loading worker); /ready turns 200 only after one real generation went
+through the whole pipeline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+
+from omni_runtime.api.state import AppState
+from omni_runtime.pipeline.types import ChatTurn, Finished, GenerationRequest, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+async def _warm_up(state: AppState) -> None:
+    """One short generation per output path (text, and speech where the worker has a talker)."""
+    paths = [False, True] if state.engine.supports_audio_output else [False]
+    for want_audio in paths:
+        request = GenerationRequest(
+            request_id=f"warmup-{'speech' if want_audio else 'text'}",
+            turns=(ChatTurn(role="user", text="Hello."),),
+            sampling=SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True),
+            want_audio=want_audio,
+        )
+        events = state.engine.generate(request)
+        try:
+            async for event in events:
+                if isinstance(event, Finished) and event.reason == "error":
+                    raise RuntimeError(f"warm-up generation failed: {event.error}")
+        finally:
+            aclose = getattr(events, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
+async def start_engine(state: AppState) -> None:
+    began = time.perf_counter()
+    try:
+        await state.engine.start()
+        if state.settings.warmup:
+            await _warm_up(state)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # any start failure makes the worker unready and is reported, not hidden
+        state.startup_error = f"{type(exc).__name__}: {exc}"
+        log.exception("the engine failed to start")
+        if state.on_startup_failure is not None:
+            state.on_startup_failure(exc)
+        return
+    state.warmed_up = True
+    log.info("ready: %s loaded and warmed up in %.1f s", state.model_name, time.perf_counter() - began)
+
+
+@contextlib.asynccontextmanager
+async def engine_lifespan(app: FastAPI) -> AsyncIterator[None]:
+    state: AppState = app.state.omni
+    starter = asyncio.create_task(start_engine(state), name="omni-engine-start")
+    try:
+        yield
+    finally:
+        starter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await starter
+        await state.engine.stop()

@@ -1,0 +1,122 @@
+"""Prometheus metrics of one worker, in a registry of its own (one per app, so tests can run many).
+
+Request counts by endpoint and status come from a small ASGI middleware; latencies and token
+counts from the chat serving; queue depth and batch sizes are read from the engine at scrape
+time, so they are never stale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from omni_runtime.pipeline.types import EngineStats
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
+_RATE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+
+
+class _EngineCollector(Collector):
+    def __init__(self, stats: Callable[[], EngineStats], in_flight: Callable[[], int]) -> None:
+        self._stats = stats
+        self._in_flight = in_flight
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        stats = self._stats()
+        yield GaugeMetricFamily(
+            "omni_queue_depth", "Requests waiting for a thinker slot.", value=stats.queue_depth
+        )
+        yield GaugeMetricFamily(
+            "omni_running_batch_size",
+            "Requests in the thinker's running batch now.",
+            value=stats.running_batch,
+        )
+        yield GaugeMetricFamily(
+            "omni_max_running_batch_size",
+            "Largest thinker batch seen since the worker started.",
+            value=stats.max_running_batch,
+        )
+        yield GaugeMetricFamily(
+            "omni_engine_active_requests",
+            "Requests the engine holds (queued or running).",
+            value=stats.active_requests,
+        )
+        yield GaugeMetricFamily(
+            "omni_active_sessions", "Client requests and sessions open on the API.", value=self._in_flight()
+        )
+
+
+class ApiMetrics:
+    def __init__(self, *, stats: Callable[[], EngineStats], in_flight: Callable[[], int]) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "omni_requests",
+            "HTTP requests by endpoint and status.",
+            ["endpoint", "status"],
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "omni_time_to_first_token_seconds",
+            "From request arrival to the first text token.",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.ttfa = Histogram(
+            "omni_time_to_first_audio_seconds",
+            "From request arrival to the first audio chunk.",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "omni_request_duration_seconds",
+            "From request arrival to the last event of a generation.",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.tokens_per_second = Histogram(
+            "omni_output_tokens_per_second",
+            "Per request: completion tokens over the time after the first token.",
+            buckets=_RATE_BUCKETS,
+            registry=self.registry,
+        )
+        self.prompt_tokens = Counter("omni_prompt_tokens", "Prompt tokens processed.", registry=self.registry)
+        self.output_tokens = Counter(
+            "omni_output_tokens", "Completion tokens generated.", registry=self.registry
+        )
+        self.audio_seconds = Counter(
+            "omni_output_audio_seconds", "Seconds of speech generated.", registry=self.registry
+        )
+        self.registry.register(_EngineCollector(stats, in_flight))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class RequestCounter:
+    """ASGI middleware counting responses per endpoint and status (streaming-safe: no body buffering)."""
+
+    def __init__(self, app: ASGIApp, *, metrics: ApiMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = {"code": 500}  # an exception before any response is a 500 the server sends
+
+        async def send_counting(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_counting)
+        finally:
+            route = scope.get("route")
+            endpoint = getattr(route, "path", None) or "unmatched"
+            self.metrics.requests.labels(endpoint=endpoint, status=str(status["code"])).inc()

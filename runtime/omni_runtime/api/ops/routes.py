@@ -1,0 +1,35 @@
+"""GET /health (alive), GET /ready (loaded and warmed up), GET /metrics (Prometheus text)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from omni_runtime.api.state import get_state
+
+router = APIRouter()
+
+
+@router.get("/health")
+async def health(raw: Request) -> JSONResponse:
+    state = get_state(raw)
+    # Alive while loading, so Kubernetes does not restart a worker that is still loading weights;
+    # a failed start is not alive.
+    if state.startup_error is not None:
+        return JSONResponse({"status": "failed", "error": state.startup_error}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+@router.get("/ready")
+async def ready(raw: Request) -> JSONResponse:
+    state = get_state(raw)
+    if state.ready:
+        return JSONResponse({"status": "ready", "model": state.model_name})
+    status = "failed" if state.startup_error is not None else "starting"
+    return JSONResponse({"status": status, "model": state.model_name}, status_code=503)
+
+
+@router.get("/metrics")
+async def metrics(raw: Request) -> Response:
+    return Response(get_state(raw).metrics.render(), media_type=CONTENT_TYPE_LATEST)

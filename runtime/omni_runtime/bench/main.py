@@ -1,0 +1,148 @@
+"""`omni bench`: load-test a worker or router, print a table, write JSON and a PNG plot.
+
+    omni bench --url http://127.0.0.1:8000 --concurrency 1,4,16 --requests 32 --mode speech --stream \
+        --max-tokens 128 --out bench-out/
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+
+from omni_runtime.bench.load import LoadSpec, discover_model, one_request, run_level
+from omni_runtime.bench.report import format_table, load_baselines, plot, write_json
+from omni_runtime.bench.stats import LevelSummary, summarize
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        levels = [int(p) for p in text.split(",") if p.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of integers, e.g. 1,4,16") from exc
+    if not levels or any(c < 1 for c in levels):
+        raise argparse.ArgumentTypeError(f"{text!r}: concurrency levels must be integers >= 1")
+    return levels
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from exc
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} must be at least 1")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="omni bench", description="Load-test an omni worker or router.")
+    p.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--model", help="model name (default: the first of GET /v1/models)")
+    p.add_argument("--concurrency", type=_levels, default=[1, 4, 16], help="comma list (default 1,4,16)")
+    p.add_argument(
+        "--requests", type=_positive, default=None, help="requests per level (default 4 x concurrency)"
+    )
+    p.add_argument("--mode", choices=["text", "speech"], default="text")
+    p.add_argument("--stream", action="store_true", help="SSE: measures time to first token / first audio")
+    p.add_argument("--max-tokens", type=_positive, default=128, help="fixed output length (ignore_eos)")
+    p.add_argument("--warmup", type=int, default=1, help="unmeasured requests before the first level")
+    p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds")
+    p.add_argument("--out", type=Path, help="directory for bench.json and bench.png")
+    p.add_argument(
+        "--baseline-json",
+        type=Path,
+        action="append",
+        default=[],
+        help="extra rows (e.g. HF generate) to show next to ours; repeatable",
+    )
+    p.add_argument("--label", default="omni", help="label of this run's rows (default: omni)")
+    return p
+
+
+def _progress(level: int, total: int) -> Callable[[int], None]:
+    def show(done: int) -> None:
+        end = "\n" if done == total else ""
+        print(f"\r  concurrency {level}: {done}/{total} requests", end=end, file=sys.stderr, flush=True)
+
+    return show
+
+
+async def _run(args: argparse.Namespace) -> int:
+    try:
+        model = args.model or await discover_model(args.url)
+    except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
+        print(
+            f"omni bench: cannot read the model list from {args.url}/v1/models: {exc}; pass --model",
+            file=sys.stderr,
+        )
+        return 1
+    spec = LoadSpec(
+        url=args.url,
+        model=model,
+        mode=args.mode,
+        stream=args.stream,
+        max_tokens=args.max_tokens,
+        timeout_s=args.timeout,
+    )
+    print(
+        f"omni bench: {args.url} model={model} mode={args.mode} stream={args.stream} "
+        f"max_tokens={args.max_tokens} levels={args.concurrency}",
+        file=sys.stderr,
+    )
+    if args.warmup > 0:
+        async with httpx.AsyncClient(base_url=args.url, timeout=args.timeout) as client:
+            for _ in range(args.warmup):
+                sample = await one_request(client, replace(spec, max_tokens=min(spec.max_tokens, 8)))
+                if not sample.ok:
+                    print(f"omni bench: warm-up request failed: {sample.error}", file=sys.stderr)
+                    return 1
+    levels: list[LevelSummary] = []
+    for concurrency in args.concurrency:
+        total = args.requests or 4 * concurrency
+        samples, wall = await run_level(
+            spec, concurrency=concurrency, requests=total, on_done=_progress(concurrency, total)
+        )
+        levels.append(summarize(samples, concurrency=concurrency, wall_s=wall, label=args.label))
+    baselines = [row for path in args.baseline_json for row in load_baselines(path)]
+    print(format_table([*levels, *baselines]))
+    for row in levels:
+        if row.failed:
+            print(
+                f"concurrency {row.concurrency}: {row.failed} failed, first error: {row.first_error}",
+                file=sys.stderr,
+            )
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        meta = {
+            "url": args.url,
+            "model": model,
+            "mode": args.mode,
+            "stream": args.stream,
+            "max_tokens": args.max_tokens,
+            "requests": args.requests,
+            "concurrency": args.concurrency,
+            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        write_json(args.out / "bench.json", meta=meta, levels=levels, baselines=baselines)
+        title = f"{model}: {args.mode}{' (stream)' if args.stream else ''}, {args.max_tokens} tokens"
+        plot(args.out / "bench.png", rows=[*levels, *baselines], title=title)
+        print(f"wrote {args.out / 'bench.json'} and {args.out / 'bench.png'}", file=sys.stderr)
+    return 0 if all(row.failed == 0 for row in levels) else 1
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    for path in args.baseline_json:
+        try:
+            load_baselines(path)  # fail on a bad baseline file before minutes of load
+        except (OSError, ValueError) as exc:
+            print(f"omni bench: --baseline-json {path}: {exc}", file=sys.stderr)
+            return 2
+    return asyncio.run(_run(args))

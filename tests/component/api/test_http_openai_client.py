@@ -1,0 +1,83 @@
+"""The official `openai` Python client against the worker: text, speech out and streaming."""
+
+from __future__ import annotations
+
+import base64
+import io
+import struct
+
+import openai
+import soundfile as sf
+
+from conftest import SHORT_SPEECH, Worker
+
+HELLO = [{"role": "user", "content": "Hello"}]
+
+
+def _client(worker: Worker) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{worker.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _model(client: openai.OpenAI) -> str:
+    models = client.models.list().data
+    assert len(models) == 1
+    return models[0].id
+
+
+def test_text(worker: Worker) -> None:
+    client = _client(worker)
+    completion = client.chat.completions.create(model=_model(client), messages=HELLO, max_tokens=5)  # type: ignore[arg-type]
+    assert completion.choices[0].message.content
+    assert completion.choices[0].finish_reason in ("stop", "length")
+    assert completion.usage is not None and 1 <= completion.usage.completion_tokens <= 5
+
+
+def test_audio_output(worker: Worker) -> None:
+    client = _client(worker)
+    completion = client.chat.completions.create(
+        model=_model(client),
+        messages=HELLO,  # type: ignore[arg-type]
+        max_tokens=8,
+        modalities=["text", "audio"],
+        audio={"voice": "Chelsie", "format": "wav"},  # type: ignore[typeddict-item]
+        extra_body={"stage_params": SHORT_SPEECH},
+    )
+    audio = completion.choices[0].message.audio
+    assert audio is not None and audio.id and audio.expires_at > 0
+    wav = base64.b64decode(audio.data)
+    assert struct.unpack("<I", wav[24:28])[0] == 24000
+    assert sf.info(io.BytesIO(wav)).samplerate == 24000
+
+
+def test_streaming(worker: Worker) -> None:
+    client = _client(worker)
+    stream = client.chat.completions.create(
+        model=_model(client),
+        messages=HELLO,
+        max_tokens=8,
+        stream=True,
+        stream_options={"include_usage": True},  # type: ignore[arg-type]
+    )
+    texts, finish, usage = [], None, None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            if choice.delta.content:
+                texts.append(choice.delta.content)
+            finish = choice.finish_reason or finish
+    assert len(texts) >= 2
+    assert finish in ("stop", "length")
+    assert usage is not None and usage.completion_tokens >= len(texts) - 1
+
+
+def test_errors_surface_as_typed_exceptions(worker: Worker) -> None:
+    client = _client(worker)
+    try:
+        client.chat.completions.create(model="no-such-model", messages=HELLO, max_tokens=2)  # type: ignore[arg-type]
+    except openai.NotFoundError as exc:
+        assert exc.status_code == 404
+        assert exc.code == "model_not_found"
+        assert exc.param == "model"
+    else:
+        raise AssertionError("an unknown model must be a 404")

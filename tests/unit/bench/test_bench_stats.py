@@ -1,0 +1,140 @@
+"""Bench statistics and report: exact numbers, the table, baseline rows, the JSON and the PNG."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from omni_runtime.bench.load import LoadSpec, request_body
+from omni_runtime.bench.report import format_table, load_baselines, plot, write_json
+from omni_runtime.bench.stats import LevelSummary, RequestSample, percentile, summarize
+
+
+def test_percentile_matches_linear_interpolation() -> None:
+    values = [4.0, 1.0, 3.0, 2.0]
+    assert percentile(values, 0) == 1.0
+    assert percentile(values, 50) == 2.5
+    assert percentile(values, 95) == pytest.approx(3.85)
+    assert percentile(values, 100) == 4.0
+    assert percentile([7.0], 95) == 7.0
+    with pytest.raises(ValueError):
+        percentile([], 50)
+    with pytest.raises(ValueError):
+        percentile([1.0], 101)
+
+
+def test_summarize_exact() -> None:
+    samples = [
+        RequestSample(ok=True, latency_s=1.0, ttft_s=0.1, ttfa_s=0.3, output_tokens=10),
+        RequestSample(ok=True, latency_s=2.0, ttft_s=0.2, ttfa_s=None, output_tokens=10),
+        RequestSample(ok=True, latency_s=3.0, ttft_s=0.3, ttfa_s=0.5, output_tokens=10),
+        RequestSample(ok=False, latency_s=9.0, error="HTTP 500: boom"),
+    ]
+    assert summarize(samples, concurrency=4, wall_s=3.0) == LevelSummary(
+        label="omni",
+        concurrency=4,
+        requests=4,
+        failed=1,
+        wall_s=3.0,
+        requests_per_s=1.0,
+        output_tokens_per_s=10.0,
+        latency_mean_s=2.0,
+        latency_p50_s=2.0,
+        latency_p95_s=pytest.approx(2.9),  # type: ignore[arg-type]
+        ttft_mean_s=pytest.approx(0.2),  # type: ignore[arg-type]
+        ttft_p50_s=0.2,
+        ttfa_mean_s=0.4,
+        ttfa_p50_s=0.4,
+        first_error="HTTP 500: boom",
+    )
+
+
+def test_summarize_all_failed_has_no_latencies() -> None:
+    summary = summarize([RequestSample(ok=False, latency_s=1.0, error="x")], concurrency=1, wall_s=1.0)
+    assert (summary.requests_per_s, summary.latency_p50_s, summary.ttft_p50_s) == (0.0, None, None)
+
+
+def _row(label: str, concurrency: int, tokens: float, **extra: float | None) -> LevelSummary:
+    base = dict.fromkeys(
+        [
+            "latency_mean_s",
+            "latency_p50_s",
+            "latency_p95_s",
+            "ttft_mean_s",
+            "ttft_p50_s",
+            "ttfa_mean_s",
+            "ttfa_p50_s",
+        ]
+    )
+    base.update(extra)
+    return LevelSummary(label, concurrency, 8, 0, 2.0, 4.0, tokens, **base)  # type: ignore[arg-type]
+
+
+def test_table_is_exact() -> None:
+    rows = [_row("omni", 1, 123.456, latency_p50_s=0.25, ttft_p50_s=0.0123), _row("hf-generate", 16, 5.0)]
+    assert format_table(rows).splitlines() == [
+        "label        conc  ok/all  req/s  tok/s  lat mean  lat p50  lat p95  ttft p50  ttfa p50",
+        "-----------  ----  ------  -----  -----  --------  -------  -------  --------  --------",
+        "omni            1     8/8   4.00  123.5         -    0.250        -     0.012         -",
+        "hf-generate    16     8/8   4.00    5.0         -        -        -         -         -",
+    ]
+
+
+def test_baselines_load_and_errors_name_the_row(tmp_path: Path) -> None:
+    good = tmp_path / "hf.json"
+    good.write_text(
+        json.dumps(
+            {
+                "levels": [
+                    {
+                        "label": "hf-generate",
+                        "concurrency": 1,
+                        "requests_per_s": 0.5,
+                        "output_tokens_per_s": 11,
+                    }
+                ]
+            }
+        )
+    )
+    (row,) = load_baselines(good)
+    assert (row.label, row.concurrency, row.output_tokens_per_s, row.latency_p50_s) == (
+        "hf-generate",
+        1,
+        11.0,
+        None,
+    )
+    bad = tmp_path / "bad.json"
+    bad.write_text(
+        json.dumps([{"label": "x", "concurrency": 1, "requests_per_s": "fast", "output_tokens_per_s": 1}])
+    )
+    with pytest.raises(ValueError, match=r"row 0: requests_per_s must be a number, got 'fast'"):
+        load_baselines(bad)
+    missing = tmp_path / "missing.json"
+    missing.write_text(json.dumps([{"label": "x"}]))
+    with pytest.raises(
+        ValueError, match=r"row 0: missing fields \['concurrency', 'output_tokens_per_s', 'requests_per_s'\]"
+    ):
+        load_baselines(missing)
+
+
+def test_json_roundtrip_and_png(tmp_path: Path) -> None:
+    rows = [_row("omni", c, 10.0 * c, latency_p50_s=0.1 * c, ttfa_p50_s=0.05) for c in (1, 4, 16)]
+    baseline = [_row("hf-generate", 1, 11.0)]
+    write_json(tmp_path / "bench.json", meta={"mode": "text"}, levels=rows, baselines=baseline)
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert data["meta"] == {"mode": "text"}
+    assert [LevelSummary.from_json(r) for r in data["levels"]] == rows
+    assert load_baselines(tmp_path / "bench.json") == rows  # our own output works as a baseline file
+    plot(tmp_path / "bench.png", rows=[*rows, *baseline], title="t")
+    assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_request_body_fixes_the_output_length() -> None:
+    speech = request_body(LoadSpec(url="http://x", model="m", mode="speech", stream=True, max_tokens=64))
+    assert speech["ignore_eos"] is True and speech["max_tokens"] == 64 and speech["stream"] is True
+    assert speech["modalities"] == ["text", "audio"]
+    assert "modalities" not in request_body(
+        LoadSpec(url="http://x", model="m", mode="text", stream=False, max_tokens=8)
+    )
