@@ -2,8 +2,8 @@
 
 Streaming-input sessions answer like ``/v1/chat/completions``: a ``chat.completion`` object, or
 ``chat.completion.chunk`` events over SSE ending in ``data: [DONE]``. Speech comes as base64 WAV
-(whole reply, header at the talker's true rate) or, streamed, as base64 PCM16 chunks in
-``delta.audio.data`` with their sample rate.
+(whole reply, header at the talker's true rate) or, streamed, in ``delta.audio.data`` as the chat
+route sends it: each piece a small WAV file (``audio.format`` "wav", the default) or raw PCM16.
 """
 
 from __future__ import annotations
@@ -86,12 +86,14 @@ def chunk_json(
     return body
 
 
-def audio_delta(pcm: np.ndarray, *, sample_rate: int, completion: str) -> dict[str, Any]:
+def audio_delta(pcm: np.ndarray, *, sample_rate: int, completion: str, fmt: str = "wav") -> dict[str, Any]:
+    """A streamed audio piece as the chat route sends it: a small WAV file each, or raw PCM16."""
+    payload = encode_wav(pcm, sample_rate=sample_rate) if fmt == "wav" else to_pcm16(pcm)
     return {
         "audio": {
             "id": f"audio_{completion}",
-            "data": base64.b64encode(to_pcm16(pcm)).decode("ascii"),
-            "format": "pcm16",
+            "data": base64.b64encode(payload).decode("ascii"),
+            "format": fmt,
             "sample_rate": sample_rate,
         }
     }

@@ -140,6 +140,7 @@ class StreamingInputSession:
         self.failure: ProtocolError | None = None
         self._task: asyncio.Task[None] | None = None
         self.want_audio = "audio" in params.modalities
+        self.audio_format = "pcm16" if (params.audio or {}).get("format") == "pcm16" else "wav"
         if self.want_audio and not engine.supports_audio_output:
             raise invalid("modalities", "this worker serves text only; use ['text']")
 
@@ -369,7 +370,9 @@ class StreamingInputSession:
                 elif isinstance(event, AudioChunk) and event.pcm.size:
                     audio.append(np.asarray(event.pcm, dtype=np.float32))
                     rate = event.sample_rate
-                    delta = chat_format.audio_delta(event.pcm, sample_rate=rate, completion=self.completion)
+                    delta = chat_format.audio_delta(
+                        event.pcm, sample_rate=rate, completion=self.completion, fmt=self.audio_format
+                    )
                     await self._publish(chat_format.chunk_json(**base, delta=delta))
                 elif isinstance(event, Finished):
                     reason, usage = event.reason, event.usage
