@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -259,14 +260,23 @@ def test_operator_with_the_chart_service_account_reconciles_a_deployment(
         assert len(pods) == 2 and all(p["status"]["phase"] == "Running" for p in pods)
         # The router's Role was created by the operator: it held every right it granted.
         get(control_plane, f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles/tiny-omni-router")
-        log = operator.log()
-        assert "Forbidden" not in log and " 403" not in log, log[-4000:]
+        # No request of the operator was refused, except kopf's optional cluster scanning
+        # (namespaces, CRDs), which it skips with a warning when not allowed: the chart grants no
+        # cluster-scoped reads for a namespaced operator on purpose.
+        refused = [
+            line for line in operator.log().splitlines() if "forbidden" in line.lower() or " 403" in line
+        ]
+        unexpected = [line for line in refused if not KOPF_SCANNING.search(line)]
+        assert unexpected == []
     finally:
         operator.stop()
         api.close()
         tools.kubectl(
             "delete", "-n", ns, "-f", str(REPO / "examples" / "tiny-cpu.yaml"), "--wait=false", check=False
         )
+
+
+KOPF_SCANNING = re.compile(r'cannot (list|watch) resource "(namespaces|customresourcedefinitions)"')
 
 
 def render(example: Path, namespace: str) -> str:
