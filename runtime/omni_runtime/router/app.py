@@ -10,7 +10,6 @@ health loop running until shutdown.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Any
 
@@ -19,14 +18,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from omni_runtime.router import logs
 from omni_runtime.router.auth import EXEMPT_PATHS, authorized
-from omni_runtime.router.context import RouterConfig, RouterContext, new_upstream_client
+from omni_runtime.router.context import RouterConfig, RouterContext
 from omni_runtime.router.errors import RouterError
 from omni_runtime.router.health import HealthChecker
 from omni_runtime.router.http_proxy import HttpProxy, Receive, Scope, Send, send_error
 from omni_runtime.router.metrics import CONTENT_TYPE, RouterMetrics
 from omni_runtime.router.sources import WorkerSource, WorkerTableError
 from omni_runtime.router.table import Worker, WorkerSpec, WorkerState, WorkerTable
+from omni_runtime.router.upstream_client import UpstreamPool
 from omni_runtime.router.ws_relay import WebSocketRelay, deny_websocket
 
 log = logging.getLogger("omni.router")
@@ -106,8 +107,7 @@ class RouterApp:
                 },
             )
         for worker_id in change.dropped:
-            with contextlib.suppress(KeyError):
-                self.metrics.sessions.remove(worker_id)
+            self.metrics.forget_worker(worker_id)
         if self.ctx is not None:
             for worker_id in change.gone:
                 self.ctx.evict(worker_id, code=1012, reason=f"worker {worker_id} is gone")
@@ -120,12 +120,15 @@ class RouterApp:
         specs = self.initial if self.initial is not None else await asyncio.to_thread(self.source.load)
         self.apply_snapshot(specs)
         health = HealthChecker(self.table, interval=self.config.health_interval)
+        upstream = UpstreamPool(
+            connect_timeout=self.config.connect_timeout, read_timeout=self.config.upstream_timeout
+        )
         self.ctx = RouterContext(
             config=self.config,
             table=self.table,
             metrics=self.metrics,
             health=health,
-            client=new_upstream_client(),
+            upstream=upstream,
         )
         self._http = HttpProxy(self.ctx)
         self._ws = WebSocketRelay(self.ctx)
@@ -133,6 +136,7 @@ class RouterApp:
         self._tasks = [
             asyncio.create_task(health.run(), name="health"),
             asyncio.create_task(self.source.watch(self.apply_snapshot), name="source"),
+            asyncio.create_task(logs.flush_periodically(), name="log-flush"),
         ]
         log.info(
             "router started",
@@ -151,7 +155,7 @@ class RouterApp:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.ctx is not None:
-            await self.ctx.client.aclose()
+            self.ctx.upstream.close()
             await self.ctx.health.aclose()
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:

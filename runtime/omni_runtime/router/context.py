@@ -6,11 +6,10 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
-import httpx
-
 from omni_runtime.router.health import HealthChecker
 from omni_runtime.router.metrics import RouterMetrics
 from omni_runtime.router.table import WorkerTable
+from omni_runtime.router.upstream_client import UpstreamPool
 
 log = logging.getLogger("omni.router")
 
@@ -28,6 +27,7 @@ HOP_BY_HOP = frozenset(
         b"transfer-encoding",
         b"upgrade",
         b"host",
+        b"expect",  # the router has the whole body or streams it; no 100-continue to the worker
     }
 )
 
@@ -51,19 +51,10 @@ class RouterContext:
     table: WorkerTable
     metrics: RouterMetrics
     health: HealthChecker
-    client: httpx.AsyncClient
+    upstream: UpstreamPool
     # Live WebSocket relays by worker: a future per relay that, when set to (code, reason), makes
     # the relay close its client with that code (a worker that is gone ends its sessions cleanly).
     relays: dict[str, set[asyncio.Future[tuple[int, str]]]] = field(default_factory=dict)
-    timeout: dict[str, float] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.timeout = {
-            "connect": self.config.connect_timeout,
-            "read": self.config.upstream_timeout,
-            "write": self.config.upstream_timeout,
-            "pool": self.config.upstream_timeout,
-        }
 
     def open_session(self, worker_id: str) -> None:
         self.table.open_session(worker_id)
@@ -75,6 +66,7 @@ class RouterContext:
         worker = self.table.get(worker_id)
         self.metrics.set_sessions(worker_id, worker.sessions if worker else 0)
         if dropped:
+            self.metrics.forget_worker(worker_id)
             log.info(
                 "worker left the table", extra={"fields": {"event": "worker_dropped", "worker": worker_id}}
             )
@@ -88,9 +80,3 @@ class RouterContext:
                 future.set_result((code, reason))
                 count += 1
         return count
-
-
-def new_upstream_client() -> httpx.AsyncClient:
-    # trust_env=False: workers are reached directly, never through an HTTP(S)_PROXY from the env.
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=512, keepalive_expiry=30.0)
-    return httpx.AsyncClient(limits=limits, trust_env=False, follow_redirects=False)

@@ -20,13 +20,12 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import parse_qsl
-
-import httpx
+from urllib.parse import parse_qsl, quote
 
 from omni_runtime.router.binding import Binding, bind, retry_candidate
 from omni_runtime.router.context import HOP_BY_HOP, RouterContext
 from omni_runtime.router.errors import RouterError
+from omni_runtime.router.upstream_client import UpstreamError, UpstreamResponse, UpstreamTimeout
 
 log = logging.getLogger("omni.router")
 
@@ -34,14 +33,6 @@ Scope = dict[str, Any]
 Receive = Any
 Send = Any
 
-# Connection failures before any response byte: the worker never started on the request.
-RETRYABLE = (
-    httpx.ConnectError,
-    httpx.ConnectTimeout,
-    httpx.RemoteProtocolError,
-    httpx.ReadError,
-    httpx.WriteError,
-)
 WHOLE_BODY_LIMIT = 1024 * 1024  # answers up to this size (with Content-Length) are sent in one piece
 
 
@@ -85,11 +76,12 @@ def upstream_headers(scope: Scope, *, drop: frozenset[bytes] = HOP_BY_HOP) -> li
     return headers
 
 
-def upstream_target(scope: Scope, base_url: str) -> str:
+def request_target(scope: Scope) -> str:
+    """The path and query as the client sent them (still percent-encoded)."""
     raw_path: bytes | None = scope.get("raw_path")
-    path = raw_path.decode("latin-1") if raw_path else scope["path"]
+    path = raw_path.decode("latin-1") if raw_path else quote(scope["path"])
     query: bytes = scope.get("query_string", b"")
-    return f"{base_url}{path}?{query.decode('latin-1')}" if query else f"{base_url}{path}"
+    return f"{path}?{query.decode('latin-1')}" if query else path
 
 
 async def _read_body(
@@ -99,6 +91,8 @@ async def _read_body(
     if first["type"] == "http.disconnect":
         raise ClientGone
     body: bytes = first.get("body", b"")
+    if len(body) > limit:
+        raise BodyTooLarge
     if not first.get("more_body", False):
         return body
     if content_length is not None:
@@ -118,8 +112,6 @@ async def _read_body(
 
     async def stream() -> AsyncIterator[bytes]:
         size = len(body)
-        if size > limit:
-            raise BodyTooLarge
         yield body
         while True:
             message = await receive()
@@ -226,50 +218,51 @@ class HttpProxy:
             await self._fail(scope, send, error, worker=None, binding=None, started=started)
             return
         headers = upstream_headers(scope)
+        target = request_target(scope)
         worker_id = binding.candidates[0]
         failed: list[str] = []
         while True:
             worker = ctx.table.get(worker_id)
             assert worker is not None  # bind() and retry_candidate() only name workers in the table
-            request = httpx.Request(
-                scope["method"],
-                upstream_target(scope, worker.url),
-                headers=headers,
-                content=body,
-                extensions={"timeout": ctx.timeout},
-            )
             ctx.open_session(worker_id)
             sent_at = time.perf_counter()
             try:
-                response = await ctx.client.send(request, stream=True)
-            except RETRYABLE as exc:
+                response = await ctx.upstream.request(
+                    base_url=worker.url, method=scope["method"], target=target, headers=headers, body=body
+                )
+            except UpstreamError as exc:
                 ctx.close_session(worker_id)
-                ctx.health.mark_down(worker_id, f"request failed: {type(exc).__name__}")
-                failed.append(worker_id)
-                replayable = isinstance(body, bytes)
-                retry = retry_candidate(binding, failed=failed, table=ctx.table) if len(failed) == 1 else None
-                if retry is not None and replayable:
-                    ctx.metrics.retries.labels(worker_id).inc()
-                    log.warning(
-                        "retrying on another worker",
-                        extra={
-                            "fields": {
-                                "event": "retry",
-                                "worker": worker_id,
-                                "retry_worker": retry,
-                                "error": type(exc).__name__,
-                                "path": scope["path"],
-                            }
-                        },
+                if isinstance(exc, UpstreamTimeout):
+                    error = RouterError.worker_timeout(
+                        worker_id=worker_id, seconds=ctx.config.upstream_timeout
                     )
-                    worker_id = retry
-                    continue
-                error = RouterError.worker_unreachable(worker_id=worker_id, detail=type(exc).__name__)
-                await self._fail(scope, send, error, worker=worker_id, binding=binding, started=started)
-                return
-            except httpx.TimeoutException:
-                ctx.close_session(worker_id)
-                error = RouterError.worker_timeout(worker_id=worker_id, seconds=ctx.config.upstream_timeout)
+                elif not exc.started:
+                    ctx.health.mark_down(worker_id, f"request failed: {exc}")
+                    failed.append(worker_id)
+                    # Only a body the router holds whole can be sent again.
+                    retry = (
+                        retry_candidate(binding, failed=failed, table=ctx.table) if len(failed) == 1 else None
+                    )
+                    if retry is not None and isinstance(body, bytes):
+                        ctx.metrics.retries.labels(worker_id).inc()
+                        log.warning(
+                            "retrying on another worker",
+                            extra={
+                                "fields": {
+                                    "event": "retry",
+                                    "worker": worker_id,
+                                    "retry_worker": retry,
+                                    "error": str(exc),
+                                    "path": scope["path"],
+                                }
+                            },
+                        )
+                        worker_id = retry
+                        continue
+                    error = RouterError.worker_unreachable(worker_id=worker_id, detail=str(exc))
+                else:
+                    ctx.health.mark_down(worker_id, f"request failed: {exc}")
+                    error = RouterError.worker_failed(worker_id=worker_id, detail=str(exc))
                 await self._fail(scope, send, error, worker=worker_id, binding=binding, started=started)
                 return
             except BodyTooLarge:
@@ -286,47 +279,40 @@ class HttpProxy:
             except ClientGone:
                 ctx.close_session(worker_id)
                 return
-            except httpx.HTTPError as exc:
-                ctx.close_session(worker_id)
-                error = RouterError.worker_failed(worker_id=worker_id, detail=type(exc).__name__)
-                await self._fail(scope, send, error, worker=worker_id, binding=binding, started=started)
-                return
             break
-        ctx.metrics.latency.labels(worker_id).observe(time.perf_counter() - sent_at)
+        ctx.metrics.observe_latency(worker_id, time.perf_counter() - sent_at)
         try:
-            status = await self._relay_response(scope, receive, send, response, worker_id=worker_id)
+            status = await self._relay_response(receive, send, response, worker_id=worker_id)
         finally:
-            await response.aclose()
+            response.close()
             ctx.close_session(worker_id)
-        ctx.metrics.requests.labels(worker_id, str(status)).inc()
+        ctx.metrics.count_request(worker_id, status)
         self._log(scope, status=status, worker=worker_id, binding=binding, started=started)
 
     async def _relay_response(
-        self, scope: Scope, receive: Receive, send: Send, response: httpx.Response, *, worker_id: str
+        self, receive: Receive, send: Send, response: UpstreamResponse, *, worker_id: str
     ) -> int:
-        headers = [
-            (name.lower(), value) for name, value in response.headers.raw if name.lower() not in HOP_BY_HOP
-        ]
+        headers = [(name, value) for name, value in response.headers if name not in HOP_BY_HOP]
         headers.append((b"x-omni-worker", worker_id.encode()))
-        length = response.headers.get("content-length")
-        is_sse = response.headers.get("content-type", "").startswith("text/event-stream")
+        length = response.header(b"content-length")
+        is_sse = (response.header(b"content-type") or b"").startswith(b"text/event-stream")
         if length is not None and length.isdigit() and int(length) <= WHOLE_BODY_LIMIT and not is_sse:
             try:
-                data = await response.aread()
-            except httpx.HTTPError as exc:
-                self.ctx.health.mark_down(worker_id, f"response failed: {type(exc).__name__}")
-                error = RouterError.worker_failed(worker_id=worker_id, detail=type(exc).__name__)
+                data = await response.read()
+            except UpstreamError as exc:
+                self.ctx.health.mark_down(worker_id, f"response failed: {exc}")
+                error = RouterError.worker_failed(worker_id=worker_id, detail=str(exc))
                 self.ctx.metrics.errors.labels(worker_id, error.code).inc()
                 await send_error(send, error)
                 return error.status
-            await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+            await send({"type": "http.response.start", "status": response.status, "headers": headers})
             await send({"type": "http.response.body", "body": data, "more_body": False})
-            return response.status_code
+            return response.status
 
-        await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+        await send({"type": "http.response.start", "status": response.status, "headers": headers})
 
         async def pump() -> None:
-            async for chunk in response.aiter_raw():
+            async for chunk in response.iter_chunks():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
 
         pumping = asyncio.ensure_future(pump())
@@ -339,23 +325,21 @@ class HttpProxy:
             raise
         watching.cancel()
         if not pumping.done():
-            pumping.cancel()  # the client left: stop reading so the worker sees the disconnect
+            pumping.cancel()  # the client left: closing the connection tells the worker to stop
             await asyncio.gather(pumping, return_exceptions=True)
             log.info(
                 "client disconnected mid-stream",
                 extra={"fields": {"event": "client_gone", "worker": worker_id}},
             )
-            return response.status_code
+            return response.status
         exc = pumping.exception()
         if exc is None:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
-            return response.status_code
-        if not isinstance(exc, httpx.HTTPError):
+            return response.status
+        if not isinstance(exc, UpstreamError):
             raise exc
-        self.ctx.health.mark_down(worker_id, f"stream failed: {type(exc).__name__}")
-        error = RouterError.worker_failed(
-            worker_id=worker_id, detail=f"stream ended early: {type(exc).__name__}"
-        )
+        self.ctx.health.mark_down(worker_id, f"stream failed: {exc}")
+        error = RouterError.worker_failed(worker_id=worker_id, detail=f"stream ended early: {exc}")
         self.ctx.metrics.errors.labels(worker_id, error.code).inc()
         log.warning("worker stream failed", extra={"fields": {"event": "stream_failed", "worker": worker_id}})
         if is_sse:
@@ -363,4 +347,4 @@ class HttpProxy:
             await send({"type": "http.response.body", "body": _sse_error(error), "more_body": False})
         # Any other stream is left incomplete: the server closes the connection, the client sees
         # a truncated body rather than a silently shortened one.
-        return response.status_code
+        return response.status

@@ -6,6 +6,7 @@ so `jq 'select(.worker == "tiny-w0")'` finds everything about one worker.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import sys
@@ -30,9 +31,45 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str)
 
 
+class BufferedLineHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes lines to stderr in batches: a write per request line would cost a syscall per request.
+
+    Warnings and errors go out at once; other lines at most FLUSH_S later (the router's
+    lifespan calls `flush_periodically`, and logging flushes at exit).
+    """
+
+    FLUSH_S = 0.25
+
+    def __init__(self) -> None:
+        super().__init__(open(sys.stderr.fileno(), "w", buffering=1 << 16, encoding="utf-8", closefd=False))  # noqa: SIM115
+        self._flushed_at = time.monotonic()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.stream.write(self.format(record) + "\n")
+            now = time.monotonic()
+            if record.levelno >= logging.WARNING or now - self._flushed_at > self.FLUSH_S:
+                self.stream.flush()
+                self._flushed_at = now
+        except Exception:  # logging must never take the router down; the stdlib reports it
+            self.handleError(record)
+
+    def flush(self) -> None:
+        super().flush()
+        self._flushed_at = time.monotonic()
+
+
+async def flush_periodically() -> None:
+    """Flush buffered log lines even when no new line arrives (the last lines before a quiet spell)."""
+    while True:
+        await asyncio.sleep(BufferedLineHandler.FLUSH_S)
+        for handler in logging.getLogger("omni").handlers:
+            handler.flush()
+
+
 def configure(level: str = "info") -> None:
     """Send the router's and uvicorn's logs to stderr as JSON lines."""
-    handler = logging.StreamHandler(sys.stderr)
+    handler = BufferedLineHandler()
     handler.setFormatter(JsonFormatter())
     for name in ("omni", "uvicorn", "uvicorn.error"):
         logger = logging.getLogger(name)

@@ -164,3 +164,7 @@ def main(argv: list[str]) -> int:
     )
     server.run()
     return 0 if server.started else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -6,6 +6,9 @@ do in tests and in the benchmark, without duplicate-metric errors.
 
 from __future__ import annotations
 
+import contextlib
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from omni_runtime.router.table import WorkerTable
@@ -57,8 +60,31 @@ class RouterMetrics:
             registry=self.registry,
         )
 
+        # Label lookups cost a few microseconds each; the hot path reuses the children it made.
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        key = (metric._name, *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
     def set_sessions(self, worker_id: str, count: int) -> None:
-        self.sessions.labels(worker_id).set(count)
+        self._child(self.sessions, worker_id).set(count)
+
+    def observe_latency(self, worker_id: str, seconds: float) -> None:
+        self._child(self.latency, worker_id).observe(seconds)
+
+    def count_request(self, worker_id: str, status: int) -> None:
+        self._child(self.requests, worker_id, str(status)).inc()
+
+    def forget_worker(self, worker_id: str) -> None:
+        """A worker left the table: drop its series so /metrics does not grow with every rollout."""
+        self._children = {key: child for key, child in self._children.items() if worker_id not in key[1:]}
+        for metric in (self.sessions, self.latency):
+            with contextlib.suppress(KeyError):
+                metric.remove(worker_id)
 
     def render(self, table: WorkerTable) -> bytes:
         # Rotation is a property of the whole table; refresh it at scrape time rather than on

@@ -23,7 +23,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from omni_runtime.router.binding import Binding, bind, retry_candidate
 from omni_runtime.router.context import HOP_BY_HOP, RouterContext
 from omni_runtime.router.errors import RouterError
-from omni_runtime.router.http_proxy import Receive, Scope, Send, header_map, request_query, upstream_target
+from omni_runtime.router.http_proxy import Receive, Scope, Send, header_map, request_query, request_target
 
 log = logging.getLogger("omni.router")
 
@@ -52,7 +52,7 @@ def sendable_close(code: int | None, reason: str, *, fallback: tuple[int, str]) 
 
 
 def ws_url(base_url: str, scope: Scope) -> str:
-    target = upstream_target(scope, base_url)
+    target = base_url + request_target(scope)
     return "wss" + target[5:] if target.startswith("https") else "ws" + target[4:]
 
 
@@ -98,7 +98,7 @@ class WebSocketRelay:
                 return worker_id, upstream
             except InvalidStatus as exc:  # the worker refused the upgrade: pass its answer on
                 response = exc.response
-                ctx.metrics.requests.labels(worker_id, str(response.status_code)).inc()
+                ctx.metrics.count_request(worker_id, response.status_code)
                 if "websocket.http.response" in scope.get("extensions", {}):
                     kept = [
                         (k.lower().encode(), v.encode())
@@ -186,7 +186,7 @@ class WebSocketRelay:
         finally:
             ctx.relays.get(worker_id, set()).discard(evicted)
             ctx.close_session(worker_id)
-        ctx.metrics.requests.labels(worker_id, "101").inc()
+        ctx.metrics.count_request(worker_id, 101)
         log.info(
             "websocket closed",
             extra={

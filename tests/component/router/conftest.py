@@ -132,8 +132,8 @@ class Cluster:
             popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env)
         return popen, log
 
-    def upstream(self, worker_id: str) -> Upstream:
-        port = free_port()
+    def upstream(self, worker_id: str, *, port: int | None = None) -> Upstream:
+        port = port or free_port()
         popen, log = self._spawn(
             worker_id, [sys.executable, str(UPSTREAM), "--port", str(port), "--worker-id", worker_id]
         )
@@ -141,8 +141,8 @@ class Cluster:
         self.procs.append(proc)
         return proc
 
-    def upstreams(self, *worker_ids: str, wait: bool = True) -> list[Upstream]:
-        procs = [self.upstream(worker_id) for worker_id in worker_ids]
+    def upstreams(self, *worker_ids: str, wait: bool = True, port: int | None = None) -> list[Upstream]:
+        procs = [self.upstream(worker_id, port=port) for worker_id in worker_ids]
         for proc in procs if wait else ():
             wait_until(
                 lambda p=proc: (r := _get(f"{p.url}/ready")) is not None and r.status_code == 200,
