@@ -187,3 +187,45 @@ def test_values_file_documents_every_key() -> None:
         if needs_comment and not lines[i - 1].strip().startswith("#"):
             undocumented.append(f"{block}.{key}" if indent else key)
     assert undocumented == []
+
+
+@pytest.mark.parametrize(
+    ("sets", "expected"),
+    [
+        (
+            {},
+            {
+                "namespace": ["omni-system"],
+                "all_namespaces": False,
+                "peering": "omni-operator",
+                "standalone": False,
+            },
+        ),
+        (
+            {"watchAllNamespaces": "true"},
+            {"namespace": [], "all_namespaces": True, "peering": "omni-operator", "standalone": False},
+        ),
+        (
+            {"replicaCount": "1", "leaderElection.enabled": "false", "watchNamespace": "models"},
+            {
+                "namespace": ["models"],
+                "all_namespaces": False,
+                "peering": "omni-operator",
+                "standalone": True,
+            },
+        ),
+        (
+            {"leaderElection.peeringName": "team-a"},
+            {"namespace": ["omni-system"], "all_namespaces": False, "peering": "team-a", "standalone": False},
+        ),
+    ],
+)
+def test_operator_cli_accepts_the_chart_arguments(sets: dict[str, str], expected: dict) -> None:
+    """The container args parse with `omni operator`'s own parser, meaning what the chart intends."""
+    from omni_operator.main import build_parser
+
+    container = one(template(sets=sets), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"][0] == "operator"  # the image's ENTRYPOINT is `omni`
+    parsed = vars(build_parser().parse_args(container["args"][1:]))
+    assert {key: parsed[key] for key in expected} == expected
+    assert parsed["liveness_port"] == container["ports"][0]["containerPort"] == 8080
