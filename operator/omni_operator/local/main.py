@@ -1,4 +1,15 @@
-"""`omni up`: run an OmniDeployment on this machine as local processes behind the router."""
+"""`omni up`: run an OmniDeployment on this machine as local processes behind the router.
+
+    omni up                      two workers of the tiny checkpoint (the embedded default)
+    omni up -f dep.yaml          your deployment
+    omni up -f dep.yaml          again, with an edited file, while the first runs: the running
+                                 instance rolls its workers to the new spec (per spec.rollout)
+                                 and this command follows the rollout until it completes
+
+The running instance is found through its state dir (default ~/.cache/omni/up/<metadata.name>),
+so a re-run with the same file, or the same --state-dir, reaches it. Every problem with the
+input is one line on stderr and exit code 2.
+"""
 
 from __future__ import annotations
 
@@ -7,30 +18,51 @@ import asyncio
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from omni_operator.api.load import SpecError, load_deployments
+from omni_operator.api.load import SpecError, load_deployments, parse_deployments
+from omni_operator.local import control
 from omni_operator.local.default import DEFAULT_DEPLOYMENT_YAML
-from omni_operator.local.processes import LocalCapacityError, check_capacity, process_specs, router_spec
+from omni_operator.local.processes import (
+    LocalCapacityError,
+    LocalSettings,
+    check_capacity,
+    check_ports,
+    plan_local,
+)
 from omni_operator.local.supervisor import Supervisor
-from omni_operator.plan.planner import plan_deployment
-from omni_operator.plan.types import PlanError, Target
+from omni_operator.plan.types import PlanError
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="omni up",
         description="Run an OmniDeployment on this machine: every stage of every worker plus the router. "
-        "With no -f, two workers of the tiny random-weight checkpoint.",
+        "With no -f, two workers of the tiny random-weight checkpoint. Run it again with an edited "
+        "file while it runs to roll the workers to the new spec.",
     )
     parser.add_argument(
         "-f", "--filename", help="OmniDeployment YAML (default: the embedded tiny deployment)"
     )
     parser.add_argument("--port", type=int, default=8000, help="router port (default 8000)")
-    parser.add_argument("--base-port", type=int, default=8100, help="first port for worker processes")
+    parser.add_argument(
+        "--base-port",
+        type=int,
+        default=8100,
+        help="worker i uses ports base+10*i+1 to base+10*i+4 (default 8100)",
+    )
     parser.add_argument("--gpu-offset", type=int, default=0, help="first host GPU to use")
-    parser.add_argument("--state-dir", help="where the worker table lives (default ~/.cache/omni/up/<name>)")
+    parser.add_argument(
+        "--state-dir",
+        help="worker table and control socket (default ~/.cache/omni/up/<metadata.name>); "
+        "a second omni up with the same state dir hands its spec to the running one",
+    )
+    parser.add_argument(
+        "--no-follow",
+        action="store_true",
+        help="when handing a spec to a running omni up, return once it is accepted "
+        "instead of following the rollout",
+    )
     return parser
 
 
@@ -45,41 +77,60 @@ def count_gpus() -> int:
     return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
 
 
+def _fail(message: str) -> int:
+    print(f"omni up: error: {message}", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    for flag, value in (("--port", args.port), ("--base-port", args.base_port)):
+        if not 1 <= value <= 65000:
+            return _fail(f"{flag} {value}: expected a port between 1 and 65000")
+    if args.gpu_offset < 0:
+        return _fail(f"--gpu-offset {args.gpu_offset}: expected 0 or more")
+    state_dir: Path | None = None
     try:
         if args.filename:
-            source = Path(args.filename)
+            file = args.filename
+            if file == "-":
+                text = sys.stdin.read()
+                deployments = parse_deployments(text, file="<stdin>")
+            else:
+                deployments = load_deployments(file)  # file errors as one clear SpecError
+                text = Path(file).read_text(encoding="utf-8")
         else:
-            tmp = Path(tempfile.mkdtemp(prefix="omni-up-")) / "tiny-omni.yaml"
-            tmp.write_text(DEFAULT_DEPLOYMENT_YAML)
-            source = tmp
-        deployments = load_deployments(source)
+            file, text = "<embedded default>", DEFAULT_DEPLOYMENT_YAML
+            deployments = parse_deployments(text, file=file)
         if len(deployments) != 1:
-            print(
-                f"omni up: {source}: holds {len(deployments)} OmniDeployments; give one per file",
-                file=sys.stderr,
-            )
-            return 2
-        dep = deployments[0]
+            return _fail(f"{file}: holds {len(deployments)} OmniDeployments; give one per file")
+        (dep,) = deployments
         state_dir = Path(args.state_dir or Path.home() / ".cache" / "omni" / "up" / dep.metadata.name)
-        workers_file = state_dir / "workers.json"
-        plan = plan_deployment(
-            dep,
-            target=Target.local,
+        running = control.connect(state_dir)
+        if running is not None:
+            print(f"omni up: handing {file} to the omni up running for {state_dir}", flush=True)
+            try:
+                return control.hand_over(running, file=file, text=text, follow=not args.no_follow)
+            except KeyboardInterrupt:
+                print("omni up: stopped following; the rollout goes on", file=sys.stderr)
+                return 130
+        control.check_socket_path(state_dir)
+        settings = LocalSettings(
             base_port=args.base_port,
             router_port=args.port,
             gpu_offset=args.gpu_offset,
-            workers_file=str(workers_file),
+            workers_file=str(state_dir / "workers.json"),
         )
-        check_capacity(plan=plan, available_gpus=count_gpus(), gpu_offset=args.gpu_offset)
-    except (SpecError, PlanError, LocalCapacityError) as err:
-        print(f"omni up: error: {err}", file=sys.stderr)
-        return 2
-    supervisor = Supervisor(
-        plan=plan,
-        workers_file=workers_file,
-        processes=process_specs(plan=plan),
-        router=router_spec(plan=plan),
-    )
-    return asyncio.run(supervisor.run())
+        plan = plan_local(dep, settings)
+        gpus = count_gpus()
+        check_capacity(plan=plan, available_gpus=gpus, gpu_offset=args.gpu_offset)
+        check_ports(plan=plan)
+    except (SpecError, PlanError, LocalCapacityError, control.ControlError) as err:
+        return _fail(str(err))
+    except OSError as err:  # the state dir or the control socket
+        return _fail(f"{err.filename or state_dir}: {err.strerror or err}")
+    supervisor = Supervisor(dep=dep, settings=settings, state_dir=state_dir, available_gpus=gpus)
+    try:
+        return asyncio.run(supervisor.run())
+    except (control.ControlError, OSError) as err:
+        return _fail(str(err))

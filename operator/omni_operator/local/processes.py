@@ -1,16 +1,21 @@
-"""Process bookkeeping for local mode: which processes a Plan needs and how each is started.
+"""Process bookkeeping for local mode: which processes a worker needs and how each is started.
 
-Pure: turns a Plan into `ProcessSpec`s (argv, environment, GPU mapping) and answers questions
-about GPU capacity. The supervisor does the I/O.
+Pure: plans one worker of a deployment at any index (rollouts start workers beyond the spec's
+count, so names and ports stay unique), turns a WorkerPlan into `ProcessSpec`s (argv, environment,
+host GPUs) and answers questions about GPU capacity and ports. The supervisor does the I/O.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from omni_operator.plan.types import Plan
+from omni_operator.api.spec import OmniDeployment
+from omni_operator.plan.planner import plan_deployment
+from omni_operator.plan.types import Plan, Target, WorkerPlan
 
 
 @dataclass(frozen=True)
@@ -21,8 +26,18 @@ class ProcessSpec:
     env: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class LocalSettings:
+    """Where a local deployment lives on this machine: the `omni up` flags the plan depends on."""
+
+    base_port: int
+    router_port: int
+    gpu_offset: int
+    workers_file: str
+
+
 class LocalCapacityError(ValueError):
-    """The plan needs more GPUs than this machine has."""
+    """The plan needs more GPUs (or ports) than this machine has."""
 
 
 def omni_argv(command: tuple[str, ...]) -> tuple[str, ...]:
@@ -32,35 +47,80 @@ def omni_argv(command: tuple[str, ...]) -> tuple[str, ...]:
     return command
 
 
+def plan_local(dep: OmniDeployment, settings: LocalSettings) -> Plan:
+    """The deployment's Plan for this machine; raises PlanError naming the field and the fix."""
+    return plan_deployment(
+        dep,
+        target=Target.local,
+        base_port=settings.base_port,
+        router_port=settings.router_port,
+        gpu_offset=settings.gpu_offset,
+        workers_file=settings.workers_file,
+    )
+
+
+def plan_worker(dep: OmniDeployment, settings: LocalSettings, *, index: int) -> WorkerPlan:
+    """Worker `index` of the deployment, also beyond spec.workers (a rollout's surge workers).
+
+    The planner lays workers out by index ({name}-w{index}, ports base + 10 * index), and a
+    worker's revision does not depend on the worker count, so planning index + 1 workers and
+    taking the last gives the same worker the spec would have at that index.
+    """
+    spec = dep.spec.model_copy(update={"workers": index + 1})
+    return plan_local(dep.model_copy(update={"spec": spec}), settings).workers[index]
+
+
 def check_capacity(*, plan: Plan, available_gpus: int, gpu_offset: int = 0) -> None:
     needed = gpu_offset + plan.gpus_per_worker * len(plan.workers)
     if plan.gpus_per_worker and needed > available_gpus:
         raise LocalCapacityError(
-            f"spec.workers: {len(plan.workers)} workers x {plan.gpus_per_worker} GPUs need {needed} GPUs, "
+            f"spec.workers: {len(plan.workers)} workers x {plan.gpus_per_worker} GPUs"
+            f"{f' after --gpu-offset {gpu_offset}' if gpu_offset else ''} need {needed} GPUs, "
             f"this machine has {available_gpus}; lower spec.workers, or use gpu.tier: cpu for a CPU run"
         )
 
 
-def process_specs(*, plan: Plan, base_env: dict[str, str] | None = None) -> list[ProcessSpec]:
-    """Every process of every worker, in start order (stage processes before the worker API).
+def host_gpus(*, available_gpus: int, gpu_offset: int) -> list[int]:
+    """The host GPU ids local mode may hand out."""
+    return list(range(gpu_offset, max(gpu_offset, available_gpus)))
 
-    A local Plan already carries each process's CUDA_VISIBLE_DEVICES (host GPU ids); processes
-    without GPUs get an empty value so they never grab a device by accident.
+
+def worker_processes(
+    worker: WorkerPlan, *, gpus: tuple[int, ...] = (), base_env: dict[str, str] | None = None
+) -> list[ProcessSpec]:
+    """Every process of one worker, in start order (stage processes before the worker API).
+
+    `gpus` are the host GPUs this worker holds, indexed by the plan's worker-level logical ids;
+    each process sees only its own through CUDA_VISIBLE_DEVICES, and processes without GPUs get an
+    empty value so they never grab a device by accident.
     """
+    needed = max((g for pod in worker.pods for g in pod.logical_gpus), default=-1) + 1
+    if len(gpus) < needed:
+        raise LocalCapacityError(f"{worker.name} needs {needed} GPUs, {len(gpus)} given")
     env0 = dict(os.environ if base_env is None else base_env)
     specs: list[ProcessSpec] = []
-    for worker in plan.workers:
-        # Remote stages first so the API process finds its stage links listening.
-        for pod in sorted(worker.pods, key=lambda p: p.role.value in {"api", "worker"}):
-            env = {**env0, "CUDA_VISIBLE_DEVICES": "", **pod.container.env}
-            specs.append(
-                ProcessSpec(
-                    name=f"{worker.name}/{pod.role.value}",
-                    worker=worker.name,
-                    argv=omni_argv(pod.container.command),
-                    env=env,
-                )
+    # Remote stages first so the API process finds its stage links listening.
+    for pod in sorted(worker.pods, key=lambda p: p.role.value in {"api", "worker"}):
+        visible = ",".join(str(gpus[g]) for g in pod.logical_gpus)
+        env = {**env0, **pod.container.env, "CUDA_VISIBLE_DEVICES": visible}
+        specs.append(
+            ProcessSpec(
+                name=f"{worker.name}/{pod.role.value}",
+                worker=worker.name,
+                argv=omni_argv(pod.container.command),
+                env=env,
             )
+        )
+    return specs
+
+
+def process_specs(*, plan: Plan, base_env: dict[str, str] | None = None) -> list[ProcessSpec]:
+    """Every process of every worker of a plan, each worker on the GPUs the plan gave it."""
+    specs: list[ProcessSpec] = []
+    for worker in plan.workers:
+        first = worker.index * plan.gpus_per_worker
+        gpus = tuple(range(first, first + plan.gpus_per_worker))
+        specs += worker_processes(worker, gpus=gpus, base_env=base_env)
     return specs
 
 
@@ -68,3 +128,36 @@ def router_spec(*, plan: Plan, base_env: dict[str, str] | None = None) -> Proces
     env = {**dict(os.environ if base_env is None else base_env), **plan.router.container.env}
     env["CUDA_VISIBLE_DEVICES"] = ""
     return ProcessSpec(name="router", worker=None, argv=omni_argv(plan.router.container.command), env=env)
+
+
+def worker_ports(worker: WorkerPlan) -> list[int]:
+    return sorted({port for pod in worker.pods for port in pod.container.ports.values()})
+
+
+def busy_ports(ports: Iterable[int], *, host: str = "127.0.0.1") -> list[int]:
+    """Ports another process already listens on (bound as the runtime binds: SO_REUSEADDR)."""
+    busy: list[int] = []
+    for port in ports:
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, port))
+            except OSError:
+                busy.append(port)
+    return busy
+
+
+def check_ports(*, plan: Plan) -> None:
+    """Refuse to start when the router's or a worker's port is taken (instead of a crash loop)."""
+    busy = busy_ports([plan.router.port], host="0.0.0.0")
+    if busy:
+        raise LocalCapacityError(
+            f"--port {plan.router.port}: another process listens there; pick a free --port"
+        )
+    for worker in plan.workers:
+        busy = busy_ports(worker_ports(worker))
+        if busy:
+            raise LocalCapacityError(
+                f"--base-port: port {busy[0]} of {worker.name} is in use; pick another --base-port "
+                f"(worker i uses ports base+10*i+1 to base+10*i+4)"
+            )

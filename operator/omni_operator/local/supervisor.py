@@ -1,9 +1,17 @@
-"""Local mode's I/O: start a Plan's processes, prefix their logs, publish the worker table, restart
-crashed processes, and stop everything cleanly.
+"""Local mode's I/O: run a deployment's workers and router as processes, publish the worker table,
+follow each worker's /ready and the router's view, and carry out the rollout decisions.
+
+Every tick (half a second) the supervisor probes each worker's /ready, asks the router which
+workers are in rotation and how many live sessions each holds (GET /admin/workers), asks the pure
+decision (rollout.py) what to do next and does it: start a worker, mark one `draining` in the
+worker table (the router reads the file and sends it no new sessions), or stop a drained one
+(out of the table first, then its processes). The first start is the same decision with no
+workers yet, so starting, scaling and rolling share one code path.
 
 The router reads the worker table from a JSON file this supervisor rewrites atomically; a worker
 is `ready` there only while its API answers /ready, so a crashed stage takes its worker out of
-rotation until it is back.
+rotation until it is back. A second `omni up -f` hands a new spec over the control socket
+(control.py); `apply` plans it and the ticks roll the workers.
 """
 
 from __future__ import annotations
@@ -17,170 +25,405 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
-from omni_operator.local.processes import ProcessSpec
-from omni_operator.plan.types import Plan
+from omni_operator.api.load import SpecError, parse_deployments
+from omni_operator.api.spec import OmniDeployment
+from omni_operator.local import control
+from omni_operator.local.processes import (
+    LocalCapacityError,
+    LocalSettings,
+    busy_ports,
+    check_capacity,
+    host_gpus,
+    plan_local,
+    plan_worker,
+    router_spec,
+    worker_ports,
+    worker_processes,
+)
+from omni_operator.local.rollout import Desired, Phase, Status, Step, next_step
+from omni_operator.local.workers import LocalWorker, ManagedProcess
+from omni_operator.plan.types import PlanError
 
 COLORS = ["\033[36m", "\033[35m", "\033[33m", "\033[32m", "\033[34m", "\033[91m"]
 RESET = "\033[0m"
+PORT_TRIES = 20  # worker indices skipped at most when another program holds a worker's ports
 
 
 @dataclass
-class Managed:
-    spec: ProcessSpec
-    color: str
-    proc: asyncio.subprocess.Process | None = None
-    restarts: int = 0
-    pump: asyncio.Task[None] | None = None
+class Follower:
+    """A second `omni up` following the rollout it started (until the next spec or a final state)."""
+
+    queue: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
 
 
 @dataclass
-class WorkerRow:
-    id: str
-    url: str
+class RouterView:
+    in_rotation: bool
+    sessions: int
     revision: str
-    state: str = "starting"
 
 
-@dataclass
 class Supervisor:
-    plan: Plan
-    workers_file: Path
-    processes: list[ProcessSpec]
-    router: ProcessSpec
-    color: bool = field(default_factory=lambda: sys.stdout.isatty())
-    health_interval: float = 0.5
-    max_backoff: float = 30.0
-
-    def __post_init__(self) -> None:
-        self._managed = [
-            Managed(spec=spec, color=COLORS[i % len(COLORS)])
-            for i, spec in enumerate([*self.processes, self.router])
-        ]
-        self._rows = {
-            w.name: WorkerRow(id=w.name, url=w.api_url, revision=w.revision) for w in self.plan.workers
-        }
+    def __init__(
+        self,
+        *,
+        dep: OmniDeployment,
+        settings: LocalSettings,
+        state_dir: Path,
+        available_gpus: int = 0,
+        color: bool | None = None,
+        tick: float = 0.5,
+    ) -> None:
+        self.settings = settings
+        self.state_dir = state_dir
+        self.workers_file = Path(settings.workers_file)
+        self.available_gpus = available_gpus
+        self.color = sys.stdout.isatty() if color is None else color
+        self.tick = tick
+        self.dep = dep
+        self.plan = plan_local(dep, settings)
+        self._workers: dict[str, LocalWorker] = {}
+        self._next_index = 0
+        self._next_color = 0
+        self._free_gpus = host_gpus(available_gpus=available_gpus, gpu_offset=settings.gpu_offset)
+        self._router = ManagedProcess(
+            spec=router_spec(plan=self.plan), color=COLORS[-1], emit=self._emit, on_exit=self._on_exit
+        )
         self._stopping = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._followers: list[Follower] = []
+        self._last: tuple[Status, str] | None = None
         self._announced = False
+        self._rolled_from: str | None = None
+        self._retiring: set[asyncio.Task[None]] = set()
+        self._client: httpx.AsyncClient | None = None
 
     # -- output -------------------------------------------------------------------------
-    def say(self, line: str, *, prefix: str = "omni up", color: str = "") -> None:
+    def _emit(self, prefix: str, color: str, line: str) -> None:
         if self.color and color:
             print(f"{color}{prefix:>22} |{RESET} {line}", flush=True)
         else:
             print(f"{prefix:>22} | {line}", flush=True)
 
-    async def _pump(self, managed: Managed) -> None:
-        assert managed.proc is not None and managed.proc.stdout is not None
-        async for raw in managed.proc.stdout:
-            self.say(raw.decode(errors="replace").rstrip(), prefix=managed.spec.name, color=managed.color)
+    def say(self, line: str) -> None:
+        self._emit("omni up", "", line)
+
+    def progress(self, line: str) -> None:
+        """A rollout step: printed here and sent to every follower."""
+        self.say(line)
+        for follower in self._followers:
+            follower.queue.put_nowait({"event": "progress", "line": line})
+
+    def _finish_followers(self, *, ok: bool, message: str) -> None:
+        for follower in self._followers:
+            follower.queue.put_nowait({"event": "done", "ok": ok, "message": message})
+        self._followers = []
 
     # -- worker table ---------------------------------------------------------------------
-    def write_table(self) -> None:
-        payload = {"workers": [vars(row) for row in self._rows.values()]}
-        tmp = self.workers_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(payload, indent=2))
+    def write_table(self, *, gone: bool = False) -> None:
+        rows = [w.row() for w in sorted(self._workers.values(), key=lambda w: w.plan.index) if not w.retiring]
+        if gone:
+            for row in rows:
+                row["state"] = "gone"
+        tmp = self.workers_file.with_name(self.workers_file.name + ".tmp")
+        tmp.write_text(json.dumps({"workers": rows}, indent=2))
         os.replace(tmp, self.workers_file)  # atomic: the router never reads half a file
 
-    def _set_state(self, worker: str, state: str) -> None:
-        row = self._rows[worker]
-        if row.state != state:
-            self.say(f"worker {worker}: {row.state} -> {state}")
-            row.state = state
-            self.write_table()
+    def _set_phase(self, worker: LocalWorker, phase: Phase) -> None:
+        if worker.phase is Phase.draining or worker.phase is phase:
+            return
+        self.say(f"worker {worker.name}: {worker.phase.value} -> {phase.value}")
+        worker.phase = phase
+        if phase is not Phase.ready:
+            worker.admitted = False
+        self.write_table()
 
-    # -- processes ----------------------------------------------------------------------
-    async def _start(self, managed: Managed) -> None:
-        managed.proc = await asyncio.create_subprocess_exec(
-            *managed.spec.argv,
-            env=managed.spec.env,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True,  # our Ctrl-C handling stops children in order
+    def _on_exit(self, process: ManagedProcess, code: int) -> None:
+        worker = self._workers.get(process.spec.worker or "")
+        if worker is not None and not worker.retiring:
+            self._set_phase(worker, Phase.starting)
+
+    # -- applying a spec -----------------------------------------------------------------
+    def desired(self) -> Desired:
+        per_worker = self.plan.gpus_per_worker
+        capacity = None if per_worker == 0 else len(self._workers) + len(self._free_gpus) // per_worker
+        return Desired.of(
+            revision=self.plan.revision,
+            workers=self.dep.spec.workers,
+            rollout=self.dep.spec.rollout,
+            capacity=capacity,
         )
-        managed.pump = asyncio.create_task(self._pump(managed))
 
-    async def _watch(self, managed: Managed) -> None:
-        """Restart a process that exits while we are not stopping, with exponential backoff."""
-        while not self._stopping.is_set():
-            assert managed.proc is not None
-            code = await managed.proc.wait()
-            if managed.pump:
-                await managed.pump
-            if self._stopping.is_set():
-                return
-            managed.restarts += 1
-            delay = min(self.max_backoff, 2.0 ** min(managed.restarts - 1, 5))
-            self.say(
-                f"{managed.spec.name} exited with code {code}; restart #{managed.restarts} in {delay:.0f}s"
+    def apply(self, *, text: str, file: str) -> str:
+        """Take a new spec from a second `omni up -f`; raises SpecError/PlanError/LocalCapacityError."""
+        deployments = parse_deployments(text, file=file)
+        if len(deployments) != 1:
+            raise LocalCapacityError(f"{file}: holds {len(deployments)} OmniDeployments; give one per file")
+        (dep,) = deployments
+        if dep.metadata.name != self.dep.metadata.name:
+            raise LocalCapacityError(
+                f"{file}: metadata.name: {dep.metadata.name!r}, but this omni up runs "
+                f"{self.dep.metadata.name!r}; keep the name, or run the new deployment with its own --state-dir"
             )
-            if managed.spec.worker:
-                self._set_state(managed.spec.worker, "starting")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), timeout=delay)
+        plan = plan_local(dep, self.settings)
+        check_capacity(plan=plan, available_gpus=self.available_gpus, gpu_offset=self.settings.gpu_offset)
+        old_dep, old_plan = self.dep, self.plan
+        self.dep, self.plan = dep, plan
+        self._finish_followers(ok=True, message="a newer spec was applied; stopped following")
+        self._last = None
+        rollout = dep.spec.rollout
+        parts: list[str] = []
+        if plan.revision != old_plan.revision:
+            self._rolled_from = old_plan.revision
+            parts.append(
+                f"rolling workers from revision {old_plan.revision} to {plan.revision}: "
+                f"{dep.spec.workers} workers, maxSurge {rollout.max_surge}, maxUnavailable {rollout.max_unavailable}"
+            )
+        elif dep.spec.workers != old_dep.spec.workers:
+            parts.append(f"scaling from {old_dep.spec.workers} to {dep.spec.workers} workers")
+        else:
+            parts.append(f"no change to the workers (revision {plan.revision}, {dep.spec.workers} workers)")
+        if rollout != old_dep.spec.rollout:
+            parts.append("rollout settings updated" + (" (paused)" if rollout.paused else ""))
+        if plan.router != old_plan.router:
+            parts.append("spec.router changed: the router keeps its settings until omni up restarts")
+        message = "; ".join(parts)
+        self.progress(message)
+        self._wake.set()
+        return message
+
+    async def _serve_control(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        follower: Follower | None = None
+        try:
+            request = json.loads(await reader.readline() or b"{}")
+            if not isinstance(request, dict) or request.get("op") != "apply":
+                writer.write(control.encode({"event": "error", "message": "unknown request"}))
+                return
+            try:
+                message = self.apply(text=str(request.get("yaml", "")), file=str(request.get("file", "-")))
+            except (SpecError, PlanError, LocalCapacityError) as err:
+                writer.write(control.encode({"event": "error", "message": str(err)}))
+                return
+            if request.get("follow"):
+                follower = Follower()
+                self._followers.append(follower)
+            writer.write(control.encode({"event": "accepted", "message": message, "pid": os.getpid()}))
+            await writer.drain()
+            while follower is not None:
+                event = await follower.queue.get()
+                writer.write(control.encode(event))
+                await writer.drain()
+                if event["event"] == "done":
+                    break
+        except (ConnectionError, json.JSONDecodeError, ValueError):
+            pass  # a follower that went away (Ctrl-C) or sent garbage; the rollout goes on
+        finally:
+            if follower in self._followers:
+                self._followers.remove(follower)  # type: ignore[arg-type]
+            with contextlib.suppress(ConnectionError):
+                await writer.drain()
+            writer.close()
+
+    # -- workers ------------------------------------------------------------------------
+    async def _start_worker(self) -> None:
+        for _ in range(PORT_TRIES):
+            index = self._next_index
+            self._next_index += 1
+            plan = plan_worker(self.dep, self.settings, index=index)
+            busy = busy_ports(worker_ports(plan))
+            if not busy:
+                break
+            self.say(
+                f"port {busy[0]} of {plan.name} is in use by another program; skipping to the next index"
+            )
+        else:
+            self.progress(f"no free ports for a new worker after {PORT_TRIES} tries; free some ports")
+            return
+        gpus = tuple(self._free_gpus[: self.plan.gpus_per_worker])
+        self._free_gpus = self._free_gpus[len(gpus) :]
+        processes = []
+        for spec in worker_processes(plan, gpus=gpus):
+            color = COLORS[self._next_color % (len(COLORS) - 1)]
+            self._next_color += 1
+            processes.append(ManagedProcess(spec=spec, color=color, emit=self._emit, on_exit=self._on_exit))
+        worker = LocalWorker(plan=plan, processes=processes, gpus=gpus)
+        self._workers[worker.name] = worker
+        self.write_table()
+        where = f", GPUs {','.join(map(str, gpus))}" if gpus else ""
+        self.progress(f"start {worker.name} (revision {plan.revision}, {plan.api_url}{where})")
+        for process in processes:
+            await process.start()
+
+    async def _retire(self, worker: LocalWorker, reason: str) -> None:
+        """Stop a drained worker: out of the table, gone from the router, then its processes."""
+        self.progress(f"stop {worker.name} ({reason})")
+        self.write_table()  # `retiring` leaves it out of the table
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline and await self._router_knows(worker.name):
+            await asyncio.sleep(0.1)
+        for process in worker.processes:
+            process.begin_stop()
+        for process in worker.processes:
+            await process.wait_stopped(grace=10.0)
+        self._free_gpus = sorted([*self._free_gpus, *worker.gpus])
+        self._workers.pop(worker.name, None)
+        self.say(f"stopped {worker.name}")
+        self._wake.set()
+
+    # -- observing ------------------------------------------------------------------------
+    @property
+    def router_url(self) -> str:
+        return f"http://127.0.0.1:{self.plan.router.port}"
+
+    async def _router_knows(self, worker_id: str) -> bool:
+        assert self._client is not None
+        try:
+            response = await self._client.get(f"{self.router_url}/admin/workers/{worker_id}")
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def _router_view(self) -> dict[str, RouterView] | None:
+        assert self._client is not None
+        try:
+            response = await self._client.get(f"{self.router_url}/admin/workers", timeout=2.0)
+            entries = response.json()["workers"] if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return None
+        if not isinstance(entries, list):
+            return None
+        return {
+            str(e["id"]): RouterView(bool(e["in_rotation"]), int(e["sessions"]), str(e["revision"]))
+            for e in entries
+        }
+
+    async def _probe(self, worker: LocalWorker) -> None:
+        assert self._client is not None
+        try:
+            response = await self._client.get(f"{worker.plan.api_url}/ready")
+        except httpx.TimeoutException:
+            return  # busy, not dead: the router's own checks decide rotation meanwhile
+        except httpx.HTTPError:
+            self._set_phase(worker, Phase.starting)
+            return
+        self._set_phase(worker, Phase.ready if response.status_code == 200 else Phase.starting)
+
+    async def _observe(self) -> None:
+        live = [w for w in self._workers.values() if not w.retiring]
+        await asyncio.gather(*(self._probe(w) for w in live))
+        routed = await self._router_view()
+        for worker in live:
+            seen = routed.get(worker.name) if routed is not None else None
+            worker.sessions = seen.sessions if seen is not None else None
+            worker.admitted = (
+                worker.phase is Phase.ready
+                and seen is not None
+                and seen.in_rotation
+                and seen.revision == worker.revision
+            )
+            worker.ever_admitted = worker.ever_admitted or worker.admitted
+
+    # -- deciding and acting ----------------------------------------------------------------
+    async def _act(self, step: Step, now: float) -> None:
+        for stop in step.stop:
+            worker = self._workers.get(stop.name)
+            if worker is None or worker.retiring:
+                continue
+            worker.retiring = True
+            task = asyncio.create_task(self._retire(worker, stop.reason), name=f"retire {stop.name}")
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
+        for name in step.drain:
+            worker = self._workers[name]
+            sessions = "unknown" if worker.sessions is None else worker.sessions
+            worker.phase, worker.admitted, worker.draining_since = Phase.draining, False, now
+            self.write_table()
+            self.progress(f"drain {name} (revision {worker.revision}, {sessions} live sessions)")
+        for _ in range(step.start):
+            await self._start_worker()
+
+    def _report(self, step: Step) -> None:
+        """Log the state a step starts from (before its actions) and end followers on a final one."""
+        if (step.status, step.message) == self._last:
+            return
+        self._last = (step.status, step.message)
+        if not step.status.final:
+            self.progress(f"rollout: {step.message}")
+            return
+        line = f"rollout {step.status.value.replace('_', ' ')}: {step.message}"
+        if step.status is Status.complete and self._rolled_from is not None:
+            line = f"rollout complete: revision {self._rolled_from} -> {self.plan.revision}: {step.message}"
+            self._rolled_from = None
+        self.say(line)
+        self._finish_followers(ok=step.status in (Status.complete, Status.paused), message=line)
+        if step.status is Status.complete and not self._announced:
+            self._announced = True
+            self._announce()
+
+    def _announce(self) -> None:
+        url = self.router_url
+        body = json.dumps(
+            {
+                "model": self.plan.model_name,
+                "messages": [{"role": "user", "content": "Hello!"}],
+                "max_tokens": 32,
+            }
+        )
+        self.say(
+            f"ready: {self.dep.spec.workers} workers of {self.plan.model_name!r} behind the router at {url}"
+        )
+        self.say(f"try:  curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'")
+        self.say("press Ctrl-C to stop; edit the spec and run `omni up -f FILE` again to roll the workers")
+
+    async def _loop(self) -> None:
+        while not self._stopping.is_set():
+            self._wake.clear()
+            await self._observe()
             if self._stopping.is_set():
                 return
-            await self._start(managed)
+            now = time.monotonic()
+            step = next_step([w.view() for w in self._workers.values()], self.desired(), now=now)
+            self._report(step)
+            await self._act(step, now)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self.tick)
 
-    async def _health(self) -> None:
-        async with httpx.AsyncClient(timeout=2.0) as client:
-            while not self._stopping.is_set():
-                for row in self._rows.values():
-                    try:
-                        ok = (await client.get(f"{row.url}/ready")).status_code == 200
-                    except httpx.HTTPError:
-                        ok = False
-                    if row.state != "draining":
-                        self._set_state(row.id, "ready" if ok else "starting")
-                if not self._announced:
-                    await self._announce(client)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), timeout=self.health_interval)
-
-    async def _announce(self, client: httpx.AsyncClient) -> None:
-        url = f"http://127.0.0.1:{self.plan.router.port}"
-        ready = [row for row in self._rows.values() if row.state == "ready"]
-        if len(ready) < len(self._rows):
-            return
-        try:
-            if (await client.get(f"{url}/ready")).status_code != 200:
-                return
-        except httpx.HTTPError:
-            return
-        self._announced = True
-        body = json.dumps(
-            {"model": self.plan.model_name, "messages": [{"role": "user", "content": "Hello!"}]}
-        )
-        self.say(f"ready: {len(ready)} workers of {self.plan.model_name!r} behind the router at {url}")
-        self.say(f"try:  curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'")
-        self.say("press Ctrl-C to stop")
-
+    # -- life cycle -----------------------------------------------------------------------
     async def run(self) -> int:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
         self.workers_file.parent.mkdir(parents=True, exist_ok=True)
+        sock_path = control.prepare_listen_path(self.state_dir)
+        server = await asyncio.start_unix_server(
+            self._serve_control, path=str(sock_path), limit=control.MAX_LINE
+        )
+        control.restrict(sock_path)
         self.write_table()
         started = time.monotonic()
         self.say(
-            f"starting {len(self.plan.workers)} workers ({len(self.processes)} processes) and the router "
-            f"for {self.plan.deployment!r}; worker table {self.workers_file}"
+            f"starting {self.dep.spec.workers} workers of revision {self.plan.revision} and the router "
+            f"for {self.plan.deployment!r}; worker table {self.workers_file}, pid {os.getpid()}"
         )
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._stopping.set)
-        for managed in self._managed:
-            await self._start(managed)
-        watchers = [asyncio.create_task(self._watch(m)) for m in self._managed]
-        health = asyncio.create_task(self._health())
-        await self._stopping.wait()
-        self.say(f"stopping after {time.monotonic() - started:.0f}s")
-        await self._stop_all()
-        for task in [*watchers, health]:
-            task.cancel()
-        await asyncio.gather(*watchers, health, return_exceptions=True)
-        for row in self._rows.values():
-            row.state = "gone"
-        self.write_table()
+        async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client:
+            self._client = client
+            await self._router.start()
+            ticking = asyncio.create_task(self._loop(), name="ticks")
+            await self._stopping.wait()
+            self.say(f"stopping after {time.monotonic() - started:.0f}s")
+            server.close()
+            self._finish_followers(ok=False, message="omni up stopped")
+            with contextlib.suppress(asyncio.CancelledError):
+                await ticking
+            await self._stop_all()
+        with contextlib.suppress(FileNotFoundError):
+            sock_path.unlink()
+        self.write_table(gone=True)
         self.say("stopped")
         return 0
 
@@ -188,19 +431,11 @@ class Supervisor:
         self._stopping.set()
 
     async def _stop_all(self, grace: float = 10.0) -> None:
-        # Router first (no new sessions), then workers.
-        for managed in reversed(self._managed):
-            if managed.proc and managed.proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    managed.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        for managed in self._managed:
-            if managed.proc is None:
-                continue
-            try:
-                await asyncio.wait_for(managed.proc.wait(), timeout=max(0.1, deadline - time.monotonic()))
-            except TimeoutError:
-                self.say(f"{managed.spec.name} did not stop in {grace:.0f}s; killing it")
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(managed.proc.pid, signal.SIGKILL)
-                await managed.proc.wait()
+        for task in list(self._retiring):
+            task.cancel()
+        await asyncio.gather(*self._retiring, return_exceptions=True)
+        # Router first (no new sessions), then every worker process; all stop concurrently.
+        everything = [self._router, *(p for w in self._workers.values() for p in w.processes)]
+        for process in everything:
+            process.begin_stop()
+        await asyncio.gather(*(p.wait_stopped(grace=grace) for p in everything))

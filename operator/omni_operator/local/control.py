@@ -1,0 +1,125 @@
+"""How a second `omni up -f FILE` reaches the one already running: a unix socket in the state dir.
+
+The running supervisor listens on `<state-dir>/control.sock` (mode 0600: only this user may hand
+it a spec, since a spec names the commands it runs). A second invocation for the same state dir
+connects, sends the new spec's YAML and prints what comes back: one JSON object per line,
+
+    {"event": "accepted", "message": ...}      the spec was planned; a rollout or scale began
+    {"event": "progress", "line": ...}         one rollout step (only with follow)
+    {"event": "done", "ok": bool, "message": ...}   complete, paused, blocked or deadline exceeded
+    {"event": "error", "message": ...}         the spec was refused (nothing changed)
+
+The request is one line too: {"op": "apply", "file": name, "yaml": text, "follow": bool}.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+SOCKET_NAME = "control.sock"
+# sun_path holds 108 bytes on Linux (104 on macOS); stay under both with the terminator.
+MAX_SOCKET_PATH = 100
+MAX_LINE = 4 * 1024 * 1024
+
+
+class ControlError(RuntimeError):
+    """The running instance could not be reached or answered nonsense."""
+
+
+def socket_path(state_dir: Path) -> Path:
+    return state_dir / SOCKET_NAME
+
+
+def check_socket_path(state_dir: Path) -> Path:
+    path = socket_path(state_dir)
+    if len(str(path)) > MAX_SOCKET_PATH:
+        raise ControlError(
+            f"--state-dir {state_dir}: too long for the control socket ({len(str(path))} characters "
+            f"with {SOCKET_NAME}, at most {MAX_SOCKET_PATH}); pick a shorter --state-dir"
+        )
+    return path
+
+
+def connect(state_dir: Path, *, timeout: float = 5.0) -> socket.socket | None:
+    """A connection to the `omni up` running for this state dir, or None when none runs.
+
+    A socket file nobody answers on is left over from an instance that died without cleaning up;
+    it is removed so the next instance can listen there.
+    """
+    path = socket_path(state_dir)
+    if not path.exists() or len(str(path)) > MAX_SOCKET_PATH:
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(str(path))
+    except (ConnectionRefusedError, FileNotFoundError):
+        sock.close()
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        return None
+    except OSError:
+        sock.close()
+        return None
+    sock.settimeout(None)
+    return sock
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    return (json.dumps(message) + "\n").encode()
+
+
+def hand_over(sock: socket.socket, *, file: str, text: str, follow: bool, out: Any = None) -> int:
+    """Send a spec to the running instance and print its answers; the exit code of `omni up`.
+
+    0: accepted (and, with follow, the rollout completed or paused); 1: the rollout stopped
+    (deadline exceeded, blocked) or the instance went away; 2: the spec was refused.
+    """
+    out = out or sys.stdout
+    with sock, sock.makefile("rb") as answers:
+        sock.sendall(encode({"op": "apply", "file": file, "yaml": text, "follow": follow}))
+        for raw in answers:
+            try:
+                message = json.loads(raw)
+            except json.JSONDecodeError:
+                raise ControlError(f"the running omni up answered {raw[:200]!r}") from None
+            event = message.get("event")
+            if event == "error":
+                print(f"omni up: error: {message.get('message')}", file=sys.stderr)
+                return 2
+            if event == "accepted":
+                print(f"omni up: {message.get('message')}", file=out, flush=True)
+                if not follow:
+                    return 0
+            elif event == "progress":
+                print(f"omni up: {message.get('line')}", file=out, flush=True)
+            elif event == "done":
+                print(f"omni up: {message.get('message')}", file=out, flush=True)
+                return 0 if message.get("ok") else 1
+    print("omni up: the running omni up stopped before the rollout finished", file=sys.stderr)
+    return 1
+
+
+def prepare_listen_path(state_dir: Path) -> Path:
+    """The socket path to listen on; refuses when another instance already answers there."""
+    path = check_socket_path(state_dir)
+    live = connect(state_dir, timeout=2.0)
+    if live is not None:
+        live.close()
+        raise ControlError(
+            f"another omni up already runs for {state_dir}; run `omni up -f FILE` to hand it a new spec, "
+            "or give this one its own --state-dir"
+        )
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    return path
+
+
+def restrict(path: Path) -> None:
+    os.chmod(path, 0o600)

@@ -1,0 +1,168 @@
+"""Local processes and workers: start a process with prefixed logs, restart it when it crashes, stop
+it (and everything it started) on request.
+
+A `ManagedProcess` owns one OS process and its restarts; a `LocalWorker` groups the processes of
+one worker with what the supervisor tracks about it (phase, admission, drain start, GPUs). The
+supervisor decides; these classes only do what they are told.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from omni_operator.local.processes import ProcessSpec
+from omni_operator.local.rollout import Phase, WorkerView
+from omni_operator.plan.types import WorkerPlan
+
+Emit = Callable[[str, str, str], None]  # (prefix, color, line)
+OnExit = Callable[["ManagedProcess", int], None]
+
+# A process that ran this long before crashing starts its backoff from the beginning again.
+STABLE_AFTER_S = 60.0
+
+
+@dataclass
+class ManagedProcess:
+    spec: ProcessSpec
+    color: str
+    emit: Emit
+    on_exit: OnExit
+    max_backoff: float = 30.0
+    proc: asyncio.subprocess.Process | None = None
+    restarts: int = 0
+    stopping: bool = False
+    _task: asyncio.Task[None] | None = None
+    _wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None and self.proc.returncode is None else None
+
+    async def _spawn(self) -> None:
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.spec.argv,
+            env=self.spec.env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            # Its own process group: Ctrl-C reaches only `omni up`, which stops children in order,
+            # and a stop signals the whole group (anything the process started goes too).
+            start_new_session=True,
+        )
+
+    async def _pump(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        async for raw in proc.stdout:
+            self.emit(self.spec.name, self.color, raw.decode(errors="replace").rstrip())
+
+    async def start(self) -> None:
+        """Start the process now and keep it running (restarts with backoff) until `stop`."""
+        await self._spawn()
+        self._task = asyncio.create_task(self._supervise(), name=f"watch {self.spec.name}")
+
+    async def _supervise(self) -> None:
+        while True:
+            proc = self.proc
+            assert proc is not None
+            started = time.monotonic()
+            pump = asyncio.create_task(self._pump(proc))
+            code = await proc.wait()
+            await pump
+            if self.stopping:
+                return
+            if time.monotonic() - started >= STABLE_AFTER_S:
+                self.restarts = 0
+            self.restarts += 1
+            delay = min(self.max_backoff, 2.0 ** min(self.restarts - 1, 5))
+            self.emit(
+                "omni up",
+                "",
+                f"{self.spec.name} exited with code {code}; restart #{self.restarts} in {delay:.0f}s",
+            )
+            self.on_exit(self, code)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=delay)
+            if self.stopping:
+                return
+            await self._spawn()
+
+    def signal(self, sig: signal.Signals) -> None:
+        """Send `sig` to the process group (no-op once it has exited)."""
+        if self.proc is not None and self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, sig)
+
+    def begin_stop(self) -> None:
+        self.stopping = True
+        self._wake.set()
+        self.signal(signal.SIGTERM)
+
+    async def stop(self, *, grace: float = 10.0) -> None:
+        """SIGTERM the process group, SIGKILL it after `grace` seconds; never restarts afterwards."""
+        self.begin_stop()
+        await self.wait_stopped(grace=grace)
+
+    async def wait_stopped(self, *, grace: float) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            try:
+                await asyncio.wait_for(self.proc.wait(), timeout=grace)
+            except TimeoutError:
+                self.emit("omni up", "", f"{self.spec.name} did not stop in {grace:.0f}s; killing it")
+                self.signal(signal.SIGKILL)
+                await self.proc.wait()
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        # Anything the process left in its group (it exited first) goes too.
+        self.signal(signal.SIGKILL)
+
+
+@dataclass
+class LocalWorker:
+    plan: WorkerPlan
+    processes: list[ManagedProcess]
+    gpus: tuple[int, ...] = ()
+    phase: Phase = Phase.starting
+    started_at: float = field(default_factory=time.monotonic)
+    admitted: bool = False
+    ever_admitted: bool = False
+    draining_since: float | None = None
+    sessions: int | None = None
+    retiring: bool = False  # being stopped: out of the table, processes stopping
+
+    @property
+    def name(self) -> str:
+        return self.plan.name
+
+    @property
+    def revision(self) -> str:
+        return self.plan.revision
+
+    def row(self) -> dict[str, object]:
+        """This worker's entry in the router's worker table (pids: extra, for people and tests)."""
+        return {
+            "id": self.name,
+            "url": self.plan.api_url,
+            "revision": self.revision,
+            "state": self.phase.value,
+            "pids": [p.pid for p in self.processes if p.pid is not None],
+        }
+
+    def view(self) -> WorkerView:
+        return WorkerView(
+            name=self.name,
+            index=self.plan.index,
+            revision=self.revision,
+            phase=Phase.draining if self.retiring else self.phase,
+            admitted=self.admitted and not self.retiring,
+            ever_admitted=self.ever_admitted,
+            started_at=self.started_at,
+            draining_since=self.draining_since,
+            sessions=0 if self.retiring else self.sessions,
+        )

@@ -1,0 +1,1 @@
+"""Local-mode unit tests are pure: the rollout decision and Plan -> process specs, no processes."""
