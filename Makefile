@@ -32,6 +32,7 @@ lint: setup
 
 crds: setup
 	$(BIN)/omni crd -o crds/
+	$(BIN)/omni crd -o helm/omni-operator/crds/
 
 render: setup
 	$(BIN)/omni render -f examples/tiny-cpu.yaml

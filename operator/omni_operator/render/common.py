@@ -16,7 +16,7 @@ Manifest = dict[str, Any]  # one Kubernetes object as plain JSON-able data
 
 TMP_DIR = "/tmp"
 CACHE_DIR = "/var/cache/omni"  # writable cache (tiny checkpoint, HF files): an emptyDir
-RUN_AS = 1000
+RUN_AS = 10001  # the runtime image's USER
 STARTUP_PERIOD_S, STARTUP_FAILURES = 10, 180  # up to 30 minutes to load and warm a model
 
 

@@ -81,7 +81,7 @@ def _labels(component: str, **extra: str) -> dict[str, str]:
 
 RESTRICTED = {
     "runAsNonRoot": True,
-    "runAsUser": 1000,
+    "runAsUser": 10001,
     "allowPrivilegeEscalation": False,
     "readOnlyRootFilesystem": True,
     "capabilities": {"drop": ["ALL"]},
@@ -89,9 +89,9 @@ RESTRICTED = {
 }
 POD_SECURITY = {
     "runAsNonRoot": True,
-    "runAsUser": 1000,
-    "runAsGroup": 1000,
-    "fsGroup": 1000,
+    "runAsUser": 10001,
+    "runAsGroup": 10001,
+    "fsGroup": 10001,
     "seccompProfile": {"type": "RuntimeDefault"},
 }
 OWNER_REFS = [
