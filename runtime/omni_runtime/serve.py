@@ -9,11 +9,15 @@ flag; a worker that fails to start exits 1.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import re
+import signal
 import socket
 import sys
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from omni_runtime.media.limits import MediaLimits
@@ -316,6 +320,7 @@ def main(argv: list[str]) -> int:
     )
     failed: list[BaseException] = []
     server: uvicorn.Server | None = None
+    server_class = _graceful_server_class()
 
     def on_startup_failure(exc: BaseException) -> None:
         failed.append(exc)
@@ -323,7 +328,7 @@ def main(argv: list[str]) -> int:
             server.should_exit = True
 
     app = build_app(engine=engine, settings=settings, on_startup_failure=on_startup_failure)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=10))
+    server = server_class(uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=10))
     log.info(
         "omni serve: %s (model %s, pipeline %s, ready at /ready)",
         curl_example(host=args.host, port=args.port),
@@ -335,6 +340,29 @@ def main(argv: list[str]) -> int:
         print(f"omni serve: the worker failed to start: {failed[0]}", file=sys.stderr)
         return 1
     return 0
+
+
+def _graceful_server_class() -> type:
+    import uvicorn
+
+    class GracefulServer(uvicorn.Server):
+        """uvicorn re-raises SIGTERM/SIGINT after its graceful shutdown, so the process dies by the
+        signal (exit -15). A worker that drained and stopped cleanly exits 0 instead; supervisors
+        (`omni up`, the kubelet) then see a clean stop, not a crash."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            original = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in original.items():
+                    signal.signal(sig, handler)
+
+    return GracefulServer
 
 
 def _with_model_path(options: EngineOptions, path: str) -> EngineOptions:

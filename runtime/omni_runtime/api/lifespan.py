@@ -30,6 +30,7 @@ async def _warm_up(state: AppState) -> None:
             turns=(ChatTurn(role="user", text="Hello."),),
             sampling=SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True),
             want_audio=want_audio,
+            stage_params={"talker": {"max_tokens": 24}},  # a few codec windows: enough to touch every stage
         )
         events = state.engine.generate(request)
         try:

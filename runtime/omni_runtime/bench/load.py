@@ -28,6 +28,7 @@ class LoadSpec:
     stream: bool
     max_tokens: int
     timeout_s: float = 600.0
+    extra_body: dict[str, object] | None = None  # merged into every request (e.g. stage_params)
 
 
 def request_body(spec: LoadSpec) -> dict[str, object]:
@@ -42,6 +43,7 @@ def request_body(spec: LoadSpec) -> dict[str, object]:
     if spec.mode == "speech":
         body["modalities"] = ["text", "audio"]
         body["audio"] = {"format": "wav"}
+    body.update(spec.extra_body or {})
     return body
 
 

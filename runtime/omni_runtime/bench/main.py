@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -29,6 +30,16 @@ def _levels(text: str) -> list[int]:
     if not levels or any(c < 1 for c in levels):
         raise argparse.ArgumentTypeError(f"{text!r}: concurrency levels must be integers >= 1")
     return levels
+
+
+def _json_object(text: str) -> dict[str, object]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
 
 
 def _positive(text: str) -> int:
@@ -63,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="extra rows (e.g. HF generate) to show next to ours; repeatable",
     )
     p.add_argument("--label", default="omni", help="label of this run's rows (default: omni)")
+    p.add_argument(
+        "--extra-body",
+        type=_json_object,
+        default=None,
+        help='JSON merged into every request, e.g. \'{"stage_params": {"talker": {"max_tokens": 200}}}\'',
+    )
     return p
 
 
@@ -90,6 +107,7 @@ async def _run(args: argparse.Namespace) -> int:
         stream=args.stream,
         max_tokens=args.max_tokens,
         timeout_s=args.timeout,
+        extra_body=args.extra_body,
     )
     print(
         f"omni bench: {args.url} model={model} mode={args.mode} stream={args.stream} "
