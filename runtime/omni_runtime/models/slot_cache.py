@@ -187,13 +187,14 @@ class SlotDecoder:
                 graph = self._capture(batch, view)
             graph.replay()
         else:
-            self._step(n, view)
+            self._step(batch, view)  # the same padded shapes as the graphs, run eagerly
         return DecodeOutputs(self.out_logits[:n], self.out_hidden[:n], self.out_inputs[:n])
 
     def _step(self, batch: int, view: int) -> None:
         """The graph body: everything reads and writes fixed buffers."""
         ids = self.last_ids[:batch]
-        write = self.lengths[:batch]
+        # Padding rows are free slots with stale lengths (up to max_len): clamp so they write in bounds.
+        write = self.lengths[:batch].clamp(max=self.max_len - 1)
         inputs = self.embed_fn(ids, self.extra[:batch]).to(self.dtype)
         hidden = inputs[:, None, :]
         pos = (write + self.rope_delta[:batch]).view(1, batch, 1).expand(3, batch, 1)

@@ -104,7 +104,7 @@ class PipelineEngine:
         thinker = getattr(self.stages, "thinker", None)
         return EngineStats(
             queue_depth=self.stages.queue_depth() if self.stages is not None else 0,
-            running_batch=sum(j.finish is None for j in thinker.running) if thinker is not None else 0,
+            running_batch=thinker.running_count if thinker is not None else 0,
             max_running_batch=thinker.max_running_batch if thinker is not None else 0,
             active_requests=self._active,
         )
@@ -254,11 +254,10 @@ class PipelineEngine:
                 top_p=float(params.get("top_p", 0.8)),
                 repetition_penalty=float(params.get("repetition_penalty", 1.05)),
                 seed=None if seed is None else seed + 7919,
-                suppress_tokens=(self.stages.talker.runner.codec_bos,),
             ),
         )
         job = TalkerJob(admission=admission, max_codes=max_codes, codes_per_text_token=per_token)
-        self.stages.talker.submit(job)
+        self.stages.submit_talker(job, request_id=request.request_id)
         return job
 
     async def _speak(

@@ -126,6 +126,10 @@ class ThinkerScheduler:
         self._wake.set()
 
     @property
+    def running_count(self) -> int:
+        return sum(j.finish is None for j in self.running)
+
+    @property
     def active(self) -> int:
         return len(self.waiting) + sum(j.finish is None for j in self.running)
 

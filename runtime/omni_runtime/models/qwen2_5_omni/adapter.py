@@ -2,7 +2,7 @@
 
 Instead of the monolithic ``generate``, each stage calls exactly the submodule it owns:
 preprocessing (processor: chat template, 16 kHz audio features, image/video patches),
-audio_encoder (``thinker.model.audio_tower``), image_encoder (``thinker.model.visual``, images
+audio_encoder (the thinker's audio tower), image_encoder (its vision tower, for images
 and videos), mm_aggregate (token embeddings with media scattered at their placeholders plus 3D
 mrope positions from ``get_rope_index``), thinker and talker (runners.py) and the vocoder
 (vocoder.py). Encoders take the inputs of several requests in one call.
@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from omni_runtime.models.base import OmniAdapter, Prompt, ThinkerPrompt
-from omni_runtime.models.qwen2_5_omni.loader import EMBED_STAGES, LoadedModel
+from omni_runtime.models.qwen2_5_omni.placement import LoadedModel
 from omni_runtime.models.qwen2_5_omni.runners import QwenTalkerRunner, QwenThinkerRunner
 from omni_runtime.models.qwen2_5_omni.vocoder import QwenVocoder
 from omni_runtime.pipeline.options import EngineOptions
@@ -46,7 +46,6 @@ class Qwen25OmniAdapter(OmniAdapter):
         self.loaded = loaded
         self.hosted = hosted
         self.placement = loaded.placement
-        self.thinker = loaded.thinker
         path: Path | None = loaded.path
         self.model_name = options.model_name or (path.name if path is not None else "qwen2.5-omni-dummy")
         self.max_model_len = options.max_model_len
@@ -58,7 +57,7 @@ class Qwen25OmniAdapter(OmniAdapter):
             "Chelsie" if "Chelsie" in self.voices else (self.voices[0] if self.voices else None)
         )
         self._processor = loaded.processor
-        cfg = self.thinker.config
+        cfg = loaded.config.thinker_config
         self.audio_token, self.image_token, self.video_token = (
             cfg.audio_token_index,
             cfg.image_token_index,
@@ -141,16 +140,19 @@ class Qwen25OmniAdapter(OmniAdapter):
     # -- encoders ------------------------------------------------------------------------------
     @torch.inference_mode()
     def encode_audio(self, batch: list[dict[str, Any]]) -> list[Any]:
-        tower = self.thinker.model.audio_tower
+        """Every audio of every request through the audio tower in one call (as get_audio_features)."""
+        tower = self.loaded.audio_tower
         device = self.placement.audio
         features = torch.cat([b["input_features"] for b in batch]).to(device, self.placement.dtype)
         mask = torch.cat([b["feature_attention_mask"] for b in batch]).to(device)
-        out = self.thinker.model.get_audio_features(features, mask, return_dict=True).last_hidden_state
-        _, lengths = tower._get_feat_extract_output_lengths(mask.sum(-1))
-        per_audio = torch.split(out, lengths.tolist())
-        counts = [b["feature_attention_mask"].shape[0] for b in batch]
+        lengths = mask.sum(-1)
+        flat = features.permute(0, 2, 1)[mask.bool()].permute(1, 0)
+        after_cnn, out_lengths = tower._get_feat_extract_output_lengths(lengths)
+        out = tower(flat, feature_lens=lengths, aftercnn_lens=after_cnn).last_hidden_state
+        per_audio = torch.split(out, out_lengths.tolist())
         results, start = [], 0
-        for count in counts:
+        for item in batch:
+            count = item["feature_attention_mask"].shape[0]
             results.append(torch.cat(per_audio[start : start + count]))
             start += count
         return results
@@ -158,7 +160,7 @@ class Qwen25OmniAdapter(OmniAdapter):
     @torch.inference_mode()
     def encode_vision(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Every image and video of every request through the vision tower in one call."""
-        visual = self.thinker.model.visual
+        visual = self.loaded.visual
         pixels, grids, owners = [], [], []
         for i, item in enumerate(batch):
             if item.get("pixel_values") is not None:
@@ -183,7 +185,7 @@ class Qwen25OmniAdapter(OmniAdapter):
     def aggregate(self, prompt: Prompt, *, audio: Any, image: Any, video: Any) -> ThinkerPrompt:
         device = self.placement.thinker
         ids = torch.tensor(prompt.input_ids, device=device)
-        embeds = self.thinker.model.language_model.embed_tokens(ids)
+        embeds = self.loaded.embed(ids)
         for token, features in (
             (self.audio_token, audio),
             (self.image_token, image),
@@ -200,7 +202,7 @@ class Qwen25OmniAdapter(OmniAdapter):
                 )
             embeds[mask] = features.to(device, embeds.dtype)
         context = self.talker_context(prompt)
-        positions, delta = self.thinker.get_rope_index(
+        positions, delta = self.loaded.rope.get_rope_index(
             torch.tensor([prompt.input_ids]),
             context.get("image_grid_thw"),
             context.get("video_grid_thw"),
@@ -233,7 +235,9 @@ class Qwen25OmniAdapter(OmniAdapter):
     # -- runners -------------------------------------------------------------------------------
     def thinker_runner(self, *, slots: int, max_len: int) -> QwenThinkerRunner:
         return QwenThinkerRunner(
-            self.thinker,
+            self.loaded.text,
+            self.loaded.lm_head,
+            self.loaded.config.thinker_config,
             slots=slots,
             max_len=max_len,
             dtype=self.placement.dtype,
@@ -242,12 +246,11 @@ class Qwen25OmniAdapter(OmniAdapter):
         )
 
     def talker_runner(self, *, slots: int, max_len: int) -> QwenTalkerRunner:
-        talker = self.loaded.talker
-        if talker is None:
+        if self.loaded.talker is None:
             raise EngineError("this worker has no talker loaded", param="modalities")
         return QwenTalkerRunner(
-            talker,
-            text_vectors=self._text_vectors(),
+            self.loaded.talker,
+            text_vectors=self.loaded.text_vectors,
             speakers=self.loaded.speakers,
             slots=slots,
             max_len=max_len,
@@ -255,19 +258,6 @@ class Qwen25OmniAdapter(OmniAdapter):
             device=self.placement.talker,
             cuda_graphs=self.placement.cuda_graphs,
         )
-
-    @torch.inference_mode()
-    def _text_vectors(self) -> dict[int, torch.Tensor]:
-        """Thinker embeddings of the speaker BOS tokens and tts EOS/PAD, for the talker's device."""
-        if not self.hosted & EMBED_STAGES:
-            raise EngineError("the talker needs the thinker's embedding table in its process", status=500)
-        cfg = self.loaded.talker.config
-        ids = {int(s["bos_token"]) for s in self.loaded.speakers.values()}
-        ids |= {int(cfg.tts_text_end_token_id), int(cfg.tts_text_pad_token_id)}
-        table = self.thinker.model.language_model.embed_tokens
-        return {
-            i: table(torch.tensor(i, device=self.placement.thinker)).to(self.placement.talker) for i in ids
-        }
 
     def vocoder(self) -> QwenVocoder:
         if self.loaded.token2wav is None:

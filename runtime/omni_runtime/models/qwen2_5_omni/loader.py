@@ -1,13 +1,13 @@
-"""Loading Qwen2.5-Omni modules for the stages one process hosts, on the devices the plan names.
+"""Loading the Qwen2.5-Omni modules of the stages one process hosts, on the devices the plan names.
 
-Two ways in:
-- a checkpoint directory in the released layout (config.json, safetensors shards, tokenizer and
-  processor files, spk_dict.pt) through transformers' ``from_pretrained`` with a device map, so
-  the weight-name conversion and sharding stay transformers' business;
-- ``load_format=dummy``: the config (from the directory, or the released 7B shape when there is
-  none) built with random weights directly on the target device, for benchmarks.
-
-Modules of stages this process does not host are dropped after loading.
+A stage process builds only its own submodules (thinker text model, audio tower, vision tower,
+talker, token2wav) directly on their target devices, without running weight init, and fills
+them from the checkpoint's safetensors shards (released layout: ``thinker.model.*``,
+``thinker.audio_tower.*``, ``thinker.visual.*``, ``thinker.lm_head``, ``talker.*``,
+``token2wav.*``), reading each tensor straight onto its device. So the talker pod never loads the
+7B thinker, and the API process (preprocessing and decode only) loads no weights at all.
+``load_format=dummy`` builds the same modules with random weights on the device (fast on a GPU);
+with no directory it uses the released 7B shapes.
 """
 
 from __future__ import annotations
@@ -15,12 +15,14 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
+from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as hf
 
+from omni_runtime.models.qwen2_5_omni.placement import LoadedModel, resolve_placement
 from omni_runtime.pipeline.options import EngineOptions
 from omni_runtime.pipeline.types import EngineError
 
@@ -36,90 +38,85 @@ RELEASED_7B_TALKER = {
     "head_dim": 64,
     "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 16, 0]},
 }
-
-THINKER_STAGES = frozenset({"thinker"})
-EMBED_STAGES = frozenset({"mm_aggregate", "thinker", "talker", "talker_stream"})
 TALKER_STAGES = frozenset({"talker", "talker_stream"})
 
 
-@dataclass
-class Placement:
-    """Where each module lives; resolved once from the options."""
+class RopeIndex:
+    """``get_rope_index`` (3D mrope positions) without a model object: it only reads the config."""
 
-    dtype: torch.dtype
-    thinker: torch.device
-    audio: torch.device
-    vision: torch.device
-    talker: torch.device
-    cuda_graphs: bool
-
-
-@dataclass
-class LoadedModel:
-    thinker: Any  # Qwen2_5OmniThinkerForConditionalGeneration (possibly without some submodules)
-    talker: Any | None
-    token2wav: Any | None
-    speakers: dict[str, dict[str, torch.Tensor]]
-    processor: Any
-    config: Any
-    eos_token_ids: tuple[int, ...]
-    placement: Placement
-    path: Path | None
-    load_seconds: float = 0.0
-    notes: list[str] = field(default_factory=list)
-
-
-def resolve_placement(options: EngineOptions) -> Placement:
-    """Map device/dtype/GPU flags to torch devices; explain impossible requests as EngineError."""
-    want = options.device
-    has_cuda = torch.cuda.is_available()
-    if want == "cuda" and not has_cuda:
-        raise EngineError(
-            "device=cuda was asked but no CUDA GPU is visible; use --device cpu or auto", param="device"
-        )
-    use_cuda = has_cuda and want in ("auto", "cuda")
-    if options.thinker_tp_size > 1:
-        raise EngineError(
-            f"thinker tensor parallelism ({options.thinker_tp_size}) is not implemented by the builtin runtime yet; "
-            "use --thinker-tp-size 1 (one GPU holds the 7B thinker) or the sglang-omni runtime",
-            param="thinker_tp_size",
-        )
-    if options.image_encoder_tp_size > 1:
-        raise EngineError(
-            "image-encoder tensor parallelism is not implemented by the builtin runtime yet; use 1",
-            param="image_encoder_tp_size",
-        )
-    if not use_cuda:
-        if options.thinker_gpus or options.talker_gpu is not None or options.image_encoder_gpus:
-            log.warning("GPU placement flags ignored: running on the CPU")
-        cpu = torch.device("cpu")
-        dtype = _dtype(options.dtype, default=torch.float32)
-        return Placement(dtype, cpu, cpu, cpu, cpu, cuda_graphs=False)
-    count = torch.cuda.device_count()
-
-    def gpu(index: int, flag: str) -> torch.device:
-        if not 0 <= index < count:
-            raise EngineError(
-                f"{flag} names GPU {index} but this process sees {count} GPU(s) (0..{count - 1})", param=flag
-            )
-        return torch.device("cuda", index)
-
-    thinker = gpu(options.thinker_gpus[0] if options.thinker_gpus else 0, "thinker_gpus")
-    vision = (
-        gpu(options.image_encoder_gpus[0], "image_encoder_gpus") if options.image_encoder_gpus else thinker
+    get_rope_index = hf.Qwen2_5OmniPreTrainedModelForConditionalGeneration.get_rope_index
+    get_llm_pos_ids_for_vision = (
+        hf.Qwen2_5OmniPreTrainedModelForConditionalGeneration.get_llm_pos_ids_for_vision
     )
-    talker = gpu(options.talker_gpu, "talker_gpu") if options.talker_gpu is not None else thinker
-    dtype = _dtype(options.dtype, default=torch.bfloat16)
-    return Placement(dtype, thinker, thinker, vision, talker, cuda_graphs=True)
+    get_chunked_index = hf.Qwen2_5OmniPreTrainedModelForConditionalGeneration.get_chunked_index
+
+    def __init__(self, config: Any, spatial_merge_size: int) -> None:
+        self.config = config
+        self.spatial_merge_size = spatial_merge_size
 
 
-def _dtype(name: str, *, default: torch.dtype) -> torch.dtype:
-    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if name == "auto":
-        return default
-    if name not in table:
-        raise EngineError(f"unknown dtype {name!r}; use auto, float32, bfloat16 or float16", param="dtype")
-    return table[name]
+class Checkpoint:
+    """Tensor lookup across the safetensors shards of a checkpoint directory."""
+
+    def __init__(self, path: Path) -> None:
+        from safetensors import safe_open
+
+        self._open = safe_open
+        index = path / "model.safetensors.index.json"
+        if index.is_file():
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            self.files = {key: path / name for key, name in weight_map.items()}
+        elif (path / "model.safetensors").is_file():
+            with safe_open(str(path / "model.safetensors"), "pt") as f:
+                self.files = {key: path / "model.safetensors" for key in f.keys()}  # noqa: SIM118
+        else:
+            raise EngineError(
+                f"no safetensors weights in {path} (model.safetensors or an index)", param="model_path"
+            )
+
+    def load_into(self, module: nn.Module, prefix: str, device: torch.device, dtype: torch.dtype) -> None:
+        """Fill ``module``'s parameters and persistent buffers from keys under ``prefix``."""
+        wanted = module.state_dict()
+        by_file: dict[Path, list[str]] = {}
+        missing = []
+        for name in wanted:
+            key = prefix + name
+            if key not in self.files:
+                missing.append(key)
+            else:
+                by_file.setdefault(self.files[key], []).append(name)
+        if missing:
+            raise EngineError(
+                f"checkpoint lacks {len(missing)} weights of {prefix.rstrip('.')} (e.g. {missing[0]}); "
+                "is this a Qwen2.5-Omni checkpoint?",
+                param="model_path",
+            )
+        state: dict[str, torch.Tensor] = {}
+        for file, names in by_file.items():
+            with self._open(str(file), "pt", device=str(device)) as f:
+                for name in names:
+                    tensor = f.get_tensor(prefix + name)
+                    target = wanted[name]
+                    state[name] = tensor.to(target.dtype if not target.is_floating_point() else dtype)
+        module.load_state_dict(state, strict=True)
+
+    def rows(self, key: str, ids: list[int]) -> torch.Tensor:
+        with self._open(str(self.files[key]), "pt") as f:
+            table = f.get_slice(key)
+            return torch.stack([table[i] for i in ids])
+
+
+def _build(cls: Any, config: Any, *, device: torch.device, dtype: torch.dtype, random: bool) -> Any:
+    """Construct on the device; skip weight init when weights are about to be loaded."""
+    from transformers.initialization import no_init_weights
+
+    with torch.device(device):
+        if random:
+            module = cls._from_config(config, dtype=dtype, attn_implementation="sdpa")
+        else:
+            with no_init_weights():
+                module = cls._from_config(config, dtype=dtype, attn_implementation="sdpa")
+    return module.eval()
 
 
 def load_processor(path: Path | None) -> Any:
@@ -128,7 +125,7 @@ def load_processor(path: Path | None) -> Any:
     if path is None:
         from omni_runtime.models.tiny import ensure_tiny_checkpoint
 
-        path = ensure_tiny_checkpoint()  # dummy weights with no directory: borrow the tiny tokenizer
+        path = ensure_tiny_checkpoint()  # dummy 7B weights with no directory: borrow the tiny tokenizer
     return Qwen2_5OmniProcessor.from_pretrained(str(path))
 
 
@@ -145,39 +142,37 @@ def _eos_ids(path: Path | None, processor: Any) -> tuple[int, ...]:
     return tuple(int(i) for i in ids)
 
 
-def _dummy_config(path: Path | None, processor: Any) -> Any:
+def _config(path: Path | None, processor: Any) -> Any:
     from transformers import AutoConfig, Qwen2_5OmniConfig
 
     if path is not None:
         return AutoConfig.from_pretrained(str(path))
-    tok = processor.tokenizer
-    tid = tok.convert_tokens_to_ids
+    # The released 7B shape, with the special-token ids of the tokenizer we serve with.
+    tid = processor.tokenizer.convert_tokens_to_ids
     media = {
         "audio_token_index": tid("<|AUDIO|>"),
         "image_token_index": tid("<|IMAGE|>"),
         "video_token_index": tid("<|VIDEO|>"),
         "audio_start_token_id": tid("<|audio_bos|>"),
         "audio_end_token_id": tid("<|audio_eos|>"),
-    }
-    vision_ids = {
         "vision_start_token_id": tid("<|vision_bos|>"),
         "vision_end_token_id": tid("<|vision_eos|>"),
     }
-    config = Qwen2_5OmniConfig(
-        thinker_config={**media, **vision_ids, "user_token_id": tid("user")},
+    return Qwen2_5OmniConfig(
+        thinker_config={**media, "user_token_id": tid("user")},
         talker_config={
             **RELEASED_7B_TALKER,
             **media,
-            **vision_ids,
             "tts_text_start_token_id": tid("<|tts_text_bos|>"),
             "tts_text_end_token_id": tid("<|tts_text_eos|>"),
             "tts_text_pad_token_id": tid("<|tts_pad|>"),
         },
     )
-    return config
 
 
-def _random_speakers(config: Any, device: torch.device) -> dict[str, dict[str, torch.Tensor]]:
+def _speakers(path: Path | None, config: Any) -> dict[str, dict[str, Any]]:
+    if path is not None and (path / "spk_dict.pt").is_file():
+        return dict(torch.load(path / "spk_dict.pt", weights_only=True))
     gen = torch.Generator().manual_seed(0)
     bos = int(config.talker_config.tts_text_start_token_id)
     return {
@@ -193,111 +188,112 @@ def _random_speakers(config: Any, device: torch.device) -> dict[str, dict[str, t
 def load_model(options: EngineOptions, *, path: Path | None, hosted: frozenset[str]) -> LoadedModel:
     """Build or load the modules the ``hosted`` stages need, on their devices."""
     started = time.monotonic()
-    placement = resolve_placement(options)
-    processor = load_processor(path)
-    want_talker = bool(hosted & TALKER_STAGES)
-    if options.load_format == "dummy":
-        config = _dummy_config(path, processor)
-        thinker, talker, token2wav = _build_dummy(config, placement, want_talker=want_talker)
-        speakers = _random_speakers(config, placement.talker)
-        if path is not None and (path / "spk_dict.pt").is_file():
-            speakers = torch.load(path / "spk_dict.pt", weights_only=True)
-    elif options.load_format == "auto":
-        if path is None:
-            raise EngineError("load_format=auto needs a model path", param="model_path")
-        thinker, talker, token2wav, speakers, config = _load_checkpoint(
-            path, placement, want_talker=want_talker
-        )
-    else:
+    if options.load_format not in ("auto", "dummy"):
         raise EngineError(
             f"unknown load format {options.load_format!r}; use auto or dummy", param="load_format"
         )
-    thinker.eval()
-    _drop_unhosted(thinker, hosted)
-    if talker is not None:
-        talker.eval()
-        token2wav.eval().float()
-    model = LoadedModel(
-        thinker=thinker,
-        talker=talker,
-        token2wav=token2wav,
-        speakers=speakers,
-        processor=processor,
+    placement = resolve_placement(options)
+    processor = load_processor(path)
+    config = _config(path, processor)
+    random = options.load_format == "dummy"
+    ckpt = None if random else Checkpoint(path)  # type: ignore[arg-type]
+    thinker_cfg = config.thinker_config
+    loaded = LoadedModel(
         config=config,
+        processor=processor,
         eos_token_ids=_eos_ids(path, processor),
+        speakers=_speakers(path, config),
         placement=placement,
         path=path,
-    )
-    model.load_seconds = time.monotonic() - started
-    return model
-
-
-def _build_dummy(config: Any, placement: Placement, *, want_talker: bool):
-    from transformers import (
-        Qwen2_5OmniTalkerForConditionalGeneration,
-        Qwen2_5OmniThinkerForConditionalGeneration,
-        Qwen2_5OmniToken2WavModel,
+        rope=RopeIndex(thinker_cfg, thinker_cfg.vision_config.spatial_merge_size),
     )
 
-    # Random init on the target device (fast on a GPU), in the serving dtype from the start.
-    with torch.device(placement.thinker):
-        thinker = Qwen2_5OmniThinkerForConditionalGeneration._from_config(
-            config.thinker_config, dtype=placement.dtype, attn_implementation="sdpa"
+    def part(cls: Any, cfg: Any, prefix: str, device: torch.device, dtype: torch.dtype) -> Any:
+        module = _build(cls, cfg, device=device, dtype=dtype, random=random)
+        if ckpt is not None:
+            ckpt.load_into(module, prefix, device, dtype)
+        return module
+
+    dtype = placement.dtype
+    if "thinker" in hosted:
+        loaded.text = part(
+            hf.Qwen2_5OmniThinkerTextModel,
+            thinker_cfg.text_config,
+            "thinker.model.",
+            placement.thinker,
+            dtype,
         )
-    if placement.vision != placement.thinker:
-        thinker.model.visual.to(placement.vision)
-    talker = token2wav = None
-    if want_talker:
-        with torch.device(placement.talker):
-            talker = Qwen2_5OmniTalkerForConditionalGeneration._from_config(
-                config.talker_config, dtype=placement.dtype, attn_implementation="sdpa"
-            )
-            token2wav = Qwen2_5OmniToken2WavModel._from_config(
-                config.token2wav_config, dtype=torch.float32, attn_implementation="sdpa"
-            )
-    return thinker, talker, token2wav
-
-
-def _load_checkpoint(path: Path, placement: Placement, *, want_talker: bool):
-    from transformers import AutoConfig, Qwen2_5OmniForConditionalGeneration
-
-    config = AutoConfig.from_pretrained(str(path))
-    config.enable_audio_output = want_talker
-    kwargs: dict[str, Any] = {"config": config, "dtype": placement.dtype, "attn_implementation": "sdpa"}
-    devices = {placement.thinker, placement.audio, placement.vision} | (
-        {placement.talker} if want_talker else set()
+        loaded.embed = loaded.text.embed_tokens
+        text_cfg = thinker_cfg.text_config
+        with torch.device(placement.thinker):
+            head = nn.Linear(text_cfg.hidden_size, text_cfg.vocab_size, bias=False, dtype=dtype)
+        if (
+            getattr(text_cfg, "tie_word_embeddings", False)
+            and ckpt is not None
+            and "thinker.lm_head.weight" not in ckpt.files
+        ):
+            head.weight = loaded.embed.weight
+        elif ckpt is not None:
+            ckpt.load_into(head, "thinker.lm_head.", placement.thinker, dtype)
+        else:
+            nn.init.normal_(head.weight, std=0.02)
+        loaded.lm_head = head.eval()
+    elif "mm_aggregate" in hosted:
+        text_cfg = thinker_cfg.text_config
+        with torch.device(placement.thinker):
+            embed = nn.Embedding(text_cfg.vocab_size, text_cfg.hidden_size, dtype=dtype)
+        if ckpt is not None:
+            ckpt.load_into(embed, "thinker.model.embed_tokens.", placement.thinker, dtype)
+        loaded.embed = embed.eval()
+    if "audio_encoder" in hosted:
+        loaded.audio_tower = part(
+            hf.Qwen2_5OmniAudioEncoder,
+            thinker_cfg.audio_config,
+            "thinker.audio_tower.",
+            placement.audio,
+            dtype,
+        )
+    if "image_encoder" in hosted:
+        loaded.visual = part(
+            hf.Qwen2_5OmniVisionEncoder, thinker_cfg.vision_config, "thinker.visual.", placement.vision, dtype
+        )
+    if hosted & TALKER_STAGES:
+        loaded.talker = part(
+            hf.Qwen2_5OmniTalkerForConditionalGeneration,
+            config.talker_config,
+            "talker.",
+            placement.talker,
+            dtype,
+        )
+        loaded.token2wav = part(
+            hf.Qwen2_5OmniToken2WavModel,
+            config.token2wav_config,
+            "token2wav.",
+            placement.talker,
+            torch.float32,
+        )
+        loaded.text_vectors = _text_vectors(loaded, ckpt)
+    loaded.load_seconds = time.monotonic() - started
+    log.info(
+        "loaded %s for stages %s in %.1fs", path or "dummy 7B", ",".join(sorted(hosted)), loaded.load_seconds
     )
-    if len(devices) == 1:
-        kwargs["device_map"] = {"": str(placement.thinker)}
+    return loaded
+
+
+def _text_vectors(loaded: LoadedModel, ckpt: Checkpoint | None) -> dict[int, torch.Tensor]:
+    """Thinker embeddings of the speaker BOS tokens and tts EOS/PAD, which the talker feeds itself."""
+    cfg = loaded.config.talker_config
+    ids = sorted(
+        {int(s["bos_token"]) for s in loaded.speakers.values()}
+        | {int(cfg.tts_text_end_token_id), int(cfg.tts_text_pad_token_id)}
+    )
+    if loaded.embed is not None:
+        with torch.inference_mode():
+            rows = loaded.embed(torch.tensor(ids, device=loaded.embed.weight.device))
+    elif ckpt is not None:
+        rows = ckpt.rows("thinker.model.embed_tokens.weight", ids)
     else:
-        kwargs["device_map"] = {
-            "thinker.model.language_model": str(placement.thinker),
-            "thinker.lm_head": str(placement.thinker),
-            "thinker.model.audio_tower": str(placement.audio),
-            "thinker.model.visual": str(placement.vision),
-            **({"talker": str(placement.talker), "token2wav": str(placement.talker)} if want_talker else {}),
-        }
-    try:
-        full = Qwen2_5OmniForConditionalGeneration.from_pretrained(str(path), **kwargs)
-    except (OSError, ValueError) as exc:
-        raise EngineError(f"cannot load the checkpoint in {path}: {exc}", param="model_path") from exc
-    speakers = dict(full.speaker_map)
-    talker = full.talker if want_talker else None
-    token2wav = full.token2wav if want_talker else None
-    return full.thinker, talker, token2wav, speakers, config
-
-
-def _drop_unhosted(thinker: Any, hosted: frozenset[str]) -> None:
-    """Free the weights of stages served by another process."""
-    inner = thinker.model
-    if "audio_encoder" not in hosted and hasattr(inner, "audio_tower"):
-        del inner.audio_tower
-    if "image_encoder" not in hosted and hasattr(inner, "visual"):
-        del inner.visual
-    if "thinker" not in hosted:
-        inner.language_model.layers = torch.nn.ModuleList()
-        if not hosted & EMBED_STAGES:
-            inner.language_model.embed_tokens = None
-        thinker.lm_head = None
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+        gen = torch.Generator().manual_seed(1)
+        rows = torch.randn(len(ids), cfg.embedding_size, generator=gen) * 0.02
+    device, dtype = loaded.placement.talker, loaded.placement.dtype
+    return {i: rows[n].to(device, dtype) for n, i in enumerate(ids)}

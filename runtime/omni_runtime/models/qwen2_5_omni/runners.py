@@ -14,6 +14,7 @@ still generating: that is what makes streaming speech possible.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -32,7 +33,9 @@ class QwenThinkerRunner:
 
     def __init__(
         self,
-        thinker: Any,
+        text_model: Any,
+        lm_head: Any,
+        config: Any,
         *,
         slots: int,
         max_len: int,
@@ -40,15 +43,15 @@ class QwenThinkerRunner:
         device: torch.device,
         cuda_graphs: bool,
     ) -> None:
-        lm = thinker.model.language_model
-        cfg = thinker.config.text_config
+        lm = text_model
+        cfg = config.text_config
         self.slots, self.max_len, self.device = slots, max_len, device
         self.embed = lm.embed_tokens
         self.media_ids = torch.tensor(
             [
-                thinker.config.audio_token_index,
-                thinker.config.image_token_index,
-                thinker.config.video_token_index,
+                config.audio_token_index,
+                config.image_token_index,
+                config.video_token_index,
             ],
             device=device,
         )
@@ -57,7 +60,7 @@ class QwenThinkerRunner:
             norm=lm.norm,
             rotary=lm.rotary_emb,
             embed_fn=lambda ids, extra: self.embed(ids),
-            head_fn=thinker.lm_head,
+            head_fn=lm_head,
             slots=slots,
             max_len=max_len,
             kv_heads=cfg.num_key_value_heads,
@@ -217,7 +220,9 @@ class QwenTalkerRunner:
             want_hidden=False,
         )
         history = [self.codec_mask] * len(row.input_ids) + [self.codec_pad, self.codec_bos]
-        self.sampler.set_row(row.slot, row.sampling, history=history)
+        # As generate(): the codec BOS is never sampled.
+        sampling = replace(row.sampling, suppress_tokens=(*row.sampling.suppress_tokens, self.codec_bos))
+        self.sampler.set_row(row.slot, sampling, history=history)
         code = self.sampler.sample(logits, rows=[row.slot])
         self.decoder.last_ids[row.slot] = code[0]
         self.decoder.lengths[row.slot] = length
@@ -227,8 +232,8 @@ class QwenTalkerRunner:
     @torch.inference_mode()
     def step(self, n: int, *, inputs: list[Any], max_length: int) -> list[int | None]:
         ready_rows = [i for i, v in enumerate(inputs) if v is not None]
+        index = torch.tensor(ready_rows, dtype=torch.int64, device=self.device)
         if ready_rows:
-            index = torch.tensor(ready_rows, device=self.device)
             self.decoder.extra[index] = torch.stack(
                 [inputs[i].to(self.device, self.dtype) for i in ready_rows]
             )

@@ -1,0 +1,96 @@
+"""Where each module lives (from the device and GPU flags), and what a stage process loaded."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from omni_runtime.pipeline.options import EngineOptions
+from omni_runtime.pipeline.types import EngineError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Placement:
+    dtype: torch.dtype
+    thinker: torch.device  # text model, lm_head, token embeddings (mm_aggregate)
+    audio: torch.device
+    vision: torch.device
+    talker: torch.device  # talker and token2wav
+    cuda_graphs: bool
+
+
+@dataclass
+class LoadedModel:
+    """The modules of the hosted stages; None where another process hosts the stage."""
+
+    config: Any
+    processor: Any
+    eos_token_ids: tuple[int, ...]
+    speakers: dict[str, dict[str, Any]]
+    placement: Placement
+    path: Path | None
+    rope: Any  # RopeIndex over the thinker config
+    text: Any = None  # Qwen2_5OmniThinkerTextModel (embed_tokens, layers, norm, rotary_emb)
+    embed: Any = None  # the thinker's token embedding table
+    lm_head: Any = None
+    audio_tower: Any = None
+    visual: Any = None
+    talker: Any = None
+    token2wav: Any = None
+    text_vectors: dict[int, Any] = field(default_factory=dict)
+    load_seconds: float = 0.0
+
+
+def _dtype(name: str, *, default: torch.dtype) -> torch.dtype:
+    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if name == "auto":
+        return default
+    if name not in table:
+        raise EngineError(f"unknown dtype {name!r}; use auto, float32, bfloat16 or float16", param="dtype")
+    return table[name]
+
+
+def resolve_placement(options: EngineOptions) -> Placement:
+    """Map device/dtype/GPU flags to torch devices; impossible requests become EngineError."""
+    has_cuda = torch.cuda.is_available()
+    if options.device == "cuda" and not has_cuda:
+        raise EngineError(
+            "device=cuda was asked but no CUDA GPU is visible; use --device cpu or auto", param="device"
+        )
+    if options.thinker_tp_size > 1:
+        raise EngineError(
+            f"thinker tensor parallelism ({options.thinker_tp_size}) is not implemented by the builtin runtime "
+            "yet; use --thinker-tp-size 1 (one 80 GB GPU holds the 7B thinker) or the sglang-omni runtime",
+            param="thinker_tp_size",
+        )
+    if options.image_encoder_tp_size > 1:
+        raise EngineError(
+            "image-encoder tensor parallelism is not implemented by the builtin runtime yet; use 1 "
+            "(the encoder then shares the thinker's GPU or takes --image-encoder-gpus N)",
+            param="image_encoder_tp_size",
+        )
+    if not (has_cuda and options.device in ("auto", "cuda")):
+        if options.thinker_gpus or options.talker_gpu is not None or options.image_encoder_gpus:
+            log.warning("GPU placement flags ignored: running on the CPU")
+        cpu = torch.device("cpu")
+        return Placement(_dtype(options.dtype, default=torch.float32), cpu, cpu, cpu, cpu, cuda_graphs=False)
+    count = torch.cuda.device_count()
+
+    def gpu(index: int, flag: str) -> torch.device:
+        if not 0 <= index < count:
+            raise EngineError(f"{flag} names GPU {index} but this process sees {count} GPU(s)", param=flag)
+        return torch.device("cuda", index)
+
+    thinker = gpu(options.thinker_gpus[0] if options.thinker_gpus else 0, "thinker_gpus")
+    vision = (
+        gpu(options.image_encoder_gpus[0], "image_encoder_gpus") if options.image_encoder_gpus else thinker
+    )
+    talker = gpu(options.talker_gpu, "talker_gpu") if options.talker_gpu is not None else thinker
+    dtype = _dtype(options.dtype, default=torch.bfloat16)
+    return Placement(dtype, thinker, thinker, vision, talker, cuda_graphs=True)

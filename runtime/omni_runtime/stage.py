@@ -1,0 +1,150 @@
+"""`omni stage`: some stages of a worker's pipeline as their own process, behind a stage link.
+
+The planner runs, for example, the encoders, mm_aggregate and the thinker in one GPU pod and the
+talker in another; each is ``omni stage --stages ... --port N`` with the same model and placement
+flags as ``omni serve``. The process listens at once (so the worker's engine can connect and see
+"not ready"), loads only the modules of its stages, warms them up, then reports ready through
+the link's health method. The stage code is the same as in-process: LocalStages plus handlers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from dataclasses import dataclass
+
+from omni_runtime.pipeline.options import EngineOptions
+
+log = logging.getLogger("omni.stage")
+
+HOSTABLE = (
+    "preprocessing",
+    "audio_encoder",
+    "image_encoder",
+    "mm_aggregate",
+    "thinker",
+    "talker",
+    "talker_stream",
+)
+
+
+def _stages(text: str) -> tuple[str, ...]:
+    names = tuple(s.strip() for s in text.split(",") if s.strip())
+    unknown = [n for n in names if n not in HOSTABLE]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown stage(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(HOSTABLE)}"
+        )
+    return names
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `omni serve` flags (model, placement, identity) plus --stages."""
+    from omni_runtime.serve import build_parser as serve_parser
+
+    parser = serve_parser()
+    parser.prog = "omni stage"
+    parser.description = "Serve some pipeline stages over a stage link (binary transport for tensors)."
+    parser.add_argument(
+        "--stages",
+        type=_stages,
+        required=True,
+        help="comma list of stages to host, e.g. audio_encoder,image_encoder,mm_aggregate,thinker",
+    )
+    return parser
+
+
+def options_from_args(args: argparse.Namespace) -> EngineOptions:
+    pipeline = "text" if args.text_only else (args.pipeline or "speech")
+    return EngineOptions(
+        model_path=args.model_path,
+        model_name=args.model_name,
+        pipeline=pipeline,
+        text_only=pipeline == "text",
+        load_format=args.load_format,
+        device=args.device,
+        dtype=args.dtype,
+        thinker_tp_size=args.thinker_tp_size,
+        thinker_gpus=tuple(args.thinker_gpus),
+        talker_gpu=args.talker_gpu,
+        image_encoder_tp_size=args.image_encoder_tp_size,
+        image_encoder_gpus=tuple(args.image_encoder_gpus),
+        mem_fraction_static=args.mem_fraction_static,
+        max_batch_size=args.max_batch_size,
+        max_model_len=args.max_model_len,
+        worker_id=args.worker_id,
+        revision=args.revision,
+    )
+
+
+@dataclass
+class StageProcess:
+    server: object
+    local: object
+    address: str
+
+    async def close(self) -> None:
+        await self.server.close()  # type: ignore[attr-defined]
+        await self.local.stop()  # type: ignore[attr-defined]
+
+
+def hosted_stages(stages: tuple[str, ...]) -> frozenset[str]:
+    hosted = set(stages)
+    if "talker" in hosted or "talker_stream" in hosted:
+        hosted |= {"talker", "talker_stream"}  # the vocoder runs where the talker runs
+    return frozenset(hosted)
+
+
+async def start_stage_process(
+    options: EngineOptions, stages: tuple[str, ...], *, host: str, port: int
+) -> StageProcess:
+    """Listen, load, warm up, then report ready. Returns once ready."""
+    from omni_runtime.models.registry import load_adapter
+    from omni_runtime.pipeline.link import StageLinkServer
+    from omni_runtime.pipeline.services import LocalStages
+    from omni_runtime.pipeline.stage_server import StageHandlers
+
+    hosted = hosted_stages(stages)
+    server = StageLinkServer({}, ready=False)
+    address = await server.start(host, port)
+    log.info("stage link listening on %s for %s (loading)", address, ",".join(sorted(hosted)))
+    adapter = await asyncio.to_thread(load_adapter, options, hosted=hosted)
+    local = LocalStages(adapter, options, hosted=hosted)
+    await local.start()
+    await local.warmup()
+    server.handlers.update(StageHandlers(local).handlers())
+    server.ready = True
+    log.info("stages %s ready on %s", ",".join(sorted(hosted)), address)
+    return StageProcess(server=server, local=local, address=address)
+
+
+async def _serve(options: EngineOptions, stages: tuple[str, ...], host: str, port: int) -> None:
+    process = await start_stage_process(options, stages, host=host, port=port)
+    print(f"omni stage: serving {','.join(stages)} on {process.address}", file=sys.stderr, flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await process.close()
+
+
+def main(argv: list[str]) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    options = options_from_args(args)
+    from omni_runtime.pipeline.types import EngineError
+
+    try:
+        asyncio.run(_serve(options, args.stages, args.host, args.port))
+    except EngineError as exc:
+        print(f"omni stage: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"omni stage: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,105 @@
+"""Speech out: the talker follows the thinker, the vocoder turns codec windows into 24 kHz audio."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from engine_harness import Harness, finished, request, tiny_options
+
+from omni_runtime.pipeline.types import AudioChunk, EngineError, TextDelta
+
+
+class VocoderSpy:
+    """Wraps the real vocoder to record the code windows it synthesised."""
+
+    def __init__(self, vocoder) -> None:
+        self.vocoder = vocoder
+        self.windows: list[tuple[int, int]] = []
+
+    def __getattr__(self, name: str):
+        return getattr(self.vocoder, name)
+
+    def synthesize(self, codes, *, start: int, end: int, **kwargs):
+        self.windows.append((start, end))
+        return self.vocoder.synthesize(codes, start=start, end=end, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def batch_speech_engine(tiny_checkpoint: Path) -> Iterator[Harness]:
+    harness = Harness(tiny_options(tiny_checkpoint, pipeline="speech"))
+    yield harness
+    harness.close()
+
+
+@pytest.fixture(scope="module")
+def text_engine(tiny_checkpoint: Path) -> Iterator[Harness]:
+    harness = Harness(tiny_options(tiny_checkpoint, pipeline="text"))
+    yield harness
+    harness.close()
+
+
+def _spy(harness: Harness) -> VocoderSpy:
+    local = harness.engine.stages.local
+    spy = VocoderSpy(local.vocoder)
+    local.vocoder = spy
+    return spy
+
+
+def test_speech_audio_is_24khz_and_its_length_matches_the_codec_tokens(batch_speech_engine: Harness) -> None:
+    spy = _spy(batch_speech_engine)
+    try:
+        events = batch_speech_engine.collect(request(max_tokens=12, want_audio=True, talker_tokens=30))
+    finally:
+        batch_speech_engine.engine.stages.local.vocoder = spy.vocoder
+    chunks = [e for e in events if isinstance(e, AudioChunk)]
+    assert chunks, "a speech request must produce audio"
+    assert {c.sample_rate for c in chunks} == {24000}
+    samples = sum(len(c.pcm) for c in chunks)
+    codes = sum(end - start for start, end in spy.windows)
+    assert 0 < codes <= 30
+    assert samples == codes * spy.vocoder.samples_per_code == codes * 480  # 2 mel frames x 240 samples
+    assert [w[0] for w in spy.windows] == [0] + [w[1] for w in spy.windows[:-1]], (
+        "windows must tile the codes"
+    )
+    assert len(spy.windows) == 1, "the non-streaming speech pipeline synthesises once, at the end"
+    assert all(c.pcm.dtype == np.float32 and np.all(np.abs(c.pcm) <= 1.0) for c in chunks)
+    done = finished(events)
+    assert done.usage.audio_seconds == pytest.approx(samples / 24000)
+
+
+def test_streaming_speech_sends_first_audio_before_the_thinker_finishes(speech_engine: Harness) -> None:
+    events = speech_engine.collect(request(max_tokens=300, want_audio=True, talker_tokens=60))
+    kinds = [type(e).__name__ for e in events]
+    first_audio = kinds.index("AudioChunk")
+    last_text = max(i for i, k in enumerate(kinds) if k == "TextDelta")
+    assert first_audio < last_text, f"first audio at event {first_audio}, text ended at {last_text}"
+    chunks = [e for e in events if isinstance(e, AudioChunk)]
+    assert len(chunks) >= 2, "streaming speech sends audio in several chunks"
+    assert finished(events).usage.completion_tokens == 300
+
+
+def test_streaming_speech_with_a_seed_repeats_its_audio(speech_engine: Harness) -> None:
+    def audio(seed: int) -> np.ndarray:
+        events = speech_engine.collect(
+            request(max_tokens=10, temperature=1.0, seed=seed, want_audio=True, talker_tokens=25)
+        )
+        return np.concatenate([e.pcm for e in events if isinstance(e, AudioChunk)])
+
+    first, again, other = audio(7), audio(7), audio(8)
+    # Same codes and same vocoder noise; CPU thread pools shared by the stage threads may reorder
+    # float reductions, so equality is up to rounding.
+    assert first.shape == again.shape
+    assert np.abs(first - again).max() < 1e-3
+    assert first.shape != other.shape or np.abs(first - other).max() > 1e-2
+
+
+def test_text_pipeline_refuses_audio_output(text_engine: Harness) -> None:
+    with pytest.raises(EngineError) as err:
+        text_engine.collect(request(want_audio=True))
+    assert err.value.param == "modalities"
+    events = text_engine.collect(request(max_tokens=4))
+    assert any(isinstance(e, TextDelta) for e in events)
+    assert not any(isinstance(e, AudioChunk) for e in events)
