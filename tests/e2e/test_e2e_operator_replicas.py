@@ -43,13 +43,20 @@ def test_two_replicas_one_active_then_failover(crds: ControlPlane, api: Api, nam
     leader = OperatorProcess(crds, namespace, name="a", args=FAST_PEERING).wait_live()
     standby = OperatorProcess(crds, namespace, name="b", args=FAST_PEERING).wait_live()
     try:
+        # Both replicas announce themselves in the peering object; b starts paused (a has the higher
+        # priority: it started first) and stays so while a keeps its record alive.
+        peering = f"/apis/kopf.dev/v1/namespaces/{namespace}/kopfpeerings/omni-operator"
         wait_for(
-            "b pauses in favour of a", lambda: "Pausing operations in favour of" in standby.log(), timeout=60
+            "both replicas in the peering",
+            lambda: len(api.client.get(peering).json().get("status", {})) == 2,
+            timeout=60,
         )
+        assert "Resuming operations" in leader.log()
         api.create(deployment("ha", workers=1))
         api.wait_ready("ha", 1)
         assert leader.reconcile_lines("ha")
         assert standby.reconcile_lines("ha") == []
+        assert "Resuming operations" not in standby.log()
 
         leader.kill()
         wait_for("b resumes", lambda: "Resuming operations" in standby.log(), timeout=60)
