@@ -1,0 +1,150 @@
+"""Plan -> local processes: workers planned beyond the spec's count, GPUs per process, capacity and
+port checks, and the embedded default deployment."""
+
+from __future__ import annotations
+
+import socket
+import sys
+
+import pytest
+
+from omni_operator.api.load import parse_deployments
+from omni_operator.api.spec import OmniDeployment
+from omni_operator.local.default import DEFAULT_DEPLOYMENT_YAML
+from omni_operator.local.processes import (
+    LocalCapacityError,
+    LocalSettings,
+    busy_ports,
+    check_capacity,
+    check_ports,
+    host_gpus,
+    plan_local,
+    plan_worker,
+    process_specs,
+    router_spec,
+    worker_processes,
+)
+
+SETTINGS = LocalSettings(base_port=9100, router_port=9000, gpu_offset=0, workers_file="/state/workers.json")
+PY = (sys.executable, "-m", "omni_operator.cli")
+
+
+def dep(**spec: object) -> OmniDeployment:
+    body = {"model": {"name": "m", "source": {"type": "tiny"}, "architecture": "qwen2_5_omni"}, **spec}
+    return OmniDeployment.model_validate({"metadata": {"name": "d"}, "spec": body})
+
+
+def test_default_deployment_is_two_tiny_cpu_workers() -> None:
+    (default,) = parse_deployments(DEFAULT_DEPLOYMENT_YAML)
+    plan = plan_local(default, SETTINGS)
+    assert [w.name for w in plan.workers] == ["tiny-omni-w0", "tiny-omni-w1"]
+    assert plan.gpus_per_worker == 0
+    assert plan.workers[0].pods[0].container.command[:2] == ("omni", "serve")
+
+
+def test_plan_worker_beyond_the_count_matches_a_larger_spec() -> None:
+    small = dep(workers=2, gpu={"tier": "cpu"})
+    worker = plan_worker(small, SETTINGS, index=5)
+    larger = plan_local(dep(workers=6, gpu={"tier": "cpu"}), SETTINGS).workers[5]
+    assert worker == larger
+    assert worker.name == "d-w5"
+    assert worker.api_url == "http://127.0.0.1:9151"
+    assert worker.revision == plan_local(small, SETTINGS).revision
+
+
+def test_cpu_worker_process() -> None:
+    worker = plan_worker(dep(gpu={"tier": "cpu"}, pipeline="text"), SETTINGS, index=0)
+    (proc,) = worker_processes(worker, base_env={"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0,1"})
+    assert proc.name == "d-w0/worker"
+    assert proc.worker == "d-w0"
+    assert proc.argv == (
+        *PY,
+        "serve",
+        "--model-name",
+        "m",
+        "--pipeline",
+        "text",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "9101",
+        "--device",
+        "cpu",
+        "--worker-id",
+        "d-w0",
+        "--revision",
+        worker.revision,
+    )
+    # A CPU process never inherits the caller's GPUs.
+    assert proc.env == {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": ""}
+
+
+def test_gpu_worker_processes_get_the_host_gpus_they_were_given() -> None:
+    spec = dep(gpu={"tier": "h100"}, stages={"thinker": {"tensorParallelSize": 2}})
+    worker = plan_worker(spec, SETTINGS, index=3)
+    procs = worker_processes(worker, gpus=(4, 5, 7), base_env={})
+    assert [(p.name, p.env["CUDA_VISIBLE_DEVICES"]) for p in procs] == [
+        ("d-w3/thinker", "4,5"),
+        ("d-w3/talker", "7"),
+        ("d-w3/api", ""),
+    ]
+    with pytest.raises(LocalCapacityError, match="d-w3 needs 3 GPUs, 2 given"):
+        worker_processes(worker, gpus=(0, 1), base_env={})
+
+
+def test_process_specs_lay_workers_on_consecutive_gpus() -> None:
+    plan = plan_local(dep(workers=2, gpu={"tier": "h100"}), SETTINGS)
+    assert [(p.name, p.env["CUDA_VISIBLE_DEVICES"]) for p in process_specs(plan=plan, base_env={})] == [
+        ("d-w0/thinker", "0"),
+        ("d-w0/talker", "1"),
+        ("d-w0/api", ""),
+        ("d-w1/thinker", "2"),
+        ("d-w1/talker", "3"),
+        ("d-w1/api", ""),
+    ]
+
+
+def test_router_spec() -> None:
+    plan = plan_local(dep(gpu={"tier": "cpu"}), SETTINGS)
+    spec = router_spec(plan=plan, base_env={"CUDA_VISIBLE_DEVICES": "3"})
+    assert spec.name == "router"
+    assert spec.worker is None
+    assert spec.argv[: len(PY) + 5] == (*PY, "router", "--port", "9000", "--workers-file", "/state/workers.json")
+    assert spec.env == {"CUDA_VISIBLE_DEVICES": ""}
+
+
+def test_capacity_message_names_the_field_and_the_fix() -> None:
+    plan = plan_local(dep(workers=3, gpu={"tier": "h100"}), SETTINGS)
+    check_capacity(plan=plan, available_gpus=6)
+    with pytest.raises(LocalCapacityError) as err:
+        check_capacity(plan=plan, available_gpus=8, gpu_offset=4)
+    assert str(err.value) == (
+        "spec.workers: 3 workers x 2 GPUs after --gpu-offset 4 need 10 GPUs, this machine has 8; "
+        "lower spec.workers, or use gpu.tier: cpu for a CPU run"
+    )
+    check_capacity(plan=plan_local(dep(workers=64, gpu={"tier": "cpu"}), SETTINGS), available_gpus=0)
+
+
+def test_host_gpus() -> None:
+    assert host_gpus(available_gpus=4, gpu_offset=1) == [1, 2, 3]
+    assert host_gpus(available_gpus=0, gpu_offset=0) == []
+    assert host_gpus(available_gpus=2, gpu_offset=5) == []
+
+
+def test_busy_ports_and_check_ports() -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        assert busy_ports([port]) == [port]
+        settings = LocalSettings(base_port=port - 1, router_port=1, gpu_offset=0, workers_file="/w.json")
+        plan = plan_local(dep(workers=1, gpu={"tier": "cpu"}), settings)
+        with socket.socket() as free:
+            free.bind(("127.0.0.1", 0))
+            router_port = free.getsockname()[1]
+        plan = plan.model_copy(update={"router": plan.router.model_copy(update={"port": router_port})})
+        with pytest.raises(LocalCapacityError, match=rf"--base-port: port {port} of d-w0 is in use"):
+            check_ports(plan=plan)
+        busy_router = plan.model_copy(update={"router": plan.router.model_copy(update={"port": port})})
+        with pytest.raises(LocalCapacityError, match=rf"--port {port}: another process listens there"):
+            check_ports(plan=busy_router)
