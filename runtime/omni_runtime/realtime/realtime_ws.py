@@ -176,7 +176,8 @@ async def serve_realtime(
     kicked = asyncio.create_task(entry.kick.wait())
     receiver = asyncio.create_task(_receive_loop(ws, session, settings))
     done, _ = await asyncio.wait({receiver, kicked, sender}, return_when=asyncio.FIRST_COMPLETED)
-    ending = receiver.result() if receiver in done else "kicked" if kicked in done else "gone"
+    # A sender that stops first hit a dead socket: the client dropped, like a receiver error.
+    ending = receiver.result() if receiver in done else "kicked" if kicked in done else "dropped"
     for task in (receiver, kicked):
         task.cancel()
     if ending == "kicked":

@@ -25,7 +25,7 @@ from omni_runtime.pipeline.types import ChatTurn, MediaInput
 from omni_runtime.realtime.audio import MODEL_RATE
 from omni_runtime.realtime.errors import VIDEO_BUFFER_FULL, ProtocolError
 
-_SIGNATURE_SIDE = 32  # frames are compared as 32 x 32 grayscale thumbnails
+_SIGNATURE_SIDE = 64  # frames are compared as 64 x 64 grayscale thumbnails
 
 
 class VideoConfig(BaseModel):
@@ -50,7 +50,7 @@ class VideoConfig(BaseModel):
 
 
 def signature(frame: np.ndarray) -> np.ndarray:
-    image = Image.fromarray(frame).convert("L").resize((_SIGNATURE_SIDE, _SIGNATURE_SIDE), Image.BILINEAR)
+    image = Image.fromarray(frame).convert("L").resize((_SIGNATURE_SIDE, _SIGNATURE_SIDE), Image.BOX)
     return np.asarray(image, dtype=np.float32) / 255.0
 
 

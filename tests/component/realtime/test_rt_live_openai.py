@@ -7,8 +7,6 @@ import base64
 import numpy as np
 from openai import AsyncOpenAI
 
-from conftest import LiveWorker
-
 
 async def collect(conn, until: str) -> list:
     events = []
@@ -19,9 +17,7 @@ async def collect(conn, until: str) -> list:
     raise AssertionError(f"closed before {until}")
 
 
-async def test_two_turns_text_and_audio_in_text_and_audio_out_history_kept(
-    live: LiveWorker, speech_wav
-) -> None:
+async def test_two_turns_text_and_audio_in_text_and_audio_out_history_kept(live, speech_wav) -> None:
     client = AsyncOpenAI(base_url=f"http://{live.router_host}/v1", api_key="unused")
     speech = speech_wav("What is the weather like", "question")
     async with client.realtime.connect(model="tiny") as conn:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 
-from conftest import b64_pcm16, silence, tone
+from rt_helpers import b64_pcm16, silence, tone
 
 TEXT_ITEM = {
     "type": "conversation.item.create",

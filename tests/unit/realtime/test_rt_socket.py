@@ -12,8 +12,8 @@ import uvicorn
 import websockets
 from fastapi import FastAPI
 from openai import AsyncOpenAI
+from rt_helpers import EnergyScorer
 
-from conftest import EnergyScorer
 from omni_runtime.realtime import RealtimeServer, RealtimeSettings
 
 
