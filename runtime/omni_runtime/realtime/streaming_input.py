@@ -19,7 +19,6 @@ from typing import Any, Literal
 
 import anyio.to_thread
 import numpy as np
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from omni_runtime.media.errors import MediaError
 from omni_runtime.media.image import decode_image
@@ -46,54 +45,9 @@ from omni_runtime.realtime.errors import (
 )
 from omni_runtime.realtime.response import close_quietly
 from omni_runtime.realtime.settings import RealtimeSettings
+from omni_runtime.realtime.streaming_models import Chunk, Modality, StreamingInputParams
 
-Modality = Literal["text", "audio", "image", "video"]
 State = Literal["collecting", "generating", "done", "failed", "cancelled"]
-
-
-class Chunk(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    sequence_id: int = Field(ge=0, le=1_000_000_000)
-    modality: Modality
-    payload: str | None = None  # base64 (text: UTF-8 bytes)
-    text: str | None = None  # text chunks may send plain text instead of a payload
-    end_of_input: bool = False
-
-
-class Message(BaseModel):
-    role: Literal["system", "user", "assistant"]
-    content: str
-
-
-class StreamingInputParams(BaseModel):
-    """Body of session creation (Mode B) or the first NDJSON frame (Mode A)."""
-
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-    model: str | None = None
-    stream: bool = False
-    modalities: list[Literal["text", "audio"]] = ["text"]
-    max_tokens: int | None = Field(
-        None, ge=1, validation_alias=AliasChoices("max_tokens", "max_completion_tokens")
-    )
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = -1
-    min_p: float = Field(0.0, ge=0.0, le=1.0)
-    repetition_penalty: float = Field(1.0, gt=0.0)
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    instructions: str | None = None
-    messages: list[Message] | None = None  # earlier turns (text) before the streamed one
-    start_policy: Literal["on_end_only", "on_first_chunk", "on_min_length"] | None = None
-    min_length: int | None = Field(None, ge=1)  # bytes of in-order payload for on_min_length
-    audio_format: Literal["pcm16"] = "pcm16"
-    audio_sample_rate: Literal[8000, 16000, 22050, 24000, 44100, 48000] = 16000
-    video_fps: float = Field(2.0, gt=0, le=60)
-    voice: str | None = None
-    audio: dict[str, Any] | None = None  # chat-API style {"voice": ..., "format": ...}
-    first_chunk: Chunk | None = Field(None, validation_alias=AliasChoices("first_chunk", "chunk"))
 
 
 class _Assembly:
@@ -274,11 +228,15 @@ class StreamingInputSession:
                     asm.audio.append(asm.resampler.push(pcm16_to_float(raw, param="payload")))
                 elif modality == "image":
                     asm.images.append(
-                        await anyio.to_thread.run_sync(decode_image, raw, self.settings.media_limits)
+                        await anyio.to_thread.run_sync(
+                            partial(decode_image, raw, limits=self.settings.media_limits)
+                        )
                     )
                 else:
                     asm.frames.append(
-                        await anyio.to_thread.run_sync(decode_image, raw, self.settings.media_limits)
+                        await anyio.to_thread.run_sync(
+                            partial(decode_image, raw, limits=self.settings.media_limits)
+                        )
                     )
             except MediaError as exc:
                 self._fail(
@@ -357,23 +315,35 @@ class StreamingInputSession:
 
     async def _generate(self, request: GenerationRequest) -> None:
         model = self.params.model or self.engine.model_name
-        base = {"completion": self.completion, "model": model, "created": self.created}
+
+        def chunk(
+            delta: dict[str, Any], reason: str | None = None, usage: Usage | None = None
+        ) -> dict[str, Any]:
+            return chat_format.chunk_json(
+                completion=self.completion,
+                model=model,
+                created=self.created,
+                delta=delta,
+                reason=reason,
+                usage=usage,
+            )
+
         text, audio, rate, reason, usage = "", [], self.engine.output_sample_rate, "stop", Usage()
-        await self._publish(chat_format.chunk_json(**base, delta={"role": "assistant", "content": ""}))
+        await self._publish(chunk({"role": "assistant", "content": ""}))
         stream = self.engine.generate(request)
         try:
             async for event in stream:
                 self.touch()
                 if isinstance(event, TextDelta) and event.text:
                     text += event.text
-                    await self._publish(chat_format.chunk_json(**base, delta={"content": event.text}))
+                    await self._publish(chunk({"content": event.text}))
                 elif isinstance(event, AudioChunk) and event.pcm.size:
                     audio.append(np.asarray(event.pcm, dtype=np.float32))
                     rate = event.sample_rate
                     delta = chat_format.audio_delta(
                         event.pcm, sample_rate=rate, completion=self.completion, fmt=self.audio_format
                     )
-                    await self._publish(chat_format.chunk_json(**base, delta=delta))
+                    await self._publish(chunk(delta))
                 elif isinstance(event, Finished):
                     reason, usage = event.reason, event.usage
         except EngineError as exc:
@@ -393,14 +363,16 @@ class StreamingInputSession:
             return
         pcm = np.concatenate(audio) if audio else None
         self.result = chat_format.completion_json(
-            **base,
+            completion=self.completion,
+            model=model,
+            created=self.created,
             text=text,
             audio=pcm if self.want_audio else None,
             sample_rate=rate,
             reason=reason,
             usage=usage,
         )
-        await self._publish(chat_format.chunk_json(**base, delta={}, reason=reason, usage=usage))
+        await self._publish(chunk({}, reason=reason, usage=usage))
         self.state = "done"
         await self._publish("[DONE]")
 

@@ -35,7 +35,8 @@ from omni_runtime.realtime.errors import (
 )
 from omni_runtime.realtime.metrics import RealtimeMetrics
 from omni_runtime.realtime.settings import RealtimeSettings
-from omni_runtime.realtime.streaming_input import Chunk, StreamingInputParams, StreamingInputSession
+from omni_runtime.realtime.streaming_input import StreamingInputSession
+from omni_runtime.realtime.streaming_models import Chunk, StreamingInputParams
 from omni_runtime.sessions import make_session_id
 
 _BODY_OVERHEAD = 64 * 1024  # JSON around a payload whose base64 is 4/3 of its bytes
@@ -273,7 +274,7 @@ async def _feed_ndjson(
     request: Request, *, manager: StreamingInputManager
 ) -> tuple[StreamingInputSession, StreamingInputParams]:
     session: StreamingInputSession | None = None
-    params = StreamingInputParams()
+    params = StreamingInputParams.model_validate({})
     pending = b""
     line_no = 0
     chunks = 0

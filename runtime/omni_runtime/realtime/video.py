@@ -34,8 +34,10 @@ class VideoConfig(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
     modalities: list[Literal["text", "audio"]] | None = None  # None: audio too when the worker speaks
-    num_frames: int = Field(4, ge=1, le=128, validation_alias=AliasChoices("num_frames", "num_sample_frames"))
-    max_frames: int = Field(50, ge=1, le=256)
+    num_frames: int = Field(
+        default=4, ge=1, le=128, validation_alias=AliasChoices("num_frames", "num_sample_frames")
+    )
+    max_frames: int = Field(default=50, ge=1, le=256)
     system_prompt: str | None = None
     use_audio_in_video: bool = True
     sampling_params_list: list[dict[str, Any]] | None = None
@@ -43,14 +45,16 @@ class VideoConfig(BaseModel):
         True, validation_alias=AliasChoices("enable_frame_filter", "evs_enabled")
     )
     frame_filter_threshold: float = Field(
-        0.95, ge=0.0, le=1.0, validation_alias=AliasChoices("frame_filter_threshold", "evs_threshold")
+        default=0.95, ge=0.0, le=1.0, validation_alias=AliasChoices("frame_filter_threshold", "evs_threshold")
     )
-    video_fps: float = Field(2.0, gt=0, le=60)  # the rate the sampled frames are presented at
+    video_fps: float = Field(default=2.0, gt=0, le=60)  # the rate the sampled frames are presented at
     voice: str | None = None
 
 
 def signature(frame: np.ndarray) -> np.ndarray:
-    image = Image.fromarray(frame).convert("L").resize((_SIGNATURE_SIDE, _SIGNATURE_SIDE), Image.BOX)
+    image = (
+        Image.fromarray(frame).convert("L").resize((_SIGNATURE_SIDE, _SIGNATURE_SIDE), Image.Resampling.BOX)
+    )
     return np.asarray(image, dtype=np.float32) / 255.0
 
 
@@ -100,7 +104,7 @@ class VideoBuffer:
             )
         if (width, height) == self.size:
             return frame
-        return np.asarray(Image.fromarray(frame).resize(self.size, Image.BICUBIC), dtype=np.uint8)
+        return np.asarray(Image.fromarray(frame).resize(self.size, Image.Resampling.BICUBIC), dtype=np.uint8)
 
     def add_frame(self, data: bytes, *, config: VideoConfig) -> FrameResult:
         """Decode, filter and buffer one frame (CPU work: call it off the event loop)."""

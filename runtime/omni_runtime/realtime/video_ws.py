@@ -62,7 +62,7 @@ class VideoSession:
         self.settings = settings
         self.metrics = metrics
         self.outbox = Outbox(beta=False, keep_log=False, max_log_events=0, max_log_bytes=0)
-        self.config = VideoConfig()
+        self.config = VideoConfig.model_validate({})
         self.buffer = VideoBuffer(
             limits=settings.media_limits,
             max_bytes=settings.max_video_buffer_bytes,

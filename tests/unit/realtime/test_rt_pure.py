@@ -140,3 +140,16 @@ async def test_outbox_log_is_bounded_and_reports_gaps() -> None:
     box.detach()
     replayed, complete = box.attach(last_event_id="event_1")
     assert (replayed, complete) == (3, False)
+
+
+def test_the_realtime_package_does_not_import_torch() -> None:
+    """Only realtime.vad imports torch, and only when a session turns server VAD on."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, omni_runtime.realtime, omni_runtime.realtime.session, omni_runtime.realtime.video_ws, "
+        "omni_runtime.realtime.streaming_routes; print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "False"
