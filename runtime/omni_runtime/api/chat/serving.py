@@ -151,9 +151,7 @@ class ChatServing:
                 request_id=f"chatcmpl-{uuid.uuid4().hex}", media=media, limits=limits
             )
             if request.stream:
-                response = await self._stream(request, generation, raw, started)
-                state.in_flight += 1  # handed to the SSE body, which releases it when it ends
-                return response
+                return await self._stream(request, generation, raw, started)
             return await self._complete(request, generation, raw, started)
         finally:
             state.in_flight -= 1
@@ -256,6 +254,7 @@ class ChatServing:
             self.state.in_flight -= 1
 
         body = self._sse(request, generation, first, events, result, cleanup)
+        self.state.in_flight += 1  # the SSE body holds the request now; cleanup releases it
         return EventStreamResponse(
             body,
             on_close=cleanup,
@@ -309,7 +308,12 @@ class ChatServing:
                     yield _error_event(internal_error(generation.request_id))
                 else:
                     yield _error_event(
-                        ApiError("The generation was cancelled by the worker.", status=503, code="cancelled")
+                        ApiError(
+                            "The generation was cancelled by the worker.",
+                            status=503,
+                            type=SERVICE_UNAVAILABLE,
+                            code="cancelled",
+                        )
                     )
             else:
                 usage = self._usage(finished, want_audio=generation.want_audio)
