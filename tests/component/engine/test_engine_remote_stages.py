@@ -1,0 +1,119 @@
+"""Stages in other processes: `omni stage` serves them over stage links, with the same results.
+
+Two real `omni stage` processes (encoders + mm_aggregate + thinker in one, talker in the other)
+and an engine that hosts only preprocessing and decode, as the planner lays out a 7B worker.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from engine_harness import Harness, finished, image, request, tiny_options, token_ids
+
+from omni_runtime.pipeline.types import AudioChunk
+
+STAGE_START_TIMEOUT_S = 600.0
+THINKER_SIDE = "audio_encoder,image_encoder,mm_aggregate,thinker"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _start_stage(checkpoint: Path, stages: str, port: int, log: Path) -> subprocess.Popen:
+    argv = [
+        sys.executable, "-m", "omni_operator.cli", "stage", "--stages", stages,
+        "--model-path", str(checkpoint), "--pipeline", "streaming-speech", "--device", "cpu",
+        "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "1024", "--max-batch-size", "8",
+    ]  # fmt: skip
+    return subprocess.Popen(argv, stdout=log.open("w"), stderr=subprocess.STDOUT, env={**os.environ})
+
+
+def _wait_serving(procs: list[tuple[subprocess.Popen, Path]]) -> None:
+    deadline = time.monotonic() + STAGE_START_TIMEOUT_S
+    pending = list(procs)
+    while pending and time.monotonic() < deadline:
+        for proc, log in list(pending):
+            if proc.poll() is not None:
+                pytest.fail(f"omni stage exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+            if "omni stage: serving" in log.read_text():
+                pending.remove((proc, log))
+        time.sleep(0.5)
+    if pending:
+        pytest.fail(f"omni stage not ready in {STAGE_START_TIMEOUT_S:g}s:\n{pending[0][1].read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def split_engine(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
+    logs = tmp_path_factory.mktemp("stage-logs")
+    thinker_port, talker_port = _free_port(), _free_port()
+    procs = [
+        (_start_stage(tiny_checkpoint, THINKER_SIDE, thinker_port, logs / "thinker.log"), logs / "thinker.log"),
+        (_start_stage(tiny_checkpoint, "talker", talker_port, logs / "talker.log"), logs / "talker.log"),
+    ]
+    try:
+        _wait_serving(procs)
+        remote = {stage: f"127.0.0.1:{thinker_port}" for stage in THINKER_SIDE.split(",")}
+        remote["talker"] = f"127.0.0.1:{talker_port}"
+        harness = Harness(tiny_options(tiny_checkpoint, remote_stages=remote))
+        yield harness
+        harness.close()
+    finally:
+        for proc, _ in procs:
+            proc.terminate()
+        for proc, _ in procs:
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def test_split_engine_hosts_only_preprocessing_and_decode(split_engine: Harness) -> None:
+    local = split_engine.engine.stages.local
+    assert local.thinker is None and local.talker is None and local.audio is None
+    loaded = split_engine.engine.adapter.loaded
+    assert loaded.text is None and loaded.talker is None and loaded.visual is None
+
+
+def test_greedy_tokens_through_stage_links_equal_in_process(split_engine: Harness, speech_engine: Harness) -> None:
+    for media in ((), (image(),)):
+        local = token_ids(speech_engine.collect(request("Describe it.", max_tokens=16, media=media)))
+        remote_events = split_engine.collect(request("Describe it.", max_tokens=16, media=media))
+        assert token_ids(remote_events) == local
+        assert finished(remote_events).reason == "length"
+
+
+def test_speech_through_a_remote_talker(split_engine: Harness) -> None:
+    events = split_engine.collect(request(max_tokens=12, want_audio=True, talker_tokens=30))
+    chunks = [e for e in events if isinstance(e, AudioChunk)]
+    assert chunks and {c.sample_rate for c in chunks} == {24000}
+    samples = sum(len(c.pcm) for c in chunks)
+    assert samples > 0 and samples % 480 == 0 and samples // 480 <= 30
+    assert finished(events).usage.audio_seconds == pytest.approx(samples / 24000)
+
+
+def test_cancel_through_a_stage_link_frees_the_remote_slot(split_engine: Harness) -> None:
+    engine = split_engine.engine
+
+    async def scenario() -> int:
+        stream = engine.generate(request(max_tokens=500))
+        await stream.__anext__()
+        await stream.aclose()
+        for _ in range(5):  # the cancel reaches the stage process within a step or two
+            probe = [e async for e in engine.generate(request(max_tokens=3))]
+            assert finished(probe).reason == "length"
+            if engine.stages.thinker.running_count == 1:
+                break
+        return engine.stages.thinker.running_count
+
+    # The stage reports its batch with every token; at the probe's last token nothing else runs.
+    assert split_engine.run(scenario()) == 0

@@ -1,0 +1,51 @@
+"""Slot compaction and the stage graph: exact plans."""
+
+from __future__ import annotations
+
+import pytest
+
+from omni_runtime.pipeline.graph import local_stages, pipeline_variant
+from omni_runtime.pipeline.options import EngineOptions
+from omni_runtime.pipeline.scheduler import plan_compaction
+from omni_runtime.pipeline.types import EngineError
+
+
+def test_compaction_fills_holes_from_the_top() -> None:
+    moves, table = plan_compaction(["a", "b", "c", "d", "e"], {"b", "d"})
+    assert moves == [(4, 1)]
+    assert table == ["a", "e", "c"]
+
+
+def test_compaction_with_free_slots_and_nothing_to_move() -> None:
+    assert plan_compaction(["a", "b", None], set()) == ([], ["a", "b"])
+    assert plan_compaction(["a", "b"], {"b"}) == ([], ["a"])
+    assert plan_compaction(["a", "b"], {"a", "b"}) == ([], [])
+
+
+def test_compaction_of_the_first_slots() -> None:
+    moves, table = plan_compaction([None, None, "c", "d"], set())
+    assert moves == [(3, 0), (2, 1)]
+    assert table == ["d", "c"]
+
+
+def test_pipeline_variants_and_local_stages() -> None:
+    assert pipeline_variant(EngineOptions(pipeline="speech", text_only=True)) == "text"
+    split = EngineOptions(pipeline="speech", remote_stages={"thinker": "h:1", "talker": "h:2"})
+    assert local_stages(split) == frozenset(
+        {"preprocessing", "audio_encoder", "image_encoder", "mm_aggregate", "decode"}
+    )
+
+
+@pytest.mark.parametrize(
+    ("options", "param"),
+    [
+        (EngineOptions(pipeline="duplex"), "pipeline"),
+        (EngineOptions(pipeline="chorus"), "pipeline"),
+        (EngineOptions(pipeline="speech", remote_stages={"decode": "h:1"}), "remote_stages"),
+        (EngineOptions(pipeline="text", remote_stages={"talker": "h:1"}), "remote_stages"),
+    ],
+)
+def test_impossible_graphs_name_the_option(options: EngineOptions, param: str) -> None:
+    with pytest.raises(EngineError) as err:
+        local_stages(options)
+    assert err.value.param == param

@@ -1,0 +1,76 @@
+"""Stage payloads survive the trip through a stage-link frame unchanged."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from omni_runtime.models.base import Prompt, RowSampling, TalkerAdmission, ThinkerPrompt
+from omni_runtime.pipeline import wire
+from omni_runtime.pipeline.link import decode_tensors, encode_tensors
+from omni_runtime.pipeline.types import ChatTurn, GenerationRequest, MediaInput, SamplingParams
+
+
+def _over_the_wire(tensors: dict) -> dict:
+    specs, views = encode_tensors(tensors)
+    return decode_tensors(specs, bytearray(b"".join(bytes(v) for v in views)))
+
+
+def test_generation_request_round_trip() -> None:
+    audio = MediaInput(kind="audio", data=np.arange(8, dtype=np.float32), sample_rate=16000)
+    request = GenerationRequest(
+        request_id="r1",
+        turns=(ChatTurn(role="system", text="be brief"), ChatTurn(role="user", text="hi", media=(audio,))),
+        sampling=SamplingParams(max_tokens=5, temperature=0.5, stop=("x", "y"), seed=3),
+        want_audio=True,
+        voice="Ethan",
+        stage_params={"talker": {"max_tokens": 9}},
+    )
+    payload, tensors = wire.pack_request(request)
+    back = wire.unpack_request(payload, _over_the_wire(tensors))
+    assert back.sampling == request.sampling
+    assert back.turns[0] == request.turns[0]
+    np.testing.assert_array_equal(back.turns[1].media[0].data, audio.data)
+    assert (back.voice, back.want_audio, back.stage_params) == ("Ethan", True, {"talker": {"max_tokens": 9}})
+
+
+def test_prompt_and_thinker_prompt_round_trip() -> None:
+    prompt = Prompt(
+        input_ids=[1, 2, 3],
+        images={"pixel_values": torch.ones(4, 6), "image_grid_thw": torch.tensor([[1, 2, 2]])},
+    )
+    back = wire.unpack_prompt(*_unpack(wire.pack_prompt(prompt)))
+    assert back.input_ids == [1, 2, 3] and back.audio is None and back.videos is None
+    assert torch.equal(back.images["image_grid_thw"], prompt.images["image_grid_thw"])
+    tp = ThinkerPrompt(
+        input_ids=[5, 6],
+        embeds=torch.randn(2, 4).bfloat16(),
+        positions=torch.zeros(3, 2, dtype=torch.long),
+        rope_delta=-3,
+        talker_context={"image_grid_thw": torch.tensor([[1, 2, 2]])},
+    )
+    back2 = wire.unpack_thinker_prompt(*_unpack(wire.pack_thinker_prompt(tp)))
+    assert back2.rope_delta == -3 and back2.embeds.dtype == torch.bfloat16
+    assert torch.equal(back2.embeds, tp.embeds)
+    assert torch.equal(back2.talker_context["image_grid_thw"], tp.talker_context["image_grid_thw"])
+
+
+def test_talker_admission_round_trip() -> None:
+    adm = TalkerAdmission(
+        slot=-1,
+        input_ids=[1, 2],
+        talker_context={},
+        prompt_vectors=torch.randn(2, 4),
+        first_token=7,
+        first_vector=torch.randn(4),
+        voice="Chelsie",
+        sampling=RowSampling(temperature=0.9, top_k=40, seed=1),
+    )
+    back = wire.unpack_talker_admission(*_unpack(wire.pack_talker_admission(adm)))
+    assert back.sampling == adm.sampling and back.first_token == 7 and back.voice == "Chelsie"
+    assert torch.equal(back.prompt_vectors, adm.prompt_vectors)
+
+
+def _unpack(frame: tuple[dict, dict]) -> tuple[dict, dict]:
+    payload, tensors = frame
+    return payload, _over_the_wire(tensors)
