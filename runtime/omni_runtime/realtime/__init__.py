@@ -7,7 +7,7 @@ Wiring (in the worker's app factory)::
     realtime = RealtimeServer(engine=engine, settings=RealtimeSettings(worker_id=worker_id), registry=registry)
     app.include_router(realtime.router())
     app.add_middleware(StreamingInputChatMiddleware, server=realtime)   # Mode A on /v1/chat/completions
-    # on shutdown: await realtime.aclose()
+    # in the lifespan: await realtime.warmup() at start-up (loads the VAD), await realtime.aclose() at shutdown
 
 Only `realtime.vad` imports torch, and only when a session turns server VAD on.
 """

@@ -79,6 +79,13 @@ class RealtimeServer:
         router.include_router(streaming_input_router(manager=self.streaming, metrics=self.metrics))
         return router
 
+    async def warmup(self) -> None:
+        """Load the VAD model now (off the event loop), so the first session does not wait for it."""
+        if self.scorer_factory is silero_scorer_factory:
+            from omni_runtime.realtime.vad import preload
+
+            await preload()
+
     async def chat_completion(self, request: Request) -> Response:
         """Mode A streaming input: the NDJSON body of a ``/v1/chat/completions`` request."""
         return await streaming_input_chat_completion(request, manager=self.streaming)

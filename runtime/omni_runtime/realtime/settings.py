@@ -40,7 +40,7 @@ class RealtimeSettings:
     backchannel_max_ms: int = 600  # speech shorter than this while the assistant talks does not cancel
     resume_grace_s: float = 30.0  # a dropped duplex session waits this long for its client
     max_replay_events: int = 2048  # events kept for replay after a reconnect
-    max_replay_bytes: int = 16 * 1024 * 1024
+    max_replay_bytes: int = 4 * 1024 * 1024  # about 40 s of 24 kHz audio deltas
 
     # --- /v1/video/chat/stream ---------------------------------------------------------------
     max_video_sessions: int = 16

@@ -151,5 +151,7 @@ def test_the_realtime_package_does_not_import_torch() -> None:
         "import sys, omni_runtime.realtime, omni_runtime.realtime.session, omni_runtime.realtime.video_ws, "
         "omni_runtime.realtime.streaming_routes; print('torch' in sys.modules)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
     assert out.stdout.strip() == "False"

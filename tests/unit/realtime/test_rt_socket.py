@@ -175,3 +175,13 @@ async def test_session_limit_and_idle_limit_answer_with_error_events(served) -> 
         assert expired["error"]["code"] == "session_expired"
     await asyncio.sleep(0.1)
     assert len(realtime.sessions) == 0
+
+
+async def test_latency_probe_measures_every_turn(served) -> None:
+    from omni_runtime.realtime.latency import Probe, measure, synthetic_speech
+
+    host, _ = await served()
+    probe = Probe(url=f"ws://{host}/v1/realtime", speech=synthetic_speech(0.3), turns=2, max_output_tokens=3)
+    report = await measure(probe, concurrency=2)
+    assert report["samples"] == 4 and report["concurrency"] == 2
+    assert 0 <= report["median_s"] <= report["p90_s"] <= report["max_s"] < 5

@@ -1,0 +1,153 @@
+"""Realtime latency probe: end of user speech to the first response audio, at a given concurrency.
+
+``python -m omni_runtime.realtime.latency --url ws://HOST:PORT/v1/realtime --concurrency 1,8``
+opens that many realtime sessions at once; each sends a spoken turn and measures the time from the
+end of the user's speech to the first ``response.output_audio.delta``. The end of speech is the
+client's ``input_audio_buffer.commit`` (``--turn commit``) or the server's ``speech_stopped``
+event (``--turn vad``, which needs real speech: ``--wav``). It prints one JSON line per
+concurrency with the median, p90 and max, so the numbers in docs/benchmarks.md can be rerun.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import websockets
+
+RATE = 16_000
+
+
+@dataclass(frozen=True)
+class Probe:
+    url: str
+    speech: np.ndarray  # 16 kHz mono float32
+    turns: int = 3
+    turn: str = "commit"  # commit | vad
+    max_output_tokens: int = 16
+    timeout_s: float = 300.0
+
+
+def _pcm16(pcm: np.ndarray) -> str:
+    return base64.b64encode((np.clip(pcm, -1, 1) * 32767).astype("<i2").tobytes()).decode()
+
+
+def synthetic_speech(seconds: float = 1.5) -> np.ndarray:
+    """A voiced-sounding test signal (harmonics under a syllable envelope); fine for commit mode."""
+    t = np.arange(int(seconds * RATE)) / RATE
+    voice = sum(np.sin(2 * np.pi * 140 * k * t) / k for k in range(1, 8))
+    envelope = 0.5 * (1 - np.cos(2 * np.pi * 4 * t))
+    return (0.2 * voice * envelope).astype(np.float32)
+
+
+async def _next(ws: Any, wanted: set[str], deadline: float) -> dict[str, Any]:
+    while True:
+        message = await asyncio.wait_for(ws.recv(), timeout=max(deadline - time.monotonic(), 0.001))
+        event = json.loads(message)
+        if event["type"] == "error":
+            raise RuntimeError(f"server error: {event['error']}")
+        if event["type"] in wanted:
+            return event
+
+
+async def one_session(probe: Probe) -> list[float]:
+    """Latencies (seconds) of ``probe.turns`` spoken turns on one session."""
+    vad = {"type": "server_vad", "silence_duration_ms": 500} if probe.turn == "vad" else None
+    latencies: list[float] = []
+    async with websockets.connect(probe.url, max_size=None) as ws:
+        deadline = time.monotonic() + probe.timeout_s
+        await _next(ws, {"session.created"}, deadline)
+        update = {
+            "type": "realtime",
+            "output_modalities": ["audio"],
+            "max_output_tokens": probe.max_output_tokens,
+            "audio": {"input": {"format": {"type": "audio/pcm", "rate": RATE}, "turn_detection": vad}},
+        }
+        await ws.send(json.dumps({"type": "session.update", "session": update}))
+        await _next(ws, {"session.updated"}, deadline)
+        tail = np.zeros(RATE, dtype=np.float32) if probe.turn == "vad" else np.zeros(0, dtype=np.float32)
+        audio = np.concatenate([probe.speech, tail])
+        for _ in range(probe.turns):
+            for start in range(0, audio.size, RATE // 10):
+                await ws.send(
+                    json.dumps(
+                        {
+                            "type": "input_audio_buffer.append",
+                            "audio": _pcm16(audio[start : start + RATE // 10]),
+                        }
+                    )
+                )
+            if probe.turn == "commit":
+                await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+                ended = time.monotonic()
+                await ws.send(json.dumps({"type": "response.create"}))
+            else:
+                await _next(ws, {"input_audio_buffer.speech_stopped"}, deadline)
+                ended = time.monotonic()
+            await _next(ws, {"response.output_audio.delta"}, deadline)
+            latencies.append(time.monotonic() - ended)
+            await _next(ws, {"response.done"}, deadline)
+    return latencies
+
+
+async def measure(probe: Probe, *, concurrency: int) -> dict[str, Any]:
+    results = await asyncio.gather(*(one_session(probe) for _ in range(concurrency)))
+    values = sorted(value for session in results for value in session)
+    return {
+        "concurrency": concurrency,
+        "turn": probe.turn,
+        "samples": len(values),
+        "median_s": round(statistics.median(values), 4),
+        "p90_s": round(values[min(len(values) - 1, int(0.9 * len(values)))], 4),
+        "max_s": round(values[-1], 4),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m omni_runtime.realtime.latency", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--url", required=True, help="ws://HOST:PORT/v1/realtime (a worker or the router)")
+    parser.add_argument(
+        "--concurrency", default="1,8", help="comma list of concurrent sessions (default 1,8)"
+    )
+    parser.add_argument("--turns", type=int, default=3, help="spoken turns per session (default 3)")
+    parser.add_argument(
+        "--turn", choices=("commit", "vad"), default="commit", help="how the user's turn ends"
+    )
+    parser.add_argument("--wav", help="speech to send (any rate; default: a synthetic voiced signal)")
+    parser.add_argument("--max-output-tokens", type=int, default=16)
+    args = parser.parse_args(argv)
+    if args.wav:
+        import soundfile as sf
+
+        from omni_runtime.media.resample import resample
+
+        pcm, rate = sf.read(args.wav, dtype="float32", always_2d=True)
+        speech = resample(pcm.mean(axis=1), orig_sr=rate, target_sr=RATE)
+    elif args.turn == "vad":
+        parser.error("--turn vad needs real speech: pass --wav (for example made by espeak-ng -w)")
+    else:
+        speech = synthetic_speech()
+    probe = Probe(
+        url=args.url,
+        speech=speech,
+        turns=args.turns,
+        turn=args.turn,
+        max_output_tokens=args.max_output_tokens,
+    )
+    for level in (int(part) for part in args.concurrency.split(",")):
+        print(json.dumps(asyncio.run(measure(probe, concurrency=level))), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
