@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from pydantic import ValidationError
 
 from omni_runtime.api.chat.protocol import ChatCompletionRequest
-from omni_runtime.api.chat.serving import _error_event, _join_audio
+from omni_runtime.api.chat.transport import error_event, join_audio
 from omni_runtime.api.errors import (
     ApiError,
     field_path,
@@ -112,7 +112,7 @@ def test_engine_refusal_keeps_its_message_and_a_fault_stays_generic() -> None:
 
 
 def test_sse_error_event_is_one_json_object() -> None:
-    event = _error_event(ApiError("nope", status=400, param="x", code="c"))
+    event = error_event(ApiError("nope", status=400, param="x", code="c"))
     assert event.startswith("data: ") and event.endswith("\n\n")
     assert json.loads(event[len("data: ") :]) == {
         "error": {"message": "nope", "type": "invalid_request_error", "param": "x", "code": "c"}
@@ -122,11 +122,11 @@ def test_sse_error_event_is_one_json_object() -> None:
 def test_join_audio_keeps_the_first_chunk_rate() -> None:
     a = AudioChunk(pcm=[0.1, 0.2], sample_rate=24000)  # type: ignore[arg-type]
     b = AudioChunk(pcm=[0.3], sample_rate=24000)  # type: ignore[arg-type]
-    pcm, rate = _join_audio([a, b], fallback_rate=16000)
+    pcm, rate = join_audio([a, b], fallback_rate=16000)
     assert rate == 24000 and pcm.tolist() == pytest.approx([0.1, 0.2, 0.3])
-    empty, rate = _join_audio([], fallback_rate=44100)
+    empty, rate = join_audio([], fallback_rate=44100)
     assert (empty.size, rate) == (0, 44100)
-    mixed, rate = _join_audio([a, AudioChunk(pcm=[0.0] * 480, sample_rate=48000)], fallback_rate=1)  # type: ignore[arg-type]
+    mixed, rate = join_audio([a, AudioChunk(pcm=[0.0] * 480, sample_rate=48000)], fallback_rate=1)  # type: ignore[arg-type]
     assert (mixed.size, rate) == (2 + 240, 24000)
 
 

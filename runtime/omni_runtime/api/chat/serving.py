@@ -7,21 +7,17 @@ cancellation that reported the disconnect), which frees the request's slot.
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import json
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
-import numpy as np
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from fastapi.responses import JSONResponse, Response
 
 from omni_runtime.api.chat.media import load_request_media
 from omni_runtime.api.chat.protocol import (
@@ -34,10 +30,16 @@ from omni_runtime.api.chat.protocol import (
     StreamChoice,
     UsageInfo,
 )
+from omni_runtime.api.chat.transport import (
+    EventStreamResponse,
+    close_stream,
+    error_event,
+    join_audio,
+    unless_disconnected,
+)
 from omni_runtime.api.errors import SERVICE_UNAVAILABLE, ApiError, from_engine_error, internal_error
 from omni_runtime.api.state import AppState
 from omni_runtime.media.audio import encode_wav, to_pcm16
-from omni_runtime.media.resample import resample
 from omni_runtime.pipeline.types import (
     AudioChunk,
     EngineError,
@@ -48,57 +50,6 @@ from omni_runtime.pipeline.types import (
 )
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
-
-
-class EventStreamResponse(StreamingResponse):
-    """SSE response that always runs ``on_close`` (even if the body never started), so the engine
-    stream never outlives the client."""
-
-    media_type = "text/event-stream"
-
-    def __init__(
-        self, content: AsyncIterator[str], *, on_close: Callable[[], Awaitable[None]], **kwargs: Any
-    ) -> None:
-        super().__init__(content, **kwargs)
-        self.on_close = on_close
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            with anyio.CancelScope(shield=True):
-                aclose = getattr(self.body_iterator, "aclose", None)
-                if aclose is not None:
-                    await aclose()
-                await self.on_close()
-
-
-async def _close(events: AsyncIterator[EngineEvent]) -> None:
-    aclose = getattr(events, "aclose", None)
-    if aclose is not None:
-        with anyio.CancelScope(shield=True):
-            await aclose()
-
-
-async def _wait_for_disconnect(raw: Request) -> None:
-    while (await raw.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _unless_disconnected(raw: Request, work: Awaitable[T]) -> tuple[bool, T | None]:
-    """Run ``work`` while watching the client; (True, None) when it left first (``work`` is cancelled)."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_for_disconnect(raw))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-    if task.done():
-        return False, task.result()
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-    return True, None
 
 
 @dataclass
@@ -169,9 +120,9 @@ class ChatServing:
                 async for event in events:
                     result.add(event)
             finally:
-                await _close(events)
+                await close_stream(events)
 
-        disconnected, _ = await _unless_disconnected(raw, collect())
+        disconnected, _ = await unless_disconnected(raw, collect())
         self._record(result, want_audio=generation.want_audio)
         if disconnected:
             log.info("client left before %s finished; generation cancelled", generation.request_id)
@@ -211,7 +162,7 @@ class ChatServing:
 
     def _audio_reply(self, request: ChatCompletionRequest, result: _Generation, text: str) -> AudioReply:
         fmt = request.audio.format if request.audio else "wav"
-        pcm, rate = _join_audio(result.audio, fallback_rate=self.state.engine.output_sample_rate)
+        pcm, rate = join_audio(result.audio, fallback_rate=self.state.engine.output_sample_rate)
         payload = encode_wav(pcm, sample_rate=rate) if fmt == "wav" else to_pcm16(pcm)
         return AudioReply(
             id=f"audio_{uuid.uuid4().hex}",
@@ -231,12 +182,12 @@ class ChatServing:
         # Wait for the first event before answering 200, so a request the engine refuses still
         # gets its error status (and a client leaving while queued still cancels it).
         try:
-            disconnected, first = await _unless_disconnected(raw, anext(events, None))
+            disconnected, first = await unless_disconnected(raw, anext(events, None))
         except BaseException:
-            await _close(events)
+            await close_stream(events)
             raise
         if disconnected or first is None:
-            await _close(events)
+            await close_stream(events)
             if disconnected:
                 return Response(status_code=499)
             log.error("engine stream of %s ended without any event", generation.request_id)
@@ -249,7 +200,7 @@ class ChatServing:
             if closed:
                 return
             closed = True
-            await _close(events)
+            await close_stream(events)
             self._record(result, want_audio=generation.want_audio)
             self.state.in_flight -= 1
 
@@ -305,9 +256,9 @@ class ChatServing:
                     log.error(
                         "engine failed on %s: %s", generation.request_id, finished.error if finished else ""
                     )
-                    yield _error_event(internal_error(generation.request_id))
+                    yield error_event(internal_error(generation.request_id))
                 else:
-                    yield _error_event(
+                    yield error_event(
                         ApiError(
                             "The generation was cancelled by the worker.",
                             status=503,
@@ -332,7 +283,7 @@ class ChatServing:
                     yield f"data: {final.model_dump_json()}\n\n"
             yield "data: [DONE]\n\n"
         except EngineError as exc:
-            yield _error_event(from_engine_error(exc))
+            yield error_event(from_engine_error(exc))
             yield "data: [DONE]\n\n"
         finally:
             with anyio.CancelScope(shield=True):
@@ -384,19 +335,3 @@ class ChatServing:
                 metrics.tokens_per_second.observe(
                     (usage.completion_tokens - 1) / (end - result.first_token_at)
                 )
-
-
-def _error_event(error: ApiError) -> str:
-    return f"data: {json.dumps({'error': error.detail.model_dump()})}\n\n"
-
-
-def _join_audio(chunks: list[AudioChunk], *, fallback_rate: int) -> tuple[np.ndarray, int]:
-    """All chunks as one waveform at the first chunk's true rate (others resampled if they differ)."""
-    if not chunks:
-        return np.zeros(0, dtype=np.float32), fallback_rate
-    rate = chunks[0].sample_rate
-    pieces = [
-        c.pcm if c.sample_rate == rate else resample(c.pcm, orig_sr=c.sample_rate, target_sr=rate)
-        for c in chunks
-    ]
-    return np.concatenate([np.asarray(p, dtype=np.float32).reshape(-1) for p in pieces]), rate
