@@ -120,6 +120,7 @@ class QwenThinkerRunner:
         self.decoder.lengths[:n] += 1
         return ThinkerStep(tokens=tokens.tolist(), vectors=vectors)
 
+    @torch.inference_mode()  # the sampler's tables are inference tensors
     def move(self, src: int, dst: int, length: int) -> None:
         self.decoder.move(src, dst, length)
         self.sampler.move(src, dst)
@@ -247,6 +248,7 @@ class QwenTalkerRunner:
         values = codes.tolist()
         return [values[i] if inputs[i] is not None else None for i in range(n)]
 
+    @torch.inference_mode()  # the sampler's tables are inference tensors
     def move(self, src: int, dst: int, length: int) -> None:
         self.decoder.move(src, dst, length)
         self.sampler.move(src, dst)
