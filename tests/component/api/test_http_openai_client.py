@@ -81,3 +81,24 @@ def test_errors_surface_as_typed_exceptions(worker: Worker) -> None:
         assert exc.param == "model"
     else:
         raise AssertionError("an unknown model must be a 404")
+
+
+def test_streaming_speech_deltas_reach_the_client(worker: Worker) -> None:
+    client = _client(worker)
+    stream = client.chat.completions.create(
+        model=_model(client),
+        messages=HELLO,  # type: ignore[arg-type]
+        max_tokens=8,
+        stream=True,
+        modalities=["text", "audio"],
+        audio={"voice": "Ethan", "format": "wav"},  # type: ignore[typeddict-item]
+        extra_body={"stage_params": SHORT_SPEECH},
+    )
+    audio_chunks = [
+        chunk.choices[0].delta.audio for chunk in stream if chunk.choices and chunk.choices[0].delta.audio
+    ]
+    assert audio_chunks
+    assert len({audio.id for audio in audio_chunks}) == 1
+    for audio in audio_chunks:
+        assert audio.data is not None
+        assert sf.info(io.BytesIO(base64.b64decode(audio.data))).samplerate == 24000
