@@ -1,13 +1,18 @@
 """Router overhead benchmark: the same load straight to a worker and through `omni router`, in one run.
 
-    python -m omni_runtime.router.bench --out bench-out/ [--seconds 3] [--rounds 3] [--concurrency 1,64]
+    python -m omni_runtime.router.bench --out DIR [--upstream-delay-ms 0] [--worker-url URL]
+        [--seconds 3] [--rounds 3] [--concurrency 1,64] [--ws-concurrency 8]
 
-It starts a minimal upstream (raw ASGI on uvicorn: a small JSON answer and a WebSocket echo, so the
-router's own cost is not hidden behind model time) and a real `omni router` in front of it, each
-its own process. A lean keep-alive HTTP/1.1 client measures requests/s and latency percentiles at
-each concurrency, alternating direct and routed rounds so background load hits both alike, and a
-WebSocket ping-pong measures relayed messages/s. It prints a table and writes results.json and
-router_overhead.png to --out. Report the hardware with the numbers: they are CPU-bound.
+By default it starts a minimal upstream (raw ASGI on uvicorn: a small chat-completion JSON and a
+WebSocket echo), so the router's own cost is not hidden behind model time; `--upstream-delay-ms`
+makes each answer wait (as a worker waiting on its accelerator does, without using this CPU), and
+`--worker-url` measures a running worker instead (`omni serve`: one-token chat completions).
+A real `omni router` runs in front, in its own process. A lean keep-alive HTTP/1.1 client measures
+requests/s and latency percentiles at each concurrency, alternating direct and routed rounds so
+background load hits both alike; a WebSocket ping-pong measures relayed messages/s. The CPU time
+the router and the worker spend per request is read from /proc, a figure that does not depend on
+what else the machine is doing. It prints a table and writes results.json and router_overhead.png
+to --out. Quote the hardware line with the numbers.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 ANSWER = json.dumps(
     {
@@ -34,15 +40,16 @@ ANSWER = json.dumps(
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
     }
 ).encode()
-REQUEST = json.dumps({"model": "bench", "messages": [{"role": "user", "content": "hi"}]}).encode()
+MESSAGES = [{"role": "user", "content": "hi"}]
+_DELAY_S = 0.0  # set in the upstream process from --upstream-delay-ms
 
 
-# ---- the upstream: a worker with no model time ----------------------------------------------
+# ---- the built-in upstream: a worker with no model time on this CPU ---------------------------
 
 
 async def upstream_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] == "lifespan":
-        while (message := await receive())["type"] != "lifespan.shutdown":
+        while (await receive())["type"] != "lifespan.shutdown":
             await send({"type": "lifespan.startup.complete"})
         await send({"type": "lifespan.shutdown.complete"})
         return
@@ -54,19 +61,33 @@ async def upstream_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         return
     while (await receive()).get("more_body"):
         pass
-    body = ANSWER if scope["path"] != "/ready" else b"{}"
+    if scope["path"] == "/ready":
+        body = b"{}"
+    else:
+        body = ANSWER
+        if _DELAY_S:
+            await asyncio.sleep(_DELAY_S)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
-def serve_upstream(port: int) -> None:
+def serve_upstream(port: int, delay_ms: float) -> None:
     import uvicorn
 
+    global _DELAY_S
+    _DELAY_S = delay_ms / 1000
     uvicorn.run(upstream_app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
 # ---- the load ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    host: str
+    port: int
+    request: bytes  # one complete HTTP/1.1 request, sent again and again on a keep-alive connection
 
 
 @dataclass
@@ -79,25 +100,42 @@ class Measurement:
     p99_ms: float
     count: int
     errors: int
-    upstream_cpu_us: float  # CPU the upstream process spent per request or message
+    upstream_cpu_us: float  # CPU the worker process spent per request or message
     router_cpu_us: float  # CPU the router process spent per request or message (0 when direct)
 
 
-async def _http_client(port: int, deadline: float, latencies: list[float], errors: list[int]) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    request = (
-        f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(REQUEST)}\r\n\r\n"
-    ).encode() + REQUEST
+def _request(host: str, port: int, body: bytes) -> bytes:
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+async def _read_response(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    lowered = head.lower()
+    at = lowered.find(b"content-length:")
+    if at >= 0:
+        await reader.readexactly(int(head[at + 15 : head.index(b"\r\n", at)]))
+        return head
+    while True:  # chunked
+        size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+        await reader.readexactly(size + 2)
+        if size == 0:
+            return head
+
+
+async def _http_client(
+    endpoint: Endpoint, deadline: float, latencies: list[float], errors: list[int]
+) -> None:
+    reader, writer = await asyncio.open_connection(endpoint.host, endpoint.port)
     clock = time.perf_counter
     try:
         while clock() < deadline:
             started = clock()
-            writer.write(request)
-            head = await reader.readuntil(b"\r\n\r\n")
-            at = head.lower().find(b"content-length:")
-            size = int(head[at + 15 : head.index(b"\r\n", at)])
-            await reader.readexactly(size)
+            writer.write(endpoint.request)
+            head = await _read_response(reader)
             latencies.append(clock() - started)
             if head[9:12] != b"200":
                 errors.append(1)
@@ -105,10 +143,11 @@ async def _http_client(port: int, deadline: float, latencies: list[float], error
         writer.close()
 
 
-async def _ws_client(port: int, deadline: float, latencies: list[float]) -> None:
+async def _ws_client(endpoint: Endpoint, deadline: float, latencies: list[float]) -> None:
     from websockets.asyncio.client import connect
 
-    async with connect(f"ws://127.0.0.1:{port}/ws", proxy=None, compression=None) as ws:
+    url = f"ws://{endpoint.host}:{endpoint.port}/ws"
+    async with connect(url, proxy=None, compression=None) as ws:
         payload = json.dumps({"type": "input_audio_buffer.append", "audio": "A" * 256})
         clock = time.perf_counter
         while clock() < deadline:
@@ -128,64 +167,92 @@ def _cpu_seconds(pid: int) -> float:
 
 
 async def _measure(
-    *, target: str, kind: str, port: int, concurrency: int, seconds: float, pids: dict[str, int] | None = None
+    *, target: str, kind: str, endpoint: Endpoint, concurrency: int, seconds: float, pids: dict[str, int]
 ) -> Measurement:
-    pids = pids or {}
     cpu_before = {name: _cpu_seconds(pid) for name, pid in pids.items()}
     latencies: list[float] = []
     errors: list[int] = []
-    deadline = time.perf_counter() + seconds
     started = time.perf_counter()
+    deadline = started + seconds
     if kind == "http":
-        await asyncio.gather(*(_http_client(port, deadline, latencies, errors) for _ in range(concurrency)))
+        await asyncio.gather(
+            *(_http_client(endpoint, deadline, latencies, errors) for _ in range(concurrency))
+        )
     else:
-        await asyncio.gather(*(_ws_client(port, deadline, latencies) for _ in range(concurrency)))
+        await asyncio.gather(*(_ws_client(endpoint, deadline, latencies) for _ in range(concurrency)))
     elapsed = time.perf_counter() - started
-    ordered = sorted(latencies)
+    ordered = sorted(latencies) or [0.0]
+    count = len(latencies)
     cpu_us = {
-        name: (_cpu_seconds(pid) - cpu_before[name]) * 1e6 / max(1, len(ordered))
-        for name, pid in pids.items()
+        name: (_cpu_seconds(pid) - cpu_before[name]) * 1e6 / max(1, count) for name, pid in pids.items()
     }
     return Measurement(
         target=target,
         kind=kind,
         concurrency=concurrency,
-        per_second=len(ordered) / elapsed,
+        per_second=count / elapsed,
         p50_ms=statistics.median(ordered) * 1000,
         p99_ms=ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000,
-        count=len(ordered),
+        count=count,
         errors=len(errors),
         upstream_cpu_us=round(cpu_us.get("upstream", 0.0), 1),
         router_cpu_us=round(cpu_us.get("router", 0.0), 1) if target == "router" else 0.0,
     )
 
 
-def _median_of(rounds: list[Measurement]) -> Measurement:
-    """The round with the median throughput: one real round, not a blend of several."""
-    return sorted(rounds, key=lambda m: m.per_second)[len(rounds) // 2]
+async def _run_all(
+    *,
+    direct: Endpoint,
+    routed: Endpoint,
+    loads: list[tuple[str, int]],
+    seconds: float,
+    rounds: int,
+    pids: dict[str, int],
+) -> list[Measurement]:
+    results: list[Measurement] = []
+    for kind, level in loads:
+        print(f"  {kind} x{level}: ", end="", flush=True)
+        for endpoint in (routed, direct):  # warm connections, pools and caches on both paths
+            await _measure(
+                target="warmup", kind=kind, endpoint=endpoint, concurrency=level, seconds=0.5, pids={}
+            )
+        by_target: dict[str, list[Measurement]] = {"direct": [], "router": []}
+        for _ in range(rounds):  # alternate, so background load falls on both alike
+            for target, endpoint in (("direct", direct), ("router", routed)):
+                measured = await _measure(
+                    target=target, kind=kind, endpoint=endpoint, concurrency=level, seconds=seconds, pids=pids
+                )
+                by_target[target].append(measured)
+                print(".", end="", flush=True)
+        print()
+        # The round with the median throughput: one real round, not a blend of several.
+        for target in ("direct", "router"):
+            rounds_ = sorted(by_target[target], key=lambda m: m.per_second)
+            results.append(rounds_[len(rounds_) // 2])
+    return results
 
 
-# ---- processes --------------------------------------------------------------------------------
+# ---- processes and report ---------------------------------------------------------------------
 
 
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        return int(sock.getsockname()[1])
 
 
-def _wait_ready(port: int, path: str, timeout: float = 60.0) -> None:
+def _wait_ready(base_url: str, timeout: float = 120.0) -> None:
     import httpx
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if httpx.get(f"http://127.0.0.1:{port}{path}", timeout=1.0, trust_env=False).status_code == 200:
+            if httpx.get(f"{base_url}/ready", timeout=1.0, trust_env=False).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.1)
-    raise RuntimeError(f"nothing ready on port {port}{path} after {timeout} s")
+    raise SystemExit(f"bench: {base_url}/ready did not answer 200 within {timeout:g} s")
 
 
 def _start(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -193,22 +260,36 @@ def _start(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
 
 
-# ---- report -----------------------------------------------------------------------------------
+def _pid_listening_on(port: int) -> int | None:
+    """The pid of a local process listening on a port (Linux /proc), to count a given worker's CPU."""
+    try:
+        inodes = set()
+        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+            fields = line.split()
+            if int(fields[1].split(":")[1], 16) == port and fields[3] == "0A":
+                inodes.add(fields[9])
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit():
+                for fd in (proc / "fd").iterdir():
+                    if os.readlink(fd).removeprefix("socket:[").removesuffix("]") in inodes:
+                        return int(proc.name)
+    except OSError:
+        return None
+    return None
 
 
 def _table(results: list[Measurement]) -> str:
     lines = [
-        f"{'load':<18}{'direct /s':>11}{'router /s':>11}{'loss':>8}{'p99 direct':>12}{'p99 router':>12}"
+        f"{'load':<16}{'direct /s':>11}{'router /s':>11}{'loss':>8}{'p99 direct':>12}{'p99 router':>12}"
         f"{'added p99':>11}{'router CPU':>12}{'worker CPU':>12}"
     ]
-    keys = sorted({(m.kind, m.concurrency) for m in results})
-    for kind, concurrency in keys:
+    for kind, concurrency in sorted({(m.kind, m.concurrency) for m in results}):
         pair = {m.target: m for m in results if (m.kind, m.concurrency) == (kind, concurrency)}
         direct, routed = pair["direct"], pair["router"]
-        loss = 1 - routed.per_second / direct.per_second
-        label = f"{'HTTP' if kind == 'http' else 'WS messages'} x{concurrency}"
+        loss = 1 - routed.per_second / direct.per_second if direct.per_second else 0.0
+        label = f"{'HTTP' if kind == 'http' else 'WS msgs'} x{concurrency}"
         lines.append(
-            f"{label:<18}{direct.per_second:>11.0f}{routed.per_second:>11.0f}{loss:>8.1%}"
+            f"{label:<16}{direct.per_second:>11.0f}{routed.per_second:>11.0f}{loss:>8.1%}"
             f"{direct.p99_ms:>10.2f}ms{routed.p99_ms:>10.2f}ms{routed.p99_ms - direct.p99_ms:>9.2f}ms"
             f"{routed.router_cpu_us:>10.0f}us{direct.upstream_cpu_us:>10.0f}us"
         )
@@ -239,161 +320,6 @@ def _plot(results: list[Measurement], path: Path, title: str) -> None:
     figure.savefig(path, dpi=120)
 
 
-# ---- main -------------------------------------------------------------------------------------
-
-
-async def _run_all(
-    *,
-    upstream: int,
-    router: int,
-    concurrency: list[int],
-    ws_concurrency: int,
-    seconds: float,
-    rounds: int,
-    pids: dict[str, int],
-) -> list[Measurement]:
-    results: list[Measurement] = []
-    loads = [("http", c) for c in concurrency] + [("websocket", ws_concurrency)]
-    for kind, level in loads:
-        print(f"  {kind} x{level}: ", end="", flush=True)
-        await _measure(target="warmup", kind=kind, port=router, concurrency=level, seconds=0.5)
-        await _measure(target="warmup", kind=kind, port=upstream, concurrency=level, seconds=0.5)
-        by_target: dict[str, list[Measurement]] = {"direct": [], "router": []}
-        for _ in range(rounds):  # alternate, so background load falls on both alike
-            for target, port in (("direct", upstream), ("router", router)):
-                by_target[target].append(
-                    await _measure(
-                        target=target, kind=kind, port=port, concurrency=level, seconds=seconds, pids=pids
-                    )
-                )
-                print(".", end="", flush=True)
-        print()
-        results += [_median_of(by_target["direct"]), _median_of(by_target["router"])]
-    return results
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m omni_runtime.router.bench", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument("--out", required=True, help="folder for results.json and router_overhead.png")
-    parser.add_argument("--seconds", type=float, default=3.0, help="length of one measured round (default 3)")
-    parser.add_argument(
-        "--rounds", type=int, default=3, help="rounds per load; the median is reported (default 3)"
-    )
-    parser.add_argument("--concurrency", default="1,64", help="HTTP client counts, comma list (default 1,64)")
-    parser.add_argument("--ws-concurrency", type=int, default=8, help="WebSocket connections (default 8)")
-    parser.add_argument(
-        "--router-arg", action="append", default=[], help="extra `omni router` flag (repeatable)"
-    )
-    parser.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)  # internal: run the upstream
-    args = parser.parse_args(argv)
-    if args.serve_upstream:
-        serve_upstream(args.serve_upstream)
-        return 0
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    concurrency = [int(part) for part in args.concurrency.split(",")]
-    work = Path(tempfile.mkdtemp(prefix="omni-router-bench-"))
-    upstream_port, router_port = _free_port(), _free_port()
-    workers = work / "workers.json"
-    workers.write_text(
-        json.dumps(
-            {
-                "workers": [
-                    {
-                        "id": "bench-w0",
-                        "url": f"http://127.0.0.1:{upstream_port}",
-                        "revision": "bench",
-                        "state": "ready",
-                    }
-                ]
-            }
-        )
-    )
-    procs = [
-        _start(
-            [
-                sys.executable,
-                "-m",
-                "omni_runtime.router.bench",
-                "--out",
-                str(out),
-                "--serve-upstream",
-                str(upstream_port),
-            ],
-            work / "upstream.log",
-        ),
-        _start(
-            [
-                sys.executable,
-                "-m",
-                "omni_runtime.router.main",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(router_port),
-                "--workers-file",
-                str(workers),
-                *args.router_arg,
-            ],
-            work / "router.log",
-        ),
-    ]
-    try:
-        _wait_ready(upstream_port, "/ready")
-        _wait_ready(router_port, "/ready")
-        load_before = os.getloadavg()
-        print(f"router overhead: {args.rounds} rounds x {args.seconds:g} s per load, median round reported")
-        results = asyncio.run(
-            _run_all(
-                upstream=upstream_port,
-                router=router_port,
-                concurrency=concurrency,
-                ws_concurrency=args.ws_concurrency,
-                pids={"upstream": procs[0].pid, "router": procs[1].pid},
-                seconds=args.seconds,
-                rounds=args.rounds,
-            )
-        )
-    finally:
-        for proc in procs:
-            proc.terminate()
-            proc.wait(timeout=15)
-    hardware = {
-        "cpus": os.cpu_count(),
-        "machine": platform.machine(),
-        "processor": _cpu_model(),
-        "python": platform.python_version(),
-        "load_average_before": [round(value, 2) for value in load_before],
-        "router_args": args.router_arg,
-    }
-    table = _table(results)
-    print(table)
-    print("router CPU and worker CPU: CPU time per request or message (router path, direct path)")
-    print(
-        f"hardware: {hardware['cpus']} CPUs ({hardware['processor']}), load average {hardware['load_average_before']}"
-    )
-    (out / "results.json").write_text(
-        json.dumps(
-            {
-                "hardware": hardware,
-                "seconds": args.seconds,
-                "rounds": args.rounds,
-                "results": [asdict(m) for m in results],
-            },
-            indent=2,
-        )
-    )
-    title = (
-        f"omni router overhead, 1 upstream, {hardware['cpus']} CPUs ({hardware['processor']}), "
-        f"load avg {hardware['load_average_before'][0]}"
-    )
-    _plot(results, out / "router_overhead.png", title)
-    print(f"wrote {out / 'results.json'} and {out / 'router_overhead.png'}")
-    return 0
-
-
 def _cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -402,6 +328,117 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m omni_runtime.router.bench", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--out", required=True, help="folder for results.json and router_overhead.png")
+    parser.add_argument("--seconds", type=float, default=3.0, help="length of one measured round (default 3)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per load; the median round is reported")
+    parser.add_argument("--concurrency", default="1,64", help="HTTP client counts, comma list (default 1,64)")
+    parser.add_argument(
+        "--ws-concurrency", type=int, default=8, help="WebSocket connections; 0 skips (default 8)"
+    )
+    parser.add_argument(
+        "--upstream-delay-ms", type=float, default=0.0, help="built-in upstream: wait per answer"
+    )
+    parser.add_argument(
+        "--worker-url", help="measure this running worker (omni serve) instead of the built-in one"
+    )
+    parser.add_argument(
+        "--router-arg", action="append", default=[], help="extra `omni router` flag (repeatable)"
+    )
+    parser.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)  # internal: run the upstream
+    args = parser.parse_args(argv)
+    if args.serve_upstream:
+        serve_upstream(args.serve_upstream, args.upstream_delay_ms)
+        return 0
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="omni-router-bench-"))
+    procs: list[subprocess.Popen[bytes]] = []
+    if args.worker_url:
+        worker_url = args.worker_url.rstrip("/")
+        parts = urlsplit(worker_url)
+        host, port = parts.hostname or "127.0.0.1", parts.port or 80
+        scenario = f"worker {worker_url}: one-token chat completions"
+    else:
+        host, port = "127.0.0.1", _free_port()
+        worker_url = f"http://{host}:{port}"
+        upstream_argv = [sys.executable, "-m", "omni_runtime.router.bench", "--out", str(out)]
+        upstream_argv += ["--serve-upstream", str(port), "--upstream-delay-ms", str(args.upstream_delay_ms)]
+        procs.append(_start(upstream_argv, work / "upstream.log"))
+        scenario = f"built-in upstream, {args.upstream_delay_ms:g} ms per answer"
+    router_port = _free_port()
+    workers = work / "workers.json"
+    entry = {"id": "bench-w0", "url": worker_url, "revision": "bench", "state": "ready"}
+    workers.write_text(json.dumps({"workers": [entry]}))
+    router_argv = [sys.executable, "-m", "omni_runtime.router.main", "--host", "127.0.0.1"]
+    router_argv += ["--port", str(router_port), "--workers-file", str(workers), *args.router_arg]
+    procs.append(_start(router_argv, work / "router.log"))
+    try:
+        _wait_ready(worker_url)
+        _wait_ready(f"http://127.0.0.1:{router_port}")
+        body: dict[str, Any] = {"model": "bench", "messages": MESSAGES}
+        if args.worker_url:
+            import httpx
+
+            models = httpx.get(f"{worker_url}/v1/models", timeout=10, trust_env=False).json()
+            body = {"model": models["data"][0]["id"], "messages": MESSAGES, "max_tokens": 1}
+        payload = json.dumps(body).encode()
+        direct = Endpoint(host, port, _request(host, port, payload))
+        routed = Endpoint("127.0.0.1", router_port, _request("127.0.0.1", router_port, payload))
+        loads = [("http", int(c)) for c in args.concurrency.split(",")]
+        if args.ws_concurrency and not args.worker_url:
+            loads.append(("websocket", args.ws_concurrency))
+        worker_pid = procs[0].pid if not args.worker_url else _pid_listening_on(port)
+        pids = {"router": procs[-1].pid, **({"upstream": worker_pid} if worker_pid else {})}
+        load_before = os.getloadavg()
+        print(
+            f"router overhead, {scenario}: {args.rounds} rounds x {args.seconds:g} s per load, median round"
+        )
+        results = asyncio.run(
+            _run_all(
+                direct=direct, routed=routed, loads=loads, seconds=args.seconds, rounds=args.rounds, pids=pids
+            )
+        )
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=15)
+    hardware = {
+        "cpus": os.cpu_count(),
+        "processor": _cpu_model(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "load_average_before": [round(value, 2) for value in load_before],
+    }
+    print(_table(results))
+    print(
+        "router CPU / worker CPU: CPU time per request or message of the router (routed) and worker (direct)"
+    )
+    print(
+        f"hardware: {hardware['cpus']} CPUs ({hardware['processor']}), load average {hardware['load_average_before']}"
+    )
+    report = {
+        "scenario": scenario,
+        "hardware": hardware,
+        "seconds": args.seconds,
+        "rounds": args.rounds,
+        "router_args": args.router_arg,
+        "results": [asdict(m) for m in results],
+    }
+    (out / "results.json").write_text(json.dumps(report, indent=2))
+    title = (
+        f"omni router overhead: {scenario}\n{hardware['cpus']} CPUs ({hardware['processor']}), "
+        f"load average {load_before[0]:.2f}"
+    )
+    _plot(results, out / "router_overhead.png", title)
+    print(f"wrote {out / 'results.json'} and {out / 'router_overhead.png'}")
+    return 0
 
 
 if __name__ == "__main__":

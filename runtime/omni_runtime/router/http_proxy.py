@@ -214,8 +214,8 @@ class HttpProxy:
                 headers=header_map(scope, *self._binding_headers),
                 session_header=self.session_header,
             )
-        except RouterError as error:
-            await self._fail(scope, send, error, worker=None, binding=None, started=started)
+        except RouterError as refusal:
+            await self._fail(scope, send, refusal, worker=None, binding=None, started=started)
             return
         headers = upstream_headers(scope)
         target = request_target(scope)
@@ -332,14 +332,14 @@ class HttpProxy:
                 extra={"fields": {"event": "client_gone", "worker": worker_id}},
             )
             return response.status
-        exc = pumping.exception()
-        if exc is None:
+        failure = pumping.exception()
+        if failure is None:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             return response.status
-        if not isinstance(exc, UpstreamError):
-            raise exc
-        self.ctx.health.mark_down(worker_id, f"stream failed: {exc}")
-        error = RouterError.worker_failed(worker_id=worker_id, detail=f"stream ended early: {exc}")
+        if not isinstance(failure, UpstreamError):
+            raise failure
+        self.ctx.health.mark_down(worker_id, f"stream failed: {failure}")
+        error = RouterError.worker_failed(worker_id=worker_id, detail=f"stream ended early: {failure}")
         self.ctx.metrics.errors.labels(worker_id, error.code).inc()
         log.warning("worker stream failed", extra={"fields": {"event": "stream_failed", "worker": worker_id}})
         if is_sse:

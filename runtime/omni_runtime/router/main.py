@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from omni_runtime.router import logs
 from omni_runtime.router.auth import load_api_keys
@@ -18,8 +20,8 @@ from omni_runtime.router.context import RouterConfig
 from omni_runtime.router.sources import FileSource, WorkerSource, WorkerTableError
 
 
-def _positive(kind: type) -> object:
-    def parse(text: str) -> object:
+def _positive(kind: Callable[[str], float]) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
         try:
             value = kind(text)
         except ValueError:

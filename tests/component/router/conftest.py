@@ -141,6 +141,36 @@ class Cluster:
         self.procs.append(proc)
         return proc
 
+    def tiny_worker(self, worker_id: str, *, port: int | None = None) -> Upstream:
+        """A real `omni serve` worker on the tiny checkpoint (text pipeline, CPU); not waited for."""
+        port = port or free_port()
+        argv = [
+            sys.executable,
+            "-m",
+            "omni_operator.cli",
+            "serve",
+            "--pipeline",
+            "text",
+            "--device",
+            "cpu",
+            "--worker-id",
+            worker_id,
+            "--revision",
+            "r1",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--max-batch-size",
+            "4",
+            "--log-level",
+            "warning",
+        ]
+        popen, log = self._spawn(worker_id, argv)
+        proc = Upstream(name=worker_id, popen=popen, log=log, worker_id=worker_id, port=port)
+        self.procs.append(proc)
+        return proc
+
     def upstreams(self, *worker_ids: str, wait: bool = True, port: int | None = None) -> list[Upstream]:
         procs = [self.upstream(worker_id, port=port) for worker_id in worker_ids]
         for proc in procs if wait else ():
