@@ -73,8 +73,9 @@ def plan_worker(dep: OmniDeployment, settings: LocalSettings, *, index: int) -> 
 def check_capacity(*, plan: Plan, available_gpus: int, gpu_offset: int = 0) -> None:
     needed = gpu_offset + plan.gpus_per_worker * len(plan.workers)
     if plan.gpus_per_worker and needed > available_gpus:
+        per = f"{plan.gpus_per_worker} GPU{'s' if plan.gpus_per_worker != 1 else ''}"
         raise LocalCapacityError(
-            f"spec.workers: {len(plan.workers)} workers x {plan.gpus_per_worker} GPUs"
+            f"spec.workers: {len(plan.workers)} workers x {per}"
             f"{f' after --gpu-offset {gpu_offset}' if gpu_offset else ''} need {needed} GPUs, "
             f"this machine has {available_gpus}; lower spec.workers, or use gpu.tier: cpu for a CPU run"
         )

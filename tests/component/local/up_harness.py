@@ -122,6 +122,7 @@ class OmniUp:
     base_port: int
     popen: subprocess.Popen[str] | None = None
     lines: list[str] = field(default_factory=list)
+    stamped: list[tuple[float, str]] = field(default_factory=list)  # (time.monotonic(), line)
     _reader: threading.Thread | None = None
 
     @property
@@ -158,6 +159,7 @@ class OmniUp:
     def _read(self) -> None:
         assert self.popen is not None and self.popen.stdout is not None
         for line in self.popen.stdout:
+            self.stamped.append((time.monotonic(), line.rstrip("\n")))
             self.lines.append(line.rstrip("\n"))
 
     def tail(self, n: int = 60) -> str:
@@ -165,6 +167,13 @@ class OmniUp:
 
     def supervisor_lines(self) -> list[str]:
         return [line.split("| ", 1)[1] for line in self.lines if re.match(r"^\s*omni up \| ", line)]
+
+    def line_time(self, pattern: str) -> float | None:
+        """When the first supervisor line matching pattern was read."""
+        for at, line in self.stamped:
+            if re.match(r"^\s*omni up \| ", line) and re.search(pattern, line.split("| ", 1)[1]):
+                return at
+        return None
 
     def wait_line(self, pattern: str, *, timeout: float) -> str:
         found: list[str] = []

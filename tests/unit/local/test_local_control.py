@@ -86,7 +86,7 @@ def test_router_changes_are_reported_not_applied(supervisor: Supervisor) -> None
         (
             BASE.replace("tier: cpu", "tier: h100"),
             LocalCapacityError,
-            "spec.workers: 2 workers x 1 GPUs need 2 GPUs, this machine has 0",
+            "spec.workers: 2 workers x 1 GPU need 2 GPUs, this machine has 0",
         ),
         (
             edited("  stages:\n    imageEncoder:\n      tensorParallelSize: 2\n").replace("tier: cpu", "tier: h100"),
