@@ -17,6 +17,8 @@ import copy
 import datetime as dt
 import logging
 import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +42,9 @@ class Options:
     peering_namespaces: tuple[str, ...] = ()  # empty: cluster-wide peering
     peering_lifetime: int = 60
     resync_seconds: float = 60.0
+    full_resync_seconds: float = 300.0  # also re-list the rarely-changing kinds (StaticChildren)
     debounce_seconds: float = 0.2
+    threads: int = 16
 
 
 OPTIONS = Options()
@@ -64,52 +68,61 @@ class Triggers:
 
 
 TRIGGERS = Triggers()
-CHILD_FILTER = {keys.MANAGED_BY: keys.MANAGED_BY_VALUE, keys.DEPLOYMENT: kopf.PRESENT}
+CHILD_FILTER: dict[str, Any] = {
+    keys.MANAGED_BY: keys.MANAGED_BY_VALUE,
+    keys.DEPLOYMENT: kopf.PRESENT,
+}
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     # Only warnings and errors become Kubernetes Events from kopf itself: no writes on success.
     settings.posting.level = logging.WARNING
     settings.persistence.finalizer = f"{keys.PREFIX}/kopf-finalizer"
     settings.peering.lifetime = OPTIONS.peering_lifetime
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 60
-    memo.kube = k8s.Kube.connect(OPTIONS.kubeconfig)
+    # Reconciles wait on HTTP, not on the CPU: more threads than asyncio's default (cores + 4) let
+    # many deployments reconcile at once.
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=OPTIONS.threads))
+    memo.kube = kube = await asyncio.to_thread(k8s.Kube.connect, OPTIONS.kubeconfig)
     if OPTIONS.peering_name and not settings.peering.standalone:
         for namespace in OPTIONS.peering_namespaces or (None,):
-            memo.kube.ensure_peering(name=OPTIONS.peering_name, namespace=namespace)
+            await asyncio.to_thread(kube.ensure_peering, name=OPTIONS.peering_name, namespace=namespace)
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-async def deployment_event(namespace: str, name: str, **_: Any) -> None:
+async def deployment_event(namespace: str | None, name: str, **_: Any) -> None:
     TRIGGERS.fire(namespace, name)
 
 
 @kopf.on.event("v1", "pods", labels=CHILD_FILTER)
-async def pod_event(namespace: str, labels: dict[str, str], **_: Any) -> None:
+async def pod_event(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
     TRIGGERS.fire(namespace, labels.get(keys.DEPLOYMENT))
 
 
 @kopf.on.event("v1", "services", labels=CHILD_FILTER)
-async def service_event(namespace: str, labels: dict[str, str], **_: Any) -> None:
+async def service_event(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
     TRIGGERS.fire(namespace, labels.get(keys.DEPLOYMENT))
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
 async def reconcile_loop(
-    body: kopf.Body, namespace: str, name: str, stopped: kopf.DaemonStopped, memo: kopf.Memo, **_: Any
+    body: kopf.Body, namespace: str | None, name: str, stopped: kopf.DaemonStopped, memo: Any, **_: Any
 ) -> None:
+    namespace = namespace or ""  # OmniDeployments are namespaced; kopf's type allows None
     trigger = TRIGGERS.get(namespace, name)
+    static = StaticChildren()
     failures = 0
     try:
         while not stopped:
             trigger.clear()
             snapshot = copy.deepcopy(dict(body))
             try:
-                await asyncio.to_thread(reconcile_once, memo.kube, snapshot)
+                await asyncio.to_thread(reconcile_once, memo.kube, snapshot, static)
                 failures, delay = 0, OPTIONS.resync_seconds
             except k8s.KubeError as exc:
+                static.items = None  # the failed pass may have written some of them
                 failures += 1
                 delay = min(2.0**failures, 60.0)
                 log.warning("reconcile %s/%s failed (retry in %.0f s): %s", namespace, name, delay, exc)
@@ -120,17 +133,46 @@ async def reconcile_loop(
         TRIGGERS.drop(namespace, name)
 
 
-def reconcile_once(kube: k8s.Kube, body: dict[str, Any]) -> None:
+@dataclass
+class StaticChildren:
+    """One deployment's children of STATIC_KINDS, re-listed only when they may have changed."""
+
+    items: list[dict[str, Any]] | None = None
+    generation: int | None = None
+    listed_at: float = 0.0
+
+    def stale(self, generation: int | None, *, full_resync_seconds: float) -> bool:
+        return (
+            self.items is None
+            or generation != self.generation
+            or time.monotonic() - self.listed_at > full_resync_seconds
+        )
+
+
+def reconcile_once(kube: k8s.Kube, body: dict[str, Any], static: StaticChildren | None = None) -> None:
     """Observe, decide (pure), carry out, and log what it cost in API requests."""
     from omni_operator.render import render_manifests  # render/ is pure; imported once, lazily
 
+    static = static if static is not None else StaticChildren()
     meta = body["metadata"]
-    started, before = time.monotonic(), kube.counted()
-    children = kube.list_children(namespace=meta["namespace"], deployment=meta["name"], uid=meta["uid"])
+    kube = kube.scoped()
+    started = time.monotonic()
+    scope = {"namespace": meta["namespace"], "deployment": meta["name"], "uid": meta["uid"]}
+    children = kube.list_children(**scope, kinds=k8s.WATCHED_KINDS)
+    if static.stale(meta.get("generation"), full_resync_seconds=OPTIONS.full_resync_seconds):
+        static.items = kube.list_children(**scope, kinds=k8s.STATIC_KINDS)
+        static.generation, static.listed_at = meta.get("generation"), time.monotonic()
+    assert static.items is not None
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    decision = decide(body=body, observed=Observed(tuple(children)), now=now, render=render_manifests)
+    observed = Observed(tuple(children + static.items))
+    decision = decide(body=body, observed=observed, now=now, render=render_manifests)
     kube.carry_out(decision, body=body)
-    cost = kube.counted() - before
+    watched = {kind for _, kind in k8s.WATCHED_KINDS}
+    if any(m["kind"] not in watched for m in decision.apply) or any(
+        k.kind not in watched for k in decision.delete
+    ):
+        static.items = None  # what we just wrote is not in the cache: list it again next time
+    cost = kube.counted()
     log.info(
         "reconcile %s/%s: %d reads, %d writes (%d applied, %d deleted, status %s) in %.0f ms",
         meta["namespace"],

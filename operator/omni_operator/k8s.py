@@ -41,9 +41,10 @@ PLURALS: dict[str, str] = {
     "RoleBinding": "rolebindings",
 }
 
-CHILD_KINDS: tuple[tuple[str, str], ...] = (
-    ("v1", "Pod"),
-    ("v1", "Service"),
+WATCHED_KINDS: tuple[tuple[str, str], ...] = (("v1", "Pod"), ("v1", "Service"))
+"""Kinds the operator watches (handlers.py): listed on every reconcile."""
+
+STATIC_KINDS: tuple[tuple[str, str], ...] = (
     ("v1", "ServiceAccount"),
     ("rbac.authorization.k8s.io/v1", "Role"),
     ("rbac.authorization.k8s.io/v1", "RoleBinding"),
@@ -52,7 +53,10 @@ CHILD_KINDS: tuple[tuple[str, str], ...] = (
     ("policy/v1", "PodDisruptionBudget"),
     ("networking.k8s.io/v1", "NetworkPolicy"),
 )
-"""Kinds render/ may produce; each is listed (by label) on every reconcile."""
+"""The other kinds render/ produces: they change only when the spec does, so they are listed on a
+spec change, after the operator wrote one of them, and on the slow full resync."""
+
+CHILD_KINDS = WATCHED_KINDS + STATIC_KINDS
 
 APPLY = "application/apply-patch+yaml"
 MERGE = "application/merge-patch+json"
@@ -84,9 +88,6 @@ class RequestCount:
     reads: int = 0
     writes: int = 0
 
-    def __sub__(self, other: RequestCount) -> RequestCount:
-        return RequestCount(self.reads - other.reads, self.writes - other.writes)
-
 
 class Kube:
     """A thin, counted REST layer over the official client's configuration and connection pool."""
@@ -108,6 +109,11 @@ class Kube:
         except k8s_config.ConfigException:
             k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
         return cls(k8s_client.ApiClient(configuration))
+
+    def scoped(self) -> Kube:
+        """The same connection pool with its own request count (one per reconcile: they run in
+        parallel threads, so a shared count would mix them)."""
+        return Kube(self.api, timeout=self.timeout)
 
     def counted(self) -> RequestCount:
         with self._lock:

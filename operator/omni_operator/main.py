@@ -10,6 +10,7 @@ a priority; a standby takes over once the active replica's peering record expire
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import random
 import sys
@@ -95,6 +96,10 @@ def main(argv: list[str]) -> int:
     handlers.OPTIONS.peering_lifetime = args.peering_lifetime
     handlers.OPTIONS.resync_seconds = args.resync_seconds
     kopf.configure(verbose=args.verbose)
+    if not args.verbose:
+        # kopf logs every handled watch event at INFO ("Handler 'pod_event' succeeded"): thousands a
+        # minute in a busy cluster. Its warnings and errors still show.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     kopf.run(
         clusterwide=clusterwide,
         namespaces=namespaces,

@@ -15,6 +15,7 @@ import argparse
 import json
 import math
 import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -59,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resync-seconds", type=float, default=10.0)
     p.add_argument("--timeout", type=float, default=1200.0)
     p.add_argument("--json", type=Path, help="Also write the results as JSON here.")
+    p.add_argument("--logs", type=Path, help="Copy the operator and control plane logs into this directory.")
     args = p.parse_args(argv)
 
     gpus = args.deployments * args.workers * 2  # thinker (1 GPU) + talker (1 GPU) per worker
@@ -148,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
             "operator_rss_mib_peak": round(sampler.peak / 2**20, 1),
             "operator_rss_mib_at_rest": round(rss_rest / 2**20, 1),
         }
+        if args.logs:
+            shutil.copytree(cp.workdir / "logs", args.logs, dirs_exist_ok=True)
         print(json.dumps(result, indent=2))
         if args.json:
             args.json.write_text(json.dumps(result, indent=2) + "\n")
