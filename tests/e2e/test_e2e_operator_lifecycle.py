@@ -15,6 +15,7 @@ from e2e_cluster import ControlPlane, wait_for
 from e2e_operator import Api, condition, deployment, gpu_request, running_operator, uids
 
 from omni_operator.api import labels
+from omni_runtime.router.k8s_source import KubernetesSource
 
 pytestmark = pytest.mark.e2e
 
@@ -31,7 +32,9 @@ def resource_versions(api: Api, name: str) -> dict[str, str]:
     }
 
 
-def test_apply_schedules_gpu_pods_and_reports_ready(crds: ControlPlane, api: Api, namespace: str) -> None:
+def test_apply_schedules_gpu_pods_and_reports_ready(
+    crds: ControlPlane, api: Api, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with running_operator(crds, namespace, args=("--resync-seconds", "2")) as op:
         crds.kubectl(
             "apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(deployment("omni", workers=2, tp=2))
@@ -91,6 +94,22 @@ def test_apply_schedules_gpu_pods_and_reports_ready(crds: ControlPlane, api: Api
             ),
             timeout=30,
         )
+
+        # ... and the router's Kubernetes source reads exactly that table.
+        # (the client reads $KUBECONFIG once, at import: point its default at our kubeconfig instead)
+        monkeypatch.setattr(
+            "kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION", str(crds.kubeconfig)
+        )
+        specs = KubernetesSource(namespace=namespace, deployment="omni").load()
+        assert [(w.id, w.url, w.revision, w.state.value) for w in specs] == [
+            (
+                f"omni-w{i}",
+                f"http://api.omni-w{i}.{namespace}.svc.cluster.local:8000",
+                status["updateRevision"],
+                "ready",
+            )
+            for i in range(2)
+        ]
 
         table = crds.kubectl("get", "omnideployments", "-n", namespace).stdout.splitlines()
         assert table[0].split() == ["NAME", "WORKERS", "READY", "PHASE", "ENDPOINT", "AGE"]

@@ -65,18 +65,20 @@ def router_endpoint(desired: Sequence[Manifest], namespace: str) -> str | None:
     return None
 
 
-def publish_worker_states(desired: Sequence[Manifest], states: dict[str, str]) -> list[Manifest]:
-    """Each worker's headless Service carries its state (starting|ready|draining) for the router."""
+API_URL = f"{labels.PREFIX}/api-url"
+"""Annotation on a worker's Service: the worker API's base URL (read by the router)."""
+
+
+def publish_worker_states(desired: Sequence[Manifest], table: dict[str, dict[str, str]]) -> list[Manifest]:
+    """Each worker's headless Service carries its entry of the worker table, for the router:
+    WORKER_STATE (starting|ready|draining) and API_URL, keyed by worker name in `table`."""
     out = []
     for m in desired:
         lbls = m["metadata"].get("labels") or {}
         worker = lbls.get(labels.WORKER)
-        if m["kind"] == "Service" and lbls.get(labels.COMPONENT) == "worker" and worker in states:
+        if m["kind"] == "Service" and lbls.get(labels.COMPONENT) == "worker" and worker in table:
             m = {**m, "metadata": {**m["metadata"]}}
-            m["metadata"]["annotations"] = {
-                **(m["metadata"].get("annotations") or {}),
-                labels.WORKER_STATE: states[worker],
-            }
+            m["metadata"]["annotations"] = {**(m["metadata"].get("annotations") or {}), **table[worker]}
         out.append(m)
     return out
 
@@ -122,7 +124,11 @@ def decide(*, body: Manifest, observed: Observed, now: str, render: RenderFn) ->
         selector=scale_selector(plan.deployment),
         progress_deadline_seconds=dep.spec.rollout.progress_deadline_seconds,
     )
-    desired = publish_worker_states(desired, {w.name: w.state.value for w in status.worker_states})
+    urls = {w.name: w.api_url for w in plan.workers}
+    table = {
+        w.name: {labels.WORKER_STATE: w.state.value, API_URL: urls[w.name]} for w in status.worker_states
+    }
+    desired = publish_worker_states(desired, table)
     recreate = [ChildKey("v1", "Pod", name) for heal in heals for name in heal.pods]
     diff = gate_replacements(
         diff_children(desired=desired, observed=observed.children, recreate=recreate),

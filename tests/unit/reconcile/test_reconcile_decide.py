@@ -11,7 +11,7 @@ import copy
 from reconcile_builders import NOW, deployment_body
 
 from omni_operator.api import labels
-from omni_operator.reconcile.decide import Decision, decide, scale_selector
+from omni_operator.reconcile.decide import API_URL, Decision, decide, scale_selector
 from omni_operator.reconcile.diff import APPLIED_HASH
 from omni_operator.reconcile.events import EventSpec
 from omni_operator.reconcile.observe import ChildKey, Observed
@@ -75,6 +75,12 @@ def test_lifecycle_create_ready_idle() -> None:
     ]
     world = world_after(first, [])
     assert service_states(world) == {"qwen-w0": "starting", "qwen-w1": "starting"}
+    urls = {
+        o["metadata"]["name"]: o["metadata"]["annotations"][API_URL]
+        for o in world
+        if o["kind"] == "Service" and o["metadata"]["labels"].get(labels.COMPONENT) == "worker"
+    }
+    assert urls == {f"qwen-w{i}": f"http://api.qwen-w{i}.ns.svc.cluster.local:8000" for i in range(2)}
 
     # kwok ran the pods: the workers turn ready, their Services say so, the status follows.
     body = with_status(body, first)
