@@ -10,15 +10,19 @@ connects, sends the new spec's YAML and prints what comes back: one JSON object 
     {"event": "error", "message": ...}         the spec was refused (nothing changed)
 
 The request is one line too: {"op": "apply", "file": name, "yaml": text, "follow": bool}.
+`hand_over` is the second invocation's side, `ControlServer` the running one's.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import socket
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -123,3 +127,77 @@ def prepare_listen_path(state_dir: Path) -> Path:
 
 def restrict(path: Path) -> None:
     os.chmod(path, 0o600)
+
+
+@dataclass
+class Follower:
+    """A second `omni up` following the rollout it started (until the next spec or a final state)."""
+
+    queue: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
+
+
+class ControlServer:
+    """The running side: takes specs for `apply`, fans rollout progress out to followers."""
+
+    def __init__(self, *, apply: Callable[..., str], refused: tuple[type[Exception], ...]) -> None:
+        self._apply = apply  # apply(text=..., file=...) -> message; raises one of `refused`
+        self._refused = refused
+        self._followers: list[Follower] = []
+        self._server: asyncio.Server | None = None
+        self._path: Path | None = None
+
+    async def listen(self, state_dir: Path) -> None:
+        self._path = prepare_listen_path(state_dir)
+        self._server = await asyncio.start_unix_server(self.serve, path=str(self._path), limit=MAX_LINE)
+        restrict(self._path)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    def remove(self) -> None:
+        if self._path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self._path.unlink()
+
+    def progress(self, line: str) -> None:
+        for follower in self._followers:
+            follower.queue.put_nowait({"event": "progress", "line": line})
+
+    def finish(self, *, ok: bool, message: str) -> None:
+        for follower in self._followers:
+            follower.queue.put_nowait({"event": "done", "ok": ok, "message": message})
+        self._followers = []
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        follower: Follower | None = None
+        try:
+            request = json.loads(await reader.readline() or b"{}")
+            if not isinstance(request, dict) or request.get("op") != "apply":
+                writer.write(encode({"event": "error", "message": "unknown request"}))
+                return
+            try:
+                message = self._apply(text=str(request.get("yaml", "")), file=str(request.get("file", "-")))
+            except self._refused as err:
+                writer.write(encode({"event": "error", "message": str(err)}))
+                return
+            if request.get("follow"):
+                # Registered before the next await: no tick can finish the rollout unseen.
+                follower = Follower()
+                self._followers.append(follower)
+            writer.write(encode({"event": "accepted", "message": message, "pid": os.getpid()}))
+            await writer.drain()
+            while follower is not None:
+                event = await follower.queue.get()
+                writer.write(encode(event))
+                await writer.drain()
+                if event["event"] == "done":
+                    break
+        except (ConnectionError, ValueError):
+            pass  # a follower that went away (Ctrl-C) or sent garbage; the rollout goes on
+        finally:
+            if follower is not None and follower in self._followers:
+                self._followers.remove(follower)
+            with contextlib.suppress(ConnectionError):
+                await writer.drain()
+            writer.close()

@@ -23,9 +23,8 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 
@@ -51,13 +50,6 @@ from omni_operator.plan.types import PlanError
 COLORS = ["\033[36m", "\033[35m", "\033[33m", "\033[32m", "\033[34m", "\033[91m"]
 RESET = "\033[0m"
 PORT_TRIES = 20  # worker indices skipped at most when another program holds a worker's ports
-
-
-@dataclass
-class Follower:
-    """A second `omni up` following the rollout it started (until the next spec or a final state)."""
-
-    queue: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
 
 
 @dataclass
@@ -95,12 +87,12 @@ class Supervisor:
         )
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
-        self._followers: list[Follower] = []
         self._last: tuple[Status, str] | None = None
         self._announced = False
         self._rolled_from: str | None = None
         self._retiring: set[asyncio.Task[None]] = set()
         self._client: httpx.AsyncClient | None = None
+        self._control: control.ControlServer | None = None
 
     # -- output -------------------------------------------------------------------------
     def _emit(self, prefix: str, color: str, line: str) -> None:
@@ -115,13 +107,12 @@ class Supervisor:
     def progress(self, line: str) -> None:
         """A rollout step: printed here and sent to every follower."""
         self.say(line)
-        for follower in self._followers:
-            follower.queue.put_nowait({"event": "progress", "line": line})
+        if self._control is not None:
+            self._control.progress(line)
 
     def _finish_followers(self, *, ok: bool, message: str) -> None:
-        for follower in self._followers:
-            follower.queue.put_nowait({"event": "done", "ok": ok, "message": message})
-        self._followers = []
+        if self._control is not None:
+            self._control.finish(ok=ok, message=message)
 
     # -- worker table ---------------------------------------------------------------------
     def write_table(self, *, gone: bool = False) -> None:
@@ -195,38 +186,6 @@ class Supervisor:
         self.progress(message)
         self._wake.set()
         return message
-
-    async def _serve_control(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        follower: Follower | None = None
-        try:
-            request = json.loads(await reader.readline() or b"{}")
-            if not isinstance(request, dict) or request.get("op") != "apply":
-                writer.write(control.encode({"event": "error", "message": "unknown request"}))
-                return
-            try:
-                message = self.apply(text=str(request.get("yaml", "")), file=str(request.get("file", "-")))
-            except (SpecError, PlanError, LocalCapacityError) as err:
-                writer.write(control.encode({"event": "error", "message": str(err)}))
-                return
-            if request.get("follow"):
-                follower = Follower()
-                self._followers.append(follower)
-            writer.write(control.encode({"event": "accepted", "message": message, "pid": os.getpid()}))
-            await writer.drain()
-            while follower is not None:
-                event = await follower.queue.get()
-                writer.write(control.encode(event))
-                await writer.drain()
-                if event["event"] == "done":
-                    break
-        except (ConnectionError, json.JSONDecodeError, ValueError):
-            pass  # a follower that went away (Ctrl-C) or sent garbage; the rollout goes on
-        finally:
-            if follower in self._followers:
-                self._followers.remove(follower)  # type: ignore[arg-type]
-            with contextlib.suppress(ConnectionError):
-                await writer.drain()
-            writer.close()
 
     # -- workers ------------------------------------------------------------------------
     async def _start_worker(self) -> None:
@@ -304,7 +263,7 @@ class Supervisor:
     async def _probe(self, worker: LocalWorker) -> None:
         assert self._client is not None
         try:
-            response = await self._client.get(f"{worker.plan.api_url}/ready")
+            response = await self._client.get(worker.ready_url)
         except httpx.TimeoutException:
             return  # busy, not dead: the router's own checks decide rotation meanwhile
         except httpx.HTTPError:
@@ -396,11 +355,10 @@ class Supervisor:
     async def run(self) -> int:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.workers_file.parent.mkdir(parents=True, exist_ok=True)
-        sock_path = control.prepare_listen_path(self.state_dir)
-        server = await asyncio.start_unix_server(
-            self._serve_control, path=str(sock_path), limit=control.MAX_LINE
+        self._control = control.ControlServer(
+            apply=self.apply, refused=(SpecError, PlanError, LocalCapacityError)
         )
-        control.restrict(sock_path)
+        await self._control.listen(self.state_dir)
         self.write_table()
         started = time.monotonic()
         self.say(
@@ -416,13 +374,12 @@ class Supervisor:
             ticking = asyncio.create_task(self._loop(), name="ticks")
             await self._stopping.wait()
             self.say(f"stopping after {time.monotonic() - started:.0f}s")
-            server.close()
+            self._control.close()
             self._finish_followers(ok=False, message="omni up stopped")
             with contextlib.suppress(asyncio.CancelledError):
                 await ticking
             await self._stop_all()
-        with contextlib.suppress(FileNotFoundError):
-            sock_path.unlink()
+        self._control.remove()
         self.write_table(gone=True)
         self.say("stopped")
         return 0

@@ -144,6 +144,12 @@ class LocalWorker:
     def revision(self) -> str:
         return self.plan.revision
 
+    @property
+    def ready_url(self) -> str:
+        """The API pod's readiness URL: /ready for the builtin runtime, /health for third-party ones."""
+        path = self.plan.pods[0].container.readiness_path or "/ready"
+        return f"{self.plan.api_url}{path}"
+
     def row(self) -> dict[str, object]:
         """This worker's entry in the router's worker table (pids: extra, for people and tests)."""
         return {

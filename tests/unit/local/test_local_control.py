@@ -36,7 +36,9 @@ spec:
 
 
 def edited(extra: str = "", *, workers: int = 2, name: str = "demo") -> str:
-    return BASE.replace("workers: 2", f"workers: {workers}").replace("name: demo\n", f"name: {name}\n") + extra
+    return (
+        BASE.replace("workers: 2", f"workers: {workers}").replace("name: demo\n", f"name: {name}\n") + extra
+    )
 
 
 @pytest.fixture
@@ -50,7 +52,9 @@ def supervisor(tmp_path: Path) -> Supervisor:
 
 def test_new_revision_starts_a_rollout(supervisor: Supervisor, capsys: pytest.CaptureFixture[str]) -> None:
     before = supervisor.plan.revision
-    message = supervisor.apply(text=edited("  runtime:\n    extraArgs: [--default-max-tokens, '24']\n"), file="f.yaml")
+    message = supervisor.apply(
+        text=edited("  runtime:\n    extraArgs: [--default-max-tokens, '24']\n"), file="f.yaml"
+    )
     after = supervisor.plan.revision
     assert after != before
     assert message == (
@@ -62,12 +66,18 @@ def test_new_revision_starts_a_rollout(supervisor: Supervisor, capsys: pytest.Ca
 
 def test_same_spec_changes_nothing(supervisor: Supervisor) -> None:
     revision = supervisor.plan.revision
-    assert supervisor.apply(text=BASE, file="f.yaml") == f"no change to the workers (revision {revision}, 2 workers)"
+    assert (
+        supervisor.apply(text=BASE, file="f.yaml")
+        == f"no change to the workers (revision {revision}, 2 workers)"
+    )
 
 
 def test_scaling_and_rollout_settings(supervisor: Supervisor) -> None:
     text = edited("  rollout:\n    paused: true\n    maxSurge: 2\n", workers=3)
-    assert supervisor.apply(text=text, file="f.yaml") == "scaling from 2 to 3 workers; rollout settings updated (paused)"
+    assert (
+        supervisor.apply(text=text, file="f.yaml")
+        == "scaling from 2 to 3 workers; rollout settings updated (paused)"
+    )
     desired = supervisor.desired()
     assert (desired.workers, desired.max_surge, desired.paused) == (3, 2, True)
 
@@ -81,7 +91,11 @@ def test_router_changes_are_reported_not_applied(supervisor: Supervisor) -> None
     ("text", "error", "expected"),
     [
         ("spec: [", SpecError, "f.yaml:1: malformed YAML"),
-        (edited(name="other"), LocalCapacityError, "f.yaml: metadata.name: 'other', but this omni up runs 'demo'"),
+        (
+            edited(name="other"),
+            LocalCapacityError,
+            "f.yaml: metadata.name: 'other', but this omni up runs 'demo'",
+        ),
         (BASE + "---\n" + BASE, LocalCapacityError, "f.yaml: holds 2 OmniDeployments; give one per file"),
         (
             BASE.replace("tier: cpu", "tier: h100"),
@@ -89,14 +103,18 @@ def test_router_changes_are_reported_not_applied(supervisor: Supervisor) -> None
             "spec.workers: 2 workers x 1 GPU need 2 GPUs, this machine has 0",
         ),
         (
-            edited("  stages:\n    imageEncoder:\n      tensorParallelSize: 2\n").replace("tier: cpu", "tier: h100"),
+            edited("  stages:\n    imageEncoder:\n      tensorParallelSize: 2\n").replace(
+                "tier: cpu", "tier: h100"
+            ),
             PlanError,
             "spec.stages.imageEncoder.tensorParallelSize",
         ),
     ],
     ids=["malformed", "other-name", "two-documents", "too-many-gpus", "impossible-placement"],
 )
-def test_refused_specs_change_nothing(supervisor: Supervisor, text: str, error: type[Exception], expected: str) -> None:
+def test_refused_specs_change_nothing(
+    supervisor: Supervisor, text: str, error: type[Exception], expected: str
+) -> None:
     revision, workers = supervisor.plan.revision, supervisor.dep.spec.workers
     with pytest.raises(error) as raised:
         supervisor.apply(text=text, file="f.yaml")
@@ -105,8 +123,8 @@ def test_refused_specs_change_nothing(supervisor: Supervisor, text: str, error: 
 
 
 async def test_control_socket_round_trip(supervisor: Supervisor, tmp_path: Path) -> None:
-    path = control.prepare_listen_path(tmp_path)
-    server = await asyncio.start_unix_server(supervisor._serve_control, path=str(path))
+    server = control.ControlServer(apply=supervisor.apply, refused=(SpecError, PlanError, LocalCapacityError))
+    await server.listen(tmp_path)
     try:
         assert control.connect(tmp_path / "elsewhere") is None
         with pytest.raises(control.ControlError, match="another omni up already runs"):
@@ -123,11 +141,14 @@ async def test_control_socket_round_trip(supervisor: Supervisor, tmp_path: Path)
 
         sock = control.connect(tmp_path)
         assert sock is not None
-        code = await asyncio.to_thread(control.hand_over, sock, file="f.yaml", text="spec: [", follow=False, out=out)
+        code = await asyncio.to_thread(
+            control.hand_over, sock, file="f.yaml", text="spec: [", follow=False, out=out
+        )
         assert code == 2
     finally:
         server.close()
-        await server.wait_closed()
+        server.remove()
+    assert not control.socket_path(tmp_path).exists()
 
 
 def test_stale_socket_is_removed(tmp_path: Path) -> None:

@@ -109,7 +109,14 @@ def test_router_spec() -> None:
     spec = router_spec(plan=plan, base_env={"CUDA_VISIBLE_DEVICES": "3"})
     assert spec.name == "router"
     assert spec.worker is None
-    assert spec.argv[: len(PY) + 5] == (*PY, "router", "--port", "9000", "--workers-file", "/state/workers.json")
+    assert spec.argv[: len(PY) + 5] == (
+        *PY,
+        "router",
+        "--port",
+        "9000",
+        "--workers-file",
+        "/state/workers.json",
+    )
     assert spec.env == {"CUDA_VISIBLE_DEVICES": ""}
 
 
@@ -148,3 +155,18 @@ def test_busy_ports_and_check_ports() -> None:
         busy_router = plan.model_copy(update={"router": plan.router.model_copy(update={"port": port})})
         with pytest.raises(LocalCapacityError, match=rf"--port {port}: another process listens there"):
             check_ports(plan=busy_router)
+
+
+def test_readiness_url_follows_the_runtime() -> None:
+    from omni_operator.local.workers import LocalWorker
+
+    builtin = LocalWorker(plan=plan_worker(dep(gpu={"tier": "cpu"}), SETTINGS, index=1), processes=[])
+    assert builtin.ready_url == "http://127.0.0.1:9111/ready"
+    sglang = OmniDeployment.model_validate(
+        {
+            "metadata": {"name": "d"},
+            "spec": {"model": {"name": "Qwen/Qwen2.5-Omni-7B"}, "runtime": {"type": "sglang-omni"}},
+        }
+    )
+    third_party = LocalWorker(plan=plan_worker(sglang, SETTINGS, index=0), processes=[])
+    assert third_party.ready_url == "http://127.0.0.1:9101/health"
