@@ -62,9 +62,11 @@ def gpu_nodes(count: int = 4, *, gpus: int = 8, tier: str = "h100") -> list[Node
 
 def bin_dir() -> Path:
     """The cache directory build.sh uses for the current recipe (it may not exist yet)."""
-    out = subprocess.run(
-        ["bash", str(BUILD_SCRIPT), "--print-bin-dir"], check=True, capture_output=True, text=True
-    )
+    out = subprocess.run(["bash", str(BUILD_SCRIPT), "--print-bin-dir"], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise ControlPlaneError(
+            f"{BUILD_SCRIPT} --print-bin-dir failed (is Go installed?): {out.stderr.strip()}"
+        )
     return Path(out.stdout.strip())
 
 

@@ -16,6 +16,10 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+if ! command -v go >/dev/null 2>&1; then
+  echo "build.sh: the Go toolchain (go) is not on PATH; install Go 1.26 or newer" >&2
+  exit 1
+fi
 CACHE_ROOT="${OMNI_CONTROLPLANE_CACHE:-${HOME}/.cache/omni/controlplane}"
 JOBS="${OMNI_BUILD_JOBS:-2}"
 
