@@ -3,6 +3,8 @@ replicas (kopf peering) exactly one acts until it dies and the other takes over.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from e2e_cluster import ControlPlane, wait_for
 from e2e_operator import Api, OperatorProcess, deployment
@@ -18,8 +20,12 @@ def test_restart_mid_reconcile_resumes_without_duplicates(
     api.create(deployment("resume", workers=8))
     first = OperatorProcess(crds, namespace, name="first", args=FAST_PEERING)
     try:
-        wait_for("first pods created", lambda: len(api.pods("resume")) > 0, timeout=60)
-        first.kill()  # SIGKILL in the middle of applying the children
+        # Poll without pause: SIGKILL within milliseconds of the first pod, mid-way through the
+        # ~60 applies of the first reconcile.
+        deadline = time.monotonic() + 60
+        while not api.pods("resume"):
+            assert time.monotonic() < deadline, f"no pod created:\n{first.log()[-2000:]}"
+        first.kill()
     finally:
         first.stop()
     created = len(api.pods("resume"))
