@@ -263,18 +263,25 @@ def _start(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
 def _pid_listening_on(port: int) -> int | None:
     """The pid of a local process listening on a port (Linux /proc), to count a given worker's CPU."""
     try:
-        inodes = set()
-        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-            fields = line.split()
-            if int(fields[1].split(":")[1], 16) == port and fields[3] == "0A":
-                inodes.add(fields[9])
-        for proc in Path("/proc").iterdir():
-            if proc.name.isdigit():
-                for fd in (proc / "fd").iterdir():
-                    if os.readlink(fd).removeprefix("socket:[").removesuffix("]") in inodes:
-                        return int(proc.name)
+        lines = (
+            Path("/proc/net/tcp").read_text().splitlines()[1:]
+            + Path("/proc/net/tcp6").read_text().splitlines()[1:]
+        )
     except OSError:
         return None
+    inodes = set()
+    for line in lines:
+        fields = line.split()
+        if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":  # 0A: LISTEN
+            inodes.add(f"socket:[{fields[9]}]")
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if any(os.readlink(fd) in inodes for fd in (proc / "fd").iterdir()):
+                return int(proc.name)
+        except OSError:  # a process that ended or that we may not inspect
+            continue
     return None
 
 

@@ -129,7 +129,13 @@ async def _read_body(
     return stream()
 
 
-async def _wait_for_disconnect(receive: Receive) -> None:
+async def _wait_for_disconnect(receive: Receive, upload: asyncio.Future[None] | None) -> None:
+    """Return when the client goes away. While its body still streams, the upload owns `receive`."""
+    if upload is not None:
+        try:
+            await asyncio.shield(upload)  # shielded: cancelling the watcher must not stop the upload
+        except (ClientGone, BodyTooLarge, OSError):  # the upload failed: stop relaying the answer
+            return
     while (await receive())["type"] != "http.disconnect":
         pass
 
@@ -316,7 +322,7 @@ class HttpProxy:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
 
         pumping = asyncio.ensure_future(pump())
-        watching = asyncio.ensure_future(_wait_for_disconnect(receive))
+        watching = asyncio.ensure_future(_wait_for_disconnect(receive, response.upload))
         try:
             await asyncio.wait({pumping, watching}, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:  # the server is shutting down
@@ -338,6 +344,8 @@ class HttpProxy:
             return response.status
         if not isinstance(failure, UpstreamError):
             raise failure
+        if response.upload_failed():  # the client's body broke off; the worker did nothing wrong
+            return response.status
         self.ctx.health.mark_down(worker_id, f"stream failed: {failure}")
         error = RouterError.worker_failed(worker_id=worker_id, detail=f"stream ended early: {failure}")
         self.ctx.metrics.errors.labels(worker_id, error.code).inc()

@@ -83,6 +83,7 @@ class _Connection(asyncio.Protocol):
         self.paused = False
         self.length_known = False
         self.keep_alive = False
+        self.upload: asyncio.Future[None] | None = None  # a streamed request body still being sent
 
     # asyncio.Protocol
 
@@ -157,6 +158,16 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def upload_done(self, upload: asyncio.Future[None]) -> None:
+        """A streamed request body ended; if it failed before the answer began, so does the request."""
+        error = None if upload.cancelled() else upload.exception()
+        if error is None:
+            return
+        if not self.headers_done.done():
+            self.headers_done.set_exception(error)  # the caller sees the body's own failure
+        if self.transport is not None:
+            self.transport.close()
+
     def time_out(self) -> None:
         """Called by a timer: the worker stayed silent too long; fail whatever waits and close."""
         if not self.complete and self.error is None:
@@ -165,6 +176,7 @@ class _Connection(asyncio.Protocol):
     def reusable(self) -> bool:
         return (
             self.complete
+            and (self.upload is None or (self.upload.done() and not self.upload.cancelled()))
             and not self.head_only  # the parser may still expect the body HEAD's headers announce
             and not self.closed
             and self.error is None
@@ -179,7 +191,15 @@ class UpstreamResponse:
         self._read_timeout = read_timeout
         self.status = connection.status
         self.headers = connection.headers
+        self.upload = connection.upload  # the request body still streaming to the worker, if any
         self._released = False
+
+    def upload_failed(self) -> bool:
+        """Whether the client's streamed body failed (too large, client gone): not the worker's fault."""
+        upload = self.upload
+        return (
+            upload is not None and upload.done() and not upload.cancelled() and upload.exception() is not None
+        )
 
     def header(self, name: bytes) -> bytes | None:
         for key, value in self.headers:
@@ -219,6 +239,18 @@ class UpstreamResponse:
             return
         self._released = True
         self._pool.release(self._connection)
+
+
+async def _upload(connection: _Connection, body: AsyncIterator[bytes]) -> None:
+    transport = connection.transport
+    assert transport is not None
+    async for chunk in body:
+        if connection.closed:
+            return
+        if chunk:
+            transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+            await connection._can_write.wait()
+    transport.write(b"0\r\n\r\n")
 
 
 class UpstreamPool:
@@ -264,6 +296,8 @@ class UpstreamPool:
         return None
 
     def release(self, connection: _Connection) -> None:
+        if connection.upload is not None and not connection.upload.done():
+            connection.upload.cancel()  # the answer is over; an unfinished upload cannot continue
         if connection.reusable():
             idle = self._idle.setdefault(connection.pool_key, collections.deque())
             if len(idle) < MAX_IDLE_PER_WORKER:
@@ -321,13 +355,10 @@ class UpstreamPool:
             else:
                 lines.append(b"transfer-encoding: chunked\r\n\r\n")
                 transport.write(b"".join(lines))
-                async for chunk in body:
-                    if connection.closed:
-                        break
-                    if chunk:
-                        transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
-                        await connection._can_write.wait()
-                transport.write(b"0\r\n\r\n")
+                # Full duplex: the worker may answer (and stream) while the client still uploads,
+                # as streaming input over one chunked POST does. The upload runs beside the answer.
+                connection.upload = asyncio.ensure_future(_upload(connection, body))
+                connection.upload.add_done_callback(connection.upload_done)
             timer = asyncio.get_running_loop().call_later(self.read_timeout, connection.time_out)
             try:
                 await connection.headers_done

@@ -171,3 +171,30 @@ async def test_router_ready_follows_its_workers(cluster: Cluster):
         router.wait_rotation(set())
         await client.post(f"{w0.url}/control/ready", params={"value": "1"})
         router.wait_rotation({"w0"})
+
+
+async def _read_until(reader: asyncio.StreamReader, marker: bytes, buffer: bytearray) -> bytes:
+    """Read a chunked HTTP body until `marker` shows up in what has been decoded so far."""
+    while marker not in buffer:
+        size = int((await asyncio.wait_for(reader.readuntil(b"\r\n"), timeout=5)).split(b";")[0], 16)
+        buffer += await reader.readexactly(size + 2)
+        del buffer[-2:]
+    return bytes(buffer)
+
+
+async def test_a_chunked_upload_and_its_answer_stream_both_ways_at_once(pair):
+    # Streaming input in one POST: each uploaded piece is answered before the next is sent, which
+    # works only if the router relays the upload and the answer at the same time.
+    router, _ = pair
+    reader, writer = await asyncio.open_connection("127.0.0.1", router.port)
+    writer.write(b"POST /duplex HTTP/1.1\r\nhost: router\r\ntransfer-encoding: chunked\r\n\r\n")
+    writer.write(b"3\r\none\r\n")
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
+    assert head.startswith(b"HTTP/1.1 200")
+    received = bytearray()
+    assert b'"got": "one"' in await _read_until(reader, b'"got": "one"', received)
+    writer.write(b"3\r\ntwo\r\n")
+    assert b'"got": "two"' in await _read_until(reader, b'"got": "two"', received)
+    writer.write(b"0\r\n\r\n")
+    await _read_until(reader, b"[DONE]", received)
+    writer.close()

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "runtime"))
 from omni_runtime.sessions import make_session_id
 
 
-def build_app(worker_id: str) -> Starlette:
+def build_app(worker_id: str):
     state = {"ready": True, "streams": 0}
 
     async def ready(request: Request) -> Response:
@@ -65,6 +65,31 @@ def build_app(worker_id: str) -> Starlette:
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
+    async def duplex(scope, receive, send) -> None:
+        """Answers each uploaded chunk as it arrives: streaming input over one chunked POST.
+
+        Raw ASGI on purpose: Starlette's StreamingResponse listens for a disconnect on `receive`
+        while streaming, which would swallow the very body chunks this endpoint answers.
+        """
+        headers = [(b"content-type", b"text/event-stream")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            if message.get("body"):
+                event = {"worker": worker_id, "got": message["body"].decode()}
+                await send(
+                    {
+                        "type": "http.response.body",
+                        "body": f"data: {json.dumps(event)}\n\n".encode(),
+                        "more_body": True,
+                    }
+                )
+            if not message.get("more_body", False):
+                break
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+
     async def stats(request: Request) -> Response:
         return JSONResponse({"worker": worker_id, "streams": state["streams"]})
 
@@ -98,7 +123,7 @@ def build_app(worker_id: str) -> Starlette:
     async def refuse(websocket: WebSocket) -> None:
         await websocket.close(1008)
 
-    return Starlette(
+    routes = Starlette(
         routes=[
             Route("/ready", ready),
             Route("/health", lambda request: JSONResponse({"status": "ok"})),
@@ -114,6 +139,14 @@ def build_app(worker_id: str) -> Starlette:
             WebSocketRoute("/refuse", refuse),
         ]
     )
+
+    async def app(scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"] == "/duplex":
+            await duplex(scope, receive, send)
+        else:
+            await routes(scope, receive, send)
+
+    return app
 
 
 def main() -> None:
