@@ -27,7 +27,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from e2e_cluster import gpu_nodes, running_control_plane, wait_for
+from e2e_cluster import running_control_plane, wait_for
+from e2e_nodes import gpu_nodes
 from e2e_operator import Api, OperatorProcess, deployment, install_crds
 
 LINE = re.compile(r"reconcile (?P<ns>[^/]+)/(?P<name>\S+): (?P<reads>\d+) reads, (?P<writes>\d+) writes")

@@ -18,14 +18,13 @@ from e2e_cluster import (
     BUILD_SCRIPT,
     ControlPlane,
     ControlPlaneError,
-    NodeShape,
     bin_dir,
     build,
-    gpu_nodes,
     missing_binaries,
     start_control_plane,
     wait_for,
 )
+from e2e_nodes import NodeShape, gpu_nodes
 from e2e_operator import Api, install_crds
 
 E2E_NODES = [

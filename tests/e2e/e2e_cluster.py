@@ -26,35 +26,17 @@ from pathlib import Path
 
 import httpx
 from e2e_certs import make_certificates, write_kubeconfig
+from e2e_nodes import KWOK_NODE_ANNOTATION, NodeShape, gpu_nodes, node_manifest
 
 HERE = Path(__file__).resolve().parent
 RECIPE = HERE / "controlplane"
 BUILD_SCRIPT = RECIPE / "build.sh"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "kubectl")
 SERVICE_CIDR = "10.96.0.0/16"
-KWOK_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
-GPU_RESOURCE = "nvidia.com/gpu"
-GPU_TIER_LABEL = "omni.dev/gpu-tier"
 
 
 class ControlPlaneError(RuntimeError):
     """A component failed to start or become ready; the message carries its log tail."""
-
-
-@dataclass(frozen=True)
-class NodeShape:
-    """A simulated node: kwok keeps it Ready and runs the pods bound to it."""
-
-    name: str
-    gpus: int = 8
-    gpu_tier: str | None = "h100"
-    cpu: str = "96"
-    memory: str = "1536Gi"
-    pods: int = 110
-
-
-def gpu_nodes(count: int = 4, *, gpus: int = 8, tier: str = "h100") -> list[NodeShape]:
-    return [NodeShape(name=f"kwok-gpu-{i}", gpus=gpus, gpu_tier=tier) for i in range(count)]
 
 
 # --- binaries ---------------------------------------------------------------------------------
@@ -346,35 +328,6 @@ def _start_all(cp: ControlPlane, *, api_port: int, log: Callable[[str], None]) -
             component=kcm,
         )
     log(f"[control plane] all components up in {time.monotonic() - started:.1f} s")
-
-
-def node_manifest(node: NodeShape) -> dict:
-    labels = {
-        "kubernetes.io/hostname": node.name,
-        "kubernetes.io/os": "linux",
-        "kubernetes.io/arch": "amd64",
-        "type": "kwok",
-    }
-    capacity = {"cpu": node.cpu, "memory": node.memory, "pods": str(node.pods)}
-    if node.gpus:
-        capacity[GPU_RESOURCE] = str(node.gpus)
-    if node.gpu_tier:
-        labels[GPU_TIER_LABEL] = node.gpu_tier
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": node.name,
-            "labels": labels,
-            # kwok manages nodes carrying this annotation. No kwok taint: this cluster has no real
-            # nodes that real pods could land on, and the operator's pods should not need a toleration.
-            "annotations": {
-                KWOK_NODE_ANNOTATION[0]: KWOK_NODE_ANNOTATION[1],
-                "node.alpha.kubernetes.io/ttl": "0",
-            },
-        },
-        "status": {"capacity": capacity, "allocatable": dict(capacity)},
-    }
 
 
 def register_nodes(cp: ControlPlane, nodes: list[NodeShape]) -> None:

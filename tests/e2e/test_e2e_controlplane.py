@@ -4,7 +4,8 @@ impossible GPU request stays Pending for the reason the operator will have to re
 from __future__ import annotations
 
 import pytest
-from e2e_cluster import GPU_RESOURCE, ControlPlane, wait_for
+from e2e_cluster import ControlPlane, wait_for
+from e2e_nodes import GPU_RESOURCE
 
 pytestmark = pytest.mark.e2e
 
