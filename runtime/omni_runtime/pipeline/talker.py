@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from omni_runtime.models.base import TalkerAdmission, TalkerRunner
@@ -167,7 +167,7 @@ class TalkerScheduler:
             codes = [None] * n
         firsts: list[tuple[int, int]] = []
         if admit:
-            first_codes = self.runner.admit([j.admission for j in admit])
+            first_codes = self.runner.admit([replace(j.admission, slot=j.slot) for j in admit])
             firsts = [(c, len(j.admission.input_ids) + 2) for c, j in zip(first_codes, admit, strict=True)]
         return firsts, codes
 

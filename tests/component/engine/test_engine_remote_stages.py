@@ -49,7 +49,9 @@ def _wait_serving(procs: list[tuple[subprocess.Popen, Path]]) -> None:
                 pending.remove((proc, log))
         time.sleep(0.5)
     if pending:
-        pytest.fail(f"omni stage not ready in {STAGE_START_TIMEOUT_S:g}s:\n{pending[0][1].read_text()[-3000:]}")
+        pytest.fail(
+            f"omni stage not ready in {STAGE_START_TIMEOUT_S:g}s:\n{pending[0][1].read_text()[-3000:]}"
+        )
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +59,10 @@ def split_engine(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
     logs = tmp_path_factory.mktemp("stage-logs")
     thinker_port, talker_port = _free_port(), _free_port()
     procs = [
-        (_start_stage(tiny_checkpoint, THINKER_SIDE, thinker_port, logs / "thinker.log"), logs / "thinker.log"),
+        (
+            _start_stage(tiny_checkpoint, THINKER_SIDE, thinker_port, logs / "thinker.log"),
+            logs / "thinker.log",
+        ),
         (_start_stage(tiny_checkpoint, "talker", talker_port, logs / "talker.log"), logs / "talker.log"),
     ]
     try:
@@ -84,7 +89,9 @@ def test_split_engine_hosts_only_preprocessing_and_decode(split_engine: Harness)
     assert loaded.text is None and loaded.talker is None and loaded.visual is None
 
 
-def test_greedy_tokens_through_stage_links_equal_in_process(split_engine: Harness, speech_engine: Harness) -> None:
+def test_greedy_tokens_through_stage_links_equal_in_process(
+    split_engine: Harness, speech_engine: Harness
+) -> None:
     for media in ((), (image(),)):
         local = token_ids(speech_engine.collect(request("Describe it.", max_tokens=16, media=media)))
         remote_events = split_engine.collect(request("Describe it.", max_tokens=16, media=media))

@@ -76,6 +76,8 @@ class QwenThinkerRunner:
 
     @torch.inference_mode()
     def admit(self, rows: list[ThinkerAdmission]) -> list[tuple[int, Any]]:
+        if any(not 0 <= r.slot < self.slots for r in rows):
+            raise ValueError(f"thinker slots {[r.slot for r in rows]} outside 0..{self.slots - 1}")
         lengths = [len(r.prompt.input_ids) for r in rows]
         longest = max(lengths)
         hidden_size = rows[0].prompt.embeds.shape[-1]
@@ -187,6 +189,8 @@ class QwenTalkerRunner:
         return codes
 
     def _admit_one(self, row: TalkerAdmission) -> int:
+        if not 0 <= row.slot < self.slots:
+            raise ValueError(f"talker slot {row.slot} outside 0..{self.slots - 1}")
         talker = self.talker
         bos_token = int(self.speakers[row.voice]["bos_token"])
         codec_embed = talker.model.embed_tokens

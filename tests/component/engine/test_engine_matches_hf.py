@@ -1,0 +1,146 @@
+"""The staged pipeline computes what transformers' monolithic ``generate`` computes.
+
+Greedy text with image, audio and video inputs must equal ``thinker.generate`` (checks the
+embedding scatter, the 3D mrope positions and the runtime-managed cache); greedy codec tokens of
+the talker must equal the transformers talker fed the way ``generate`` feeds it (checks how
+thinker hidden states are handed to the talker, step by step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from engine_harness import Harness, image, request, tiny_options, token_ids, tone, video
+
+from omni_runtime.pipeline.types import GenerationRequest, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def hf_model(tiny_checkpoint: Path):
+    from transformers import Qwen2_5OmniForConditionalGeneration
+
+    return Qwen2_5OmniForConditionalGeneration.from_pretrained(
+        str(tiny_checkpoint), dtype=torch.float32
+    ).eval()
+
+
+@pytest.fixture(scope="module")
+def speech_whole(tiny_checkpoint: Path) -> Iterator[Harness]:
+    harness = Harness(tiny_options(tiny_checkpoint, pipeline="speech"))
+    yield harness
+    harness.close()
+
+
+def _hf_inputs(harness: Harness, req: GenerationRequest) -> dict:
+    prompt = harness.engine.adapter.preprocess(req)
+    ids = torch.tensor([prompt.input_ids])
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    for part in (prompt.audio, prompt.images, prompt.videos):
+        inputs.update(part or {})
+    return inputs
+
+
+@pytest.mark.parametrize("media", [(), (image(),), (tone(0.6),), (video(),), (tone(0.4), image(seed=3))])
+def test_greedy_text_equals_transformers_generate(speech_whole: Harness, hf_model, media) -> None:
+    req = request("What is this?", max_tokens=10, media=media, ignore_eos=False)
+    ours = token_ids(speech_whole.collect(req))
+    inputs = _hf_inputs(speech_whole, req)
+    with torch.inference_mode():
+        out = hf_model.thinker.generate(**inputs, max_new_tokens=10, do_sample=False)
+    theirs = out[0, inputs["input_ids"].shape[1] :].tolist()
+    eos = set(speech_whole.engine.adapter.eos_token_ids)
+    assert ours == [t for t in theirs if t not in eos]
+
+
+def _reference_talker_codes(hf_model, inputs: dict, *, thinker_tokens: int, steps: int) -> tuple[list, list]:
+    """Greedy thinker + talker, wired as ``Qwen2_5OmniForConditionalGeneration.generate`` wires them.
+
+    The talker is stepped by hand: in transformers 5.23 ``generate`` drops the talker's attention
+    mask, which skips the branch of ``Qwen2_5OmniTalkerForConditionalGeneration.forward`` that
+    adds the codec PAD/BOS embeddings and computes the TMRoPE positions; passing the mask runs the
+    model as designed (and as the released Qwen2.5-Omni code does).
+    """
+    from transformers import DynamicCache
+
+    thinker, talker = hf_model.thinker, hf_model.talker
+    ids = inputs["input_ids"]
+    result = thinker.generate(
+        **inputs, max_new_tokens=thinker_tokens, do_sample=False, output_hidden_states=True,
+        return_dict_in_generate=True,
+    )  # fmt: skip
+    text = result.sequences[0, ids.shape[1] :].tolist()
+    hidden = result.hidden_states
+    embeds = [step[0] for step in hidden]
+    last = [step[-1] for step in hidden]
+    speaker = hf_model.speaker_map["Chelsie"]
+    table = thinker.get_input_embeddings()
+
+    def token_embed(token: int) -> torch.Tensor:
+        return table(torch.tensor([[token]]))
+
+    reply = torch.cat(last[1:], dim=1) + torch.cat(embeds[1:], dim=1)
+    prompt = torch.cat([last[0] + embeds[0], token_embed(speaker["bos_token"]), reply[:, :1]], dim=1)
+    reply = torch.cat(
+        [reply[:, 1:], token_embed(talker.text_eos_token), token_embed(talker.text_pad_token)], dim=1
+    )
+    text_ids = torch.cat([ids, torch.tensor([[speaker["bos_token"], text[0]]])], dim=1)
+    codec_ids = [talker.codec_mask_token] * ids.shape[1] + [talker.codec_pad_token, talker.codec_bos_token]
+    ends = {talker.codec_pad_token, talker.codec_eos_token}
+    talker.rope_deltas = None
+    cache, codes, history = DynamicCache(config=talker.config), [], list(codec_ids)
+    out = talker(
+        input_ids=torch.tensor([codec_ids]), inputs_embeds=prompt.clone(), attention_mask=torch.ones(1, len(codec_ids)),
+        input_text_ids=text_ids, use_cache=True, past_key_values=cache, thinker_reply_part=reply,
+    )  # fmt: skip
+    for step in range(steps):
+        scores = out.logits[0, -1].clone()
+        seen = torch.tensor(sorted(set(history)))
+        scores[seen] = torch.where(scores[seen] < 0, scores[seen] * 1.05, scores[seen] / 1.05)
+        scores[talker.codec_bos_token] = float("-inf")
+        code = int(scores.argmax())
+        if code in ends:
+            break
+        codes.append(code)
+        history.append(code)
+        if step + 1 == steps:
+            break
+        out = talker(
+            input_ids=torch.tensor([[code]]), attention_mask=torch.ones(1, len(history)), use_cache=True,
+            past_key_values=out.past_key_values, thinker_reply_part=out.thinker_reply_part,
+        )  # fmt: skip
+    return text, codes
+
+
+def test_greedy_codec_tokens_equal_the_transformers_talker(speech_whole: Harness, hf_model) -> None:
+    talker_steps = 30
+    req = GenerationRequest(
+        request_id="hf-talker",
+        turns=request("Say something.").turns,
+        sampling=SamplingParams(max_tokens=12, temperature=0.0),
+        want_audio=True,
+        stage_params={"talker": {"max_tokens": talker_steps, "temperature": 0.0}},
+    )
+    local = speech_whole.engine.stages.local
+    seen: list[list[int]] = []
+    original = local.synthesize
+
+    async def spy(item):
+        seen.append(list(item["codes"]))
+        return await original(item)
+
+    local.synthesize = spy
+    try:
+        ours_text = token_ids(speech_whole.collect(req))
+    finally:
+        local.synthesize = original
+    assert len(seen) == 1, "the speech pipeline synthesises all codes at once"
+    with torch.inference_mode():
+        text, codes = _reference_talker_codes(
+            hf_model, _hf_inputs(speech_whole, req), thinker_tokens=12, steps=talker_steps
+        )
+    eos = set(speech_whole.engine.adapter.eos_token_ids)
+    assert ours_text == [t for t in text if t not in eos]
+    assert seen[0] == codes
