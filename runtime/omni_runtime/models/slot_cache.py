@@ -226,7 +226,8 @@ class SlotDecoder:
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self._pool, stream=self._stream):
+        # thread_local: other stage threads keep using CUDA (syncs included) while this one captures.
+        with torch.cuda.graph(graph, pool=self._pool, stream=self._stream, capture_error_mode="thread_local"):
             self._step(batch, view)
         self._graphs[(batch, view)] = graph
         return graph

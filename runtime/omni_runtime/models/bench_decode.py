@@ -1,0 +1,202 @@
+"""Thinker decode speed: the runtime's slot cache + CUDA graphs next to plain transformers ``generate``.
+
+Run on a GPU (the lead runs it on an H100)::
+
+    python -m omni_runtime.models.bench_decode                     # dummy Qwen2.5-Omni-7B, bf16
+    python -m omni_runtime.models.bench_decode --batches 1,4,16 --steps 128 --prompt 128 --json out.json
+
+Both sides use the same module objects (one random-weight 7B thinker on the GPU), the same
+prompt length and the same number of new tokens, greedy. Reported per batch size: milliseconds
+per decode step and tokens per second, and the memory-bandwidth bound of one step (bytes of the
+weights a step reads / the GPU's HBM bandwidth), so "within 2x of the bound" can be checked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+# Peak HBM bandwidth by GPU name (bytes/s); the SXM parts. Override with --hbm-tbps.
+HBM_BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12, "L40S": 0.864e12}
+
+
+def _bandwidth(name: str, override: float | None) -> float:
+    if override:
+        return override * 1e12
+    for key, value in HBM_BANDWIDTH.items():
+        if key in name:
+            return value
+    return 3.35e12
+
+
+def _build(dtype_name: str, max_len: int, slots: int):
+    import torch
+    from transformers import Qwen2_5OmniConfig, Qwen2_5OmniThinkerForConditionalGeneration
+
+    from omni_runtime.models.qwen2_5_omni.runners import QwenThinkerRunner
+
+    dtype = getattr(torch, dtype_name)
+    device = torch.device("cuda", 0)
+    config = Qwen2_5OmniConfig().thinker_config  # the released 7B thinker shape
+    with torch.device(device):
+        thinker = Qwen2_5OmniThinkerForConditionalGeneration._from_config(
+            config, dtype=dtype, attn_implementation="sdpa"
+        ).eval()
+    runner = QwenThinkerRunner(
+        thinker.model.language_model,
+        thinker.lm_head,
+        config,
+        slots=slots,
+        max_len=max_len,
+        dtype=dtype,
+        device=device,
+        cuda_graphs=True,
+    )
+    return thinker, runner
+
+
+def _weight_bytes(thinker: Any) -> int:
+    """What one decode step must read: every decoder layer, the final norm and the LM head."""
+    lm = thinker.model.language_model
+    params = [*lm.layers.parameters(), *lm.norm.parameters(), *thinker.lm_head.parameters()]
+    return sum(p.numel() * p.element_size() for p in params)
+
+
+def bench_runtime(runner: Any, *, batch: int, prompt: int, steps: int, vocab: int) -> float:
+    """Milliseconds per decode step of the runtime's batched, graph-captured step."""
+    import torch
+
+    from omni_runtime.models.base import RowSampling, ThinkerAdmission, ThinkerPrompt
+
+    hidden = runner.decoder.out_hidden.shape[-1]
+    gen = torch.Generator(device="cpu").manual_seed(batch)
+    rows = []
+    for slot in range(batch):
+        ids = torch.randint(0, vocab, (prompt,), generator=gen).tolist()
+        embeds = runner.embed(torch.tensor(ids, device=runner.device))
+        positions = torch.arange(prompt).view(1, -1).expand(3, -1)
+        tp = ThinkerPrompt(
+            input_ids=ids, embeds=embeds.reshape(prompt, hidden), positions=positions, rope_delta=0
+        )
+        rows.append(
+            ThinkerAdmission(slot=slot, prompt=tp, sampling=RowSampling(temperature=0.0), want_vectors=False)
+        )
+    runner.admit(rows)
+    for i in range(3):  # capture/warm the buckets this run uses
+        runner.step(batch, vector_slots=[], max_length=prompt + 1 + i)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for i in range(steps):
+        runner.step(batch, vector_slots=[], max_length=prompt + 4 + i)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1000 / steps
+
+
+def bench_generate(thinker: Any, *, batch: int, prompt: int, steps: int, vocab: int) -> float:
+    """Milliseconds per new token of ``thinker.generate`` (prefill time subtracted)."""
+    import torch
+
+    gen = torch.Generator(device="cpu").manual_seed(batch)
+    ids = torch.randint(0, vocab, (batch, prompt), generator=gen).cuda()
+    mask = torch.ones_like(ids)
+
+    def run(new: int) -> float:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        with torch.inference_mode():
+            thinker.generate(
+                input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False
+            )
+        torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    run(2)  # warm up
+    one = run(1)
+    full = run(steps + 1)
+    return (full - one) * 1000 / steps
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m omni_runtime.models.bench_decode", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--batches", default="1,4,16", help="comma list of batch sizes (default 1,4,16)")
+    parser.add_argument("--steps", type=int, default=128, help="decode steps timed per batch size")
+    parser.add_argument("--prompt", type=int, default=128, help="prompt tokens per request")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    parser.add_argument("--skip-generate", action="store_true", help="only time the runtime")
+    parser.add_argument(
+        "--hbm-tbps", type=float, default=None, help="HBM bandwidth in TB/s (default: by GPU name)"
+    )
+    parser.add_argument("--json", default=None, help="also write the results to this file")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench_decode: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    batches = [int(b) for b in args.batches.split(",")]
+    name = torch.cuda.get_device_name(0)
+    max_len = 1 << max(10, (args.prompt + args.steps + 16).bit_length())
+    print(f"building a random-weight Qwen2.5-Omni-7B thinker ({args.dtype}) on {name} ...", file=sys.stderr)
+    thinker, runner = _build(args.dtype, max_len=max_len, slots=max(batches))
+    vocab = thinker.config.text_config.vocab_size
+    weight_bytes = _weight_bytes(thinker)
+    bandwidth = _bandwidth(name, args.hbm_tbps)
+    bound_ms = weight_bytes / bandwidth * 1000
+    results: dict[str, Any] = {
+        "gpu": name,
+        "dtype": args.dtype,
+        "prompt_tokens": args.prompt,
+        "decode_steps": args.steps,
+        "weight_bytes_per_step": weight_bytes,
+        "hbm_bytes_per_s": bandwidth,
+        "bandwidth_bound_ms_per_step": bound_ms,
+        "rows": [],
+    }
+    for batch in batches:
+        runtime_ms = bench_runtime(runner, batch=batch, prompt=args.prompt, steps=args.steps, vocab=vocab)
+        generate_ms = None
+        if not args.skip_generate:
+            generate_ms = bench_generate(
+                thinker, batch=batch, prompt=args.prompt, steps=args.steps, vocab=vocab
+            )
+        row = {
+            "batch": batch,
+            "runtime_ms_per_step": runtime_ms,
+            "runtime_tokens_per_s": batch * 1000 / runtime_ms,
+            "generate_ms_per_step": generate_ms,
+            "generate_tokens_per_s": None if generate_ms is None else batch * 1000 / generate_ms,
+        }
+        results["rows"].append(row)
+        print(json.dumps(row), file=sys.stderr)
+    print(f"\nThinker decode on {name}, {args.dtype}, prompt {args.prompt}, {args.steps} steps")
+    print(
+        f"weights read per step {weight_bytes / 1e9:.2f} GB / HBM {bandwidth / 1e12:.2f} TB/s = {bound_ms:.2f} ms bound"
+    )
+    print(
+        f"{'batch':>5} {'runtime ms/step':>16} {'tok/s':>9} {'x bound':>8} {'generate ms/step':>17} {'tok/s':>9}"
+    )
+    for row in results["rows"]:
+        gen_ms = row["generate_ms_per_step"]
+        gen = (
+            f"{gen_ms:17.2f} {row['generate_tokens_per_s']:9.1f}"
+            if gen_ms is not None
+            else f"{'-':>17} {'-':>9}"
+        )
+        print(
+            f"{row['batch']:>5} {row['runtime_ms_per_step']:16.2f} {row['runtime_tokens_per_s']:9.1f} "
+            f"{row['runtime_ms_per_step'] / bound_ms:8.2f} {gen}"
+        )
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
