@@ -372,17 +372,23 @@ class Supervisor:
             self._client = client
             await self._router.start()
             ticking = asyncio.create_task(self._loop(), name="ticks")
-            await self._stopping.wait()
+            stopping = asyncio.create_task(self._stopping.wait())
+            await asyncio.wait({ticking, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            # The tick loop only ends by itself on a bug: stop everything rather than run unsupervised.
+            failure = ticking.exception() if ticking.done() else None
+            self._stopping.set()
+            self._wake.set()
+            if failure is not None:
+                self.say(f"internal error, stopping: {type(failure).__name__}: {failure}")
             self.say(f"stopping after {time.monotonic() - started:.0f}s")
             self._control.close()
             self._finish_followers(ok=False, message="omni up stopped")
-            with contextlib.suppress(asyncio.CancelledError):
-                await ticking
+            await asyncio.gather(ticking, stopping, return_exceptions=True)
             await self._stop_all()
         self._control.remove()
         self.write_table(gone=True)
         self.say("stopped")
-        return 0
+        return 1 if failure is not None else 0
 
     def request_stop(self) -> None:
         self._stopping.set()
