@@ -195,3 +195,7 @@ class OmniAdapter(ABC):
 
     def talker_sampling_defaults(self) -> dict[str, Any]:
         return {}
+
+    def thread_initializer(self, stage: str) -> Any:
+        """Run once in a stage's worker thread (e.g. to give it its own CUDA stream); None: nothing."""
+        return None

@@ -42,7 +42,7 @@ class LocalStages:
 
     def _thread(self, name: str) -> StageThread:
         if name not in self.threads:
-            self.threads[name] = StageThread(name)
+            self.threads[name] = StageThread(name, initializer=self.adapter.thread_initializer(name))
         return self.threads[name]
 
     async def start(self) -> None:

@@ -24,9 +24,13 @@ R = TypeVar("R")
 class StageThread:
     """One thread that runs a stage's calls in order."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, initializer: Callable[[], None] | None = None) -> None:
         self.name = name
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stage-{name}")
+        # The initializer gives the thread its own CUDA stream (see the adapter), so one stage's
+        # kernels never queue behind another's on a shared GPU.
+        self._pool = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"stage-{name}", initializer=initializer
+        )
 
     async def run(self, fn: Callable[..., R], *args: Any) -> R:
         loop = asyncio.get_running_loop()

@@ -10,6 +10,7 @@ mrope positions from ``get_rope_index``), thinker and talker (runners.py) and th
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +24,15 @@ from omni_runtime.models.qwen2_5_omni.vocoder import QwenVocoder
 from omni_runtime.pipeline.options import EngineOptions
 from omni_runtime.pipeline.types import EngineError, GenerationRequest
 
+log = logging.getLogger(__name__)
+
 # The system prompt the released model was trained with; it asks for speech-capable answers.
 DEFAULT_SYSTEM_PROMPT = (
     "You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of perceiving "
     "auditory and visual inputs, as well as generating text and speech."
 )
 AUDIO_RATE = 16000
+KV_RESERVE_BYTES = 3 << 30  # activations, CUDA graphs, the talker's cache and the vocoder after it
 DEFAULT_VIDEO_FPS = 2.0
 
 
@@ -39,6 +43,12 @@ def _resample(wave: np.ndarray, rate: int) -> np.ndarray:
     n = round(wave.size * AUDIO_RATE / rate)
     x = np.linspace(0, wave.size - 1, n)
     return np.interp(x, np.arange(wave.size), wave).astype(np.float32)
+
+
+def _sync(device: torch.device) -> None:
+    """Finish this thread's stream before its outputs go to a stage on another stream."""
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
 
 
 class Qwen25OmniAdapter(OmniAdapter):
@@ -57,6 +67,7 @@ class Qwen25OmniAdapter(OmniAdapter):
             "Chelsie" if "Chelsie" in self.voices else (self.voices[0] if self.voices else None)
         )
         self._processor = loaded.processor
+        self.mem_fraction = options.mem_fraction_static
         cfg = loaded.config.thinker_config
         self.audio_token, self.image_token, self.video_token = (
             cfg.audio_token_index,
@@ -155,6 +166,7 @@ class Qwen25OmniAdapter(OmniAdapter):
             count = item["feature_attention_mask"].shape[0]
             results.append(torch.cat(per_audio[start : start + count]))
             start += count
+        _sync(device)
         return results
 
     @torch.inference_mode()
@@ -178,7 +190,9 @@ class Qwen25OmniAdapter(OmniAdapter):
         results: list[dict[str, list[Any]]] = [{"image": [], "video": []} for _ in batch]
         for (owner, kind), part in zip(owners, torch.split(merged, sizes), strict=True):
             results[owner][kind].append(part)
-        return [{k: (torch.cat(v) if v else None) for k, v in r.items()} for r in results]
+        out = [{k: (torch.cat(v) if v else None) for k, v in r.items()} for r in results]
+        _sync(device)
+        return out
 
     # -- mm_aggregate ----------------------------------------------------------------------------
     @torch.inference_mode()
@@ -211,6 +225,7 @@ class Qwen25OmniAdapter(OmniAdapter):
             context.get("audio_feature_lengths"),
             context.get("video_second_per_grid"),
         )
+        _sync(device)
         return ThinkerPrompt(
             input_ids=prompt.input_ids,
             embeds=embeds,
@@ -233,7 +248,33 @@ class Qwen25OmniAdapter(OmniAdapter):
         return context
 
     # -- runners -------------------------------------------------------------------------------
+    def _fit_slots(self, *, config: Any, device: torch.device, slots: int, max_len: int, what: str) -> int:
+        """Slots whose KV cache fits the GPU budget (--mem-fraction-static of the GPU, 0.9 if unset)."""
+        if device.type != "cuda":
+            return slots
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        itemsize = torch.empty((), dtype=self.placement.dtype).element_size()
+        per_slot = 2 * config.num_hidden_layers * config.num_key_value_heads * max_len * head_dim * itemsize
+        free, total = torch.cuda.mem_get_info(device)
+        fraction = self.mem_fraction or 0.9
+        budget = fraction * total - (total - free) - KV_RESERVE_BYTES
+        fit = int(budget // per_slot)
+        if fit < 1:
+            raise EngineError(
+                f"the {what} KV cache needs {per_slot / 1e9:.2f} GB per request ({max_len} tokens) but only "
+                f"{max(budget, 0) / 1e9:.2f} GB of {fraction:g} x {total / 1e9:.0f} GB is left on {device} after the "
+                "weights; lower --max-model-len or raise --mem-fraction-static",
+                param="mem_fraction_static",
+            )
+        if fit < slots:
+            log.warning("%s: %d slots fit in the memory budget (asked for %d)", what, fit, slots)
+        return min(slots, fit)
+
     def thinker_runner(self, *, slots: int, max_len: int) -> QwenThinkerRunner:
+        text_config = self.loaded.config.thinker_config.text_config
+        slots = self._fit_slots(
+            config=text_config, device=self.placement.thinker, slots=slots, max_len=max_len, what="thinker"
+        )
         return QwenThinkerRunner(
             self.loaded.text,
             self.loaded.lm_head,
@@ -248,6 +289,13 @@ class Qwen25OmniAdapter(OmniAdapter):
     def talker_runner(self, *, slots: int, max_len: int) -> QwenTalkerRunner:
         if self.loaded.talker is None:
             raise EngineError("this worker has no talker loaded", param="modalities")
+        slots = self._fit_slots(
+            config=self.loaded.config.talker_config,
+            device=self.placement.talker,
+            slots=slots,
+            max_len=max_len,
+            what="talker",
+        )
         return QwenTalkerRunner(
             self.loaded.talker,
             text_vectors=self.loaded.text_vectors,
@@ -263,6 +311,30 @@ class Qwen25OmniAdapter(OmniAdapter):
         if self.loaded.token2wav is None:
             raise EngineError("this worker has no vocoder loaded", param="modalities")
         return QwenVocoder(self.loaded.token2wav, speakers=self.loaded.speakers, device=self.placement.talker)
+
+    def thread_initializer(self, stage: str) -> Any:
+        """A CUDA stream per stage thread, so stages on one GPU overlap instead of queueing.
+
+        Every stage function synchronises its stream before handing tensors to another stage and
+        keeps its inputs referenced until then, so no stream reads a tensor another stream is
+        still writing or has freed.
+        """
+        device = {
+            "thinker": self.placement.thinker,
+            "mm_aggregate": self.placement.thinker,
+            "audio_encoder": self.placement.audio,
+            "image_encoder": self.placement.vision,
+            "talker": self.placement.talker,
+            "vocoder": self.placement.talker,
+        }.get(stage)
+        if device is None or device.type != "cuda":
+            return None
+
+        def init() -> None:
+            torch.cuda.set_device(device)
+            torch.cuda.set_stream(torch.cuda.Stream(device=device))
+
+        return init
 
     def talker_sampling_defaults(self) -> dict[str, Any]:
         # The released generate() defaults for the talker.

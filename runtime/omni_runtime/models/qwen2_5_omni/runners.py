@@ -107,6 +107,8 @@ class QwenThinkerRunner:
                 token_part = embeds[i, : lengths[i]].masked_fill(is_media, 0.0)
                 vectors = token_part + hidden[i, : lengths[i]]
             results.append((int(token), vectors))
+        if self.device.type == "cuda":  # the prompt vectors go to the talker's stream
+            torch.cuda.current_stream(self.device).synchronize()
         return results
 
     @torch.inference_mode()
