@@ -318,6 +318,7 @@ def _plot(results: list[Measurement], path: Path, title: str) -> None:
         xs = [index + offset for index in range(len(keys))]
         rate_axis.bar(xs, [get[(target, k, c)].per_second for k, c in keys], width, label=target)
         p99_axis.bar(xs, [get[(target, k, c)].p99_ms for k, c in keys], width, label=target)
+    rate_axis.set_yscale("log")  # WebSocket messages and single-client requests differ by orders of magnitude
     for axis, ylabel in ((rate_axis, "requests or messages per second"), (p99_axis, "p99 latency (ms)")):
         axis.set_xticks(range(len(keys)), labels)
         axis.set_ylabel(ylabel)

@@ -117,5 +117,5 @@ class RouterError(Exception):
         return cls(
             status=502,
             code="worker_failed",
-            message=f"Worker {worker_id} broke the connection before answering ({detail}).",
+            message=f"Worker {worker_id} failed while answering ({detail}); retry the request.",
         )

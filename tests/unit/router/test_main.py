@@ -45,3 +45,13 @@ def test_a_bad_keys_file_stops_before_serving(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == (
         f"omni router: error: --api-keys-file {keys}: no keys in the file; write one key per line"
     )
+
+
+def test_kubernetes_source_without_a_cluster_is_a_clear_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-kubeconfig"))
+    assert main(["--source", "kubernetes", "--namespace", "ml", "--deployment", "tiny"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(
+        "omni router: error: --source kubernetes: no in-cluster service account and no usable kubeconfig ("
+    )
