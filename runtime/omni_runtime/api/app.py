@@ -19,6 +19,7 @@ from omni_runtime.api.ops.routes import router as ops_router
 from omni_runtime.api.settings import ApiSettings
 from omni_runtime.api.state import AppState
 from omni_runtime.pipeline.types import Engine
+from omni_runtime.realtime import RealtimeServer, RealtimeSettings, StreamingInputChatMiddleware
 
 
 def build_app(
@@ -26,8 +27,13 @@ def build_app(
     engine: Engine,
     settings: ApiSettings,
     on_startup_failure: Callable[[BaseException], None] | None = None,
+    realtime_settings: RealtimeSettings | None = None,
 ) -> FastAPI:
-    """A worker's OpenAI-compatible app; the engine starts (and warms up) with the app's lifespan."""
+    """A worker's OpenAI-compatible app; the engine starts (and warms up) with the app's lifespan.
+
+    Besides chat completions it serves the session endpoints (/v1/realtime with duplex, streaming
+    video, streaming-input sessions, and chunked NDJSON input on /v1/chat/completions).
+    """
     app = FastAPI(title="omni worker", version="0.1.0", lifespan=engine_lifespan)
     state = AppState(engine=engine, settings=settings, on_startup_failure=on_startup_failure)
     app.state.omni = state
@@ -35,5 +41,12 @@ def build_app(
     app.include_router(chat_router)
     app.include_router(models_router)
     app.include_router(ops_router)
+    state.realtime = RealtimeServer(
+        engine=engine,
+        settings=realtime_settings or RealtimeSettings(worker_id=settings.worker_id),
+        registry=state.metrics.registry,
+    )
+    app.include_router(state.realtime.router())
+    app.add_middleware(StreamingInputChatMiddleware, server=state.realtime)
     app.add_middleware(RequestCounter, metrics=state.metrics)
     return app

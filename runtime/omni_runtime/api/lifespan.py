@@ -49,6 +49,8 @@ async def start_engine(state: AppState) -> None:
         await state.engine.start()
         if state.settings.warmup:
             await _warm_up(state)
+        if state.realtime is not None:
+            await state.realtime.warmup()  # loads the VAD model before the first session needs it
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # any start failure makes the worker unready and is reported, not hidden
@@ -71,4 +73,6 @@ async def engine_lifespan(app: FastAPI) -> AsyncIterator[None]:
         starter.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await starter
+        if state.realtime is not None:
+            await state.realtime.aclose()
         await state.engine.stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import Request
 
@@ -22,6 +23,7 @@ class AppState:
     startup_error: str | None = None
     in_flight: int = 0
     on_startup_failure: Callable[[BaseException], None] | None = None
+    realtime: Any = None  # the RealtimeServer serving this worker's session endpoints
 
     def __post_init__(self) -> None:
         self.metrics = ApiMetrics(stats=self.engine.stats, in_flight=lambda: self.in_flight)

@@ -83,7 +83,7 @@ async def _start(holder: dict[str, Any], ready: threading.Event) -> None:
     from omni_runtime.api.settings import ApiSettings
     from omni_runtime.pipeline import build_engine
     from omni_runtime.pipeline.options import EngineOptions
-    from omni_runtime.realtime import RealtimeServer, RealtimeSettings, StreamingInputChatMiddleware
+    from omni_runtime.realtime import RealtimeSettings
     from omni_runtime.router.app import RouterApp
     from omni_runtime.router.context import RouterConfig
     from omni_runtime.router.sources import StaticSource
@@ -92,15 +92,12 @@ async def _start(holder: dict[str, Any], ready: threading.Event) -> None:
     engine = build_engine(
         EngineOptions(pipeline="streaming-speech", device="cpu", max_batch_size=8, worker_id=WORKER_ID)
     )
-    app = build_app(engine=engine, settings=ApiSettings(worker_id=WORKER_ID))
-    # The wiring build_app is asked to do: the realtime endpoints, Mode A, metrics in the app registry.
-    realtime = RealtimeServer(
+    app = build_app(
         engine=engine,
-        settings=RealtimeSettings(worker_id=WORKER_ID, max_payload_per_session=2 * 1024 * 1024),
-        registry=app.state.omni.metrics.registry,
+        settings=ApiSettings(worker_id=WORKER_ID),
+        realtime_settings=RealtimeSettings(worker_id=WORKER_ID, max_payload_per_session=2 * 1024 * 1024),
     )
-    app.include_router(realtime.router())
-    app.add_middleware(StreamingInputChatMiddleware, server=realtime)
+    realtime = app.state.omni.realtime
     worker_port, router_port = free_port(), free_port()
     servers = [await _serve(app, worker_port)]
     async with httpx.AsyncClient() as client:
