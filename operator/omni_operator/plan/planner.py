@@ -140,7 +140,18 @@ def _router(dep: OmniDeployment, *, target: Target, router_port: int, workers_fi
     ]
     if target is Target.local:
         port = router_port
-        command = ["omni", "router", "--port", str(port), "--workers-file", workers_file, *limits]
+        # Local workers listen on loopback only; the router does the same.
+        command = [
+            "omni",
+            "router",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers-file",
+            workers_file,
+            *limits,
+        ]
         service_port = router_port
     else:
         port = K8S_PORTS[Role.api]

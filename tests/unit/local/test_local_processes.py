@@ -109,9 +109,11 @@ def test_router_spec() -> None:
     spec = router_spec(plan=plan, base_env={"CUDA_VISIBLE_DEVICES": "3"})
     assert spec.name == "router"
     assert spec.worker is None
-    assert spec.argv[: len(PY) + 5] == (
+    assert spec.argv[: len(PY) + 7] == (
         *PY,
         "router",
+        "--host",
+        "127.0.0.1",
         "--port",
         "9000",
         "--workers-file",

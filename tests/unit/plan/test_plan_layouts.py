@@ -20,7 +20,7 @@ def test_local_tiny_ports_and_router() -> None:
     )  # fmt: skip
     assert plan.router.port == 9000
     assert plan.router.container.command == (
-        "omni", "router", "--port", "9000", "--workers-file", ".omni/tiny-omni/workers.json",
+        "omni", "router", "--host", "127.0.0.1", "--port", "9000", "--workers-file", ".omni/tiny-omni/workers.json",
         "--session-header", "X-Session-Id", "--max-sessions-per-worker", "256",
         "--max-body-bytes", "67108864", "--upstream-timeout", "600",
     )  # fmt: skip
@@ -42,7 +42,7 @@ def test_local_gpu_workers_get_host_gpus_after_the_offset() -> None:
         ("minicpm-duplex-w1-talker", "5", "127.0.0.1:7013"),
     ]
     assert "--workers-file" in plan.router.container.command
-    assert plan.router.container.command[5] == "/run/w.json"
+    assert plan.router.container.command[7] == "/run/w.json"
 
 
 def test_local_vllm_reads_its_stage_config_next_to_the_workers_file() -> None:
