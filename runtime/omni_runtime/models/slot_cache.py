@@ -16,11 +16,14 @@ the talker. So the runtime owns the cache and drives the model's decoder layers 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+log = logging.getLogger(__name__)
 
 EmbedFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (ids [B], extra [B, E]) -> [B, H]
 HeadFn = Callable[[torch.Tensor], torch.Tensor]  # normed hidden [B, H] -> logits [B, V]
@@ -181,10 +184,14 @@ class SlotDecoder:
         """
         batch = next(b for b in self.batch_buckets if b >= n)
         view = next(t for t in self.len_buckets if t >= max_length)
-        if self.cuda_graphs:
-            graph = self._graphs.get((batch, view))
-            if graph is None:
+        graph = self._graphs.get((batch, view)) if self.cuda_graphs else None
+        if self.cuda_graphs and graph is None:
+            try:
                 graph = self._capture(batch, view)
+            except RuntimeError as exc:  # a capture problem costs speed, never a request
+                log.warning("decode CUDA graph capture failed (%s); decoding eagerly from now on", exc)
+                self.cuda_graphs = False
+        if graph is not None:
             graph.replay()
         else:
             self._step(batch, view)  # the same padded shapes as the graphs, run eagerly
@@ -242,8 +249,14 @@ class SlotDecoder:
         views = [t for t in self.len_buckets if max_view is None or t <= max_view]
         for view in views:
             for batch in self.batch_buckets:
-                if (batch, view) not in self._graphs:
+                if (batch, view) in self._graphs:
+                    continue
+                try:
                     self._capture(batch, view)
+                except RuntimeError as exc:
+                    log.warning("decode CUDA graph capture failed (%s); decoding eagerly", exc)
+                    self.cuda_graphs = False
+                    return len(self._graphs)
             if progress:
                 progress(f"captured decode graphs up to length {view}")
         return len(self._graphs)

@@ -310,7 +310,12 @@ class Qwen25OmniAdapter(OmniAdapter):
     def vocoder(self) -> QwenVocoder:
         if self.loaded.token2wav is None:
             raise EngineError("this worker has no vocoder loaded", param="modalities")
-        return QwenVocoder(self.loaded.token2wav, speakers=self.loaded.speakers, device=self.placement.talker)
+        return QwenVocoder(
+            self.loaded.token2wav,
+            speakers=self.loaded.speakers,
+            device=self.placement.talker,
+            cuda_graphs=self.placement.cuda_graphs,
+        )
 
     def thread_initializer(self, stage: str) -> Any:
         """A CUDA stream per stage thread, so stages on one GPU overlap instead of queueing.
