@@ -84,13 +84,17 @@ class PipelineEngine:
         from omni_runtime.pipeline.types import ChatTurn, SamplingParams
 
         kinds = [False, True] if self.supports_audio_output else [False]
+        # On a GPU, enough codes for the first and the steady vocoder window, so both sizes are
+        # captured as CUDA graphs before the first client; on a CPU a short reply will do.
+        placement = getattr(self.adapter, "placement", None)
+        talker_tokens = 60 if placement is not None and placement.cuda_graphs else 24
         for audio in kinds:
             request = GenerationRequest(
                 request_id=f"warmup-{int(audio)}",
                 turns=(ChatTurn(role="user", text="Hello."),),
                 sampling=SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True),
                 want_audio=audio,
-                stage_params={"talker": {"max_tokens": 24}},
+                stage_params={"talker": {"max_tokens": talker_tokens}},
             )
             async for _ in self.generate(request):
                 pass

@@ -135,33 +135,43 @@ class ThinkerScheduler:
 
     # -- the loop ---------------------------------------------------------------------------------
     async def _loop(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
-            moves = self._drop_finished()
-            admit = self._pick_admissions()
-            if not self.running and not admit:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            for job in admit:
-                job.slot = len(self.running)
-                self.running.append(job)
-            n = len(self.running)
-            self.max_running_batch = max(self.max_running_batch, n)
-            vector_slots = [j.slot for j in self.running if j.want_vectors]
-            max_length = (
-                max((j.length if j not in admit else len(j.prompt.input_ids)) for j in self.running) + 1
-            )
             try:
-                step = await self.thread.run(self._iterate, loop, moves, admit, n, vector_slots, max_length)
-            except Exception as exc:
-                log.exception("thinker step failed; failing the running batch")
-                for job in list(self.running):
-                    self._end(job, "error", error=f"thinker failed: {exc}")
+                await self._iteration()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a bug here must fail requests, not hang them all
+                log.exception("thinker scheduler failed; failing its requests")
+                for job in [*self.running, *self.waiting]:
+                    self._end(job, "error", error=f"thinker scheduler failed: {exc}")
                 self.running.clear()
-                continue
-            self.steps += 1
-            self._dispatch_step(step)
+                self.waiting.clear()
+
+    async def _iteration(self) -> None:
+        loop = asyncio.get_running_loop()
+        moves = self._drop_finished()
+        admit = self._pick_admissions()
+        if not self.running and not admit:
+            self._wake.clear()
+            await self._wake.wait()
+            return
+        for job in admit:
+            job.slot = len(self.running)
+            self.running.append(job)
+        n = len(self.running)
+        self.max_running_batch = max(self.max_running_batch, n)
+        vector_slots = [j.slot for j in self.running if j.want_vectors]
+        max_length = max((j.length if j not in admit else len(j.prompt.input_ids)) for j in self.running) + 1
+        try:
+            step = await self.thread.run(self._iterate, loop, moves, admit, n, vector_slots, max_length)
+        except Exception as exc:
+            log.exception("thinker step failed; failing the running batch")
+            for job in list(self.running):
+                self._end(job, "error", error=f"thinker failed: {exc}")
+            self.running.clear()
+            return
+        self.steps += 1
+        self._dispatch_step(step)
 
     def _drop_finished(self) -> list[tuple[int, int, int]]:
         slots: list[int | None] = [id(j) if j.finish is None else None for j in self.running]

@@ -110,48 +110,58 @@ class TalkerScheduler:
 
     async def _loop(self) -> None:
         while True:
-            slots: list[int | None] = [i if j.finish is None else None for i, j in enumerate(self.running)]
-            moves, table = plan_compaction(slots, set())
-            old = self.running
-            self.running = [old[i] for i in table if i is not None]
-            move_plan = []
-            for src, dst in moves:
-                old[src].slot = dst
-                move_plan.append((src, dst, old[src].length))
-            admit = []
-            while self.waiting and len(self.running) + len(admit) < self.max_batch:
-                admit.append(self.waiting.popleft())
-            inputs = [self._next_input(j) for j in self.running]
-            if not admit and all(v is None for v in inputs):
-                if move_plan:
-                    await self.thread.run(self._moves, move_plan)
-                self._wake.clear()
-                await self._wake.wait()
-                # Inputs taken above were None for every row: nothing was consumed.
-                continue
-            for job in admit:
-                job.slot = len(self.running) + admit.index(job)
-            n_old = len(self.running)
-            max_length = max([j.length + 1 for j in self.running] or [1])
             try:
-                firsts, codes = await self.thread.run(
-                    self._iterate, move_plan, admit, n_old, inputs, max_length
-                )
-            except Exception as exc:
-                log.exception("talker step failed; failing its batch")
-                for job in [*self.running, *admit]:
-                    self._end(job, "error", error=f"talker failed: {exc}")
+                await self._iteration()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a bug here must fail requests, not hang them all
+                log.exception("talker scheduler failed; failing its requests")
+                for job in [*self.running, *self.waiting]:
+                    self._end(job, "error", error=f"talker scheduler failed: {exc}")
                 self.running.clear()
-                continue
-            for job, code in zip(self.running, codes, strict=True):
-                if code is not None:
-                    job.length += 1
-                    self._accept(job, code)
-            for job, (code, length) in zip(admit, firsts, strict=True):
-                job.length = length
-                self.running.append(job)
+                self.waiting.clear()
+
+    async def _iteration(self) -> None:
+        slots: list[int | None] = [i if j.finish is None else None for i, j in enumerate(self.running)]
+        moves, table = plan_compaction(slots, set())
+        old = self.running
+        self.running = [old[i] for i in table if i is not None]
+        move_plan = []
+        for src, dst in moves:
+            old[src].slot = dst
+            move_plan.append((src, dst, old[src].length))
+        admit = []
+        while self.waiting and len(self.running) + len(admit) < self.max_batch:
+            admit.append(self.waiting.popleft())
+        inputs = [self._next_input(j) for j in self.running]
+        if not admit and all(v is None for v in inputs):
+            if move_plan:
+                await self.thread.run(self._moves, move_plan)
+            self._wake.clear()
+            await self._wake.wait()
+            # Inputs taken above were None for every row: nothing was consumed.
+            return
+        for job in admit:
+            job.slot = len(self.running) + admit.index(job)
+        n_old = len(self.running)
+        max_length = max([j.length + 1 for j in self.running] or [1])
+        try:
+            firsts, codes = await self.thread.run(self._iterate, move_plan, admit, n_old, inputs, max_length)
+        except Exception as exc:
+            log.exception("talker step failed; failing its batch")
+            for job in [*self.running, *admit]:
+                self._end(job, "error", error=f"talker failed: {exc}")
+            self.running.clear()
+            return
+        for job, code in zip(self.running, codes, strict=True):
+            if code is not None:
+                job.length += 1
                 self._accept(job, code)
-            self.max_running_batch = max(self.max_running_batch, len(self.running))
+        for job, (code, length) in zip(admit, firsts, strict=True):
+            job.length = length
+            self.running.append(job)
+            self._accept(job, code)
+        self.max_running_batch = max(self.max_running_batch, len(self.running))
 
     def _moves(self, move_plan: list[tuple[int, int, int]]) -> None:
         for src, dst, length in move_plan:
