@@ -299,6 +299,8 @@ class PipelineEngine:
                         },
                         "voice": voice,
                         "seed": seed,
+                        # Mid-stream windows come in two sizes (first, steady): worth a CUDA graph.
+                        "reusable": streaming and not done,
                     }
                 )
                 samples += len(pcm)

@@ -121,7 +121,13 @@ class LocalStages:
 
     def _synthesize_batch(self, items: list[dict[str, Any]]) -> list[Any]:
         return [
-            self.vocoder.synthesize(item["codes"], voice=item["voice"], seed=item["seed"], **item["window"])
+            self.vocoder.synthesize(
+                item["codes"],
+                voice=item["voice"],
+                seed=item["seed"],
+                reusable=bool(item.get("reusable", False)),
+                **item["window"],
+            )
             for item in items
         ]
 

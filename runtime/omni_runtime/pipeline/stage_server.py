@@ -7,7 +7,6 @@ frees its slot just as closing ``Engine.generate`` does in-process.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -153,10 +152,7 @@ class StageHandlers:
                 "window": payload["window"],
                 "voice": payload["voice"],
                 "seed": payload["seed"],
+                "reusable": bool(payload.get("reusable", False)),
             }
         )
         return {}, {"pcm": np.asarray(pcm, dtype=np.float32)}
-
-
-async def wait_forever() -> None:
-    await asyncio.Event().wait()

@@ -12,8 +12,9 @@ Differences from the stock code, none in the math:
 - what does not change within a window (the ECAPA speaker encoding of the reference mel, the
   codec embeddings, the rotary table, the block masks) is computed once instead of at each of
   the ODE's 36 evaluations, and the RK4 loop runs on Python floats, without host syncs;
-- on CUDA, one window size is one CUDA graph (the whole ODE and BigVGAN): a window is some 20k
-  small kernels, so launching them one by one would dominate the time to first audio.
+- on CUDA, a recurring window size (streaming's first and steady windows) is one CUDA graph (the
+  whole ODE and BigVGAN): a window is some 20k small kernels, so launching them one by one
+  would dominate the time to first audio. One-off sizes (final windows) run eagerly.
 """
 
 from __future__ import annotations
@@ -69,8 +70,18 @@ class QwenVocoder:
 
     @torch.inference_mode()
     def synthesize(
-        self, codes: list[int], *, start: int, end: int, ctx_start: int, ctx_end: int, voice: str, seed: int
+        self,
+        codes: list[int],
+        *,
+        start: int,
+        end: int,
+        ctx_start: int,
+        ctx_end: int,
+        voice: str,
+        seed: int,
+        reusable: bool = False,
     ) -> np.ndarray:
+        """Audio of ``codes[start:end]``; ``reusable`` windows (a size that recurs) run as a CUDA graph."""
         if end <= start:
             return np.zeros(0, dtype=np.float32)
         window = torch.tensor([codes[ctx_start:ctx_end]], dtype=torch.long, device=self.device)
@@ -79,14 +90,14 @@ class QwenVocoder:
         generator = torch.Generator(device=self.device).manual_seed((seed * 1_000_003 + start) & 0x7FFFFFFF)
         frames = window.shape[1] * self.repeats
         noise = torch.randn([1, frames, self.dit.mel_dim], generator=generator, device=self.device)
-        wave = self._run(window, noise, voice)
+        wave = self._run(window, noise, voice, graph=reusable)
         offset = (start - ctx_start) * self.samples_per_code
         return wave[offset : offset + (end - start) * self.samples_per_code].cpu().numpy().astype(np.float32)
 
-    def _run(self, code: torch.Tensor, noise: torch.Tensor, voice: str) -> torch.Tensor:
+    def _run(self, code: torch.Tensor, noise: torch.Tensor, voice: str, *, graph: bool) -> torch.Tensor:
         encoded = self._speaker_encoding(voice)
         cond = self.speakers[voice][0]
-        if not self.cuda_graphs:
+        if not (self.cuda_graphs and graph):
             return self._synthesize(code, noise, cond, encoded)
         key = (code.shape[1], voice)
         entry = self._graphs.get(key)
