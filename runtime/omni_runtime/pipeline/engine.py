@@ -270,6 +270,8 @@ class PipelineEngine:
         """Talker codes -> segmenter windows -> vocoder -> audio chunks; returns seconds of audio."""
         streaming = self.variant == "streaming-speech" and request.stream_audio
         segmenter = CodecSegmenter(SegmenterConfig(whole=not streaming))
+        cfg = segmenter.config
+        standard = {cfg.first_chunk + cfg.right_context, cfg.left_context + cfg.chunk + cfg.right_context}
         codes: list[int] = []
         seed = (
             request.sampling.seed if request.sampling.seed is not None else hash(request.request_id) & 0xFFFF
@@ -299,8 +301,8 @@ class PipelineEngine:
                         },
                         "voice": voice,
                         "seed": seed,
-                        # Mid-stream windows come in two sizes (first, steady): worth a CUDA graph.
-                        "reusable": streaming and not done,
+                        # Streaming windows mostly come in two sizes (first, steady): worth a CUDA graph.
+                        "reusable": streaming and window.ctx_end - window.ctx_start in standard,
                     }
                 )
                 samples += len(pcm)
