@@ -119,8 +119,8 @@ async def reconcile_loop(
             trigger.clear()
             snapshot = copy.deepcopy(dict(body))
             try:
-                await asyncio.to_thread(reconcile_once, memo.kube, snapshot, static)
-                failures, delay = 0, OPTIONS.resync_seconds
+                requeue = await asyncio.to_thread(reconcile_once, memo.kube, snapshot, static)
+                failures, delay = 0, min(OPTIONS.resync_seconds, requeue or OPTIONS.resync_seconds)
             except k8s.KubeError as exc:
                 static.items = None  # the failed pass may have written some of them
                 failures += 1
@@ -149,8 +149,11 @@ class StaticChildren:
         )
 
 
-def reconcile_once(kube: k8s.Kube, body: dict[str, Any], static: StaticChildren | None = None) -> None:
-    """Observe, decide (pure), carry out, and log what it cost in API requests."""
+def reconcile_once(
+    kube: k8s.Kube, body: dict[str, Any], static: StaticChildren | None = None
+) -> float | None:
+    """Observe, decide (pure), carry out, and log what it cost in API requests. Returns when to look
+    again regardless of events (a rollout's drain or progress deadline), in seconds, or None."""
     from omni_operator.render import render_manifests  # render/ is pure; imported once, lazily
 
     static = static if static is not None else StaticChildren()
@@ -174,13 +177,15 @@ def reconcile_once(kube: k8s.Kube, body: dict[str, Any], static: StaticChildren 
         static.items = None  # what we just wrote is not in the cache: list it again next time
     cost = kube.counted()
     log.info(
-        "reconcile %s/%s: %d reads, %d writes (%d applied, %d deleted, status %s) in %.0f ms",
+        "reconcile %s/%s: %d reads, %d writes (%d applied, %d deleted, %d annotated, status %s) in %.0f ms",
         meta["namespace"],
         meta["name"],
         cost.reads,
         cost.writes,
         len(decision.apply),
         len(decision.delete),
+        len(decision.annotate),
         "patched" if decision.status is not None else "unchanged",
         (time.monotonic() - started) * 1000,
     )
+    return decision.requeue_after

@@ -190,6 +190,17 @@ class Kube:
         path = f"{collection_path(key.api_version, key.kind, namespace)}/{key.name}"
         self.request("DELETE", path, body={"propagationPolicy": "Background"})
 
+    def annotate(self, key: ChildKey, annotations: dict[str, str | None], *, namespace: str) -> None:
+        """Merge-patch annotations (None removes one); a child gone meanwhile is not an error."""
+        path = f"{collection_path(key.api_version, key.kind, namespace)}/{key.name}"
+        self.request(
+            "PATCH",
+            path,
+            query={"fieldManager": labels.FIELD_MANAGER},
+            body={"metadata": {"annotations": annotations}},
+            content_type=MERGE,
+        )
+
     def patch_status(self, *, namespace: str, name: str, status: dict[str, Any]) -> None:
         self.request(
             "PATCH", deployment_path(namespace, name) + "/status", body={"status": status}, content_type=MERGE
@@ -225,13 +236,16 @@ class Kube:
 
     def carry_out(self, decision: Decision, *, body: Manifest) -> None:
         """Deletes first (a replaced pod must go before its successor can be created), then applies,
-        then status, then events. Each step is idempotent, so a crash half-way is repaired by the next
-        reconcile without duplicates (children have fixed names)."""
+        then annotation patches (a worker's drain), then status, then events. Each step is idempotent,
+        so a crash half-way is repaired by the next reconcile without duplicates (children have fixed
+        names, and the rollout re-decides from what it finds)."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         for key in decision.delete:
             self.delete(key, namespace=namespace)
         for manifest in decision.apply:
             self.apply(manifest, namespace=namespace)
+        for patch in decision.annotate:
+            self.annotate(patch.key, patch.annotations, namespace=namespace)
         if decision.status is not None:
             self.patch_status(namespace=namespace, name=name, status=decision.status)
         for event in decision.events:

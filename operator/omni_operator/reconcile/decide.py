@@ -1,7 +1,9 @@
 """One reconcile, decided without touching the API server: body + observed children -> writes.
 
-The straight line: parse the spec, plan it, render the desired children, publish each worker's state
-on its Service, pick pods to heal, diff desired against observed, compute the status, derive events.
+The straight line: parse the spec, plan it, take the next rollout step (rollout.py: which workers
+exist at the update revision, which old ones drain, update in place or go), render the workers the
+step keeps, publish each worker's state on its Service, pick pods to heal, diff desired against
+observed (old workers the step holds are left out of it), compute the status, derive events.
 k8s.py carries the decision out; a unit test can call `decide` with plain dicts and compare exactly.
 An invalid spec never deletes anything: the children stay as they are and the status says why.
 """
@@ -11,24 +13,47 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from pydantic import ValidationError
 
 from omni_operator.api import labels
 from omni_operator.api.load import SpecError, parse_deployments
 from omni_operator.api.spec import OmniDeployment
-from omni_operator.api.status import OmniDeploymentStatus, Reason
+from omni_operator.api.status import OmniDeploymentStatus, Reason, WorkerState
 from omni_operator.plan import plan_deployment
-from omni_operator.plan.types import Plan, PlanError, Target
+from omni_operator.plan.types import Plan, PlanError, Target, WorkerPlan
 from omni_operator.reconcile.diff import ChildDiff, diff_children
 from omni_operator.reconcile.events import EventSpec, status_events
-from omni_operator.reconcile.observe import ChildKey, Manifest, Observed
-from omni_operator.reconcile.rollout import gate_replacements
+from omni_operator.reconcile.observe import ChildKey, Manifest, Observed, is_terminating, key_of
+from omni_operator.reconcile.rollout import (
+    RolloutStep,
+    Strategy,
+    gate_replacements,
+    rollout_events,
+    step_rollout,
+)
 from omni_operator.reconcile.selfheal import Heal, heal_decisions
 from omni_operator.reconcile.status import compute_status, invalid_spec_status, status_body
+from omni_operator.reconcile.workers import (
+    LIVE_SESSIONS_PREFIX,
+    WorkerObjects,
+    group_workers,
+    parse_time,
+    view_worker,
+    with_template_hash,
+    worker_index,
+)
 
 RenderFn = Callable[..., list[Manifest]]
 """render_manifests(plan, owner=(name, uid)) -> manifests (render/)."""
+
+
+class Annotate(NamedTuple):
+    """A merge patch of one child's annotations (None removes a key)."""
+
+    key: ChildKey
+    annotations: dict[str, str | None]
 
 
 @dataclass(frozen=True)
@@ -37,16 +62,28 @@ class Decision:
     """Stamped manifests to server-side apply (creates first, then updates)."""
     delete: tuple[ChildKey, ...] = ()
     """Children to delete (replacements and leftovers)."""
+    annotate: tuple[Annotate, ...] = ()
+    """Annotation patches of worker Services outside the desired manifests (drain, state)."""
     status: dict | None = None
     """The new status body, or None when it equals the stored one."""
     events: tuple[EventSpec, ...] = ()
     diff: ChildDiff = field(default_factory=ChildDiff)
     plan: Plan | None = None
+    """The plan as placed: the workers rendered at the update revision (current, new, in place)."""
     heals: tuple[Heal, ...] = ()
+    requeue_after: float | None = None
+    """Reconcile again after this many seconds (a drain or progress deadline falls then)."""
+    rollout: RolloutStep | None = field(default=None, compare=False)
 
     @property
     def writes(self) -> int:
-        return len(self.apply) + len(self.delete) + (self.status is not None) + len(self.events)
+        return (
+            len(self.apply)
+            + len(self.delete)
+            + len(self.annotate)
+            + (self.status is not None)
+            + len(self.events)
+        )
 
 
 def scale_selector(name: str) -> str:
@@ -111,11 +148,18 @@ def decide(*, body: Manifest, observed: Observed, now: str, render: RenderFn) ->
     except (SpecError, PlanError) as exc:
         return _invalid(str(exc), generation=generation, previous=previous, body=body, now=now)
 
-    desired = render(plan, owner=(meta["name"], meta["uid"]))
+    owner = (meta["name"], meta["uid"])
+    templates = WorkerTemplates(dep, plan)
+    groups = group_workers(observed.children)
+    step = _rollout_step(
+        plan=plan, dep=dep, groups=groups, templates=templates, render=render, owner=owner, now=now
+    )
+    placed = plan.model_copy(update={"workers": tuple(templates.worker(i) for i in step.keep)})
+    desired = render(placed, owner=owner)
     pods = observed.pods
-    heals = heal_decisions(workers=plan.workers, pods=pods)
+    heals = heal_decisions(workers=placed.workers, pods=pods)
     status = compute_status(
-        plan=plan,
+        plan=placed,
         pods=pods,
         generation=generation,
         previous=previous,
@@ -123,35 +167,153 @@ def decide(*, body: Manifest, observed: Observed, now: str, render: RenderFn) ->
         endpoint=router_endpoint(desired, plan.namespace),
         selector=scale_selector(plan.deployment),
         progress_deadline_seconds=dep.spec.rollout.progress_deadline_seconds,
+        rollout=step,
+        desired=len(plan.workers),
     )
-    urls = {w.name: w.api_url for w in plan.workers}
-    table = {
-        w.name: {labels.WORKER_STATE: w.state.value, API_URL: urls[w.name]} for w in status.worker_states
-    }
-    desired = publish_worker_states(desired, table)
+    states = {w.name: w.state for w in step.workers}
+    table = {w.name: {labels.WORKER_STATE: states[w.name].value, API_URL: w.api_url} for w in placed.workers}
+    desired = with_template_hash(publish_worker_states(desired, table), revision=plan.revision)
+    held = set(step.hold)
     recreate = [ChildKey("v1", "Pod", name) for heal in heals for name in heal.pods]
     diff = gate_replacements(
-        diff_children(desired=desired, observed=observed.children, recreate=recreate),
-        rollout=dep.spec.rollout,
+        diff_children(
+            desired=desired,
+            observed=[c for c in observed.children if _worker_of(c) not in held],
+            recreate=recreate,
+        ),
+        allowed={*recreate, *(ChildKey("v1", "Pod", name) for name in step.update_pods)},
     )
+    annotate = _annotations(step=step, groups=groups, table=table, diff=diff, now=now)
     new_body = status_body(status)
     old_body = status_body(previous) if previous is not None else None
     changed = old_body != new_body
     if changed and old_body:
         # A merge patch keeps keys it does not mention: null out the ones that went away.
         new_body |= {key: None for key in old_body if key not in new_body}
-    events = [*_action_events(plan=plan, diff=diff, observed=observed, heals=heals)]
+    events = [*_action_events(plan=placed, diff=diff, observed=observed, heals=heals)]
+    events += rollout_events(
+        step, revision=plan.revision, drain_timeout_seconds=dep.spec.rollout.drain_timeout_seconds
+    )
     if changed:
         events += status_events(previous, status)
     return Decision(
         apply=(*diff.create, *diff.update),
         delete=(*diff.replace, *diff.delete),
+        annotate=tuple(annotate),
         status=new_body if changed else None,
         events=tuple(events),
         diff=diff,
-        plan=plan,
+        plan=placed,
         heals=heals,
+        requeue_after=step.requeue_after,
+        rollout=step,
     )
+
+
+class WorkerTemplates:
+    """The update revision's WorkerPlan for any worker index (the planner names and lays out worker
+    i the same whatever spec.workers is, so a larger plan of the same spec holds every index)."""
+
+    def __init__(self, dep: OmniDeployment, plan: Plan) -> None:
+        self.dep, self.plan = dep, plan
+
+    def worker(self, index: int) -> WorkerPlan:
+        if index >= len(self.plan.workers):
+            size = max(index + 1, 2 * len(self.plan.workers))
+            spec = self.dep.spec.model_copy(update={"workers": size})
+            self.plan = plan_deployment(self.dep.model_copy(update={"spec": spec}), target=Target.kubernetes)
+        return self.plan.workers[index]
+
+
+def _worker_of(child: Manifest) -> str | None:
+    return (child.get("metadata", {}).get("labels") or {}).get(labels.WORKER)
+
+
+def _rollout_step(
+    *,
+    plan: Plan,
+    dep: OmniDeployment,
+    groups: dict[str, WorkerObjects],
+    templates: WorkerTemplates,
+    render: RenderFn,
+    owner: tuple[str, str],
+    now: str,
+) -> RolloutStep:
+    indexes = sorted({i for n in groups if (i := worker_index(n, deployment=plan.deployment)) is not None})
+    targets: dict[str, dict[str, Manifest]] = {}
+    if indexes:
+        observed_plan = plan.model_copy(update={"workers": tuple(templates.worker(i) for i in indexes)})
+        for m in render(observed_plan, owner=owner):
+            worker = _worker_of(m)
+            if m["kind"] == "Pod" and worker:
+                targets.setdefault(worker, {})[m["metadata"]["name"]] = m
+    views = [
+        view_worker(
+            objs,
+            deployment=plan.deployment,
+            revision=plan.revision,
+            targets=targets.get(name, {}),
+            routers=plan.router.replicas,
+        )
+        for name, objs in groups.items()
+    ]
+    moment = parse_time(now)
+    assert moment is not None, f"now={now!r} is not an RFC 3339 time"
+    return step_rollout(
+        workers=views,
+        desired=len(plan.workers),
+        revision=plan.revision,
+        strategy=Strategy.of(dep.spec.rollout),
+        now=moment,
+        name_of=lambda i: templates.worker(i).name,
+    )
+
+
+def _annotations(
+    *,
+    step: RolloutStep,
+    groups: dict[str, WorkerObjects],
+    table: dict[str, dict[str, str]],
+    diff: ChildDiff,
+    now: str,
+) -> list[Annotate]:
+    """Merge patches of worker Services: held workers announce draining (with the time) or their
+    readiness; workers rendered at the update revision lose any drain leftovers, and get their state
+    written when a server-side apply will not (an earlier merge patch changed it behind the
+    applied hash)."""
+    out: list[Annotate] = []
+    for name, state in step.publish:
+        service = groups[name].service
+        if service is None:
+            continue
+        patch: dict[str, str | None] = {labels.WORKER_STATE: state.value}
+        if state is WorkerState.draining:
+            patch[labels.DRAIN_STARTED] = now
+        out.append(Annotate(key_of(service), patch))
+    for name in step.hold:
+        service = groups[name].service
+        annotations = (service or {}).get("metadata", {}).get("annotations") or {}
+        if (
+            service is not None
+            and annotations.get(labels.WORKER_STATE) == WorkerState.draining.value
+            and labels.DRAIN_STARTED not in annotations
+        ):
+            out.append(Annotate(key_of(service), {labels.DRAIN_STARTED: now}))
+    applied = {key_of(m) for m in (*diff.create, *diff.update)}
+    for name, entry in table.items():
+        service = groups[name].service if name in groups else None
+        if service is None or is_terminating(service):
+            continue
+        annotations = service["metadata"].get("annotations") or {}
+        cleanup: dict[str, str | None] = {
+            k: None for k in annotations if k == labels.DRAIN_STARTED or k.startswith(LIVE_SESSIONS_PREFIX)
+        }
+        wanted = entry[labels.WORKER_STATE]
+        if key_of(service) not in applied and annotations.get(labels.WORKER_STATE) != wanted:
+            cleanup[labels.WORKER_STATE] = wanted
+        if cleanup:
+            out.append(Annotate(key_of(service), cleanup))
+    return out
 
 
 def _invalid(
@@ -178,7 +340,9 @@ def _action_events(
                     "Normal", Reason.worker_created.value, f"worker {worker.name} ({len(worker.pods)} pods)"
                 )
             )
-    gone = {p.worker for p in observed.pods if p.worker and any(k.name == p.name for k in diff.delete)}
+    kept = {w.name for w in plan.workers}
+    deleted = {k.name for k in diff.delete}
+    gone = {p.worker for p in observed.pods if p.worker and p.worker not in kept and p.name in deleted}
     out += [EventSpec("Normal", Reason.worker_deleted.value, f"worker {w} removed") for w in sorted(gone)]
     for heal in heals:
         reason = Reason.worker_recreated if heal.whole_worker else Reason.stage_failed

@@ -54,6 +54,32 @@ def status_events(previous: OmniDeploymentStatus | None, new: OmniDeploymentStat
         _condition(previous, ConditionType.progressing),
         _condition(new, ConditionType.progressing),
     )
+    if previous is not None and previous.update_revision and previous.update_revision != new.update_revision:
+        out.append(
+            EventSpec(
+                "Normal",
+                Reason.rollout_in_progress.value,
+                f"revision {previous.update_revision} -> {new.update_revision}",
+            )
+        )
+    if (
+        prog is not None
+        and prog.reason == Reason.rollout_paused.value
+        and (old_prog is None or old_prog.reason != prog.reason)
+    ):
+        out.append(EventSpec("Normal", prog.reason, prog.message))
+    if (
+        previous is not None
+        and previous.current_revision
+        and previous.current_revision != new.current_revision
+        and prog is not None
+        and prog.reason == Reason.new_revision_available.value
+    ):
+        out.append(
+            EventSpec(
+                "Normal", prog.reason, f"rollout complete: {prog.message} (was {previous.current_revision})"
+            )
+        )
     if (
         prog is not None
         and prog.reason == Reason.progress_deadline_exceeded.value

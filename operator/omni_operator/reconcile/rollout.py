@@ -1,21 +1,309 @@
-"""The seam for the worker-by-worker rollout state machine (a later issue).
+"""The rollout state machine: which worker to create, drain, update in place or delete next.
 
-Today a changed pod template is replaced in place as soon as the diff sees it (all outdated pods
-at once). The rollout issue replaces `gate_replacements` with the DESIGN's state machine:
-surge a new worker (spec.rollout.maxSurge), wait until it is ready and admitted by the router,
-mark an old worker `draining` (labels.WORKER_STATE on its Service, labels.DRAIN_STARTED),
-wait for its sessions or spec.rollout.drainTimeoutSeconds, then delete it; stop when
-spec.rollout.paused or the progress deadline passes. Its inputs are already here: the plan's
-worker revisions, the observed pods (PodView.worker_revision / pod_revision) and the diff.
+Stateless: every reconcile decides again from what the API server shows (each worker's revision
+label, whether its pods match the update revision's templates, their readiness, the state its
+Service publishes to the router, when its drain began, the live sessions routers reported). An
+operator restart therefore resumes a rollout exactly where it stood.
+
+The rules, in whole workers (spec.rollout):
+- Workers in existence (terminating ones too: they still hold their GPUs) never exceed
+  `workers + maxSurge`; new workers take the lowest index no existing worker uses, so a name is
+  never reused while an old worker of that name still exists.
+- A drain never starts when it would leave fewer than `workers - maxUnavailable` workers serving.
+  Serving means: every pod ready *and* the Service already published `ready` on an earlier pass
+  (the router has seen it), so a new worker is admitted before an old one stops taking sessions.
+- A worker that may hold sessions (its Service says ready) is drained before anything in it
+  changes. Once drained (every router reported 0 live sessions for this drain, or
+  drainTimeoutSeconds passed), it is updated in place while the deployment still lacks workers of
+  the update revision (only the pods whose template changed are replaced: a talker-only change
+  keeps the loaded thinker), otherwise deleted. A worker that never published ready holds no
+  sessions and is updated or deleted at once.
+- A draining worker of the update revision (a revert mid-rollout) is restored instead of replaced.
+- Paused, or a worker of the update revision not ready within progressDeadlineSeconds: no new step
+  starts (no surge, no drain, no replacement); a drain already under way still finishes; scaling
+  up to spec.workers still happens.
+- Scale-down of workers of the update revision deletes the surplus at once, not-ready and highest
+  index first (the pre-rollout behaviour; session-aware scale-down is a separate change).
 """
 
 from __future__ import annotations
 
+import datetime as dt
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+
 from omni_operator.api.spec import RolloutSpec
+from omni_operator.api.status import Reason, WorkerState, WorkerStatus
 from omni_operator.reconcile.diff import ChildDiff
+from omni_operator.reconcile.events import EventSpec
+from omni_operator.reconcile.observe import ChildKey
+
+WORKER_UPDATING = "WorkerUpdating"
+"""Event reason: a drained worker's changed pods are being replaced (in place, same name)."""
+WORKER_RESTORED = "WorkerRestored"
+"""Event reason: a draining worker of the update revision takes sessions again (revert)."""
 
 
-def gate_replacements(diff: ChildDiff, *, rollout: RolloutSpec) -> ChildDiff:
-    """Which replacements of outdated children may happen now. Currently: all of them."""
-    del rollout  # used by the rollout state machine
-    return diff
+@dataclass(frozen=True)
+class WorkerView:
+    """One worker as observed (every field comes from the API server)."""
+
+    name: str
+    index: int | None
+    revision: str | None
+    """Its Service's revision label (what the router is told)."""
+    stale_pods: tuple[str, ...] = ()
+    """Live pods whose template differs from the update revision's for this index."""
+    ready: bool = False
+    """Every pod it should have exists, Running and Ready."""
+    published: WorkerState | None = None
+    """The state its Service annotates for the router (None: no Service)."""
+    drain_started: dt.datetime | None = None
+    sessions: int | None = None
+    """Live sessions every router replica reported for this drain; None while unknown."""
+    since: dt.datetime | None = None
+    """When its newest live pod was created (the progress-deadline clock)."""
+    terminating: bool = False
+    """Only terminating objects are left: it is going away, but still holds its resources."""
+
+    def current(self, revision: str) -> bool:
+        return self.revision == revision and not self.stale_pods
+
+    @property
+    def serving(self) -> bool:
+        return self.ready and self.published is WorkerState.ready
+
+
+@dataclass(frozen=True)
+class Strategy:
+    max_surge: int = 1
+    max_unavailable: int = 0
+    drain_timeout_seconds: int = 600
+    progress_deadline_seconds: int = 600
+    paused: bool = False
+
+    @classmethod
+    def of(cls, spec: RolloutSpec) -> Strategy:
+        return cls(
+            max_surge=spec.max_surge,
+            max_unavailable=spec.max_unavailable,
+            drain_timeout_seconds=spec.drain_timeout_seconds,
+            progress_deadline_seconds=spec.progress_deadline_seconds,
+            paused=spec.paused,
+        )
+
+
+@dataclass(frozen=True)
+class RolloutStep:
+    """What to do now. Workers not named in keep/update/delete are left untouched (hold)."""
+
+    keep: tuple[int, ...] = ()
+    """Indexes rendered at the update revision: current workers, new ones, in-place updates."""
+    create: tuple[int, ...] = ()
+    update: tuple[str, ...] = ()
+    """Drained (or never-serving) workers whose stale pods are replaced now, keeping their name."""
+    update_pods: tuple[str, ...] = ()
+    """The stale pods of the `update` workers: the only pods a template change may delete."""
+    drain: tuple[str, ...] = ()
+    undrain: tuple[str, ...] = ()
+    delete: tuple[str, ...] = ()
+    hold: tuple[str, ...] = ()
+    """Outdated workers left as they are this pass (serving, or draining)."""
+    publish: tuple[tuple[str, WorkerState], ...] = ()
+    """Held workers whose Service must announce a new state (drain included)."""
+    workers: tuple[WorkerStatus, ...] = ()
+    """Every worker after this step, by index, with its state (the status table)."""
+    paused: bool = False
+    """Paused with work left."""
+    stuck: str | None = None
+    """Why the rollout stopped (progress deadline exceeded), for the Progressing condition."""
+    requeue_after: float | None = None
+    """Seconds until a drain or progress deadline passes, so a reconcile looks again then."""
+
+
+def _order(w: WorkerView) -> tuple[int, str]:
+    return (w.index if w.index is not None else 1 << 30, w.name)
+
+
+def _free_indexes(used: Iterable[int | None], count: int) -> list[int]:
+    taken = {i for i in used if i is not None}
+    out: list[int] = []
+    i = 0
+    while len(out) < count:
+        if i not in taken:
+            out.append(i)
+        i += 1
+    return out
+
+
+def _seconds(a: dt.datetime, b: dt.datetime) -> float:
+    return (a - b).total_seconds()
+
+
+def step_rollout(
+    *,
+    workers: Sequence[WorkerView],
+    desired: int,
+    revision: str,
+    strategy: Strategy,
+    now: dt.datetime,
+    name_of: Callable[[int], str],
+) -> RolloutStep:
+    """The next step towards `desired` workers of `revision` (see the module docstring)."""
+    workers = sorted(workers, key=_order)
+    total = len(workers)
+    live = [w for w in workers if not w.terminating]
+    cur = [w for w in live if w.current(revision)]
+    old = [w for w in live if not w.current(revision)]
+    removed: list[WorkerView] = []
+    updated: list[WorkerView] = []
+    wakeups: list[float] = []
+
+    # Scale-down of up-to-date workers: not-ready first, then the highest index.
+    surplus = max(0, len(cur) - desired)
+    if surplus:
+        victims = sorted(cur, key=lambda w: (w.ready, -_order(w)[0]))[:surplus]
+        removed += victims
+        cur = [w for w in cur if w not in victims]
+    undrain = [w for w in cur if w.published is WorkerState.draining]
+
+    stuck = None
+    if not strategy.paused:
+        for w in cur:
+            if w.ready or w.since is None:
+                continue
+            late = _seconds(now, w.since) - strategy.progress_deadline_seconds
+            if late > 0:
+                stuck = stuck or (
+                    f"worker {w.name} not ready {strategy.progress_deadline_seconds} s after its pods "
+                    f"were created (revision {revision}); no more workers are replaced"
+                )
+            else:
+                wakeups.append(-late)
+    held_back = strategy.paused or stuck is not None
+    n_cur = len(cur)
+
+    # Drains under way finish, even when paused or stuck: their sessions have already moved.
+    draining = [w for w in old if w.published is WorkerState.draining]
+    still_draining: list[WorkerView] = []
+    for w in draining:
+        started = w.drain_started or now
+        deadline = started + dt.timedelta(seconds=strategy.drain_timeout_seconds)
+        if w.sessions == 0 or now >= deadline:
+            if n_cur < desired and w.index is not None:
+                updated.append(w)
+                n_cur += 1
+            else:
+                removed.append(w)
+        else:
+            still_draining.append(w)
+            wakeups.append(_seconds(deadline, now))
+
+    # Outdated workers that never published ready hold no sessions: replace them now.
+    serving_old = [w for w in old if w.published is not WorkerState.draining]
+    held: list[WorkerView] = []
+    for w in serving_old:
+        if w.published is WorkerState.ready or held_back:
+            held.append(w)
+        elif n_cur < desired and w.index is not None:
+            updated.append(w)
+            n_cur += 1
+        else:
+            removed.append(w)
+
+    # Surge: create while up-to-date workers (and drains that will be updated in place) fall short.
+    pending_updates = min(len(still_draining), max(0, desired - n_cur))
+    needed = desired - n_cur - pending_updates
+    room = desired + strategy.max_surge - total
+    if held_back:  # only what scaling up asks for
+        room = min(room, desired - (n_cur + len(held) + len(still_draining)))
+    create = _free_indexes((w.index for w in workers), max(0, min(needed, room)))
+
+    # Drains: as many as the availability floor allows, lowest index first.
+    drain: list[WorkerView] = []
+    if not held_back:
+        serving = [w for w in cur if w.serving and w not in undrain] + [w for w in held if w.serving]
+        budget = len(serving) - (desired - strategy.max_unavailable)
+        drain = [w for w in held if w.serving][: max(0, budget)]
+        if drain:
+            wakeups.append(float(strategy.drain_timeout_seconds))
+
+    # Held workers announce their state: draining, or ready/starting as their pods are.
+    publish: list[tuple[str, WorkerState]] = []
+    states: dict[str, WorkerStatus] = {}
+    for w in held:
+        state = (
+            WorkerState.draining if w in drain else (WorkerState.ready if w.ready else WorkerState.starting)
+        )
+        if w.published is not None and w.published is not state:
+            publish.append((w.name, state))
+        states[w.name] = WorkerStatus(name=w.name, revision=w.revision or "", state=state)
+    for w in still_draining:
+        states[w.name] = WorkerStatus(name=w.name, revision=w.revision or "", state=WorkerState.draining)
+    for w in cur:
+        state = WorkerState.ready if w.ready else WorkerState.starting
+        states[w.name] = WorkerStatus(name=w.name, revision=revision, state=state)
+    for w in updated:
+        states[w.name] = WorkerStatus(name=w.name, revision=revision, state=WorkerState.starting)
+    gone = [*removed, *(w for w in workers if w.terminating)]
+    for w in gone:
+        states[w.name] = WorkerStatus(name=w.name, revision=w.revision or "", state=WorkerState.gone)
+
+    keep_views = [*cur, *updated]
+    keep = sorted([*(w.index for w in keep_views if w.index is not None), *create])
+    for i in create:
+        states[name_of(i)] = WorkerStatus(name=name_of(i), revision=revision, state=WorkerState.starting)
+    order = {w.name: _order(w) for w in workers} | {name_of(i): (i, name_of(i)) for i in create}
+    work_left = bool(old or removed or create or n_cur < desired)
+    positive = [s for s in wakeups if s > 0]
+    return RolloutStep(
+        keep=tuple(keep),
+        create=tuple(create),
+        update=tuple(w.name for w in updated),
+        update_pods=tuple(p for w in updated for p in w.stale_pods),
+        drain=tuple(w.name for w in drain),
+        undrain=tuple(w.name for w in undrain),
+        delete=tuple(w.name for w in removed),
+        hold=tuple(w.name for w in [*held, *still_draining]),
+        publish=tuple(publish),
+        workers=tuple(sorted(states.values(), key=lambda s: order[s.name])),
+        paused=strategy.paused and work_left,
+        stuck=stuck,
+        requeue_after=min(positive) + 1.0 if positive else None,
+    )
+
+
+def gate_replacements(diff: ChildDiff, *, allowed: Iterable[ChildKey]) -> ChildDiff:
+    """Only `allowed` children may be replaced: self-heal's pods and the stale pods of workers the
+    rollout updates now. Any other changed pod waits for the rollout to drain its worker; a pod whose
+    template is unchanged (kept through an in-place update, its labels still naming the revision it
+    was created at) is never replaced for it."""
+    ok = set(allowed)
+    return replace(diff, replace=tuple(k for k in diff.replace if k in ok))
+
+
+def rollout_events(step: RolloutStep, *, revision: str, drain_timeout_seconds: int) -> list[EventSpec]:
+    """One Event per step, for `kubectl describe` (creates and deletes are announced by decide)."""
+    revisions = {w.name: w.revision for w in step.workers}
+    out = [
+        EventSpec(
+            "Normal",
+            Reason.worker_draining.value,
+            f"worker {name} (revision {revisions.get(name) or '?'}) draining: no new sessions; replaced "
+            f"when its sessions end, at most {drain_timeout_seconds} s",
+        )
+        for name in step.drain
+    ]
+    for name in step.update:
+        pods = [p for p in step.update_pods if p.startswith(f"{name}-")]
+        what = ", ".join(pods) if pods else "no pod (only its revision label)"
+        out.append(
+            EventSpec("Normal", WORKER_UPDATING, f"worker {name} -> revision {revision}: replacing {what}")
+        )
+    out += [
+        EventSpec(
+            "Normal", WORKER_RESTORED, f"worker {name} is at revision {revision} again: drain cancelled"
+        )
+        for name in step.undrain
+    ]
+    return out

@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from omni_operator.api.status import (
     Condition,
@@ -28,6 +28,7 @@ from omni_operator.api.status import (
 )
 from omni_operator.plan.types import Plan, StagePod, WorkerPlan
 from omni_operator.reconcile.observe import PodView
+from omni_operator.reconcile.rollout import RolloutStep
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ def observe_worker(worker: WorkerPlan, pods: dict[str, PodView]) -> WorkerObserv
     )
 
 
-def _stage_readiness(plan: Plan, pods: dict[str, PodView]) -> dict[str, StageReadiness]:
+def _stage_readiness(plan: Plan, pods: dict[str, PodView], desired: int) -> dict[str, StageReadiness]:
     out: dict[str, StageReadiness] = {}
     for stage in plan.stages:
         ready = 0
@@ -70,7 +71,7 @@ def _stage_readiness(plan: Plan, pods: dict[str, PodView]) -> dict[str, StageRea
             hosts = [p for p in worker.pods if stage in p.stages]
             if hosts and all(p.name in pods and pods[p.name].running_ready for p in hosts):
                 ready += 1
-        out[stage.value] = StageReadiness(desired=len(plan.workers), ready=ready)
+        out[stage.value] = StageReadiness(desired=desired, ready=ready)
     return out
 
 
@@ -118,9 +119,9 @@ class _Conditions:
         self.items: list[Condition] = []
 
     def add(
-        self, kind: ConditionType, status: bool, reason: Reason, message: str, *, reset: bool = False
+        self, kind: ConditionType, status: bool | str, reason: Reason, message: str, *, reset: bool = False
     ) -> None:
-        value = "True" if status else "False"
+        value = status if isinstance(status, str) else ("True" if status else "False")
         prev = self.previous.get(kind)
         kept = prev is not None and prev.status == value and not reset
         self.items.append(
@@ -145,15 +146,23 @@ def compute_status(
     endpoint: str | None,
     selector: str | None,
     progress_deadline_seconds: int,
+    rollout: RolloutStep | None = None,
+    desired: int | None = None,
 ) -> OmniDeploymentStatus:
+    """`rollout` (with `desired`, spec.workers): `plan` holds only the workers at the update revision
+    and the rollout step supplies every worker's state, pause and progress deadline."""
     by_name = {p.name: p for p in pods}
+    in_place = set(rollout.update) if rollout is not None else set()
     workers = [observe_worker(w, by_name) for w in plan.workers]
+    workers = [w if w.name not in in_place else replace(w, updated=False) for w in workers]
     planned_names = {w.name for w in plan.workers}
     surplus = sorted(
         {p.worker for p in pods if p.worker and p.worker not in planned_names and not p.terminating}
     )
-    desired = len(workers)
+    desired = len(workers) if desired is None else desired
     ready = sum(w.ready for w in workers)
+    if rollout is not None:  # serving workers of any revision count, draining ones do not
+        ready = sum(s.state is WorkerState.ready for s in rollout.workers)
     updated = sum(w.updated for w in workers)
     available = sum(w.ready and w.updated for w in workers)
     existing = {p.worker for p in pods if p.worker and not p.terminating}
@@ -171,6 +180,9 @@ def compute_status(
 
     progressed = available > prev.workers.available or updated > prev.workers.updated
     prev_progress = next((c for c in prev.conditions if c.type is ConditionType.progressing), None)
+    in_progress_message = f"{available}/{desired} workers available at revision {plan.revision}" + (
+        f", {len(surplus)} to remove" if surplus else ""
+    )
     if complete:
         conds.add(
             ConditionType.progressing,
@@ -178,6 +190,18 @@ def compute_status(
             Reason.new_revision_available,
             f"{desired} worker(s) run revision {plan.revision}",
         )
+    elif rollout is not None:
+        if rollout.paused:
+            conds.add(
+                ConditionType.progressing,
+                "Unknown",
+                Reason.rollout_paused,
+                f"rollout paused (spec.rollout.paused): {in_progress_message}",
+            )
+        elif rollout.stuck:
+            conds.add(ConditionType.progressing, False, Reason.progress_deadline_exceeded, rollout.stuck)
+        else:
+            conds.add(ConditionType.progressing, True, Reason.rollout_in_progress, in_progress_message)
     else:
         started = _parse_time(prev_progress.last_transition_time) if prev_progress else None
         in_progress = prev_progress is not None and prev_progress.reason == Reason.rollout_in_progress.value
@@ -203,8 +227,7 @@ def compute_status(
                 ConditionType.progressing,
                 True,
                 Reason.rollout_in_progress,
-                f"{available}/{desired} workers available at revision {plan.revision}"
-                + (f", {len(surplus)} to remove" if surplus else ""),
+                in_progress_message,
                 reset=not in_progress or progressed,
             )
     if trouble is not None:
@@ -233,8 +256,10 @@ def compute_status(
         conditions=conds.items,
         workers=WorkerCounts(desired=desired, ready=ready, updated=updated, available=available),
         replicas=len(existing),
-        stages=_stage_readiness(plan, by_name),
-        worker_states=[WorkerStatus(name=w.name, revision=w.revision, state=w.state) for w in workers],
+        stages=_stage_readiness(plan, by_name, desired),
+        worker_states=list(rollout.workers)
+        if rollout is not None
+        else [WorkerStatus(name=w.name, revision=w.revision, state=w.state) for w in workers],
         current_revision=current,
         update_revision=plan.revision,
         endpoint=endpoint,
