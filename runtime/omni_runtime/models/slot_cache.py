@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -134,7 +135,7 @@ class SlotDecoder:
         self.len_buckets = _buckets(max_len, min(256, max_len))
         self.cuda_graphs = cuda_graphs and device.type == "cuda"
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        self._pool = None
+        self._pool: Any = None
         self._stream: torch.cuda.Stream | None = None
 
     # -- prefill -----------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from omni_runtime.models.base import RowSampling, TalkerAdmission
 from omni_runtime.pipeline.detokenize import IncrementalDetokenizer, StopMatcher
 from omni_runtime.pipeline.graph import local_stages, pipeline_variant
 from omni_runtime.pipeline.options import EngineOptions
-from omni_runtime.pipeline.scheduler import ThinkerDone, ThinkerJob, ThinkerToken
+from omni_runtime.pipeline.scheduler import FinishReason, ThinkerDone, ThinkerJob, ThinkerToken
 from omni_runtime.pipeline.segmenter import CodecSegmenter, SegmenterConfig
 from omni_runtime.pipeline.services import LocalStages, gather_encoders
 from omni_runtime.pipeline.talker import TalkerDone, TalkerJob
@@ -183,7 +183,7 @@ class PipelineEngine:
         first_token = -1
         generated = 0
         pending_ids: list[int] = []
-        reason = "stop"
+        reason: FinishReason = "stop"
         while True:
             event = await job.events.get()
             if isinstance(event, tuple):  # ("prompt_vectors", tensor) before the first token

@@ -57,7 +57,7 @@ class RemoteThinker:
             "want_vectors": job.want_vectors,
         }
         try:
-            async with contextlib.aclosing(self.client.call("thinker.generate", call, tensors)) as replies:
+            async with contextlib.aclosing(self.client.call("thinker.generate", call, tensors)) as replies:  # type: ignore[type-var]
                 async for reply, data in replies:
                     kind = reply["type"]
                     if kind == "prompt_vectors":
@@ -131,7 +131,7 @@ class RemoteTalker:
             "codes_per_text_token": job.codes_per_text_token,
         }
         try:
-            async with contextlib.aclosing(self.client.call("talker.generate", call, tensors)) as replies:
+            async with contextlib.aclosing(self.client.call("talker.generate", call, tensors)) as replies:  # type: ignore[type-var]
                 async for reply, _ in replies:
                     if reply["type"] == "codes":
                         job.events.put_nowait(list(reply["codes"]))
@@ -152,6 +152,11 @@ class StageSet:
         self.clients = clients
         self.thinker: Any = RemoteThinker(clients["thinker"]) if "thinker" in clients else local.thinker
         self.talker: Any = RemoteTalker(clients["talker"]) if "talker" in clients else local.talker
+
+    @property
+    def vocoder(self) -> Any:
+        """The local vocoder (None when the talker runs in another process)."""
+        return self.local.vocoder
 
     async def stop(self) -> None:
         await self.local.stop()

@@ -74,8 +74,8 @@ class LocalStages:
             thread = self._thread("talker")
             slots = min(options.max_batch_size, TALKER_SLOTS)
             max_len = options.max_model_len + 4096
-            runner = await thread.run(lambda: adapter.talker_runner(slots=slots, max_len=max_len))
-            self.talker = TalkerScheduler(runner, thread=thread, max_batch=slots, max_len=max_len)
+            talker_runner = await thread.run(lambda: adapter.talker_runner(slots=slots, max_len=max_len))
+            self.talker = TalkerScheduler(talker_runner, thread=thread, max_batch=slots, max_len=max_len)
             self.talker.start()
             self.vocoder = await self._thread("vocoder").run(adapter.vocoder)
             self.vocoder_worker = BatchingWorker(

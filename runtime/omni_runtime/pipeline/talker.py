@@ -130,7 +130,7 @@ class TalkerScheduler:
         for src, dst in moves:
             old[src].slot = dst
             move_plan.append((src, dst, old[src].length))
-        admit = []
+        admit: list[TalkerJob] = []
         while self.waiting and len(self.running) + len(admit) < self.max_batch:
             admit.append(self.waiting.popleft())
         inputs = [self._next_input(j) for j in self.running]

@@ -62,7 +62,7 @@ def row_sampling(sp: SamplingParams) -> RowSampling:
 
 def talker_limits(request: GenerationRequest) -> tuple[int, int]:
     """Codec-token budget: stage_params.talker.max_tokens, and codes allowed per text token."""
-    params = request.stage_params.get("talker", {})
+    params: dict[str, Any] = dict(request.stage_params.get("talker", {}))
     try:
         max_codes = int(params.get("max_tokens", DEFAULT_TALKER_MAX_TOKENS))
         per_token = int(params.get("codes_per_text_token", DEFAULT_CODES_PER_TEXT_TOKEN))

@@ -109,7 +109,7 @@ class Qwen25OmniAdapter(OmniAdapter):
             messages.append({"role": turn.role, "content": content})
         proc = self._processor
         text = proc.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        params = dict(request.stage_params.get("preprocessing", {}))
+        params: dict[str, Any] = dict(request.stage_params.get("preprocessing", {}))
         video_kwargs: dict[str, Any] = {
             "fps": fps[0] if fps else DEFAULT_VIDEO_FPS,
             "cap_pixels_per_frame": True,

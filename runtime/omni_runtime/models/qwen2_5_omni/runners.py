@@ -154,7 +154,7 @@ class QwenTalkerRunner:
         self.codec_bos = int(cfg.tts_codec_start_token_id)
         self.codec_pad = int(cfg.tts_codec_pad_token_id)
         self.codec_mask = int(cfg.tts_codec_mask_token_id)
-        self.codec_eos_ids = (self.codec_pad, int(cfg.tts_codec_end_token_id))
+        self.codec_eos_ids: tuple[int, ...] = (self.codec_pad, int(cfg.tts_codec_end_token_id))
         self.text_vectors = {k: v.to(device, dtype) for k, v in text_vectors.items()}
         self.text_eos = int(cfg.tts_text_end_token_id)
         self.text_pad = int(cfg.tts_text_pad_token_id)

@@ -90,14 +90,14 @@ class QwenVocoder:
         generator = torch.Generator(device=self.device).manual_seed((seed * 1_000_003 + start) & 0x7FFFFFFF)
         frames = window.shape[1] * self.repeats
         noise = torch.randn([1, frames, self.dit.mel_dim], generator=generator, device=self.device)
-        wave = self._run(window, noise, voice, graph=reusable)
+        wave = self._run(window, noise, voice, use_graph=reusable)
         offset = (start - ctx_start) * self.samples_per_code
         return wave[offset : offset + (end - start) * self.samples_per_code].cpu().numpy().astype(np.float32)
 
-    def _run(self, code: torch.Tensor, noise: torch.Tensor, voice: str, *, graph: bool) -> torch.Tensor:
+    def _run(self, code: torch.Tensor, noise: torch.Tensor, voice: str, *, use_graph: bool) -> torch.Tensor:
         encoded = self._speaker_encoding(voice)
         cond = self.speakers[voice][0]
-        if not (self.cuda_graphs and graph):
+        if not (self.cuda_graphs and use_graph):
             return self._synthesize(code, noise, cond, encoded)
         key = (code.shape[1], voice)
         entry = self._graphs.get(key)
