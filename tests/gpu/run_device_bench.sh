@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# GPU benchmark run (issue: runtime performance). Runs on the device machine from the repo root:
+# installs the carried wheels, serves Qwen2.5-Omni-7B-shaped dummy weights with `omni serve`,
+# runs `omni bench` for text and streaming speech at c=1,4,16, then the plain HF `generate`
+# baseline on the same GPU. Results land in $OUT.
+set -uo pipefail
+OUT=${OUT:-/tmp/omni-bench}; mkdir -p "$OUT"
+rm -rf /tmp/site
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD/operator:$PWD/runtime
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 OMNI_CACHE_DIR=/tmp/omni-cache TOKENIZERS_PARALLELISM=false
+OMNI_CLI="python3 -m omni_operator.cli"
+PIPELINE=${PIPELINE:-streaming-speech}
+TEXT_TOKENS=${TEXT_TOKENS:-128}
+LEVELS=${LEVELS:-1,4,16}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' | tee -a "$OUT/gpu.txt"
+
+# A checkpoint directory without weights: the released 7B config (tokenizer and processor files
+# from the tiny checkpoint); --load-format dummy builds it at full size with random weights.
+DUMMY=/tmp/qwen2.5-omni-7b-dummy
+python3 - "$DUMMY" <<'PY' || exit 1
+import shutil, sys
+from omni_runtime.models.tiny import ensure_tiny_checkpoint
+from omni_runtime.models.qwen2_5_omni.loader import _config, load_processor
+tiny = ensure_tiny_checkpoint(progress=False)
+shutil.copytree(tiny, sys.argv[1], dirs_exist_ok=True, ignore=shutil.ignore_patterns("model.safetensors", "config.json"))
+_config(None, load_processor(None)).save_pretrained(sys.argv[1])
+PY
+if [ "${RUN_OMNI:-1}" = 1 ]; then
+$OMNI_CLI serve --model-path "$DUMMY" --load-format dummy --device cuda --pipeline "$PIPELINE" --model-name qwen2.5-omni-7b-dummy \
+  --port 8000 --max-batch-size 32 > "$OUT/serve.log" 2>&1 &
+SERVER=$!
+for _ in $(seq 1 240); do
+  curl -sf localhost:8000/ready >/dev/null && break
+  kill -0 $SERVER 2>/dev/null || { echo "server died"; tail -50 "$OUT/serve.log"; exit 1; }
+  sleep 1
+done
+curl -sf localhost:8000/ready >/dev/null || { echo "server not ready"; tail -50 "$OUT/serve.log"; exit 1; }
+echo "server ready"; grep -i "ready\|loaded" "$OUT/serve.log" | tail -3
+
+if [ "${TEXT:-1}" = 1 ]; then
+  $OMNI_CLI bench --url http://127.0.0.1:8000 --concurrency "$LEVELS" --mode text --stream \
+    --max-tokens "$TEXT_TOKENS" --out "$OUT/text" --label omni-text 2>&1 | tail -20
+fi
+if [ "$PIPELINE" != text ] && [ "${SPEECH:-1}" = 1 ]; then
+  $OMNI_CLI bench --url http://127.0.0.1:8000 --concurrency "${SPEECH_LEVELS:-$LEVELS}" --mode speech --stream \
+    --requests "${SPEECH_REQUESTS:-8}" \
+    --max-tokens 64 --out "$OUT/speech" --label omni-speech \
+    --extra-body '{"stage_params": {"talker": {"max_tokens": 400}}}' 2>&1 | tail -20
+fi
+kill $SERVER; sleep 5; kill -9 $SERVER 2>/dev/null
+tail -5 "$OUT/serve.log"
+fi
+if [ "${BASELINE:-1}" = 1 ]; then  # 64 text + 400 codec tokens, as the speech rows above
+  python3 -m omni_runtime.bench.hf_baseline --concurrency "$LEVELS" --max-tokens "$TEXT_TOKENS" --speech \
+    --out "$OUT/hf.json" 2>&1 | grep -v Warning | tail -12
+fi
