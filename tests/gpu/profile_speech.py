@@ -17,7 +17,14 @@ import torch
 
 from omni_runtime.pipeline import build_engine
 from omni_runtime.pipeline.options import EngineOptions
-from omni_runtime.pipeline.types import AudioChunk, ChatTurn, Finished, GenerationRequest, SamplingParams, TextDelta
+from omni_runtime.pipeline.types import (
+    AudioChunk,
+    ChatTurn,
+    Finished,
+    GenerationRequest,
+    SamplingParams,
+    TextDelta,
+)
 
 
 async def one(engine, rid: str, talker_tokens: int) -> None:
