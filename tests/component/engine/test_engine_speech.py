@@ -71,14 +71,14 @@ def test_speech_audio_is_24khz_and_its_length_matches_the_codec_tokens(batch_spe
 
 
 def test_streaming_speech_sends_first_audio_before_the_thinker_finishes(speech_engine: Harness) -> None:
-    events = speech_engine.collect(request(max_tokens=300, want_audio=True, talker_tokens=60))
+    events = speech_engine.collect(request(max_tokens=600, want_audio=True, talker_tokens=60))
     kinds = [type(e).__name__ for e in events]
     first_audio = kinds.index("AudioChunk")
     last_text = max(i for i, k in enumerate(kinds) if k == "TextDelta")
     assert first_audio < last_text, f"first audio at event {first_audio}, text ended at {last_text}"
     chunks = [e for e in events if isinstance(e, AudioChunk)]
     assert len(chunks) >= 2, "streaming speech sends audio in several chunks"
-    assert finished(events).usage.completion_tokens == 300
+    assert finished(events).usage.completion_tokens == 600
 
 
 def test_streaming_speech_with_a_seed_repeats_its_audio(speech_engine: Harness) -> None:
