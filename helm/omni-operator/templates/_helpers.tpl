@@ -88,9 +88,10 @@ and services (watch); nothing is read by name except the peering object.
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
   verbs: ["list", "create", "patch", "delete"]
-# The router's Role grants get/list/watch on pods, services and endpointslices. Kubernetes lets a
-# subject grant only what it holds itself, so the operator holds those too (endpointslices it
-# never reads); this avoids the far broader `escalate` and `bind` verbs.
+# The router's Role grants get/list/watch on pods, services and endpointslices, and patch on
+# services (its session reports on draining workers). Kubernetes lets a subject grant only what it
+# holds itself, so the operator holds those too (endpointslices it never reads); this avoids the
+# far broader `escalate` and `bind` verbs.
 - apiGroups: ["discovery.k8s.io"]
   resources: ["endpointslices"]
   verbs: ["get", "list", "watch"]

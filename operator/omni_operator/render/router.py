@@ -1,7 +1,10 @@
 """Builders for the router: its Deployment, the endpoint Service, RBAC and disruption budget.
 
 The router finds workers itself (`--source kubernetes`): it watches the worker Services and pods
-of its deployment, so it gets a ServiceAccount with read-only access to exactly those kinds.
+of its deployment, so it gets a ServiceAccount with read access to exactly those kinds, plus
+`patch` on Services: each router replica writes its live-session report on a draining worker's
+Service (`live-sessions.omni.dev/<pod name>`), which lets the operator end the drain early. The
+pod name reaches the router as $POD_NAME through the downward API.
 """
 
 from __future__ import annotations
@@ -62,7 +65,14 @@ def router_deployment(plan: Plan, *, owner: Owner | None = None) -> Manifest:
                             "image": container.image,
                             "imagePullPolicy": plan.image_pull_policy,
                             "command": list(container.command),
-                            "env": env_list({**container.env, "HOME": TMP_DIR}),
+                            "env": [
+                                *env_list({**container.env, "HOME": TMP_DIR}),
+                                # The key of this replica's session reports on draining workers.
+                                {
+                                    "name": "POD_NAME",
+                                    "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+                                },
+                            ],
                             "ports": container_ports(container),
                             "resources": resources(container, plan.scheduling.gpu_resource_name),
                             **probes(container, main_port),
@@ -107,7 +117,9 @@ def router_role(plan: Plan, *, owner: Owner | None = None) -> Manifest:
         "kind": "Role",
         "metadata": metadata(router_name(plan), plan, labels_=router_labels(plan), owner=owner),
         "rules": [
-            {"apiGroups": [""], "resources": ["pods", "services"], "verbs": read},
+            {"apiGroups": [""], "resources": ["pods"], "verbs": read},
+            # patch: the router's session reports on draining workers (annotations only).
+            {"apiGroups": [""], "resources": ["services"], "verbs": [*read, "patch"]},
             {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": read},
         ],
     }

@@ -114,6 +114,10 @@ class RouterApp:
             if change.added or change.changed:
                 self.ctx.health.poke()
 
+    def live_sessions(self) -> dict[str, int]:
+        """Live sessions (open WebSockets plus in-flight requests) by worker id."""
+        return {worker.id: worker.sessions for worker in self.table.workers()}
+
     # ---- lifespan ------------------------------------------------------------------------
 
     async def startup(self) -> None:
@@ -138,6 +142,10 @@ class RouterApp:
             asyncio.create_task(self.source.watch(self.apply_snapshot), name="source"),
             asyncio.create_task(logs.flush_periodically(), name="log-flush"),
         ]
+        # A source that can tell the operator about sessions on draining workers (Kubernetes) does.
+        report_sessions = getattr(self.source, "report_sessions", None)
+        if report_sessions is not None:
+            self._tasks.append(asyncio.create_task(report_sessions(self.live_sessions), name="drain-reports"))
         log.info(
             "router started",
             extra={

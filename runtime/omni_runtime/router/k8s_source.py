@@ -6,6 +6,11 @@ Services in one namespace and turns them into WorkerSpecs. The mapping is a pure
 (`workers_from_services`) that tests call with plain dicts; the `kubernetes` client is imported
 only inside `KubernetesSource`, so the router runs (and imports) without a cluster.
 
+It also writes this replica's session reports on draining workers' Services (drain_reports.py
+decides what; `report_sessions` merge-patches it from a thread), so the operator can end a drain
+as soon as every router replica holds no session on the worker. The replica's name is $POD_NAME
+(the downward API), else the hostname (a pod's hostname is its name).
+
 The key strings repeat omni_operator.api.labels on purpose: the data plane never imports the
 control plane (.importlinter), so the two sides share these strings by value. Keep them in step.
 """
@@ -13,12 +18,23 @@ control plane (.importlinter), so the two sides share these strings by value. Ke
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import socket
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypedDict
 
+from omni_runtime.router.drain_reports import (
+    DrainRow,
+    Report,
+    ReportPatch,
+    report_key,
+    reports_to_publish,
+    still_draining,
+)
 from omni_runtime.router.sources import Apply, WorkerTableError, parse_worker
 from omni_runtime.router.table import WorkerSpec
 
@@ -29,11 +45,13 @@ DEPLOYMENT_LABEL = "omni.dev/deployment"
 WORKER_LABEL = "omni.dev/worker"
 REVISION_LABEL = "omni.dev/revision"
 WORKER_STATE_ANNOTATION = "omni.dev/worker-state"
+DRAIN_STARTED_ANNOTATION = "omni.dev/drain-started"
 # Router-specific: the operator may state the worker API URL outright (e.g. one-pod workers).
 API_URL_ANNOTATION = "omni.dev/api-url"
 
 WORKER_API_PORT = 8000
 WATCH_SECONDS = 30  # server-side watch timeout: the thread re-checks for shutdown this often
+REPORT_INTERVAL = 0.5  # seconds between session-report checks (a Service change wakes it sooner)
 
 
 class ServiceMetadata(TypedDict, total=False):
@@ -79,17 +97,48 @@ def workers_from_services(services: Iterable[Mapping[str, Any]], *, namespace: s
     return sorted(specs, key=lambda spec: spec.id)
 
 
+def drain_rows(services: Iterable[Mapping[str, Any]], *, key: str) -> list[DrainRow]:
+    """The worker Services that say draining with a drain-started value, sorted by name."""
+    rows: list[DrainRow] = []
+    for service in services:
+        metadata = service.get("metadata") or {}
+        labels = metadata.get("labels") or {}
+        annotations = metadata.get("annotations") or {}
+        worker_id = labels.get(WORKER_LABEL)
+        drain = annotations.get(DRAIN_STARTED_ANNOTATION)
+        if not worker_id or annotations.get(WORKER_STATE_ANNOTATION) != "draining" or not drain:
+            continue
+        rows.append(
+            DrainRow(
+                service=metadata.get("name", worker_id),
+                worker=worker_id,
+                drain=drain,
+                observed=annotations.get(key),
+            )
+        )
+    return sorted(rows, key=lambda row: row.service)
+
+
+def replica_name() -> str:
+    return os.environ.get("POD_NAME") or socket.gethostname()
+
+
 class KubernetesSource:
     """List, then watch, the worker Services of one OmniDeployment in one namespace."""
 
-    def __init__(self, *, namespace: str, deployment: str) -> None:
+    def __init__(self, *, namespace: str, deployment: str, replica: str | None = None) -> None:
         self.namespace = namespace
         self.deployment = deployment
         self.selector = f"{DEPLOYMENT_LABEL}={deployment}"
+        self.replica = replica or replica_name()
+        self.report_key = report_key(self.replica)
         self._services: dict[str, dict[str, Any]] = {}
         self._resource_version: str | None = None
         self._api: Any = None
         self._stop = threading.Event()
+        self._changed = asyncio.Event()  # set on the event loop after each snapshot is applied
+        self._published: dict[str, Report] = {}  # Service name -> the report last written
+        self._failures: set[tuple[str, str, int]] = set()  # (service, drain, status) already logged
 
     def describe(self) -> str:
         return f"Kubernetes Services {self.selector} in namespace {self.namespace}"
@@ -182,11 +231,88 @@ class KubernetesSource:
         # The client is synchronous: watch in a daemon thread (never blocking interpreter exit)
         # and hand snapshots to the event loop.
         loop = asyncio.get_running_loop()
+
+        def apply_and_wake(specs: list[WorkerSpec]) -> None:
+            apply(specs)
+            self._changed.set()  # a drain may have started: report without waiting the interval
+
         thread = threading.Thread(
-            target=self._watch_thread, args=(loop, apply), name="k8s-watch", daemon=True
+            target=self._watch_thread, args=(loop, apply_and_wake), name="k8s-watch", daemon=True
         )
         thread.start()
         try:
             await asyncio.Event().wait()
         finally:
             self._stop.set()
+
+    # ---- session reports on draining workers ---------------------------------------------
+
+    def _publish(self, patches: list[ReportPatch]) -> list[ReportPatch]:
+        """Merge-patch each report onto its Service (runs in a worker thread); the ones written."""
+        from kubernetes.client.exceptions import ApiException
+
+        api = self._core()
+        done: list[ReportPatch] = []
+        for patch in patches:
+            try:
+                api.patch_namespaced_service(
+                    patch.service,
+                    self.namespace,
+                    patch.body(),
+                    _content_type="application/merge-patch+json",
+                )
+            except ApiException as exc:
+                self._failed(patch, status=exc.status or 0, error=f"{exc.status} {exc.reason}")
+                continue
+            except Exception as exc:  # a network error must not end the report loop
+                self._failed(patch, status=0, error=str(exc))
+                continue
+            done.append(patch)
+            log.info(
+                "session report written",
+                extra={
+                    "fields": {
+                        "event": "drain_report",
+                        "service": patch.service,
+                        "drain": patch.report.drain,
+                        "sessions": patch.report.sessions,
+                    }
+                },
+            )
+        return done
+
+    def _failed(self, patch: ReportPatch, *, status: int, error: str) -> None:
+        # Retried every interval; logged once per Service, drain and status so a missing right
+        # (403: the router's Role needs patch on services) does not flood the log.
+        seen = (patch.service, patch.report.drain, status)
+        if status == 404 or seen in self._failures:
+            return  # 404: the Service is gone, so is the drain
+        self._failures.add(seen)
+        fields = {"service": patch.service, "key": patch.key, "error": error}
+        if status == 403:
+            fields["fix"] = "the router's service account needs patch on services"
+        log.error("cannot write the session report", extra={"fields": fields})
+
+    async def report_sessions(
+        self, live: Callable[[], Mapping[str, int]], *, interval: float = REPORT_INTERVAL
+    ) -> None:
+        """Keep this replica's reports on draining workers current until cancelled.
+
+        `live()` gives live sessions by worker id; it is called on the event loop (the table's
+        thread). The client is synchronous, so the patches go out from a worker thread.
+        """
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), timeout=interval)
+            self._changed.clear()
+            # list() of a dict's values is one atomic step under the GIL; the watch thread may
+            # replace entries meanwhile, and the next round sees its changes.
+            rows = drain_rows(list(self._services.values()), key=self.report_key)
+            self._published = still_draining(self._published, rows)
+            patches = reports_to_publish(
+                rows, sessions=live(), published=self._published, key=self.report_key
+            )
+            if not patches:
+                continue
+            for patch in await asyncio.to_thread(self._publish, patches):
+                self._published[patch.service] = patch.report

@@ -270,8 +270,18 @@ def test_tiny_services_policy_and_router_exact() -> None:
     (container,) = template["spec"]["containers"]
     assert container["command"] == list(plan.router.container.command)
     assert container["securityContext"] == RESTRICTED
+    assert container["env"] == [
+        {"name": "HOME", "value": "/tmp"},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    ]
     assert objs[("RoleBinding", "tiny-omni-router")]["subjects"] == [
         {"kind": "ServiceAccount", "name": "tiny-omni-router", "namespace": "default"}
+    ]
+    read = ["get", "list", "watch"]
+    assert objs[("Role", "tiny-omni-router")]["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": read},
+        {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch", "patch"]},
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": read},
     ]
     config = objs[("ConfigMap", "tiny-omni-config")]
     assert list(config["data"]) == ["plan.json"]
