@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import io
 import struct
+from typing import TYPE_CHECKING
 
-import av
 import numpy as np
 import soundfile as sf
 
 from omni_runtime.media.errors import AUDIO_TOO_LONG, INVALID_MEDIA, MediaError
 from omni_runtime.media.limits import MediaLimits
 from omni_runtime.media.resample import resample
+
+if TYPE_CHECKING:
+    pass  # PyAV loads FFmpeg; imported where a container is opened
 
 ENCODER_SAMPLE_RATE = 16_000  # Whisper-style audio encoders (Qwen2.5-Omni, Qwen3-Omni)
 
@@ -57,6 +60,8 @@ def _decode_soundfile(data: bytes, *, limits: MediaLimits) -> tuple[np.ndarray, 
 
 
 def _decode_pyav(data: bytes, *, limits: MediaLimits) -> tuple[np.ndarray, int]:
+    import av
+
     try:
         container = av.open(io.BytesIO(data), mode="r")
     except (av.error.FFmpegError, ValueError) as exc:

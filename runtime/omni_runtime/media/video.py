@@ -12,12 +12,15 @@ from __future__ import annotations
 import io
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import av
 import numpy as np
 
 from omni_runtime.media.errors import IMAGE_TOO_LARGE, INVALID_MEDIA, VIDEO_TOO_LONG, MediaError
 from omni_runtime.media.limits import MediaLimits
+
+if TYPE_CHECKING:
+    import av  # PyAV loads FFmpeg; imported where a container is opened
 
 _MIN_SIDE = 28  # never shrink a side below one vision patch pair
 
@@ -65,6 +68,8 @@ def plan_frame_size(*, width: int, height: int, min_pixels: int | None, max_pixe
 
 def decode_video(data: bytes, *, options: VideoOptions, limits: MediaLimits) -> DecodedVideo:
     """Decode and sample a video; raises MediaError when unreadable, too long or without frames."""
+    import av
+
     if not data:
         raise MediaError("the video is empty (0 bytes)", code=INVALID_MEDIA)
     fps = options.fps if options.fps is not None else limits.default_video_fps
@@ -115,6 +120,8 @@ def decode_video(data: bytes, *, options: VideoOptions, limits: MediaLimits) -> 
 
 
 def _duration_s(container: av.container.InputContainer, stream: av.video.stream.VideoStream) -> float | None:
+    import av
+
     if stream.duration is not None and stream.time_base is not None:
         return float(stream.duration * stream.time_base)
     if container.duration is not None:
@@ -126,6 +133,8 @@ def _duration_s(container: av.container.InputContainer, stream: av.video.stream.
 
 def _scan_duration(data: bytes) -> float:
     """Duration from packet timestamps, for containers whose header states none (no decoding)."""
+    import av
+
     last = 0.0
     with av.open(io.BytesIO(data), mode="r") as container:
         stream = container.streams.video[0]
@@ -144,6 +153,8 @@ def _sample(
     width: int,
     height: int,
 ) -> list[np.ndarray]:
+    import av
+
     frames: list[np.ndarray] = []
     next_target = 0
     start = float(stream.start_time * stream.time_base) if stream.start_time and stream.time_base else 0.0
