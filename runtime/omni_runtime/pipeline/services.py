@@ -120,16 +120,7 @@ class LocalStages:
         return await self.vocoder_worker.submit(item)
 
     def _synthesize_batch(self, items: list[dict[str, Any]]) -> list[Any]:
-        return [
-            self.vocoder.synthesize(
-                item["codes"],
-                voice=item["voice"],
-                seed=item["seed"],
-                reusable=bool(item.get("reusable", False)),
-                **item["window"],
-            )
-            for item in items
-        ]
+        return self.vocoder.synthesize_many(items)
 
     def queue_depth(self) -> int:
         depth = 0

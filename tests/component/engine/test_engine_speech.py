@@ -22,9 +22,9 @@ class VocoderSpy:
     def __getattr__(self, name: str):
         return getattr(self.vocoder, name)
 
-    def synthesize(self, codes, *, start: int, end: int, **kwargs):
-        self.windows.append((start, end))
-        return self.vocoder.synthesize(codes, start=start, end=end, **kwargs)
+    def synthesize_many(self, items):
+        self.windows.extend((item["window"]["start"], item["window"]["end"]) for item in items)
+        return self.vocoder.synthesize_many(items)
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 log = logging.getLogger(__name__)
-MAX_GRAPHS = 16  # window sizes kept captured (first window, steady windows, a few tails)
+MAX_GRAPHS = 16  # (window size, batch) shapes kept captured
+MAX_BATCH = 4  # windows of one size from different requests synthesised together
 MIN_AMPLITUDE = math.exp(-115 / 20.0 * math.log(10))  # BigVGAN's -115 dB floor
 
 
@@ -59,7 +60,7 @@ class QwenVocoder:
         }
         self._encoded: dict[str, torch.Tensor] = {}  # voice -> ECAPA(ref_mel) for [cond, uncond]
         self.cuda_graphs = cuda_graphs and device.type == "cuda"
-        self._graphs: dict[tuple[int, str], tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor]]] = {}
+        self._graphs: dict[tuple[int, ...], tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor]]] = {}
 
     @staticmethod
     def _time_points(num_steps: int, sway: float | None) -> list[float]:
@@ -82,51 +83,93 @@ class QwenVocoder:
         reusable: bool = False,
     ) -> np.ndarray:
         """Audio of ``codes[start:end]``; ``reusable`` windows (a size that recurs) run as a CUDA graph."""
-        if end <= start:
-            return np.zeros(0, dtype=np.float32)
-        window = torch.tensor([codes[ctx_start:ctx_end]], dtype=torch.long, device=self.device)
-        # A random-weight talker can emit ids the DiT's table lacks; a trained one never does.
-        window = torch.where(window < self.num_embeds, window, torch.zeros_like(window))
-        generator = torch.Generator(device=self.device).manual_seed((seed * 1_000_003 + start) & 0x7FFFFFFF)
-        frames = window.shape[1] * self.repeats
-        noise = torch.randn([1, frames, self.dit.mel_dim], generator=generator, device=self.device)
-        wave = self._run(window, noise, voice, use_graph=reusable)
-        offset = (start - ctx_start) * self.samples_per_code
-        return wave[offset : offset + (end - start) * self.samples_per_code].cpu().numpy().astype(np.float32)
+        window = {"start": start, "end": end, "ctx_start": ctx_start, "ctx_end": ctx_end}
+        item = {"codes": codes, "window": window, "voice": voice, "seed": seed, "reusable": reusable}
+        return self.synthesize_many([item])[0]
 
-    def _run(self, code: torch.Tensor, noise: torch.Tensor, voice: str, *, use_graph: bool) -> torch.Tensor:
-        encoded = self._speaker_encoding(voice)
-        cond = self.speakers[voice][0]
+    @torch.inference_mode()
+    def synthesize_many(self, items: list[dict[str, Any]]) -> list[np.ndarray]:
+        """Several requests' windows; windows of one size run as one batch (padded to 1, 2 or 4)."""
+        results: list[np.ndarray] = [np.zeros(0, dtype=np.float32)] * len(items)
+        groups: dict[tuple[int, bool], list[int]] = {}
+        for i, item in enumerate(items):
+            w = item["window"]
+            if w["end"] > w["start"]:
+                groups.setdefault((w["ctx_end"] - w["ctx_start"], bool(item.get("reusable"))), []).append(i)
+        for (_, reusable), members in groups.items():
+            for first in range(0, len(members), MAX_BATCH):
+                chunk = members[first : first + MAX_BATCH]
+                for i, wave in zip(chunk, self._batch([items[i] for i in chunk], reusable), strict=True):
+                    results[i] = wave
+        return results
+
+    def _batch(self, items: list[dict[str, Any]], reusable: bool) -> list[np.ndarray]:
+        rows = 1 << (len(items) - 1).bit_length()  # 1, 2 or 4: few graph shapes
+        padded = items + [items[-1]] * (rows - len(items))
+        codes, noises, conds, encoded_cond, encoded_uncond = [], [], [], [], []
+        for item in padded:
+            w = item["window"]
+            codes.append(item["codes"][w["ctx_start"] : w["ctx_end"]])
+            generator = torch.Generator(device=self.device).manual_seed(
+                (item["seed"] * 1_000_003 + w["start"]) & 0x7FFFFFFF
+            )
+            frames = (w["ctx_end"] - w["ctx_start"]) * self.repeats
+            noises.append(torch.randn([1, frames, self.dit.mel_dim], generator=generator, device=self.device))
+            conds.append(self.speakers[item["voice"]][0])
+            encoded = self._speaker_encoding(item["voice"])
+            encoded_cond.append(encoded[:1])
+            encoded_uncond.append(encoded[1:])
+        code = torch.tensor(codes, dtype=torch.long, device=self.device)
+        # A random-weight talker can emit ids the DiT's table lacks; a trained one never does.
+        code = torch.where(code < self.num_embeds, code, torch.zeros_like(code))
+        inputs = {
+            "code": code,
+            "noise": torch.cat(noises),
+            "cond": torch.cat(conds),
+            "encoded": torch.cat(encoded_cond + encoded_uncond),  # conditional rows, then unconditional
+        }
+        waves = self._run(inputs, use_graph=reusable)
+        out = []
+        for row, item in enumerate(items):
+            w = item["window"]
+            offset = (w["start"] - w["ctx_start"]) * self.samples_per_code
+            piece = waves[row, offset : offset + (w["end"] - w["start"]) * self.samples_per_code]
+            out.append(piece.cpu().numpy().astype(np.float32))
+        return out
+
+    def _run(self, inputs: dict[str, torch.Tensor], *, use_graph: bool) -> torch.Tensor:
         if not (self.cuda_graphs and use_graph):
-            return self._synthesize(code, noise, cond, encoded)
-        key = (code.shape[1], voice)
+            return self._synthesize(**inputs)
+        key = tuple(inputs["code"].shape)
         entry = self._graphs.get(key)
         if entry is None:
             try:
-                entry = self._capture(code, noise, cond, encoded)
+                entry = self._capture(inputs)
             except RuntimeError as exc:  # never lose audio to a capture problem: run eagerly from now on
                 log.warning("vocoder CUDA graph capture failed (%s); running eagerly", exc)
                 self.cuda_graphs = False
-                return self._synthesize(code, noise, cond, encoded)
+                return self._synthesize(**inputs)
             if len(self._graphs) >= MAX_GRAPHS:
                 self._graphs.pop(next(iter(self._graphs)))
             self._graphs[key] = entry
         graph, buffers = entry
-        buffers["code"].copy_(code)
-        buffers["noise"].copy_(noise)
+        for name, value in inputs.items():
+            buffers[name].copy_(value)
         graph.replay()
         return buffers["wave"]
 
-    def _capture(self, code, noise, cond, encoded) -> tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor]]:
-        buffers = {"code": code.clone(), "noise": noise.clone()}
+    def _capture(
+        self, inputs: dict[str, torch.Tensor]
+    ) -> tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor]]:
+        buffers = {name: value.clone() for name, value in inputs.items()}
         stream = torch.cuda.Stream(device=self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
-            self._synthesize(buffers["code"], buffers["noise"], cond, encoded)  # warm-up outside capture
+            self._synthesize(**buffers)  # warm-up outside the capture
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
-            buffers["wave"] = self._synthesize(buffers["code"], buffers["noise"], cond, encoded)
+            buffers["wave"] = self._synthesize(**buffers)
         return graph, buffers
 
     def _speaker_encoding(self, voice: str) -> torch.Tensor:
@@ -137,7 +180,11 @@ class QwenVocoder:
         return self._encoded[voice]
 
     def _synthesize(self, code, noise, cond, encoded) -> torch.Tensor:
-        """Codes -> waveform, with no host syncs (capturable)."""
+        """Codes [B, n] -> waveforms [B, samples], with no host syncs (capturable).
+
+        ``cond`` is each row's speaker vector [B, 192]; ``encoded`` the ECAPA encoding of each
+        row's reference mel, conditional rows first, then the unconditional ones [2B, dim].
+        """
         mel = self._dit_sample(code, noise, cond, encoded)
         return self._bigvgan(mel)
 
@@ -150,7 +197,8 @@ class QwenVocoder:
         ref_encoded = encoded.unsqueeze(1).repeat(1, frames, 1)
         code_embed = torch.cat([dit.text_embed(code, drop_code=False), dit.text_embed(code, drop_code=True)])
         constant = torch.cat((ref_encoded, code_embed, speaker2), dim=-1)
-        positions = torch.arange(frames, device=noise.device)[None, :].repeat(2, 1)
+        rows = speaker2.shape[0]  # 2 x batch: conditional rows, then unconditional
+        positions = torch.arange(frames, device=noise.device)[None, :].repeat(rows, 1)
         rotary = dit.rotary_embed(speaker2, positions)
         block_diff = dit._create_block_diff(speaker2)
         masks = [
@@ -159,7 +207,7 @@ class QwenVocoder:
         ]
 
         def velocity(t: float, hidden: torch.Tensor) -> torch.Tensor:
-            t_emb = dit.time_embed(torch.full((2,), t, device=noise.device, dtype=noise.dtype))
+            t_emb = dit.time_embed(torch.full((rows,), t, device=noise.device, dtype=noise.dtype))
             x = dit.input_embed.proj(torch.cat((torch.cat([hidden, hidden]), constant), dim=-1))
             for layer, mask in zip(dit.transformer_blocks, masks, strict=True):
                 x = self._block(layer, x, t_emb, rotary, mask)
@@ -203,4 +251,4 @@ class QwenVocoder:
             ]
             hidden = sum(block(hidden) for block in blocks) / model.num_residual_blocks
         wave = model.conv_post(model.activation_post(hidden))
-        return torch.clamp(wave, min=-1.0, max=1.0).reshape(-1)
+        return torch.clamp(wave, min=-1.0, max=1.0).reshape(wave.shape[0], -1)
