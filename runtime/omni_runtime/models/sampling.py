@@ -61,6 +61,7 @@ class BatchSampler:
         self._seen: torch.Tensor | None = None  # [slots, vocab] bool, made on the first penalty row
         self._suppress: torch.Tensor | None = None  # [slots, vocab] bool, made on first use
 
+    @torch.inference_mode()
     def set_row(self, slot: int, params: RowSampling, *, history: list[int] | None = None) -> None:
         """Install a request's settings in ``slot``; ``history`` seeds the repetition penalty."""
         self._params[slot] = params
@@ -84,6 +85,7 @@ class BatchSampler:
             if params.suppress_tokens:
                 table[slot, torch.tensor(params.suppress_tokens, device=self.device)] = True
 
+    @torch.inference_mode()
     def move(self, src: int, dst: int) -> None:
         """Copy slot ``src``'s state into ``dst`` (the scheduler compacted the batch)."""
         self._params[dst] = self._params[src]
@@ -102,6 +104,7 @@ class BatchSampler:
         if self._suppress is not None:
             self._suppress[dst] = self._suppress[src]
 
+    @torch.inference_mode()
     def sample(
         self, logits: torch.Tensor, *, rows: list[int] | None = None, ready: torch.Tensor | None = None
     ) -> torch.Tensor:

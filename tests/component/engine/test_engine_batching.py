@@ -86,3 +86,24 @@ def test_cancelling_a_speech_request_stops_its_talker(speech_engine: Harness) ->
 
     assert speech_engine.run(scenario()) == 0
     assert engine.stats().active_requests == 0
+
+
+def test_concurrent_speech_requests_share_the_talker_and_leave_it_in_any_order(
+    speech_engine: Harness,
+) -> None:
+    """Talker rows finish at different times, so the batch is compacted while others still speak."""
+
+    async def many() -> list[list]:
+        async def one(tokens: int, codes: int) -> list:
+            req = request(f"Speak {tokens}.", max_tokens=tokens, want_audio=True, talker_tokens=codes)
+            return [e async for e in speech_engine.engine.generate(req)]
+
+        return await asyncio.gather(one(6, 20), one(30, 70), one(12, 35), one(40, 90))
+
+    results = speech_engine.run(many())
+    for events, codes in zip(results, (20, 70, 35, 90), strict=True):
+        done = finished(events)
+        assert done.reason == "length"
+        samples = sum(len(e.pcm) for e in events if hasattr(e, "pcm"))
+        assert 0 < samples <= codes * 480 and samples % 480 == 0
+    assert speech_engine.engine.stages.talker.max_running_batch > 1
