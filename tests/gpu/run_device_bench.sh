@@ -25,10 +25,10 @@ DUMMY=/tmp/qwen2.5-omni-7b-dummy
 python3 - "$DUMMY" <<'PY' || exit 1
 import shutil, sys
 from omni_runtime.models.tiny import ensure_tiny_checkpoint
-from omni_runtime.models.qwen2_5_omni.loader import _config, load_processor
+from omni_runtime.models.qwen2_5_omni.loader import load_processor, released_7b_config
 tiny = ensure_tiny_checkpoint(progress=False)
 shutil.copytree(tiny, sys.argv[1], dirs_exist_ok=True, ignore=shutil.ignore_patterns("model.safetensors", "config.json"))
-_config(None, load_processor(None)).save_pretrained(sys.argv[1])
+released_7b_config(load_processor(None)).save_pretrained(sys.argv[1])
 PY
 if [ "${RUN_OMNI:-1}" = 1 ]; then
 $OMNI_CLI serve --model-path "$DUMMY" --load-format dummy --device cuda --pipeline "$PIPELINE" --model-name qwen2.5-omni-7b-dummy \

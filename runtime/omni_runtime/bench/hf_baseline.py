@@ -51,13 +51,13 @@ def run(
     *, levels: list[int], max_tokens: int, prompt_len: int, speech: bool, talker_tokens: int
 ) -> list[dict]:
     import torch
-    from transformers import Qwen2_5OmniConfig
     from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as hf
 
-    from omni_runtime.models.qwen2_5_omni.loader import RELEASED_7B_TALKER
+    from omni_runtime.models.qwen2_5_omni.loader import load_processor, released_7b_config
 
     torch.manual_seed(0)
-    config = Qwen2_5OmniConfig(talker_config=dict(RELEASED_7B_TALKER))
+    # The released 7B shapes with media token ids set (generate's rope index reads them).
+    config = released_7b_config(load_processor(None))
     rows = []
     with torch.device("cuda"):
         thinker = hf.Qwen2_5OmniThinkerForConditionalGeneration._from_config(

@@ -34,13 +34,15 @@ def _bandwidth(name: str, override: float | None) -> float:
 
 def _build(dtype_name: str, max_len: int, slots: int):
     import torch
-    from transformers import Qwen2_5OmniConfig, Qwen2_5OmniThinkerForConditionalGeneration
+    from transformers import Qwen2_5OmniThinkerForConditionalGeneration
 
+    from omni_runtime.models.qwen2_5_omni.loader import load_processor, released_7b_config
     from omni_runtime.models.qwen2_5_omni.runners import QwenThinkerRunner
 
     dtype = getattr(torch, dtype_name)
     device = torch.device("cuda", 0)
-    config = Qwen2_5OmniConfig().thinker_config  # the released 7B thinker shape
+    # The released 7B thinker shape, with media token ids set (generate's rope index reads them).
+    config = released_7b_config(load_processor(None)).thinker_config
     with torch.device(device):
         thinker = Qwen2_5OmniThinkerForConditionalGeneration._from_config(
             config, dtype=dtype, attn_implementation="sdpa"

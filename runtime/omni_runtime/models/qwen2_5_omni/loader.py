@@ -143,11 +143,17 @@ def _eos_ids(path: Path | None, processor: Any) -> tuple[int, ...]:
 
 
 def _config(path: Path | None, processor: Any) -> Any:
-    from transformers import AutoConfig, Qwen2_5OmniConfig
+    from transformers import AutoConfig
 
     if path is not None:
         return AutoConfig.from_pretrained(str(path))
-    # The released 7B shape, with the special-token ids of the tokenizer we serve with.
+    return released_7b_config(processor)
+
+
+def released_7b_config(processor: Any) -> Any:
+    """The released Qwen2.5-Omni-7B shape, with the special-token ids of the tokenizer we serve with."""
+    from transformers import Qwen2_5OmniConfig
+
     tid = processor.tokenizer.convert_tokens_to_ids
     media = {
         "audio_token_index": tid("<|AUDIO|>"),
