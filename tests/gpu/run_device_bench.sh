@@ -32,7 +32,7 @@ released_7b_config(load_processor(None)).save_pretrained(sys.argv[1])
 PY
 if [ "${RUN_OMNI:-1}" = 1 ]; then
 $OMNI_CLI serve --model-path "$DUMMY" --load-format dummy --device cuda --pipeline "$PIPELINE" --model-name qwen2.5-omni-7b-dummy \
-  --port 8000 --max-batch-size 32 > "$OUT/serve.log" 2>&1 &
+  --port 8000 --max-batch-size 32 ${SERVE_ARGS:-} > "$OUT/serve.log" 2>&1 &
 SERVER=$!
 for _ in $(seq 1 240); do
   curl -sf localhost:8000/ready >/dev/null && break
