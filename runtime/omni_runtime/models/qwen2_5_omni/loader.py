@@ -12,6 +12,7 @@ with no directory it uses the released 7B shapes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -110,7 +111,10 @@ def _build(cls: Any, config: Any, *, device: torch.device, dtype: torch.dtype, r
     """Construct on the device; skip weight init when weights are about to be loaded."""
     from transformers.initialization import no_init_weights
 
-    with torch.device(device):
+    # The current-device guard matters for a module placed on another GPU than cuda:0: some
+    # initialisers allocate on the *current* device, not the device context's.
+    guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    with guard, torch.device(device):
         if random:
             module = cls._from_config(config, dtype=dtype, attn_implementation="sdpa")
         else:
