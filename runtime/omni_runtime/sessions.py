@@ -11,7 +11,9 @@ import re
 import secrets
 
 _WORKER_ID = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_SESSION_ID = re.compile(r"^(?P<prefix>[a-z]+)_(?P<worker>[a-z0-9]([-a-z0-9]*[a-z0-9])?)\.(?P<token>[A-Za-z0-9_-]{8,})$")
+_SESSION_ID = re.compile(
+    r"^(?P<prefix>[a-z]+)_(?P<worker>[a-z0-9]([-a-z0-9]*[a-z0-9])?)\.(?P<token>[A-Za-z0-9_-]{8,})$"
+)
 
 
 def make_session_id(*, worker_id: str, prefix: str = "sess") -> str:
