@@ -13,6 +13,8 @@ step "generated CRD is fresh"
 
 step "lint (ruff, import-linter)"
 "$BIN/ruff" check operator runtime tests
+"$BIN/ruff" format --check operator runtime tests
+"$BIN/mypy"
 "$BIN/lint-imports"
 
 step "system tools for media tests (espeak-ng, sox)"

@@ -20,6 +20,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from omni_runtime.cli_types import positive_int
 from omni_runtime.media.limits import MediaLimits
 from omni_runtime.pipeline.options import EngineOptions
 
@@ -53,16 +54,6 @@ def gpu_list(text: str) -> tuple[int, ...]:
     return ids
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from exc
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text} must be at least 1")
-    return value
-
-
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -81,7 +72,7 @@ def _fraction(text: str) -> float:
 
 
 def _port(text: str) -> int:
-    value = _positive_int(text)
+    value = positive_int(text)
     if value > 65535:
         raise argparse.ArgumentTypeError(f"{text} is not a TCP port (1-65535)")
     return value
@@ -141,16 +132,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pipe.add_argument("--text-only", action="store_true", help="no talker: same as --pipeline text")
     pipe.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    pipe.add_argument("--thinker-tp-size", type=_positive_int, default=1)
+    pipe.add_argument("--thinker-tp-size", type=positive_int, default=1)
     pipe.add_argument("--thinker-gpus", type=gpu_list, default=(), help="pod-local ids: 0,1 or [0,1]")
     pipe.add_argument("--talker-gpu", type=_gpu_id, default=None)
-    pipe.add_argument("--image-encoder-tp-size", type=_positive_int, default=1)
+    pipe.add_argument("--image-encoder-tp-size", type=positive_int, default=1)
     pipe.add_argument("--image-encoder-gpus", type=gpu_list, default=(), help="one id per rank")
     pipe.add_argument("--mem-fraction-static", type=_fraction, default=None)
     pipe.add_argument(
-        "--max-batch-size", type=_positive_int, default=32, help="thinker continuous-batching slots"
+        "--max-batch-size", type=positive_int, default=32, help="thinker continuous-batching slots"
     )
-    pipe.add_argument("--max-model-len", type=_positive_int, default=8192)
+    pipe.add_argument("--max-model-len", type=positive_int, default=8192)
     pipe.add_argument(
         "--remote-stage",
         type=_remote_stage,
@@ -169,16 +160,16 @@ def build_parser() -> argparse.ArgumentParser:
     defaults = MediaLimits()
     limits.add_argument(
         "--max-tokens-limit",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="largest max_tokens a request may ask for (default: --max-model-len)",
     )
-    limits.add_argument("--default-max-tokens", type=_positive_int, default=2048)
-    limits.add_argument("--max-media-bytes", type=_positive_int, default=defaults.max_bytes)
+    limits.add_argument("--default-max-tokens", type=positive_int, default=2048)
+    limits.add_argument("--max-media-bytes", type=positive_int, default=defaults.max_bytes)
     limits.add_argument("--max-audio-seconds", type=_positive_float, default=defaults.max_audio_seconds)
     limits.add_argument("--max-video-seconds", type=_positive_float, default=defaults.max_video_seconds)
-    limits.add_argument("--max-video-frames", type=_positive_int, default=defaults.max_video_frames)
-    limits.add_argument("--max-image-pixels", type=_positive_int, default=defaults.max_image_pixels)
+    limits.add_argument("--max-video-frames", type=positive_int, default=defaults.max_video_frames)
+    limits.add_argument("--max-image-pixels", type=positive_int, default=defaults.max_image_pixels)
     limits.add_argument("--media-fetch-timeout", type=_positive_float, default=defaults.fetch_timeout_s)
     limits.add_argument("--no-remote-media", action="store_true", help="refuse http(s) media URLs")
     limits.add_argument(

@@ -20,6 +20,7 @@ import httpx
 from omni_runtime.bench.load import LoadSpec, discover_model, one_request, run_level
 from omni_runtime.bench.report import format_table, load_baselines, plot, write_json
 from omni_runtime.bench.stats import LevelSummary, summarize
+from omni_runtime.cli_types import positive_int
 
 
 def _levels(text: str) -> list[int]:
@@ -42,27 +43,17 @@ def _json_object(text: str) -> dict[str, object]:
     return value
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from exc
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text} must be at least 1")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="omni bench", description="Load-test an omni worker or router.")
     p.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8000")
     p.add_argument("--model", help="model name (default: the first of GET /v1/models)")
     p.add_argument("--concurrency", type=_levels, default=[1, 4, 16], help="comma list (default 1,4,16)")
     p.add_argument(
-        "--requests", type=_positive, default=None, help="requests per level (default 4 x concurrency)"
+        "--requests", type=positive_int, default=None, help="requests per level (default 4 x concurrency)"
     )
     p.add_argument("--mode", choices=["text", "speech"], default="text")
     p.add_argument("--stream", action="store_true", help="SSE: measures time to first token / first audio")
-    p.add_argument("--max-tokens", type=_positive, default=128, help="fixed output length (ignore_eos)")
+    p.add_argument("--max-tokens", type=positive_int, default=128, help="fixed output length (ignore_eos)")
     p.add_argument("--warmup", type=int, default=1, help="unmeasured requests before the first level")
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds")
     p.add_argument("--out", type=Path, help="directory for bench.json and bench.png")
