@@ -43,6 +43,8 @@ class Reason(StrEnum):
     reconciled = "Reconciled"
     worker_recreated = "WorkerRecreated"
     worker_draining = "WorkerDraining"
+    worker_updating = "WorkerUpdating"  # a drained worker's changed pods are replaced in place
+    worker_restored = "WorkerRestored"  # a draining worker of the update revision serves again (revert)
     worker_deleted = "WorkerDeleted"
     worker_created = "WorkerCreated"
     scaled = "Scaled"

@@ -38,11 +38,6 @@ from omni_operator.reconcile.diff import ChildDiff
 from omni_operator.reconcile.events import EventSpec
 from omni_operator.reconcile.observe import ChildKey
 
-WORKER_UPDATING = "WorkerUpdating"
-"""Event reason: a drained worker's changed pods are being replaced (in place, same name)."""
-WORKER_RESTORED = "WorkerRestored"
-"""Event reason: a draining worker of the update revision takes sessions again (revert)."""
-
 
 @dataclass(frozen=True)
 class WorkerView:
@@ -298,11 +293,15 @@ def rollout_events(step: RolloutStep, *, revision: str, drain_timeout_seconds: i
         pods = [p for p in step.update_pods if p.startswith(f"{name}-")]
         what = ", ".join(pods) if pods else "no pod (only its revision label)"
         out.append(
-            EventSpec("Normal", WORKER_UPDATING, f"worker {name} -> revision {revision}: replacing {what}")
+            EventSpec(
+                "Normal", Reason.worker_updating, f"worker {name} -> revision {revision}: replacing {what}"
+            )
         )
     out += [
         EventSpec(
-            "Normal", WORKER_RESTORED, f"worker {name} is at revision {revision} again: drain cancelled"
+            "Normal",
+            Reason.worker_restored,
+            f"worker {name} is at revision {revision} again: drain cancelled",
         )
         for name in step.undrain
     ]
