@@ -11,14 +11,12 @@ and frees its slot at the next step boundary.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from omni_runtime.models.base import RowSampling, ThinkerAdmission, ThinkerPrompt, ThinkerRunner, ThinkerStep
-from omni_runtime.pipeline.workers import StageThread
+from omni_runtime.pipeline.workers import SchedulerLoop, StageThread
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +74,9 @@ def plan_compaction(
     return moves, table[:survivors]
 
 
-class ThinkerScheduler:
+class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
+    task_name = "thinker-scheduler"
+
     def __init__(
         self,
         runner: ThinkerRunner,
@@ -87,35 +87,18 @@ class ThinkerScheduler:
         eos_token_ids: tuple[int, ...],
         prefill_token_budget: int = 8192,
     ) -> None:
+        super().__init__()
         self.runner = runner
         self.thread = thread
         self.max_batch = min(max_batch, runner.slots)
         self.max_len = max_len
         self.eos = frozenset(eos_token_ids)
         self.prefill_token_budget = prefill_token_budget
-        self.waiting: deque[ThinkerJob] = deque()
         self.running: list[ThinkerJob] = []  # running[i].slot == i
         self.max_running_batch = 0
         self.steps = 0
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
 
     # -- API used by the engine -------------------------------------------------------------------
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._loop(), name="thinker-scheduler")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-
-    def submit(self, job: ThinkerJob) -> None:
-        self.waiting.append(job)
-        self._wake.set()
-
     def finish(self, job: ThinkerJob, reason: FinishReason) -> None:
         """Stop a request (client gone, stop string hit); its slot is freed before the next step."""
         if job.finish is not None:

@@ -11,7 +11,6 @@ into vocoder windows (segmenter) and synthesises audio on the vocoder's own thre
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
 from dataclasses import dataclass, field, replace
@@ -19,7 +18,7 @@ from typing import Any
 
 from omni_runtime.models.base import TalkerAdmission, TalkerRunner
 from omni_runtime.pipeline.scheduler import FinishReason, plan_compaction
-from omni_runtime.pipeline.workers import StageThread
+from omni_runtime.pipeline.workers import SchedulerLoop, StageThread
 
 log = logging.getLogger(__name__)
 
@@ -51,33 +50,18 @@ class TalkerJob:
         return min(self.max_codes, 100 + self.codes_per_text_token * self.text_tokens)
 
 
-class TalkerScheduler:
+class TalkerScheduler(SchedulerLoop[TalkerJob]):
+    task_name = "talker-scheduler"
+
     def __init__(self, runner: TalkerRunner, *, thread: StageThread, max_batch: int, max_len: int) -> None:
+        super().__init__()
         self.runner = runner
         self.thread = thread
         self.max_batch = min(max_batch, runner.slots)
         self.max_len = max_len
         self.eos = frozenset(runner.codec_eos_ids)
-        self.waiting: deque[TalkerJob] = deque()
         self.running: list[TalkerJob] = []
         self.max_running_batch = 0
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._loop(), name="talker-scheduler")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-
-    def submit(self, job: TalkerJob) -> None:
-        self.waiting.append(job)
-        self._wake.set()
 
     def feed(self, job: TalkerJob, vector: Any) -> None:
         job.pending.append(vector)

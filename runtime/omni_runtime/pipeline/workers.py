@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
@@ -19,6 +20,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 R = TypeVar("R")
+JobT = TypeVar("JobT")
 
 
 class StageThread:
@@ -96,3 +98,33 @@ class BatchingWorker(Generic[T, R]):
             for (_, fut), result in zip(live, results, strict=True):
                 if not fut.done():
                     fut.set_result(result)
+
+
+class SchedulerLoop(Generic[JobT]):
+    """The lifecycle both continuous-batching schedulers share: one asyncio task running
+    ``_loop``, a queue of waiting jobs, and an event that wakes the loop when work arrives."""
+
+    task_name = "scheduler"
+
+    def __init__(self) -> None:
+        self.waiting: deque[JobT] = deque()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def _loop(self) -> None:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name=self.task_name)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def submit(self, job: JobT) -> None:
+        self.waiting.append(job)
+        self._wake.set()
