@@ -117,19 +117,6 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
         return len(self.waiting) + sum(j.finish is None for j in self.running)
 
     # -- the loop ---------------------------------------------------------------------------------
-    async def _loop(self) -> None:
-        while True:
-            try:
-                await self._iteration()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # a bug here must fail requests, not hang them all
-                log.exception("thinker scheduler failed; failing its requests")
-                for job in [*self.running, *self.waiting]:
-                    self._end(job, "error", error=f"thinker scheduler failed: {exc}")
-                self.running.clear()
-                self.waiting.clear()
-
     async def _iteration(self) -> None:
         loop = asyncio.get_running_loop()
         moves = self._drop_finished()

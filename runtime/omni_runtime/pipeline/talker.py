@@ -92,19 +92,6 @@ class TalkerScheduler(SchedulerLoop[TalkerJob]):
             return self.runner.text_vector("eos")
         return self.runner.text_vector("pad")
 
-    async def _loop(self) -> None:
-        while True:
-            try:
-                await self._iteration()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # a bug here must fail requests, not hang them all
-                log.exception("talker scheduler failed; failing its requests")
-                for job in [*self.running, *self.waiting]:
-                    self._end(job, "error", error=f"talker scheduler failed: {exc}")
-                self.running.clear()
-                self.waiting.clear()
-
     async def _iteration(self) -> None:
         slots: list[int | None] = [i if j.finish is None else None for i, j in enumerate(self.running)]
         moves, table = plan_compaction(slots, set())

@@ -101,18 +101,36 @@ class BatchingWorker(Generic[T, R]):
 
 
 class SchedulerLoop(Generic[JobT]):
-    """The lifecycle both continuous-batching schedulers share: one asyncio task running
-    ``_loop``, a queue of waiting jobs, and an event that wakes the loop when work arrives."""
+    """The lifecycle both continuous-batching schedulers share: one asyncio task repeating
+    ``_iteration``, queues of waiting and running jobs, and an event that wakes the loop when work
+    arrives. A fault inside an iteration fails the jobs it holds instead of hanging them."""
 
     task_name = "scheduler"
 
     def __init__(self) -> None:
         self.waiting: deque[JobT] = deque()
+        self.running: list[JobT] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
-    async def _loop(self) -> None:
+    async def _iteration(self) -> None:
         raise NotImplementedError
+
+    def _end(self, job: JobT, reason: Any, *, error: str | None = None) -> None:
+        raise NotImplementedError
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self._iteration()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a bug here must fail requests, not hang them all
+                log.exception("%s failed; failing its requests", self.task_name)
+                for job in [*self.running, *self.waiting]:
+                    self._end(job, "error", error=f"{self.task_name} failed: {exc}")
+                self.running.clear()
+                self.waiting.clear()
 
     def start(self) -> None:
         if self._task is None:
