@@ -17,10 +17,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from omni_runtime.models.base import OmniAdapter, Prompt, ThinkerPrompt
+from omni_runtime.models.base import OmniAdapter, Prompt, ThinkerPrompt, ThinkerRunner
 from omni_runtime.models.qwen2_5_omni.placement import LoadedModel
 from omni_runtime.models.qwen2_5_omni.runners import QwenTalkerRunner, QwenThinkerRunner
 from omni_runtime.models.qwen2_5_omni.vocoder import QwenVocoder
+from omni_runtime.models.tensor_parallel import sharded_thinker_config
+from omni_runtime.models.tp_runner import TPThinkerRunner
 from omni_runtime.pipeline.options import EngineOptions
 from omni_runtime.pipeline.types import EngineError, GenerationRequest
 
@@ -270,20 +272,38 @@ class Qwen25OmniAdapter(OmniAdapter):
             log.warning("%s: %d slots fit in the memory budget (asked for %d)", what, fit, slots)
         return min(slots, fit)
 
-    def thinker_runner(self, *, slots: int, max_len: int) -> QwenThinkerRunner:
-        text_config = self.loaded.config.thinker_config.text_config
+    @property
+    def tp_world(self) -> int:
+        return self.loaded.tp_world
+
+    def thinker_runner(self, *, slots: int, max_len: int) -> ThinkerRunner:
+        """The thinker runner; under TP, rank 0's, after all ranks agreed on the slot count."""
+        config = sharded_thinker_config(self.loaded.config.thinker_config, self.tp_world)
         slots = self._fit_slots(
-            config=text_config, device=self.placement.thinker, slots=slots, max_len=max_len, what="thinker"
+            config=config.text_config,
+            device=self.placement.thinker,
+            slots=slots,
+            max_len=max_len,
+            what="thinker",
         )
+        leader = self.loaded.tp
+        if leader is None:
+            return self.build_thinker_runner(slots=slots, max_len=max_len)
+        slots = leader.agree_slots(slots, max_len)
+        return TPThinkerRunner(self.build_thinker_runner(slots=slots, max_len=max_len), leader)
+
+    def build_thinker_runner(self, *, slots: int, max_len: int) -> QwenThinkerRunner:
+        """A runner over this process's thinker (its shard under TP), with exactly ``slots`` slots."""
         return QwenThinkerRunner(
             self.loaded.text,
             self.loaded.lm_head,
-            self.loaded.config.thinker_config,
+            sharded_thinker_config(self.loaded.config.thinker_config, self.tp_world),
             slots=slots,
             max_len=max_len,
             dtype=self.placement.dtype,
             device=self.placement.thinker,
             cuda_graphs=self.placement.cuda_graphs,
+            decodable_vocab=len(self.tokenizer),
         )
 
     def talker_runner(self, *, slots: int, max_len: int) -> QwenTalkerRunner:

@@ -42,6 +42,7 @@ class QwenThinkerRunner:
         dtype: torch.dtype,
         device: torch.device,
         cuda_graphs: bool,
+        decodable_vocab: int | None = None,
     ) -> None:
         lm = text_model
         cfg = config.text_config
@@ -72,7 +73,10 @@ class QwenThinkerRunner:
             device=device,
             cuda_graphs=cuda_graphs,
         )
-        self.sampler = BatchSampler(slots=slots, vocab_size=cfg.vocab_size, device=device)
+        # The LM head is padded past the tokenizer (152064 rows for 151665 tokens in the released
+        # 7B): ids the tokenizer cannot decode are never sampled, so every token is text.
+        vocab = min(cfg.vocab_size, decodable_vocab or cfg.vocab_size)
+        self.sampler = BatchSampler(slots=slots, vocab_size=vocab, device=device)
 
     @torch.inference_mode()
     def admit(self, rows: list[ThinkerAdmission]) -> list[tuple[int, Any]]:
