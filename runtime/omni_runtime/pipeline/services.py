@@ -94,6 +94,9 @@ class LocalStages:
         for component in (self.thinker, self.talker, self.audio, self.vision, self.vocoder_worker):
             if component is not None:
                 await component.stop()
+        close = getattr(self.thinker.runner, "close", None) if self.thinker is not None else None
+        if close is not None and self.thinker is not None:  # e.g. tensor-parallel followers
+            await self.thinker.thread.run(close)
         for thread in self.threads.values():
             thread.shutdown()
         self._pre_pool.shutdown()

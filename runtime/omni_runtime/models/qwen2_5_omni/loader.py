@@ -8,6 +8,11 @@ them from the checkpoint's safetensors shards (released layout: ``thinker.model.
 7B thinker, and the API process (preprocessing and decode only) loads no weights at all.
 ``load_format=dummy`` builds the same modules with random weights on the device (fast on a GPU);
 with no directory it uses the released 7B shapes.
+
+With --thinker-tp-size N the worker is rank 0 of a tensor-parallel group: it spawns the follower
+processes (tp_group), and every rank builds the full thinker text model (dummy weights from one
+seed, so all ranks draw the same tensors), keeps its shard of each decoder layer
+(tensor_parallel.shard_text_model) and joins the group once loaded.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from torch import nn
 from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as hf
 
 from omni_runtime.models.qwen2_5_omni.placement import LoadedModel, resolve_placement
+from omni_runtime.models.tensor_parallel import check_tp_size, shard_text_model
+from omni_runtime.models.tp_group import TPLeader
 from omni_runtime.pipeline.options import EngineOptions
 from omni_runtime.pipeline.types import EngineError
 
@@ -40,6 +47,7 @@ RELEASED_7B_TALKER = {
     "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 16, 0]},
 }
 TALKER_STAGES = frozenset({"talker", "talker_stream"})
+DUMMY_TP_SEED = 20250326
 
 
 class RopeIndex:
@@ -195,16 +203,65 @@ def _speakers(path: Path | None, config: Any) -> dict[str, dict[str, Any]]:
     }
 
 
-def load_model(options: EngineOptions, *, path: Path | None, hosted: frozenset[str]) -> LoadedModel:
-    """Build or load the modules the ``hosted`` stages need, on their devices."""
+def load_model(
+    options: EngineOptions, *, path: Path | None, hosted: frozenset[str], tp_rank: int = 0
+) -> LoadedModel:
+    """Build or load the modules the ``hosted`` stages need, on their devices.
+
+    ``tp_rank`` > 0 only in a thinker TP follower process (tp_follower), which hosts the thinker.
+    """
     started = time.monotonic()
     if options.load_format not in ("auto", "dummy"):
         raise EngineError(
             f"unknown load format {options.load_format!r}; use auto or dummy", param="load_format"
         )
-    placement = resolve_placement(options)
+    placement = resolve_placement(options, tp_rank=tp_rank)
     processor = load_processor(path)
     config = _config(path, processor)
+    tp_world = options.thinker_tp_size if "thinker" in hosted else 1
+    if tp_world > 1:
+        check_tp_size(config.thinker_config.text_config, tp_world)
+    leader = TPLeader(options, model_path=path) if tp_world > 1 and tp_rank == 0 else None
+    try:
+        loaded = _load_parts(
+            options,
+            path=path,
+            hosted=hosted,
+            placement=placement,
+            processor=processor,
+            config=config,
+            tp_rank=tp_rank,
+            tp_world=tp_world,
+        )
+        if leader is not None:
+            leader.connect(placement.thinker)  # waits for every follower to load its shard
+    except BaseException:
+        if leader is not None:
+            leader.close()
+        raise
+    loaded.tp = leader
+    loaded.load_seconds = time.monotonic() - started
+    log.info(
+        "loaded %s for stages %s in %.1fs%s",
+        path or "dummy 7B",
+        ",".join(sorted(hosted)),
+        loaded.load_seconds,
+        f" (thinker TP rank {tp_rank} of {tp_world})" if tp_world > 1 else "",
+    )
+    return loaded
+
+
+def _load_parts(
+    options: EngineOptions,
+    *,
+    path: Path | None,
+    hosted: frozenset[str],
+    placement: Any,
+    processor: Any,
+    config: Any,
+    tp_rank: int,
+    tp_world: int,
+) -> LoadedModel:
     random = options.load_format == "dummy"
     ckpt = None if random else Checkpoint(path)  # type: ignore[arg-type]
     thinker_cfg = config.thinker_config
@@ -216,6 +273,8 @@ def load_model(options: EngineOptions, *, path: Path | None, hosted: frozenset[s
         placement=placement,
         path=path,
         rope=RopeIndex(thinker_cfg, thinker_cfg.vision_config.spatial_merge_size),
+        tp_rank=tp_rank,
+        tp_world=tp_world,
     )
 
     def part(cls: Any, cfg: Any, prefix: str, device: torch.device, dtype: torch.dtype) -> Any:
@@ -226,6 +285,8 @@ def load_model(options: EngineOptions, *, path: Path | None, hosted: frozenset[s
 
     dtype = placement.dtype
     if "thinker" in hosted:
+        if random and tp_world > 1:
+            torch.manual_seed(DUMMY_TP_SEED)  # every rank draws the same full weights, then keeps its shard
         loaded.text = part(
             hf.Qwen2_5OmniThinkerTextModel,
             thinker_cfg.text_config,
@@ -233,11 +294,14 @@ def load_model(options: EngineOptions, *, path: Path | None, hosted: frozenset[s
             placement.thinker,
             dtype,
         )
-        loaded.embed = loaded.text.embed_tokens
         text_cfg = thinker_cfg.text_config
+        shard_text_model(loaded.text, text_cfg, rank=tp_rank, world=tp_world, group=None)
+        loaded.embed = loaded.text.embed_tokens
         with torch.device(placement.thinker):
             head = nn.Linear(text_cfg.hidden_size, text_cfg.vocab_size, bias=False, dtype=dtype)
-        if (
+        if tp_rank > 0:
+            nn.init.zeros_(head.weight)  # followers never sample: their logits are discarded
+        elif (
             getattr(text_cfg, "tie_word_embeddings", False)
             and ckpt is not None
             and "thinker.lm_head.weight" not in ckpt.files
@@ -283,10 +347,6 @@ def load_model(options: EngineOptions, *, path: Path | None, hosted: frozenset[s
             torch.float32,
         )
         loaded.text_vectors = _text_vectors(loaded, ckpt)
-    loaded.load_seconds = time.monotonic() - started
-    log.info(
-        "loaded %s for stages %s in %.1fs", path or "dummy 7B", ",".join(sorted(hosted)), loaded.load_seconds
-    )
     return loaded
 
 

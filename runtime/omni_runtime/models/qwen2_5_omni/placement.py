@@ -45,6 +45,11 @@ class LoadedModel:
     token2wav: Any = None
     text_vectors: dict[int, Any] = field(default_factory=dict)
     load_seconds: float = 0.0
+    # Thinker tensor parallelism: this process's rank, the group size, and (rank 0 only) the
+    # tp_group.TPLeader that drives the follower processes.
+    tp_rank: int = 0
+    tp_world: int = 1
+    tp: Any = None
 
 
 def _dtype(name: str, *, default: torch.dtype) -> torch.dtype:
@@ -56,18 +61,15 @@ def _dtype(name: str, *, default: torch.dtype) -> torch.dtype:
     return table[name]
 
 
-def resolve_placement(options: EngineOptions) -> Placement:
-    """Map device/dtype/GPU flags to torch devices; impossible requests become EngineError."""
+def resolve_placement(options: EngineOptions, *, tp_rank: int = 0) -> Placement:
+    """Map device/dtype/GPU flags to torch devices; impossible requests become EngineError.
+
+    ``tp_rank`` picks this process's thinker GPU from --thinker-gpus (default: GPU ``tp_rank``).
+    """
     has_cuda = torch.cuda.is_available()
     if options.device == "cuda" and not has_cuda:
         raise EngineError(
             "device=cuda was asked but no CUDA GPU is visible; use --device cpu or auto", param="device"
-        )
-    if options.thinker_tp_size > 1:
-        raise EngineError(
-            f"thinker tensor parallelism ({options.thinker_tp_size}) is not implemented by the builtin runtime "
-            "yet; use --thinker-tp-size 1 (one 80 GB GPU holds the 7B thinker) or the sglang-omni runtime",
-            param="thinker_tp_size",
         )
     if options.image_encoder_tp_size > 1:
         raise EngineError(
@@ -87,7 +89,14 @@ def resolve_placement(options: EngineOptions) -> Placement:
             raise EngineError(f"{flag} names GPU {index} but this process sees {count} GPU(s)", param=flag)
         return torch.device("cuda", index)
 
-    thinker = gpu(options.thinker_gpus[0] if options.thinker_gpus else 0, "thinker_gpus")
+    tp = options.thinker_tp_size
+    if tp > count:
+        raise EngineError(
+            f"--thinker-tp-size {tp} needs {tp} GPUs but this process sees {count}; lower it or expose more GPUs",
+            param="thinker_tp_size",
+        )
+    thinker_index = options.thinker_gpus[tp_rank] if options.thinker_gpus else tp_rank
+    thinker = gpu(thinker_index, "thinker_gpus")
     vision = (
         gpu(options.image_encoder_gpus[0], "image_encoder_gpus") if options.image_encoder_gpus else thinker
     )

@@ -1,0 +1,187 @@
+"""Megatron-style tensor parallelism for a transformers decoder stack, sharded in place.
+
+transformers 5.x ships a TP mechanism (``tp_plan`` + ``transformers.distributed.tensor_parallel``),
+but it is built around ``from_pretrained(tp_plan=...)``, DTensor parameters and forward hooks that
+swap parameters on every call; our loader builds modules with ``_from_config`` and fills them from
+its own safetensors reader, and the SlotDecoder captures decode steps as CUDA graphs. So we keep
+the part of transformers' mechanism that encodes model knowledge — the config's
+``base_model_tp_plan`` (which linear is ``colwise`` and which ``rowwise``) — and apply it with plain
+tensors, as sglang and vLLM do:
+
+- ``colwise`` linears (q/k/v, gate/up) keep a contiguous slice of their output features (bias
+  too): each rank owns ``heads / tp`` attention heads and ``intermediate / tp`` MLP channels;
+- ``rowwise`` linears (o_proj, down_proj) keep the matching slice of their input features and
+  become ``RowParallelLinear``: the partial product is all-reduced, then the bias is added once;
+- embeddings, norms, the rotary table and the LM head stay replicated on every rank.
+
+Sharding happens on the HF modules right after loading, before any SlotDecoder is built, so a
+runner that fuses q/k/v or gate/up later fuses the per-rank shards, which is still correct.
+"""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from omni_runtime.pipeline.types import EngineError
+
+# What Qwen2-style decoders use when a config carries no plan of its own.
+DEFAULT_PLAN = {
+    "layers.*.self_attn.q_proj": "colwise",
+    "layers.*.self_attn.k_proj": "colwise",
+    "layers.*.self_attn.v_proj": "colwise",
+    "layers.*.self_attn.o_proj": "rowwise",
+    "layers.*.mlp.gate_proj": "colwise",
+    "layers.*.mlp.up_proj": "colwise",
+    "layers.*.mlp.down_proj": "rowwise",
+}
+
+
+def valid_tp_sizes(text_config: Any) -> list[int]:
+    """TP sizes that split attention heads, KV heads and MLP channels evenly."""
+    common = math.gcd(
+        int(text_config.num_attention_heads),
+        int(text_config.num_key_value_heads),
+        int(text_config.intermediate_size),
+    )
+    return [size for size in range(1, common + 1) if common % size == 0]
+
+
+def check_tp_size(
+    text_config: Any, tp: int, *, flag: str = "--thinker-tp-size", what: str = "thinker"
+) -> None:
+    """EngineError naming the flag and the sizes that work, unless ``tp`` shards evenly."""
+    sizes = valid_tp_sizes(text_config)
+    if tp in sizes:
+        return
+    shown = [str(s) for s in sizes]
+    choices = shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " or " + shown[-1]
+    raise EngineError(
+        f"{flag} {tp} does not divide the {what}'s {text_config.num_attention_heads} attention heads / "
+        f"{text_config.num_key_value_heads} KV heads (MLP width {text_config.intermediate_size}); "
+        f"use {choices}",
+        param=flag.lstrip("-").replace("-", "_"),
+    )
+
+
+def sharded_text_config(text_config: Any, tp: int) -> Any:
+    """A copy of the config with one rank's head counts (what cache sizing and runners read)."""
+    head_dim = getattr(text_config, "head_dim", None) or (
+        text_config.hidden_size // text_config.num_attention_heads
+    )
+    config = copy.deepcopy(text_config)
+    config.head_dim = head_dim
+    config.num_attention_heads = text_config.num_attention_heads // tp
+    config.num_key_value_heads = text_config.num_key_value_heads // tp
+    config.intermediate_size = text_config.intermediate_size // tp
+    return config
+
+
+def sharded_thinker_config(thinker_config: Any, tp: int) -> Any:
+    """The thinker config with its text config replaced by one rank's view of it."""
+    if tp == 1:
+        return thinker_config
+    config = copy.copy(thinker_config)
+    config.text_config = sharded_text_config(thinker_config.text_config, tp)
+    return config
+
+
+class RowParallelLinear(nn.Linear):
+    """A rowwise shard: ``x_shard @ W_shard^T`` summed over the group, then the bias once.
+
+    It stays an ``nn.Linear`` (``weight`` holds this rank's input-feature slice) so code that
+    inspects linears keeps working; code that calls ``F.linear(x, m.weight)`` itself must add the
+    all-reduce (see the module docstring).
+    """
+
+    tp_group: Any = None  # None: the default process group
+    tp_world: int = 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.linear(x, self.weight)
+        if self.tp_world > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(out, group=self.tp_group)
+        if self.bias is not None:
+            out = out + self.bias
+        return out
+
+
+def _slice(tensor: torch.Tensor, dim: int, rank: int, world: int) -> torch.Tensor:
+    size = tensor.shape[dim]
+    if size % world:
+        raise ValueError(f"cannot split {size} features over {world} ranks")
+    part = size // world
+    return tensor.narrow(dim, rank * part, part).clone()  # a copy: the full tensor can be freed
+
+
+@torch.no_grad()
+def _colwise(linear: nn.Linear, rank: int, world: int) -> None:
+    linear.weight = nn.Parameter(_slice(linear.weight, 0, rank, world), requires_grad=False)
+    if linear.bias is not None:
+        linear.bias = nn.Parameter(_slice(linear.bias, 0, rank, world), requires_grad=False)
+    linear.out_features = linear.weight.shape[0]
+
+
+@torch.no_grad()
+def _rowwise(linear: nn.Linear, rank: int, world: int, group: Any) -> RowParallelLinear:
+    weight = _slice(linear.weight, 1, rank, world)
+    with torch.device("meta"):
+        shard = RowParallelLinear(weight.shape[1], weight.shape[0], bias=linear.bias is not None)
+    shard.weight = nn.Parameter(weight, requires_grad=False)
+    if linear.bias is not None:
+        shard.bias = nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+    shard.tp_group, shard.tp_world = group, world
+    return shard.eval()
+
+
+def _plan(text_config: Any) -> dict[str, str]:
+    plan = getattr(text_config, "base_model_tp_plan", None) or DEFAULT_PLAN
+    unknown = sorted({style for style in plan.values() if style not in ("colwise", "rowwise")})
+    if unknown:  # a new model family brings styles this runtime does not implement yet
+        raise EngineError(
+            f"the model's tensor-parallel plan uses {', '.join(unknown)}, which the builtin runtime does not "
+            "implement; use --thinker-tp-size 1",
+            param="thinker_tp_size",
+        )
+    return dict(plan)
+
+
+def shard_text_model(text_model: nn.Module, text_config: Any, *, rank: int, world: int, group: Any) -> int:
+    """Shard a decoder stack (``text_model.layers``) in place for ``rank`` of ``world``.
+
+    Returns the number of linears sharded. Attention modules get this rank's head counts.
+    """
+    if world == 1:
+        return 0
+    check_tp_size(text_config, world)
+    plan = _plan(text_config)
+    modules = dict(text_model.named_modules())
+    count = 0
+    for name, module in list(modules.items()):
+        style = next((s for pattern, s in plan.items() if fnmatch.fnmatchcase(name, pattern)), None)
+        if style is None or not isinstance(module, nn.Linear):
+            continue
+        parent_name, _, attr = name.rpartition(".")
+        if style == "colwise":
+            _colwise(module, rank, world)
+        else:
+            setattr(modules[parent_name], attr, _rowwise(module, rank, world, group))
+        count += 1
+    if not count:
+        raise EngineError("the thinker's tensor-parallel plan matched no layer", param="thinker_tp_size")
+    for module in text_model.modules():
+        # HF attention reshapes with -1 heads; keep the bookkeeping attributes honest anyway.
+        # num_key_value_groups (heads per KV head) is unchanged by an even split.
+        attn: Any = module
+        if hasattr(attn, "num_key_value_groups") and hasattr(attn, "num_heads"):
+            attn.num_heads = int(attn.num_heads) // world
+            attn.num_key_value_heads = int(attn.num_key_value_heads) // world
+    return count

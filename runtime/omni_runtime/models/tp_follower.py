@@ -1,0 +1,145 @@
+"""A thinker tensor-parallel follower: rank 1..N-1 of the group, spawned by the worker (rank 0).
+
+``python -m omni_runtime.models.tp_follower --rank R --world N --init-method tcp://... --options JSON``
+
+It loads the thinker text model exactly as rank 0 does (same checkpoint, or the same seed for
+dummy weights, so replicated parts match), keeps its shard of every decoder layer, joins the
+process group, then replays the ops rank 0 announces on its stdin (see tp_group / tp_runner)
+until STOP or EOF. It never samples: its logits are discarded. Any error exits non-zero; rank 0's
+watchdog then stops the worker with a clear message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("omni.tp_follower")
+
+
+def _fit(adapter: Any, *, slots: int, max_len: int) -> int:
+    """This rank's KV-cache slot budget; 0 when not even one request fits (rank 0 reports it)."""
+    from omni_runtime.models.tensor_parallel import sharded_thinker_config
+    from omni_runtime.pipeline.types import EngineError
+
+    config = sharded_thinker_config(adapter.loaded.config.thinker_config, adapter.tp_world).text_config
+    try:
+        return int(
+            adapter._fit_slots(
+                config=config, device=adapter.placement.thinker, slots=slots, max_len=max_len, what="thinker"
+            )
+        )
+    except EngineError as exc:
+        log.error("%s", exc)
+        return 0
+
+
+def serve_ops(adapter: Any, leader_fd: int) -> int:
+    """Replay rank 0's decoder ops until STOP or EOF; returns the exit code."""
+    import torch
+    import torch.distributed as dist
+
+    from omni_runtime.models.tp_group import (
+        OP_BUILD,
+        OP_CAPTURE,
+        OP_DECODE,
+        OP_MOVE,
+        OP_PREFILL,
+        OP_STOP,
+        read_message,
+    )
+
+    device = adapter.placement.thinker
+    decoder: Any = None
+    hidden = int(adapter.loaded.config.thinker_config.text_config.hidden_size)
+    while True:
+        message = read_message(leader_fd)
+        if message is None:
+            log.info("the worker closed the op pipe; exiting")
+            return 0
+        op, args = message[0], message[1:]
+        with torch.inference_mode():
+            if op == OP_DECODE:
+                n, max_length = args[0], args[1]
+                state = torch.empty(3 * n, dtype=torch.int64, device=device)
+                dist.broadcast(state, src=0)
+                decoder.last_ids[:n].copy_(state[:n])
+                decoder.lengths[:n].copy_(state[n : 2 * n])
+                decoder.rope_delta[:n].copy_(state[2 * n :])
+                decoder.decode(n, max_length=max_length)
+            elif op == OP_PREFILL:
+                rows, width = args[0], args[1]
+                slots, lengths = args[2 : 2 + rows], args[2 + rows : 2 + 2 * rows]
+                embeds = torch.empty(rows, width, hidden, dtype=decoder.dtype, device=device)
+                positions = torch.empty(3, rows, width, dtype=torch.int64, device=device)
+                dist.broadcast(embeds, src=0)
+                dist.broadcast(positions, src=0)
+                decoder.prefill(
+                    slots=slots, embeds=embeds, positions=positions, lengths=lengths, want_hidden=False
+                )
+            elif op == OP_MOVE:
+                decoder.move(args[0], args[1], args[2])
+            elif op == OP_CAPTURE:
+                decoder.capture_all(max_view=None if args[0] < 0 else args[0])
+            elif op == OP_BUILD:
+                value = torch.tensor([_fit(adapter, slots=args[0], max_len=args[1])], device=device)
+                dist.all_reduce(value, op=dist.ReduceOp.MIN)
+                agreed = int(value.item())
+                if agreed < 1:
+                    continue  # rank 0 reports the error and stops us
+                decoder = adapter.build_thinker_runner(slots=agreed, max_len=args[1]).decoder
+            elif op == OP_STOP:
+                log.info("stopping")
+                return 0
+            else:
+                log.error("unknown op %d from rank 0", op)
+                return 3
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m omni_runtime.models.tp_follower")
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--world", type=int, required=True)
+    parser.add_argument("--init-method", required=True)
+    parser.add_argument("--model-path", default="")
+    parser.add_argument("--options", required=True, help="EngineOptions as JSON")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s %(levelname)s tp-rank{args.rank} %(name)s: %(message)s",
+    )
+    # The op pipe is our stdin; keep it away from anything else that might read stdin.
+    leader_fd = os.dup(0)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+
+    from omni_runtime.models.qwen2_5_omni.adapter import Qwen25OmniAdapter
+    from omni_runtime.models.qwen2_5_omni.loader import load_model
+    from omni_runtime.models.tp_group import init_group, options_from_json
+
+    options = options_from_json(args.options)
+    path = Path(args.model_path) if args.model_path else None
+    hosted = frozenset({"thinker"})
+    try:
+        loaded = load_model(options, path=path, hosted=hosted, tp_rank=args.rank)
+        init_group(
+            rank=args.rank, world=args.world, init_method=args.init_method, device=loaded.placement.thinker
+        )
+        adapter = Qwen25OmniAdapter(loaded, options=options, hosted=hosted)
+        code = serve_ops(adapter, leader_fd)
+    except Exception:
+        log.exception("thinker TP rank %d failed", args.rank)
+        return 1
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""Rank 0's thinker runner under tensor parallelism: every decoder op is announced to the followers.
+
+The runner (runners.QwenThinkerRunner) is unchanged: it drives ``runner.decoder`` (a SlotDecoder
+over this rank's shard of the layers) and samples. ``LeaderDecoder`` stands in for that decoder
+and, before each op, sends the op to the followers (tp_group.TPLeader) so they replay it on their
+shards in the same order:
+
+- ``prefill``: slots and lengths in the header, then the prompt embeddings and mrope positions
+  by broadcast (they hold media features only rank 0 computed);
+- ``decode``: n and max_length in the header, then rank 0's row state (``last_ids``, ``lengths``,
+  ``rope_delta`` of rows 0..n-1) by broadcast: the tokens rank 0 sampled reach the followers
+  just before the step that feeds them, whatever the runner did to its state in between;
+- ``move`` (compaction) and ``capture_all`` (warm-up: every rank captures the same CUDA graph
+  buckets in the same order, so the all-reduces inside the graphs pair up).
+
+Only rank 0 samples. Hook contract with the runner: all decoder work goes through these four
+SlotDecoder methods; state the runner writes directly (``last_ids`` etc.) is read back here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from omni_runtime.models.base import ThinkerAdmission, ThinkerStep
+from omni_runtime.models.tp_group import OP_CAPTURE, OP_DECODE, OP_MOVE, OP_PREFILL, TPLeader
+
+
+class LeaderDecoder:
+    """A SlotDecoder proxy on rank 0 (attribute reads fall through to the real decoder)."""
+
+    def __init__(self, inner: Any, leader: TPLeader) -> None:
+        self._inner = inner
+        self._leader = leader
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def prefill(
+        self,
+        *,
+        slots: list[int],
+        embeds: torch.Tensor,
+        positions: torch.Tensor,
+        lengths: list[int],
+        want_hidden: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        inner = self._inner
+        embeds = embeds.to(inner.device, inner.dtype).contiguous()
+        positions = positions.to(inner.device, torch.int64).contiguous()
+        rows, width = embeds.shape[0], embeds.shape[1]
+        self._leader.send(OP_PREFILL, rows, width, *slots, *lengths)
+        self._leader.broadcast(embeds)
+        self._leader.broadcast(positions)
+        return inner.prefill(
+            slots=slots, embeds=embeds, positions=positions, lengths=lengths, want_hidden=want_hidden
+        )
+
+    def decode(self, n: int, *, max_length: int) -> Any:
+        inner = self._inner
+        self._leader.send(OP_DECODE, n, max_length)
+        state = torch.cat([inner.last_ids[:n], inner.lengths[:n], inner.rope_delta[:n]])
+        self._leader.broadcast(state)
+        return inner.decode(n, max_length=max_length)
+
+    def move(self, src: int, dst: int, length: int) -> None:
+        self._leader.send(OP_MOVE, src, dst, length)
+        self._inner.move(src, dst, length)
+
+    def capture_all(self, *, max_view: int | None = None, progress: Any = None) -> int:
+        self._leader.send(OP_CAPTURE, -1 if max_view is None else max_view)
+        return int(self._inner.capture_all(max_view=max_view, progress=progress))
+
+
+class TPThinkerRunner:
+    """The ThinkerRunner the scheduler sees on rank 0: the plain runner plus ``close``."""
+
+    def __init__(self, runner: Any, leader: TPLeader) -> None:
+        self.runner = runner
+        self.leader = leader
+        runner.decoder = LeaderDecoder(runner.decoder, leader)
+        self.slots: int = runner.slots
+        self.max_len: int = runner.max_len
+
+    def __getattr__(self, name: str) -> Any:  # decoder, embed, device, sampler (benchmarks read them)
+        return getattr(self.runner, name)
+
+    def admit(self, rows: list[ThinkerAdmission]) -> list[tuple[int, Any]]:
+        return self.runner.admit(rows)  # type: ignore[no-any-return]
+
+    def step(self, n: int, *, vector_slots: list[int], max_length: int) -> ThinkerStep:
+        return self.runner.step(n, vector_slots=vector_slots, max_length=max_length)  # type: ignore[no-any-return]
+
+    def move(self, src: int, dst: int, length: int) -> None:
+        self.runner.move(src, dst, length)
+
+    def warmup(self) -> None:
+        self.runner.warmup()
+
+    def close(self) -> None:
+        """Stop the followers; call on the thinker thread after the scheduler stopped."""
+        self.leader.close()
