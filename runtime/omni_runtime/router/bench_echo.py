@@ -1,0 +1,71 @@
+"""The router benchmark's echo upstream: a worker with no model time, the worst case for a proxy.
+
+    python -m omni_runtime.router.bench_echo --port N [--delay-ms D]
+
+Raw ASGI on uvicorn: every POST gets a small chat-completion JSON (after --delay-ms, as a worker
+waiting on its accelerator would, without using this CPU), /ready answers 200, and a WebSocket on
+any path echoes each message back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import Any
+
+ANSWER = json.dumps(
+    {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+    }
+).encode()
+_DELAY_S = 0.0  # set from --delay-ms
+
+
+async def upstream_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    if scope["type"] == "websocket":
+        await receive()
+        await send({"type": "websocket.accept"})
+        while (message := await receive())["type"] == "websocket.receive":
+            await send({"type": "websocket.send", "text": message.get("text"), "bytes": message.get("bytes")})
+        return
+    while (await receive()).get("more_body"):
+        pass
+    if scope["path"] == "/ready":
+        body = b"{}"
+    else:
+        body = ANSWER
+        if _DELAY_S:
+            await asyncio.sleep(_DELAY_S)
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def serve_upstream(port: int, delay_ms: float) -> None:
+    import uvicorn
+
+    global _DELAY_S
+    _DELAY_S = delay_ms / 1000
+    uvicorn.run(upstream_app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m omni_runtime.router.bench_echo")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--delay-ms", type=float, default=0.0)
+    args = parser.parse_args(argv)
+    serve_upstream(args.port, args.delay_ms)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
