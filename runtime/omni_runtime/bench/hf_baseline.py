@@ -1,11 +1,22 @@
 """Plain HF transformers `generate` on the same GPU: the baseline `omni bench` is compared with.
 
-It builds Qwen2.5-Omni-7B-shaped modules with random weights (the released talker shape) and
-times the monolithic `generate` with a fixed output length, at batch = concurrency (the best a
-plain `generate` server can do: static batches, all output at the end). Rows are written in
-`omni bench`'s format so `--baseline-json` shows them next to ours.
+It builds Qwen2.5-Omni-7B-shaped modules with random weights (the released talker shape; or the
+config of ``--model-path``, weights still random) and times the monolithic ``generate`` with a
+fixed output length, at batch = concurrency (the best a plain ``generate`` server can do: static
+batches, all output at the end).
 
-    python -m omni_runtime.bench.hf_baseline --concurrency 1,4,16 --max-tokens 128 --out hf.json
+- text: ``Qwen2_5OmniThinkerForConditionalGeneration.generate``, greedy, exactly ``--max-tokens``.
+- ``--speech``: ``Qwen2_5OmniForConditionalGeneration.generate`` with audio out,
+  ``--speech-text-tokens`` text tokens and ``--talker-tokens`` codec tokens per request (each
+  codec token is 2 mel frames = 480 samples at 24 kHz), one call with a batch of N prompts per
+  level; what it takes to run on random weights, and why, is in ``hf_speech``'s docstring.
+
+``levels`` in the output JSON are rows in ``omni bench``'s format, so ``--baseline-json`` shows
+them next to ours (for a ``generate`` call, time to first token and first audio = latency).
+``speech`` holds what that format has no field for: audio seconds, audio seconds per wall second,
+samples per request. ``meta`` names the device.
+
+    python -m omni_runtime.bench.hf_baseline --concurrency 1,4,16 --max-tokens 128 --speech --out hf.json
 """
 
 from __future__ import annotations
@@ -17,8 +28,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from omni_runtime.cli_types import positive_int
 
-def _row(*, label: str, concurrency: int, latency: float, tokens: int, ttfa: float | None) -> dict[str, Any]:
+
+def level_row(
+    *, label: str, concurrency: int, latency: float, tokens: int, ttfa: float | None
+) -> dict[str, Any]:
     return {
         "label": label,
         "concurrency": concurrency,
@@ -37,106 +52,179 @@ def _row(*, label: str, concurrency: int, latency: float, tokens: int, ttfa: flo
     }
 
 
-def _timed(fn: Any) -> float:
+def prompt_ids(*, batch: int, length: int, vocab_size: int, device: Any) -> Any:
+    """Random ordinary token ids: below the special tokens (the top of the vocabulary in Qwen's and
+    the tiny tokenizer's layout); 1000..100000 for the released 152k vocabulary."""
     import torch
 
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    return time.perf_counter() - start
+    high = min(100000, vocab_size - vocab_size // 4)
+    low = min(1000, high // 4)
+    return torch.randint(low, high, (batch, length), device=device)
+
+
+def _config_and_speakers(model_path: Path | None) -> tuple[Any, dict[str, dict[str, Any]]]:
+    from omni_runtime.models.qwen2_5_omni import loader
+
+    if model_path is None:
+        # The released 7B shapes with media token ids set (generate's rope index reads them).
+        config = loader.released_7b_config(loader.load_processor(None))
+    else:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(str(model_path))
+    # The same speaker entries the runtime serves (spk_dict.pt, else random ones): hf_speech says why.
+    return config, loader._speakers(model_path, config)
 
 
 def run(
-    *, levels: list[int], max_tokens: int, prompt_len: int, speech: bool, talker_tokens: int
-) -> list[dict]:
+    *,
+    levels: list[int],
+    max_tokens: int,
+    prompt_len: int,
+    speech: bool,
+    text: bool = True,
+    speech_text_tokens: int = 64,
+    talker_tokens: int = 400,
+    device_name: str = "cuda",
+    model_path: Path | None = None,
+) -> dict[str, Any]:
+    """Time the levels; returns ``{"meta": ..., "levels": [rows], "speech": [extras]}``."""
     import torch
     from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as hf
 
-    from omni_runtime.models.qwen2_5_omni.loader import load_processor, released_7b_config
+    from omni_runtime.bench import hf_speech
 
+    device = torch.device(device_name)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # bf16 matmuls crawl on CPUs
     torch.manual_seed(0)
-    # The released 7B shapes with media token ids set (generate's rope index reads them).
-    config = released_7b_config(load_processor(None))
-    rows = []
-    with torch.device("cuda"):
-        thinker = hf.Qwen2_5OmniThinkerForConditionalGeneration._from_config(
-            config.thinker_config, dtype=torch.bfloat16
-        ).eval()
+    config, speakers = _config_and_speakers(model_path)
+    vocab = int(config.thinker_config.text_config.vocab_size)
+    with torch.device(device):
+        if speech:  # one full model; its thinker serves the text levels too
+            model = hf.Qwen2_5OmniForConditionalGeneration._from_config(config, dtype=dtype).eval()
+            thinker = model.thinker
+        else:
+            thinker = hf.Qwen2_5OmniThinkerForConditionalGeneration._from_config(
+                config.thinker_config, dtype=dtype
+            ).eval()
     weight_gb = sum(p.numel() * p.element_size() for p in thinker.model.parameters()) / 1e9
-    print(f"thinker LM weights {weight_gb:.1f} GB bf16", file=sys.stderr)
-    for c in levels:
-        ids = torch.randint(1000, 100000, (c, prompt_len), device="cuda")
-        mask = torch.ones_like(ids)
+    print(f"thinker LM weights {weight_gb:.1f} GB {dtype} on {device}", file=sys.stderr)
+    rows: list[dict[str, Any]] = []
+    extras: list[dict[str, Any]] = []
+    for c in levels if text else []:
+        ids = prompt_ids(batch=c, length=prompt_len, vocab_size=vocab, device=device)
 
-        def gen(ids: Any = ids, mask: Any = mask) -> None:
+        def gen(ids: Any = ids) -> None:
             thinker.generate(
                 input_ids=ids,
-                attention_mask=mask,
+                attention_mask=torch.ones_like(ids),
                 max_new_tokens=max_tokens,
                 min_new_tokens=max_tokens,
                 do_sample=False,
             )
 
         gen()  # warm-up
-        latency = _timed(gen)
+        hf_speech.synchronize(device)
+        start = time.perf_counter()
+        gen()
+        hf_speech.synchronize(device)
+        latency = time.perf_counter() - start
         print(
             f"hf-generate text c={c}: {latency:.2f}s, {latency / max_tokens * 1e3:.1f} ms/step",
             file=sys.stderr,
         )
-        rows.append(_row(label="hf-generate", concurrency=c, latency=latency, tokens=max_tokens, ttfa=None))
+        rows.append(
+            level_row(label="hf-generate", concurrency=c, latency=latency, tokens=max_tokens, ttfa=None)
+        )
     if speech:
-        del thinker
-        torch.cuda.empty_cache()
-        with torch.device("cuda"):
-            model = hf.Qwen2_5OmniForConditionalGeneration._from_config(config, dtype=torch.bfloat16).eval()
-        token2wav_config: Any = config.token2wav_config
-        talker_config: Any = config.talker_config
-        mel_dim = token2wav_config.dit_config.mel_dim
-        model.speaker_map = {
-            "Chelsie": {
-                "bos_token": talker_config.tts_codec_start_token_id,
-                "cond": torch.randn(1, 192, device="cuda", dtype=torch.bfloat16),
-                "ref_mel": torch.randn(1, 300, mel_dim, device="cuda", dtype=torch.bfloat16),
-            }
-        }
-        ids = torch.randint(1000, 100000, (1, prompt_len), device="cuda")
-
-        def speak() -> None:
-            model.generate(
-                input_ids=ids,
-                attention_mask=torch.ones_like(ids),
-                speaker="Chelsie",
-                thinker_max_new_tokens=64,
-                thinker_min_new_tokens=64,
-                talker_max_new_tokens=talker_tokens,
-                talker_min_new_tokens=talker_tokens,
-                thinker_do_sample=False,
+        guard = hf_speech.prepare(model, speakers=speakers)
+        for c in levels:
+            ids = prompt_ids(batch=c, length=prompt_len, vocab_size=vocab, device=device)
+            result = hf_speech.time_speech(
+                model, guard, ids, text_tokens=speech_text_tokens, talker_tokens=talker_tokens
             )
+            extra = result.extras(text_tokens=speech_text_tokens, talker_tokens=talker_tokens)
+            print(
+                f"hf-generate speech c={c} (one batched generate): {result.latency_s:.2f}s, all audio at "
+                f"the end; {extra['audio_s']:.1f} s of audio, {extra['audio_s_per_wall_s']:.2f} audio s "
+                f"per wall s; {result.codes_replaced} out-of-table codes mapped to 0",
+                file=sys.stderr,
+            )
+            rows.append(
+                level_row(
+                    label="hf-generate-speech",
+                    concurrency=c,
+                    latency=result.latency_s,
+                    tokens=speech_text_tokens,
+                    ttfa=result.latency_s,
+                )
+            )
+            extras.append(extra)
+    meta = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "dtype": str(dtype),
+        "model": str(model_path) if model_path else "Qwen2.5-Omni-7B shapes, random weights",
+        "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__,
+    }
+    return {"meta": meta, "levels": rows, "speech": extras}
 
-        latency = _timed(speak)
-        print(f"hf-generate speech c=1: {latency:.2f}s (first audio = end)", file=sys.stderr)
-        rows.append(_row(label="hf-generate-speech", concurrency=1, latency=latency, tokens=64, ttfa=latency))
-    return rows
+
+def _levels(text: str) -> list[int]:
+    try:
+        levels = [int(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        levels = []
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers like 1,4,16, got {text!r}")
+    return levels
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m omni_runtime.bench.hf_baseline",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--concurrency", type=_levels, default=[1, 4, 16], help="levels, e.g. 1,4,16")
+    parser.add_argument("--max-tokens", type=positive_int, default=128, help="text levels' output length")
+    parser.add_argument("--prompt-len", type=positive_int, default=64)
+    parser.add_argument("--speech", action="store_true", help="also time speech generate at every level")
+    parser.add_argument("--no-text", action="store_true", help="skip the text levels")
+    parser.add_argument(
+        "--speech-text-tokens", type=positive_int, default=64, help="thinker tokens per speech reply"
+    )
+    parser.add_argument(
+        "--talker-tokens", type=positive_int, default=400, help="codec tokens per speech reply"
+    )
+    parser.add_argument("--device", default="cuda", help="cuda (default), cuda:N or cpu")
+    parser.add_argument(
+        "--model-path",
+        type=Path,
+        help="checkpoint directory whose config.json (and spk_dict.pt) to use; weights stay random. "
+        "Default: the released Qwen2.5-Omni-7B shapes",
+    )
+    parser.add_argument("--out", required=True, type=Path)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m omni_runtime.bench.hf_baseline", description=__doc__)
-    parser.add_argument("--concurrency", default="1,4,16")
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--prompt-len", type=int, default=64)
-    parser.add_argument("--speech", action="store_true", help="also time one full speech generate")
-    parser.add_argument("--talker-tokens", type=int, default=400)
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args(argv)
-    rows = run(
-        levels=[int(c) for c in args.concurrency.split(",")],
+    args = build_parser().parse_args(argv)
+    if args.model_path is not None and not (args.model_path / "config.json").is_file():
+        print(f"--model-path: no config.json in {args.model_path}", file=sys.stderr)
+        return 2
+    result = run(
+        levels=args.concurrency,
         max_tokens=args.max_tokens,
         prompt_len=args.prompt_len,
         speech=args.speech,
+        text=not args.no_text,
+        speech_text_tokens=args.speech_text_tokens,
         talker_tokens=args.talker_tokens,
+        device_name=args.device,
+        model_path=args.model_path,
     )
-    Path(args.out).write_text(json.dumps({"levels": rows}, indent=2))
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
 

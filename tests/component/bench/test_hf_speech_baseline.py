@@ -1,0 +1,90 @@
+"""The plain-HF speech baseline runs end to end on random weights with the released codec numbering.
+
+The tiny checkpoint's DiT covers its whole codec vocabulary, so it can never show the bug the
+baseline once had on the 7B shapes: a random talker samples codec ids (>= 8194 of 8448) that
+token2wav's code embedding lacks, an IndexError on a CPU and a device-side assert on a GPU. This
+test gives the tiny config the released numbering (talker vocabulary 8448, codec PAD/BOS/END/MASK
+8292/8293/8294/8296, DiT num_embeds 8193) and no spk_dict.pt (the dummy-7B speaker path), runs
+`python -m omni_runtime.bench.hf_baseline --speech` through its main(), and checks that codes
+outside the table did occur and that the audio came out at 24 kHz with the JSON rows intact.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+RELEASED_CODEC = {
+    "vocab_size": 8448,
+    "tts_codec_pad_token_id": 8292,
+    "tts_codec_start_token_id": 8293,
+    "tts_codec_end_token_id": 8294,
+    "tts_codec_mask_token_id": 8296,
+}
+SAMPLES_PER_CODE = 2 * 240  # DiT repeats x BigVGAN upsampling (5*3*2*2*2*2)
+
+
+@pytest.fixture(scope="module")
+def released_codec_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from omni_runtime.models.tiny import ensure_tiny_checkpoint
+
+    out = tmp_path_factory.mktemp("released-codec")
+    config = json.loads((ensure_tiny_checkpoint(progress=False) / "config.json").read_text())
+    config["talker_config"].update(RELEASED_CODEC)
+    config["token2wav_config"]["dit_config"]["num_embeds"] = 8193
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+@pytest.mark.slow  # two CPU generate calls (warm-up, timed): the DiT's 36 evaluations dominate
+def test_speech_baseline_survives_codes_outside_the_dit_table(
+    released_codec_dir: Path, tmp_path: Path
+) -> None:
+    from omni_runtime.bench.hf_baseline import main
+    from omni_runtime.bench.report import load_baselines
+
+    out = tmp_path / "hf.json"
+    talker_tokens = 48  # seed 0: out-of-table codes by step 24
+    rc = main(
+        [
+            "--model-path", str(released_codec_dir),
+            "--device", "cpu",
+            "--concurrency", "1",
+            "--no-text",
+            "--speech",
+            "--prompt-len", "8",
+            "--speech-text-tokens", "3",
+            "--talker-tokens", str(talker_tokens),
+            "--out", str(out),
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    result = json.loads(out.read_text())
+    (extra,) = result["speech"]
+    # The failing path was taken: the random talker emitted ids token2wav's table lacks.
+    assert extra["codes_replaced"] > 0
+    assert extra["sample_rate"] == 24000
+    assert extra["samples_per_request"] == [talker_tokens * SAMPLES_PER_CODE]
+    assert extra["audio_s"] == pytest.approx(talker_tokens * SAMPLES_PER_CODE / 24000)
+    assert extra["audio_s_per_wall_s"] == pytest.approx(extra["audio_s"] / extra["latency_s"])
+    assert extra["time_to_first_audio_s"] == extra["latency_s"] > 0
+    (row,) = result["levels"]
+    assert row["label"] == "hf-generate-speech"
+    assert row["concurrency"] == row["requests"] == 1
+    assert row["ttfa_p50_s"] == row["latency_p50_s"] == extra["latency_s"]
+    assert row["output_tokens_per_s"] == pytest.approx(3 / extra["latency_s"])
+    assert result["meta"]["device"] == "cpu"
+    # omni bench --baseline-json reads the file as it is.
+    (summary,) = load_baselines(out)
+    assert summary.ttfa_p50_s == pytest.approx(extra["latency_s"])
+
+
+def test_bad_model_path_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from omni_runtime.bench.hf_baseline import main
+
+    assert main(["--model-path", str(tmp_path), "--out", str(tmp_path / "x.json")]) == 2
+    assert "no config.json" in capsys.readouterr().err
+    shutil.rmtree(tmp_path, ignore_errors=True)
