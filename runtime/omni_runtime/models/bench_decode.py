@@ -87,8 +87,11 @@ def bench_runtime(runner: Any, *, batch: int, prompt: int, steps: int, vocab: in
             ThinkerAdmission(slot=slot, prompt=tp, sampling=RowSampling(temperature=0.0), want_vectors=False)
         )
     runner.admit(rows)
-    for i in range(3):  # capture/warm the buckets this run uses
+    for i in range(3):  # warm the first bucket (and compile the layers for this batch size)
         runner.step(batch, vector_slots=[], max_length=prompt + 1 + i)
+    # Capture every length bucket the timed steps reach, as the server's warm-up does: a bucket
+    # captured inside the timed loop would bill its capture (and compilation) to the steps.
+    runner.decoder.decode(batch, max_length=prompt + 4 + steps)
     torch.cuda.synchronize()
     start = time.perf_counter()
     for i in range(steps):
