@@ -34,7 +34,7 @@ if [ "${RUN_OMNI:-1}" = 1 ]; then
 $OMNI_CLI serve --model-path "$DUMMY" --load-format dummy --device cuda --pipeline "$PIPELINE" --model-name qwen2.5-omni-7b-dummy \
   --port 8000 --max-batch-size 32 ${SERVE_ARGS:-} > "$OUT/serve.log" 2>&1 &
 SERVER=$!
-for _ in $(seq 1 240); do
+for _ in $(seq 1 420); do
   curl -sf localhost:8000/ready >/dev/null && break
   kill -0 $SERVER 2>/dev/null || { echo "server died"; tail -50 "$OUT/serve.log"; exit 1; }
   sleep 1
