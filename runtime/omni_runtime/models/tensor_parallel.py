@@ -92,23 +92,46 @@ def sharded_thinker_config(thinker_config: Any, tp: int) -> Any:
     return config
 
 
+_GROUPS: dict[int, Any] = {}  # custom-op argument -> process group (None: the default group)
+
+
+@torch.library.custom_op("omni_tp::all_reduce", mutates_args=())
+def tp_all_reduce(x: torch.Tensor, group_id: int) -> torch.Tensor:
+    """Sum over the TP group, as an opaque op: ``torch.compile`` keeps it in one graph (no graph
+    break, no functional-collective rewrite) and CUDA-graph capture records the NCCL kernel."""
+    import torch.distributed as dist
+
+    out = x.clone()
+    dist.all_reduce(out, group=_GROUPS.get(group_id))
+    return out
+
+
+@tp_all_reduce.register_fake
+def _(x: torch.Tensor, group_id: int) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def register_group(group: Any) -> int:
+    key = 0 if group is None else id(group)
+    _GROUPS[key] = group
+    return key
+
+
 class RowParallelLinear(nn.Linear):
     """A rowwise shard: ``x_shard @ W_shard^T`` summed over the group, then the bias once.
 
     It stays an ``nn.Linear`` (``weight`` holds this rank's input-feature slice) so code that
     inspects linears keeps working; code that calls ``F.linear(x, m.weight)`` itself must add the
-    all-reduce (see the module docstring).
+    all-reduce (``tp_all_reduce``).
     """
 
-    tp_group: Any = None  # None: the default process group
+    tp_group_id: int = 0
     tp_world: int = 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.linear(x, self.weight)
         if self.tp_world > 1:
-            import torch.distributed as dist
-
-            dist.all_reduce(out, group=self.tp_group)
+            out = tp_all_reduce(out, self.tp_group_id)
         if self.bias is not None:
             out = out + self.bias
         return out
@@ -138,7 +161,7 @@ def _rowwise(linear: nn.Linear, rank: int, world: int, group: Any) -> RowParalle
     shard.weight = nn.Parameter(weight, requires_grad=False)
     if linear.bias is not None:
         shard.bias = nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
-    shard.tp_group, shard.tp_world = group, world
+    shard.tp_group_id, shard.tp_world = register_group(group), world
     return shard.eval()
 
 

@@ -114,6 +114,13 @@ class TPLeader:
     """Rank 0's handle on its followers: spawn, rendezvous, op broadcast, watchdog, shutdown."""
 
     def __init__(self, options: EngineOptions, *, model_path: Path | None) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():  # the group is this process's default group: one per process
+            raise EngineError(
+                "this process already leads a tensor-parallel group; run one TP thinker per process",
+                param="thinker_tp_size",
+            )
         self.world = options.thinker_tp_size
         self.init_method = f"tcp://127.0.0.1:{free_port()}"
         self.procs: list[subprocess.Popen[bytes]] = []
