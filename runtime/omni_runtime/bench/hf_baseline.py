@@ -52,14 +52,24 @@ def level_row(
     }
 
 
-def prompt_ids(*, batch: int, length: int, vocab_size: int, device: Any) -> Any:
+def prompt_ids(*, batch: int, length: int, config: Any, device: Any) -> Any:
     """Random ordinary token ids: below the special tokens (the top of the vocabulary in Qwen's and
-    the tiny tokenizer's layout); 1000..100000 for the released 152k vocabulary."""
+    the tiny tokenizer's layout; 1000..100000 for the released 152k vocabulary), and never a media
+    or marker id of the config: with the tiny tokenizer's ids in a 7B config those fall inside the
+    range, and a stray vision-start or audio placeholder makes ``get_rope_index`` look for media."""
     import torch
 
+    thinker = config.thinker_config
+    vocab_size = int(thinker.text_config.vocab_size)
     high = min(100000, vocab_size - vocab_size // 4)
     low = min(1000, high // 4)
-    return torch.randint(low, high, (batch, length), device=device)
+    markers = sorted(
+        int(value)
+        for key, value in thinker.to_dict().items()
+        if key.endswith(("_token_id", "_token_index")) and isinstance(value, int)
+    )
+    ids = torch.randint(low, high, (batch, length), device=device)
+    return torch.where(torch.isin(ids, torch.tensor(markers, device=device)), low, ids)
 
 
 def _config_and_speakers(model_path: Path | None) -> tuple[Any, dict[str, dict[str, Any]]]:
@@ -82,6 +92,7 @@ def run(
     max_tokens: int,
     prompt_len: int,
     speech: bool,
+    speech_levels: list[int] | None = None,
     text: bool = True,
     speech_text_tokens: int = 64,
     talker_tokens: int = 400,
@@ -98,7 +109,6 @@ def run(
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # bf16 matmuls crawl on CPUs
     torch.manual_seed(0)
     config, speakers = _config_and_speakers(model_path)
-    vocab = int(config.thinker_config.text_config.vocab_size)
     with torch.device(device):
         if speech:  # one full model; its thinker serves the text levels too
             model = hf.Qwen2_5OmniForConditionalGeneration._from_config(config, dtype=dtype).eval()
@@ -112,7 +122,7 @@ def run(
     rows: list[dict[str, Any]] = []
     extras: list[dict[str, Any]] = []
     for c in levels if text else []:
-        ids = prompt_ids(batch=c, length=prompt_len, vocab_size=vocab, device=device)
+        ids = prompt_ids(batch=c, length=prompt_len, config=config, device=device)
 
         def gen(ids: Any = ids) -> None:
             thinker.generate(
@@ -138,8 +148,8 @@ def run(
         )
     if speech:
         guard = hf_speech.prepare(model, speakers=speakers)
-        for c in levels:
-            ids = prompt_ids(batch=c, length=prompt_len, vocab_size=vocab, device=device)
+        for c in speech_levels or levels:
+            ids = prompt_ids(batch=c, length=prompt_len, config=config, device=device)
             result = hf_speech.time_speech(
                 model, guard, ids, text_tokens=speech_text_tokens, talker_tokens=talker_tokens
             )
@@ -190,6 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-tokens", type=positive_int, default=128, help="text levels' output length")
     parser.add_argument("--prompt-len", type=positive_int, default=64)
     parser.add_argument("--speech", action="store_true", help="also time speech generate at every level")
+    parser.add_argument(
+        "--speech-concurrency", type=_levels, help="speech levels (default: the --concurrency levels)"
+    )
     parser.add_argument("--no-text", action="store_true", help="skip the text levels")
     parser.add_argument(
         "--speech-text-tokens", type=positive_int, default=64, help="thinker tokens per speech reply"
@@ -218,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         max_tokens=args.max_tokens,
         prompt_len=args.prompt_len,
         speech=args.speech,
+        speech_levels=args.speech_concurrency,
         text=not args.no_text,
         speech_text_tokens=args.speech_text_tokens,
         talker_tokens=args.talker_tokens,

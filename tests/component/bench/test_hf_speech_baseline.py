@@ -12,7 +12,6 @@ outside the table did occur and that the audio came out at 24 kHz with the JSON 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -87,4 +86,18 @@ def test_bad_model_path_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureF
 
     assert main(["--model-path", str(tmp_path), "--out", str(tmp_path / "x.json")]) == 2
     assert "no config.json" in capsys.readouterr().err
-    shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_prompt_ids_stay_below_the_specials_and_avoid_marker_ids() -> None:
+    import torch
+    from transformers import Qwen2_5OmniConfig
+
+    from omni_runtime.bench.hf_baseline import prompt_ids
+
+    markers = {"audio_token_index": 20, "image_token_index": 21, "vision_start_token_id": 30}
+    config = Qwen2_5OmniConfig(thinker_config={"text_config": {"vocab_size": 64}, **markers})
+    torch.manual_seed(0)
+    ids = prompt_ids(batch=4, length=500, config=config, device=torch.device("cpu"))
+    assert ids.shape == (4, 500)
+    # vocab 64: ids from 48 // 4 = 12 up to the top quarter (48..63, where specials live), markers out
+    assert set(ids.unique().tolist()) == set(range(12, 48)) - {20, 21, 30}
