@@ -4,6 +4,12 @@ Run on a GPU (the lead runs it on an H100)::
 
     python -m omni_runtime.models.bench_decode                     # dummy Qwen2.5-Omni-7B, bf16
     python -m omni_runtime.models.bench_decode --batches 1,4,16 --steps 128 --prompt 128 --json out.json
+    python -m omni_runtime.models.bench_decode --tp 2 --skip-generate   # thinker TP over GPUs 0,1
+
+``--tp N`` builds the thinker the way ``omni serve --load-format dummy --thinker-tp-size N`` does
+(loader, sharding, follower processes on GPUs 1..N-1, the agreed KV slots): this process is
+rank 0 and times the same runner the scheduler drives. ``--tp 1`` is that path without TP, the
+fair baseline for a TP=2 row; the weight bytes and bound are then per rank.
 
 Both sides use the same module objects (one random-weight 7B thinker on the GPU), the same
 prompt length and the same number of new tokens, greedy. Reported per batch size: milliseconds
@@ -58,6 +64,28 @@ def _build(dtype_name: str, max_len: int, slots: int):
         cuda_graphs=True,
     )
     return thinker, runner
+
+
+def _build_serving(dtype_name: str, max_len: int, slots: int, tp: int) -> tuple[Any, Any, int]:
+    """(adapter, runner, weight bytes one rank reads per step) through the serving loader."""
+    from omni_runtime.models.qwen2_5_omni.adapter import Qwen25OmniAdapter
+    from omni_runtime.models.qwen2_5_omni.loader import load_model
+    from omni_runtime.pipeline.options import EngineOptions
+
+    hosted = frozenset({"thinker", "mm_aggregate"})
+    options = EngineOptions(
+        load_format="dummy",
+        device="cuda",
+        dtype=dtype_name,
+        thinker_tp_size=tp,
+        max_batch_size=slots,
+        max_model_len=max_len,
+    )
+    loaded = load_model(options, path=None, hosted=hosted)
+    adapter = Qwen25OmniAdapter(loaded, options=options, hosted=hosted)
+    runner = adapter.thinker_runner(slots=slots, max_len=max_len)
+    params = [*loaded.text.layers.parameters(), *loaded.text.norm.parameters(), *loaded.lm_head.parameters()]
+    return adapter, runner, sum(p.numel() * p.element_size() for p in params)
 
 
 def _weight_bytes(thinker: Any) -> int:
@@ -134,6 +162,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     parser.add_argument("--skip-generate", action="store_true", help="only time the runtime")
     parser.add_argument(
+        "--tp",
+        type=int,
+        default=0,
+        help="build the thinker as omni serve does with --thinker-tp-size TP (GPUs 0..TP-1); implies --skip-generate",
+    )
+    parser.add_argument(
         "--hbm-tbps", type=float, default=None, help="HBM bandwidth in TB/s (default: by GPU name)"
     )
     parser.add_argument("--json", default=None, help="also write the results to this file")
@@ -147,14 +181,30 @@ def main(argv: list[str] | None = None) -> int:
     batches = [int(b) for b in args.batches.split(",")]
     name = torch.cuda.get_device_name(0)
     max_len = 1 << max(10, (args.prompt + args.steps + 16).bit_length())
-    print(f"building a random-weight Qwen2.5-Omni-7B thinker ({args.dtype}) on {name} ...", file=sys.stderr)
-    thinker, runner = _build(args.dtype, max_len=max_len, slots=max(batches))
-    vocab = thinker.config.text_config.vocab_size
-    weight_bytes = _weight_bytes(thinker)
+    thinker: Any = None
+    runner: Any
+    if args.tp:
+        if args.tp > torch.cuda.device_count():
+            print(f"bench_decode: --tp {args.tp} needs {args.tp} GPUs", file=sys.stderr)
+            return 2
+        print(
+            f"building the serving 7B thinker with TP={args.tp} ({args.dtype}) on {name} ...", file=sys.stderr
+        )
+        _, runner, weight_bytes = _build_serving(args.dtype, max_len=max_len, slots=max(batches), tp=args.tp)
+        vocab = int(runner.sampler.vocab_size)  # ids the tokenizer decodes
+        args.skip_generate = True
+    else:
+        print(
+            f"building a random-weight Qwen2.5-Omni-7B thinker ({args.dtype}) on {name} ...", file=sys.stderr
+        )
+        thinker, runner = _build(args.dtype, max_len=max_len, slots=max(batches))
+        vocab = thinker.config.text_config.vocab_size
+        weight_bytes = _weight_bytes(thinker)
     bandwidth = _bandwidth(name, args.hbm_tbps)
     bound_ms = weight_bytes / bandwidth * 1000
     results: dict[str, Any] = {
         "gpu": name,
+        "thinker_tp_size": args.tp or 1,
         "dtype": args.dtype,
         "prompt_tokens": args.prompt,
         "decode_steps": args.steps,
@@ -179,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         }
         results["rows"].append(row)
         print(json.dumps(row), file=sys.stderr)
-    print(f"\nThinker decode on {name}, {args.dtype}, prompt {args.prompt}, {args.steps} steps")
+    tp_label = f", thinker TP={args.tp} (serving path)" if args.tp else ""
+    print(f"\nThinker decode on {name}{tp_label}, {args.dtype}, prompt {args.prompt}, {args.steps} steps")
     print(
         f"weights read per step {weight_bytes / 1e9:.2f} GB / HBM {bandwidth / 1e12:.2f} TB/s = {bound_ms:.2f} ms bound"
     )
@@ -200,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(results, f, indent=2)
+    close = getattr(runner, "close", None)
+    if close is not None:  # TP followers
+        close()
     return 0
 
 
