@@ -49,7 +49,8 @@ def session_id_in(*, path: str, query: Mapping[str, str], header_value: str | No
         values.append(header_value)
     if SESSION_QUERY_PARAM in query:
         values.append(query[SESSION_QUERY_PARAM])
-    values.extend(segment for segment in path.split("/") if segment)
+    if "." in path:  # every session id has a dot; most paths have none
+        values.extend(segment for segment in path.split("/") if segment)
     for value in values:
         worker_id = worker_of(value)
         if worker_id is not None:

@@ -57,15 +57,10 @@ class RouterContext:
     relays: dict[str, set[asyncio.Future[tuple[int, str]]]] = field(default_factory=dict)
 
     def open_session(self, worker_id: str) -> None:
-        self.table.open_session(worker_id)
-        worker = self.table.get(worker_id)
-        self.metrics.set_sessions(worker_id, worker.sessions if worker else 0)
+        self.table.open_session(worker_id)  # /metrics reads live sessions from the table
 
     def close_session(self, worker_id: str) -> None:
-        dropped = self.table.close_session(worker_id)
-        worker = self.table.get(worker_id)
-        self.metrics.set_sessions(worker_id, worker.sessions if worker else 0)
-        if dropped:
+        if self.table.close_session(worker_id):
             self.metrics.forget_worker(worker_id)
             log.info(
                 "worker left the table", extra={"fields": {"event": "worker_dropped", "worker": worker_id}}

