@@ -206,6 +206,13 @@ def parse_args(argv: list[str]) -> ServeConfig:
         )
     if args.talker_gpu is not None and args.talker_gpu in args.thinker_gpus:
         parser.error(f"--talker-gpu {args.talker_gpu} is also a thinker GPU; the talker needs its own GPU")
+    # Thinker ranks default to GPUs 0..tp-1 when --thinker-gpus is not given.
+    if not args.thinker_gpus and args.talker_gpu is not None and 0 < args.talker_gpu < args.thinker_tp_size:
+        parser.error(
+            f"--talker-gpu {args.talker_gpu} is thinker TP rank {args.talker_gpu}'s GPU (without --thinker-gpus "
+            f"the {args.thinker_tp_size} ranks use GPUs 0-{args.thinker_tp_size - 1}); pick another GPU or "
+            "list --thinker-gpus"
+        )
     if args.device == "cpu" and (args.thinker_gpus or args.talker_gpu is not None or args.image_encoder_gpus):
         parser.error("--device cpu contradicts the GPU placement flags; drop them or use --device cuda")
     if args.max_tokens_limit is not None and args.max_tokens_limit > args.max_model_len:
