@@ -64,6 +64,22 @@ def _unknown_worker(worker_id: str) -> Response:
     return _error_response(error)
 
 
+def _per_replica(config: RouterConfig, worker_id: str, action: str) -> Response | None:
+    """With --processes N > 1 an admin drain or idle wait would see one replica of N: refuse it."""
+    if config.processes <= 1:
+        return None
+    error = RouterError(
+        status=409,
+        code="router_has_replicas",
+        error_type="invalid_request_error",
+        message=f"This router runs {config.processes} processes (--processes); {action} over HTTP "
+        "would reach only the one that answered. Drain through the worker table instead: set "
+        f'"state": "draining" for {worker_id!r} in the --workers-file (every process re-reads it), '
+        "or run the router with --processes 1.",
+    )
+    return _error_response(error)
+
+
 class RouterApp:
     def __init__(
         self, *, config: RouterConfig, source: WorkerSource, initial: list[WorkerSpec] | None = None
@@ -223,7 +239,9 @@ class RouterApp:
         return Response(self.metrics.render(self.table), media_type=CONTENT_TYPE)
 
     async def _list_workers(self, request: Request) -> Response:
-        return JSONResponse({"workers": [worker_json(worker) for worker in self.table.workers()]})
+        workers = [worker_json(worker) for worker in self.table.workers()]
+        # With --processes N, sessions are this process's own: say so next to them.
+        return JSONResponse({"workers": workers, "router_processes": self.config.processes})
 
     async def _get_worker(self, request: Request) -> Response:
         """One worker; `?wait=S` holds the answer until the worker is idle or S seconds pass."""
@@ -238,6 +256,8 @@ class RouterApp:
                 message="wait: expected a number of seconds, e.g. ?wait=30",
             )
             return _error_response(error)
+        if wait > 0 and (refused := _per_replica(self.config, worker_id, "waiting for idle")):
+            return refused
         deadline = asyncio.get_running_loop().time() + wait
         while True:
             worker = self.table.get(worker_id)
@@ -249,6 +269,8 @@ class RouterApp:
 
     async def _drain(self, request: Request) -> Response:
         worker_id = request.path_params["worker_id"]
+        if refused := _per_replica(self.config, worker_id, "a drain"):
+            return refused
         worker = self.table.drain(worker_id)
         if worker is None:
             return _unknown_worker(worker_id)
@@ -260,6 +282,8 @@ class RouterApp:
 
     async def _undrain(self, request: Request) -> Response:
         worker_id = request.path_params["worker_id"]
+        if refused := _per_replica(self.config, worker_id, "an undrain"):
+            return refused
         worker = self.table.undrain(worker_id)
         if worker is None:
             return _unknown_worker(worker_id)

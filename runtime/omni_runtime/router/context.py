@@ -43,6 +43,7 @@ class RouterConfig:
     api_keys: tuple[bytes, ...] = ()  # empty: no client authentication
     ws_ping_interval: float = 20.0  # keepalive pings on the router-to-worker WebSocket
     log_requests: bool = True  # one JSON line per proxied request
+    processes: int = 1  # router replicas sharing the port (--processes); admin drains need 1
 
 
 @dataclass

@@ -10,6 +10,8 @@ one-line error naming the flag, not a traceback.
 from __future__ import annotations
 
 import argparse
+import logging
+import socket
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +20,8 @@ from omni_runtime.router import logs
 from omni_runtime.router.auth import load_api_keys
 from omni_runtime.router.context import RouterConfig
 from omni_runtime.router.sources import FileSource, WorkerSource, WorkerTableError
+
+log = logging.getLogger("omni.router")
 
 
 def _positive(kind: Callable[[str], float]) -> Callable[[str], Any]:
@@ -93,6 +97,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="file of client API keys, one per line; clients then need "
         "`Authorization: Bearer <key>` (/health, /ready, /metrics stay open)",
     )
+    parser.add_argument(
+        "--processes",
+        type=_positive(int),
+        default=1,
+        help="router processes sharing the port (SO_REUSEPORT), each a full replica (default 1); "
+        "with more than 1, drain workers through the worker table, not the admin API",
+    )
+    parser.add_argument("--replica-fd", type=int, help=argparse.SUPPRESS)  # set by --processes
+    parser.add_argument("--replica", default="0/1", help=argparse.SUPPRESS)  # "index/count"
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--no-request-log", action="store_true", help="do not log one JSON line per request")
     return parser
@@ -122,6 +135,14 @@ def main(argv: list[str]) -> int:
     if args.max_sessions_per_worker < 0:
         print("omni router: error: --max-sessions-per-worker must be 0 (no limit) or more", file=sys.stderr)
         return 2
+    if args.processes > 1 and (args.source or "file") == "kubernetes":
+        print(
+            "omni router: error: --processes works with --workers-file only; with --source kubernetes "
+            "each router pod reports its live sessions on draining workers as one replica, so scale "
+            "the router's pod replicas instead",
+            file=sys.stderr,
+        )
+        return 2
     try:
         source = build_source(args)
         initial = source.load()
@@ -129,6 +150,8 @@ def main(argv: list[str]) -> int:
     except WorkerTableError as exc:
         print(f"omni router: error: {exc}", file=sys.stderr)
         return 2
+    if args.processes > 1 and args.replica_fd is None:
+        return _run_replicas(args, argv)
 
     import uvicorn
 
@@ -139,7 +162,9 @@ def main(argv: list[str]) -> int:
     from prometheus_client import disable_created_metrics
 
     disable_created_metrics()
+    index, _, count = args.replica.partition("/")
     config = RouterConfig(
+        processes=int(count),
         session_header=args.session_header,
         max_sessions_per_worker=args.max_sessions_per_worker,
         max_body_bytes=args.max_body_bytes,
@@ -150,6 +175,16 @@ def main(argv: list[str]) -> int:
         log_requests=not args.no_request_log,
     )
     app = RouterApp(config=config, source=source, initial=initial)
+    sockets = None
+    if args.replica_fd is not None:  # a replica of `--processes N`: serve on the parent's socket
+        from omni_runtime.router.replicas import watch_parent
+
+        watch_parent()
+        sockets = [socket.socket(fileno=args.replica_fd)]
+        log.info(
+            "router replica starting",
+            extra={"fields": {"event": "replica", "replica": int(index), "processes": int(count)}},
+        )
     server = uvicorn.Server(
         uvicorn.Config(
             app,
@@ -164,8 +199,33 @@ def main(argv: list[str]) -> int:
             timeout_graceful_shutdown=10,
         )
     )
-    server.run()
+    server.run(sockets=sockets)
     return 0 if server.started else 1
+
+
+def _run_replicas(args: argparse.Namespace, argv: list[str]) -> int:
+    from omni_runtime.router.replicas import PortInUse, Replicas, bind_group
+
+    try:
+        sockets = bind_group(args.host, args.port, args.processes)
+    except PortInUse as exc:
+        print(f"omni router: error: {exc}", file=sys.stderr)
+        return 2
+    return Replicas(argv=_without_processes(argv), sockets=sockets).run()
+
+
+def _without_processes(argv: list[str]) -> list[str]:
+    """The flags again, less --processes (in either spelling), for the replicas."""
+    kept: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--processes":
+            skip = True
+        elif not arg.startswith("--processes="):
+            kept.append(arg)
+    return kept
 
 
 if __name__ == "__main__":

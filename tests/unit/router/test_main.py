@@ -55,3 +55,38 @@ def test_kubernetes_source_without_a_cluster_is_a_clear_error(tmp_path, monkeypa
     assert err.startswith(
         "omni router: error: --source kubernetes: no in-cluster service account and no usable kubeconfig ("
     )
+
+
+def test_processes_refuse_the_kubernetes_source(capsys):
+    argv = ["--source", "kubernetes", "--namespace", "ml", "--deployment", "tiny", "--processes", "2"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip() == (
+        "omni router: error: --processes works with --workers-file only; with --source kubernetes each "
+        "router pod reports its live sessions on draining workers as one replica, so scale the router's "
+        "pod replicas instead"
+    )
+
+
+def test_processes_on_a_port_in_use_is_a_clear_error(tmp_path, capsys):
+    import socket
+
+    workers = tmp_path / "w.json"
+    workers.write_text(json.dumps({"workers": []}))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = [
+            "--workers-file",
+            str(workers),
+            "--processes",
+            "2",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ]
+        assert main(argv) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"omni router: error: --port {port}: cannot listen on 127.0.0.1:{port}: Address already in use"
+    )
