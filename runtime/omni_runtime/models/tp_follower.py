@@ -14,7 +14,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +103,16 @@ def serve_ops(adapter: Any, leader_fd: int) -> int:
                 return 3
 
 
+def _watch_parent(parent: int) -> None:
+    """Exit when the worker is gone, even while the main thread waits in a collective that the
+    dead worker will never join (pipe EOF is only seen between ops)."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    log.error("the worker (pid %d) is gone; exiting", parent)
+    logging.shutdown()
+    os._exit(1)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m omni_runtime.models.tp_follower")
     parser.add_argument("--rank", type=int, required=True)
@@ -116,6 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     leader_fd = os.dup(0)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
+    # Our life is the worker's: a terminal's Ctrl-C or a process-group SIGTERM reaches the worker
+    # too, which then stops us with STOP/EOF; dying first would look like a crash to its watchdog.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), name="parent-watch", daemon=True).start()
 
     from omni_runtime.models.qwen2_5_omni.adapter import Qwen25OmniAdapter
     from omni_runtime.models.qwen2_5_omni.loader import load_model

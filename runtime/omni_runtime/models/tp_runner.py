@@ -59,8 +59,10 @@ class LeaderDecoder:
 
     def decode(self, n: int, *, max_length: int) -> Any:
         inner = self._inner
-        self._leader.send(OP_DECODE, n, max_length)
+        # Everything a follower will receive exists before the header goes out: a failure after
+        # the header would leave the followers waiting in a broadcast that never comes.
         state = torch.cat([inner.last_ids[:n], inner.lengths[:n], inner.rope_delta[:n]])
+        self._leader.send(OP_DECODE, n, max_length)
         self._leader.broadcast(state)
         return inner.decode(n, max_length=max_length)
 

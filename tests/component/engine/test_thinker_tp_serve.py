@@ -132,3 +132,17 @@ def test_bad_tp_size_fails_the_worker_with_the_flag_named(tiny_checkpoint: Path)
     assert "--thinker-tp-size 3 does not divide the thinker's 8 attention heads / 4 KV heads" in done.stderr
     assert "use 1, 2 or 4" in done.stderr
     assert "follower pid" not in done.stderr  # refused before any follower started
+
+
+def test_followers_die_with_their_worker(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    """A worker killed outright (no shutdown code runs) leaves no follower holding its GPU."""
+    with serve(tiny_checkpoint, tmp_path, "--thinker-tp-size", "2") as split:
+        match = FOLLOWER.search(split.output())
+        assert match, split.output()
+        follower = int(match.group(1))
+        split.process.kill()
+        split.process.wait(timeout=30)
+        deadline = time.monotonic() + 15
+        while alive(follower) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    assert not alive(follower), "the TP follower outlived its killed worker"
