@@ -36,6 +36,21 @@ async def one(engine, rid: str, talker_tokens: int) -> None:
         stage_params={"talker": {"max_tokens": talker_tokens}},
     )
     start = time.perf_counter()
+    marks: dict[str, float] = {}
+    stages = engine.stages
+    submit, synthesize = stages.submit_talker, stages.synthesize
+
+    def submit_talker(*args, **kwargs):
+        marks.setdefault("talker admitted", time.perf_counter() - start)
+        return submit(*args, **kwargs)
+
+    async def timed_synthesize(item):
+        marks.setdefault("first window asked", time.perf_counter() - start)
+        pcm = await synthesize(item)
+        marks.setdefault("first window done", time.perf_counter() - start)
+        return pcm
+
+    stages.submit_talker, stages.synthesize = submit_talker, timed_synthesize
     first_text = None
     chunks = []
     async for event in engine.generate(request):
@@ -46,6 +61,8 @@ async def one(engine, rid: str, talker_tokens: int) -> None:
             chunks.append((round(now, 3), len(event.pcm)))
         elif isinstance(event, Finished):
             print(f"{rid}: first text {first_text:.3f}s, end {now:.3f}s, {event.usage}")
+    stages.submit_talker, stages.synthesize = submit, synthesize
+    print(f"{rid}: " + ", ".join(f"{k} {v:.3f}s" for k, v in marks.items()))
     print(f"{rid}: audio chunks (arrival s, samples): {chunks[:6]} ... {len(chunks)} chunks")
 
 

@@ -264,7 +264,9 @@ class SlotDecoder:
 
     def _capture(self, batch: int, view: int) -> torch.cuda.CUDAGraph:
         if self._stream is None:
-            self._stream = torch.cuda.Stream(device=self.device)
+            # Same priority as the replaying stream: a graph's kernels keep their capture stream's.
+            priority = torch.cuda.current_stream(self.device).priority
+            self._stream = torch.cuda.Stream(device=self.device, priority=priority)
         self._stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self._stream):
             # Rows past the running batch are free slots: their writes land in unused cache rows.

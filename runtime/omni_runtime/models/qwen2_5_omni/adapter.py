@@ -355,9 +355,14 @@ class Qwen25OmniAdapter(OmniAdapter):
         if device is None or device.type != "cuda":
             return None
 
+        # The talker and the vocoder are the first-audio path: their small kernels go ahead of
+        # the thinker's long GEMMs when they share a GPU (a higher-priority stream is served
+        # first whenever an SM frees up; nothing is preempted).
+        priority = -1 if stage in ("talker", "vocoder") else 0
+
         def init() -> None:
             torch.cuda.set_device(device)
-            torch.cuda.set_stream(torch.cuda.Stream(device=device))
+            torch.cuda.set_stream(torch.cuda.Stream(device=device, priority=priority))
 
         return init
 

@@ -14,13 +14,20 @@ Differences from the stock code, none in the math:
   the ODE's 36 evaluations, and the RK4 loop runs on Python floats, without host syncs;
 - on CUDA, a recurring window size (streaming's first and steady windows) is one CUDA graph (the
   whole ODE and BigVGAN): a window is some 20k small kernels, so launching them one by one
-  would dominate the time to first audio. One-off sizes (final windows) run eagerly.
+  would dominate the time to first audio. One-off sizes (final windows) run eagerly;
+- on CUDA the DiT block goes through ``torch.compile`` (one graph for all 22 blocks: the many
+  element-wise kernels of the adaptive norms, gates and concatenations fuse), and float32
+  matmuls use TF32 tensor cores, as the DiT runs in float32. Measured on an H100 (random
+  weights, first window of 15 codes): 236 ms as a plain CUDA graph, 118 ms with TF32.
+  ``OMNI_TORCH_COMPILE=0`` turns compilation off.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -60,6 +67,12 @@ class QwenVocoder:
         }
         self._encoded: dict[str, torch.Tensor] = {}  # voice -> ECAPA(ref_mel) for [cond, uncond]
         self.cuda_graphs = cuda_graphs and device.type == "cuda"
+        self.block: Callable[..., torch.Tensor] = _dit_block
+        if device.type == "cuda":
+            # Only the float32 DiT and BigVGAN are affected: every other stage runs in bfloat16.
+            torch.backends.cuda.matmul.allow_tf32 = True
+            if os.environ.get("OMNI_TORCH_COMPILE", "1") != "0":
+                self.block = torch.compile(_dit_block, dynamic=False)
         self._graphs: dict[tuple[int, ...], tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor]]] = {}
 
     @staticmethod
@@ -162,7 +175,10 @@ class QwenVocoder:
         self, inputs: dict[str, torch.Tensor]
     ) -> tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor]]:
         buffers = {name: value.clone() for name, value in inputs.items()}
-        stream = torch.cuda.Stream(device=self.device)
+        # Same priority as the replaying stream: a graph's kernels keep their capture stream's.
+        stream = torch.cuda.Stream(
+            device=self.device, priority=torch.cuda.current_stream(self.device).priority
+        )
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             self._synthesize(**buffers)  # warm-up outside the capture
@@ -210,7 +226,7 @@ class QwenVocoder:
             t_emb = dit.time_embed(torch.full((rows,), t, device=noise.device, dtype=noise.dtype))
             x = dit.input_embed.proj(torch.cat((torch.cat([hidden, hidden]), constant), dim=-1))
             for layer, mask in zip(dit.transformer_blocks, masks, strict=True):
-                x = self._block(layer, x, t_emb, rotary, mask)
+                x = self.block(layer, x, t_emb, rotary, mask)
             out = dit.proj_out(dit.norm_out(x, t_emb))
             guided, null = torch.chunk(out, 2, dim=0)
             return guided + (guided - null) * self.guidance_scale
@@ -224,18 +240,6 @@ class QwenVocoder:
             k4 = velocity(t1, state + dt * (k1 - k2 + k3))
             state = state + (k1 + 3 * (k2 + k3) + k4) * dt / 8
         return state.permute(0, 2, 1)
-
-    @staticmethod
-    def _block(
-        layer: Any, x: torch.Tensor, t_emb: torch.Tensor, rotary: Any, mask: torch.Tensor
-    ) -> torch.Tensor:
-        """``DiTDecoderLayer.forward`` with its attention mask precomputed."""
-        norm, gate_msa, shift_mlp, scale_mlp, gate_mlp = layer.attn_norm(x, emb=t_emb)
-        x = x + gate_msa.unsqueeze(1) * layer.attn(
-            hidden_states=norm, position_embeddings=rotary, attention_mask=mask
-        )
-        norm = layer.ff_norm(x) * (1 + scale_mlp[:, None]) + shift_mlp[:, None]
-        return x + gate_mlp.unsqueeze(1) * layer.ff(norm)
 
     def _bigvgan(self, mel: torch.Tensor) -> torch.Tensor:
         """``Qwen2_5OmniToken2WavBigVGANModel.forward`` without its trailing ``.cpu()`` (a sync)."""
@@ -252,3 +256,15 @@ class QwenVocoder:
             hidden = sum(block(hidden) for block in blocks) / model.num_residual_blocks
         wave = model.conv_post(model.activation_post(hidden))
         return torch.clamp(wave, min=-1.0, max=1.0).reshape(wave.shape[0], -1)
+
+
+def _dit_block(
+    layer: Any, x: torch.Tensor, t_emb: torch.Tensor, rotary: Any, mask: torch.Tensor
+) -> torch.Tensor:
+    """``DiTDecoderLayer.forward`` with its attention mask precomputed."""
+    norm, gate_msa, shift_mlp, scale_mlp, gate_mlp = layer.attn_norm(x, emb=t_emb)
+    x = x + gate_msa.unsqueeze(1) * layer.attn(
+        hidden_states=norm, position_embeddings=rotary, attention_mask=mask
+    )
+    norm = layer.ff_norm(x) * (1 + scale_mlp[:, None]) + shift_mlp[:, None]
+    return x + gate_mlp.unsqueeze(1) * layer.ff(norm)
