@@ -11,6 +11,7 @@ thinker is still writing. Closing the stream cancels everything the request hold
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -234,6 +235,13 @@ class PipelineEngine:
         )
         out.put_nowait(Finished(reason, usage))
 
+    def _first_window_hold(self, first: bool) -> Any:
+        """Hold the thinker during a request's first audio window when both share a device."""
+        if not first or not getattr(self.adapter, "vocoder_shares_thinker_device", False):
+            return contextlib.nullcontext()
+        hold = getattr(self.stages.thinker, "hold", None)  # a thinker in another process has none
+        return hold() if hold is not None else contextlib.nullcontext()
+
     def _talker_job(
         self, request, thinker_prompt, prompt_vectors, first_token, first_vector, voice
     ) -> TalkerJob:
@@ -290,21 +298,21 @@ class PipelineEngine:
                 else:
                     codes.extend(event)
             for window in segmenter.push(len(codes), done=done):
-                pcm = await self.stages.synthesize(
-                    {
-                        "codes": list(codes),
-                        "window": {
-                            "start": window.start,
-                            "end": window.end,
-                            "ctx_start": window.ctx_start,
-                            "ctx_end": window.ctx_end,
-                        },
-                        "voice": voice,
-                        "seed": seed,
-                        # Streaming windows mostly come in two sizes (first, steady): worth a CUDA graph.
-                        "reusable": streaming and window.ctx_end - window.ctx_start in standard,
-                    }
-                )
+                item = {
+                    "codes": list(codes),
+                    "window": {
+                        "start": window.start,
+                        "end": window.end,
+                        "ctx_start": window.ctx_start,
+                        "ctx_end": window.ctx_end,
+                    },
+                    "voice": voice,
+                    "seed": seed,
+                    # Streaming windows mostly come in two sizes (first, steady): worth a CUDA graph.
+                    "reusable": streaming and window.ctx_end - window.ctx_start in standard,
+                }
+                async with self._first_window_hold(streaming and window.start == 0):
+                    pcm = await self.stages.synthesize(item)
                 samples += len(pcm)
                 out.put_nowait(AudioChunk(pcm=pcm, sample_rate=self.output_sample_rate))
             if done:

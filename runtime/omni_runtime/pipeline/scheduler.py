@@ -11,7 +11,9 @@ and frees its slot at the next step boundary.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -97,6 +99,9 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
         self.running: list[ThinkerJob] = []  # running[i].slot == i
         self.max_running_batch = 0
         self.steps = 0
+        self._holds = 0
+        self._resume = asyncio.Event()
+        self._resume.set()
 
     # -- API used by the engine -------------------------------------------------------------------
     def finish(self, job: ThinkerJob, reason: FinishReason) -> None:
@@ -108,6 +113,24 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
         self._end(job, reason)
         self._wake.set()
 
+    @contextlib.asynccontextmanager
+    async def hold(self) -> AsyncIterator[None]:
+        """Pause decode steps while the body runs (between steps: the one in flight finishes).
+
+        The engine holds the thinker while a request's first audio window is synthesised on the
+        GPU the thinker shares: that window is thousands of small vocoder kernels, and queued
+        behind the thinker's weight-streaming GEMMs it took twice as long. Text runs far ahead
+        of speech, so a pause of one window costs the listener nothing.
+        """
+        self._holds += 1
+        self._resume.clear()
+        try:
+            yield
+        finally:
+            self._holds -= 1
+            if self._holds == 0:
+                self._resume.set()
+
     @property
     def running_count(self) -> int:
         return sum(j.finish is None for j in self.running)
@@ -118,6 +141,7 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
 
     # -- the loop ---------------------------------------------------------------------------------
     async def _iteration(self) -> None:
+        await self._resume.wait()
         loop = asyncio.get_running_loop()
         moves = self._drop_finished()
         admit = self._pick_admissions()

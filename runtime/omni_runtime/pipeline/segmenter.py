@@ -24,7 +24,7 @@ class Window:
 
 @dataclass(frozen=True)
 class SegmenterConfig:
-    first_chunk: int = 10  # codes in the first window (50 codes = 1 s of Qwen2.5-Omni audio)
+    first_chunk: int = 5  # codes in the first window (50 codes = 1 s of Qwen2.5-Omni audio)
     chunk: int = 40  # codes in each later window
     left_context: int = 10
     right_context: int = 5

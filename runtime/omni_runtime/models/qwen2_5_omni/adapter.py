@@ -366,6 +366,10 @@ class Qwen25OmniAdapter(OmniAdapter):
 
         return init
 
+    @property
+    def vocoder_shares_thinker_device(self) -> bool:
+        return self.placement.talker == self.placement.thinker
+
     def talker_sampling_defaults(self) -> dict[str, Any]:
         # The released generate() defaults for the talker.
         return {"temperature": 0.9, "top_k": 40, "top_p": 0.8, "repetition_penalty": 1.05}
