@@ -85,10 +85,14 @@ class PipelineEngine:
         from omni_runtime.pipeline.types import ChatTurn, SamplingParams
 
         kinds = [False, True] if self.supports_audio_output else [False]
-        # On a GPU, enough codes for the first and the steady vocoder window, so both sizes are
-        # captured as CUDA graphs before the first client; on a CPU a short reply will do.
+        # On a GPU, enough codes for every recurring vocoder window size (first, second, steady),
+        # so each is captured as a CUDA graph before the first client; on a CPU a short reply will do.
         placement = getattr(self.adapter, "placement", None)
-        talker_tokens = 60 if placement is not None and placement.cuda_graphs else 24
+        talker_tokens = (
+            CodecSegmenter(SegmenterConfig()).codes_to_cover() + 5
+            if placement is not None and placement.cuda_graphs
+            else 24
+        )
         for audio in kinds:
             request = GenerationRequest(
                 request_id=f"warmup-{int(audio)}",
@@ -278,8 +282,7 @@ class PipelineEngine:
         """Talker codes -> segmenter windows -> vocoder -> audio chunks; returns seconds of audio."""
         streaming = self.variant == "streaming-speech" and request.stream_audio
         segmenter = CodecSegmenter(SegmenterConfig(whole=not streaming))
-        cfg = segmenter.config
-        standard = {cfg.first_chunk + cfg.right_context, cfg.left_context + cfg.chunk + cfg.right_context}
+        standard = segmenter.recurring_sizes()
         codes: list[int] = []
         seed = (
             request.sampling.seed if request.sampling.seed is not None else hash(request.request_id) & 0xFFFF

@@ -9,7 +9,7 @@ are longer because each vocoder call has a fixed cost.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,20 @@ class CodecSegmenter:
     def __init__(self, config: SegmenterConfig | None = None) -> None:
         self.config = config or SegmenterConfig()
         self._next = 0  # first code not yet covered by an emitted window
+
+    def recurring_sizes(self) -> frozenset[int]:
+        """Context sizes (``ctx_end - ctx_start``) of the windows every long stream starts with:
+        the first, the second (its left context is cut short by the stream's start) and the
+        steady one. These recur across requests, so they are worth a CUDA graph each."""
+        probe = CodecSegmenter(replace(self.config, whole=False))
+        cfg = self.config
+        windows = probe.push(cfg.first_chunk + 2 * cfg.chunk + cfg.right_context)
+        return frozenset(w.ctx_end - w.ctx_start for w in windows)
+
+    def codes_to_cover(self) -> int:
+        """Codes a stream needs so that every recurring window size has occurred once."""
+        cfg = self.config
+        return cfg.first_chunk + 2 * cfg.chunk + cfg.right_context
 
     @property
     def emitted_until(self) -> int:

@@ -33,3 +33,17 @@ def test_whole_mode_synthesises_once_at_the_end() -> None:
     seg = CodecSegmenter(SegmenterConfig(whole=True))
     assert seg.push(100) == []
     assert seg.push(120, done=True) == [Window(0, 120, 0, 120)]
+
+
+def test_recurring_window_sizes_of_the_default_stream() -> None:
+    seg = CodecSegmenter()
+    # first: 5 codes + 5 right; second: starts at 5, so only 5 codes of left context; then steady.
+    assert seg.recurring_sizes() == frozenset({10, 50, 55})
+    assert seg.codes_to_cover() == 90
+    windows = CodecSegmenter().push(seg.codes_to_cover())
+    assert {w.ctx_end - w.ctx_start for w in windows} == seg.recurring_sizes()
+
+
+def test_recurring_sizes_follow_the_config() -> None:
+    # first 4 + 1 right = 5; the second already has its full 2 codes of left context: 2 + 6 + 1.
+    assert CodecSegmenter(CFG).recurring_sizes() == frozenset({5, 9})
