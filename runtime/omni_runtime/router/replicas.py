@@ -21,6 +21,7 @@ worker table instead) and --source kubernetes is refused (its drain reports are 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -30,6 +31,8 @@ import threading
 import time
 from types import FrameType
 from typing import IO
+
+from omni_runtime.router.logs import timestamp
 
 RESTART_DELAY_S = 1.0
 STOP_GRACE_S = 15.0
@@ -104,6 +107,13 @@ class Replicas:
         threading.Thread(target=_forward_lines, args=(proc.stderr, self._lock), daemon=True).start()
         self.procs[index] = proc
 
+    def _log_line(self, level: str, msg: str, fields: dict[str, object]) -> None:
+        """A JSON line like the replicas' own (logs.py), between their lines, never inside one."""
+        line = {"ts": timestamp(time.time()), "level": level, "logger": "omni.router", "msg": msg, **fields}
+        with self._lock:
+            sys.stderr.buffer.write(json.dumps(line).encode() + b"\n")
+            sys.stderr.buffer.flush()
+
     def _stop(self, signum: int, frame: FrameType | None) -> None:
         self.stopping.set()
 
@@ -115,10 +125,10 @@ class Replicas:
         while not self.stopping.wait(0.2):
             for index, proc in enumerate(self.procs):
                 if proc is not None and proc.poll() is not None and not self.stopping.is_set():
-                    print(
-                        f"omni router: replica {index} exited with {proc.returncode}; restarting it",
-                        file=sys.stderr,
-                        flush=True,
+                    self._log_line(
+                        "warning",
+                        f"replica {index} exited with {proc.returncode}; restarting it",
+                        {"event": "replica_restart", "replica": index, "exit_code": proc.returncode},
                     )
                     time.sleep(RESTART_DELAY_S)
                     self._start(index)

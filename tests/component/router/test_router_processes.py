@@ -3,6 +3,7 @@ refused with 409, a crashed replica restarted, everything stopped with the paren
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -85,7 +86,11 @@ def test_a_crashed_replica_is_restarted_and_the_parent_stops_them_all(cluster: C
         what="requests answered on every replica",
         log=router.log,
     )
-    assert re.search(r"omni router: replica [01] exited with -9; restarting it", router.log.read_text())
+    restarts = [
+        json.loads(line) for line in router.log.read_text().splitlines() if '"replica_restart"' in line
+    ]
+    assert [(r["level"], r["exit_code"]) for r in restarts] == [("warning", -9)]
+    assert re.fullmatch(r"replica [01] exited with -9; restarting it", restarts[0]["msg"])
 
     replicas = replica_pids(router)
     router.popen.send_signal(signal.SIGTERM)
