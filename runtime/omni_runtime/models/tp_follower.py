@@ -155,6 +155,11 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     if dist.is_initialized():
+        if dist.get_backend() == "nccl":
+            # Tearing down an NCCL communicator can wait on the other ranks (seen on 2x H200: the
+            # follower outlived its grace period); the process is ending, so leave without it.
+            logging.shutdown()
+            os._exit(code)
         dist.destroy_process_group()
     return code
 

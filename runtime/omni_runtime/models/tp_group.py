@@ -253,7 +253,9 @@ class TPLeader:
         if self.connected:
             import torch.distributed as dist
 
-            if dist.is_initialized():
+            # NCCL: no teardown here either (it could wait on a follower that was just killed);
+            # the communicators go with the process, which is stopping.
+            if dist.is_initialized() and dist.get_backend() != "nccl":
                 try:
                     dist.destroy_process_group()
                 except Exception:  # leaving a group whose peers are gone may complain; we are done anyway
