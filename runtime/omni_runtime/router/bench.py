@@ -247,6 +247,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--upstream-delay-ms", type=float, default=0.0, help="echo: wait per answer")
     parser.add_argument(
+        "--upstream-concurrency",
+        type=int,
+        default=0,
+        help="echo: answer at most this many requests at once, first come first served (a saturated "
+        "worker's shape without model noise); 0 = no limit",
+    )
+    parser.add_argument(
         "--router-arg", action="append", default=[], help="extra `omni router` flag (repeatable)"
     )
     return parser
@@ -269,7 +276,10 @@ def _run_scenario(
         if scenario == "echo":
             argv = [sys.executable, "-m", "omni_runtime.router.bench_echo", "--port", str(port)]
             argv += ["--delay-ms", str(args.upstream_delay_ms)]
+            argv += ["--concurrency", str(args.upstream_concurrency)]
             description = f"echo upstream, {args.upstream_delay_ms:g} ms per answer (worst case for a proxy)"
+            if args.upstream_concurrency:
+                description += f", at most {args.upstream_concurrency} at once"
         else:
             argv = _worker_argv(args, port)
             description = f"omni serve {' '.join(argv[4:])}"
