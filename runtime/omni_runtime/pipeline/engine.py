@@ -58,6 +58,9 @@ class PipelineEngine:
         self._ready = False
         self._active = 0
         self.load_seconds = 0.0
+        # Pause the thinker during a request's first audio window (set in start(): on a GPU the
+        # thinker shares with the vocoder).
+        self.hold_thinker_for_first_window = False
 
     @property
     def ready(self) -> bool:
@@ -71,6 +74,9 @@ class PipelineEngine:
         self.adapter = await asyncio.to_thread(load_adapter, self.options, hosted=self.hosted)
         self.model_name = self.options.model_name or self.adapter.model_name
         self.output_sample_rate = self.adapter.output_sample_rate
+        self.hold_thinker_for_first_window = bool(
+            getattr(self.adapter, "vocoder_shares_thinker_device", False)
+        )
         local = LocalStages(self.adapter, self.options, hosted=self.hosted)
         await local.start()
         self.stages = await attach_remote_stages(local, self.options)
@@ -241,7 +247,7 @@ class PipelineEngine:
 
     def _first_window_hold(self, first: bool) -> Any:
         """Hold the thinker during a request's first audio window when both share a device."""
-        if not first or not getattr(self.adapter, "vocoder_shares_thinker_device", False):
+        if not first or not self.hold_thinker_for_first_window:
             return contextlib.nullcontext()
         hold = getattr(self.stages.thinker, "hold", None)  # a thinker in another process has none
         return hold() if hold is not None else contextlib.nullcontext()
