@@ -368,7 +368,9 @@ class Qwen25OmniAdapter(OmniAdapter):
 
     @property
     def vocoder_shares_thinker_device(self) -> bool:
-        return self.placement.talker == self.placement.thinker
+        """A GPU shared by the thinker and the vocoder (where the thinker's GEMMs delay the
+        vocoder's many small kernels; CPU threads share cores differently)."""
+        return self.placement.talker == self.placement.thinker and self.placement.thinker.type == "cuda"
 
     def talker_sampling_defaults(self) -> dict[str, Any]:
         # The released generate() defaults for the talker.
