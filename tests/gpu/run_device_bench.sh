@@ -61,5 +61,6 @@ tail -5 "$OUT/serve.log"
 fi
 if [ "${BASELINE:-1}" = 1 ]; then  # 64 text + 400 codec tokens, as the speech rows above
   python3 -m omni_runtime.bench.hf_baseline --concurrency "$LEVELS" --max-tokens "$TEXT_TOKENS" --speech \
+    --speech-concurrency "${SPEECH_LEVELS:-1,4}" \
     --out "$OUT/hf.json" 2>&1 | grep -v Warning | tail -12
 fi
