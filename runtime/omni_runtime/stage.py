@@ -5,6 +5,11 @@ talker in another; each is ``omni stage --stages ... --port N`` with the same mo
 flags as ``omni serve``. The process listens at once (so the worker's engine can connect and see
 "not ready"), loads only the modules of its stages, warms them up, then reports ready through
 the link's health method. The stage code is the same as in-process: LocalStages plus handlers.
+
+SIGTERM (and Ctrl-C) stop it cleanly: the link closes and TP followers are stopped before exit 0.
+A worker that starts its image encoder as a stage of its own (image-encoder TP, see
+models/vision_stage.py) runs ``python -m omni_runtime.stage ... --parent-pid PID``: the stage then
+exits when that parent is gone.
 """
 
 from __future__ import annotations
@@ -12,7 +17,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import signal
 import sys
+import threading
+import time
 from dataclasses import dataclass
 
 from omni_runtime.pipeline.options import EngineOptions
@@ -53,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="comma list of stages to host, e.g. audio_encoder,image_encoder,mm_aggregate,thinker",
     )
+    # Set by a worker that starts this stage itself: exit when that process is gone.
+    parser.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     return parser
 
 
@@ -121,12 +132,25 @@ async def start_stage_process(
 
 
 async def _serve(options: EngineOptions, stages: tuple[str, ...], host: str, port: int) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     process = await start_stage_process(options, stages, host=host, port=port)
     print(f"omni stage: serving {','.join(stages)} on {process.address}", file=sys.stderr, flush=True)
     try:
-        await asyncio.Event().wait()
+        await stop.wait()
+        log.info("stopping")
     finally:
         await process.close()
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    log.error("the process that started this stage (pid %d) is gone; exiting", parent)
+    logging.shutdown()
+    os._exit(1)
 
 
 def main(argv: list[str]) -> int:
@@ -137,6 +161,10 @@ def main(argv: list[str]) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     options = options_from_args(args)
+    if args.parent_pid is not None:
+        threading.Thread(
+            target=_watch_parent, args=(args.parent_pid,), name="parent-watch", daemon=True
+        ).start()
     from omni_runtime.pipeline.types import EngineError
 
     try:
@@ -148,3 +176,7 @@ def main(argv: list[str]) -> int:
         print(f"omni stage: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -137,7 +137,7 @@ class RowParallelLinear(nn.Linear):
         return out
 
 
-def _slice(tensor: torch.Tensor, dim: int, rank: int, world: int) -> torch.Tensor:
+def slice_features(tensor: torch.Tensor, dim: int, rank: int, world: int) -> torch.Tensor:
     size = tensor.shape[dim]
     if size % world:
         raise ValueError(f"cannot split {size} features over {world} ranks")
@@ -146,16 +146,16 @@ def _slice(tensor: torch.Tensor, dim: int, rank: int, world: int) -> torch.Tenso
 
 
 @torch.no_grad()
-def _colwise(linear: nn.Linear, rank: int, world: int) -> None:
-    linear.weight = nn.Parameter(_slice(linear.weight, 0, rank, world), requires_grad=False)
+def colwise_shard(linear: nn.Linear, rank: int, world: int) -> None:
+    linear.weight = nn.Parameter(slice_features(linear.weight, 0, rank, world), requires_grad=False)
     if linear.bias is not None:
-        linear.bias = nn.Parameter(_slice(linear.bias, 0, rank, world), requires_grad=False)
+        linear.bias = nn.Parameter(slice_features(linear.bias, 0, rank, world), requires_grad=False)
     linear.out_features = linear.weight.shape[0]
 
 
 @torch.no_grad()
-def _rowwise(linear: nn.Linear, rank: int, world: int, group: Any) -> RowParallelLinear:
-    weight = _slice(linear.weight, 1, rank, world)
+def rowwise_shard(linear: nn.Linear, rank: int, world: int, group: Any) -> RowParallelLinear:
+    weight = slice_features(linear.weight, 1, rank, world)
     with torch.device("meta"):
         shard = RowParallelLinear(weight.shape[1], weight.shape[0], bias=linear.bias is not None)
     shard.weight = nn.Parameter(weight, requires_grad=False)
@@ -194,9 +194,9 @@ def shard_text_model(text_model: nn.Module, text_config: Any, *, rank: int, worl
             continue
         parent_name, _, attr = name.rpartition(".")
         if style == "colwise":
-            _colwise(module, rank, world)
+            colwise_shard(module, rank, world)
         else:
-            setattr(modules[parent_name], attr, _rowwise(module, rank, world, group))
+            setattr(modules[parent_name], attr, rowwise_shard(module, rank, world, group))
         count += 1
     if not count:
         raise EngineError("the thinker's tensor-parallel plan matched no layer", param="thinker_tp_size")

@@ -1,6 +1,10 @@
-"""A thinker tensor-parallel follower: rank 1..N-1 of the group, spawned by the worker (rank 0).
+"""A tensor-parallel follower: rank 1..N-1 of the group, spawned by rank 0 (the worker).
 
 ``python -m omni_runtime.models.tp_follower --rank R --world N --init-method tcp://... --options JSON``
+
+With ``--role image_encoder`` it is a rank of the vision tower's group instead (spawned by the
+image-encoder stage process, see vision_tp): it loads and shards the tower and replays each
+forward rank 0 announces. What follows describes the thinker role.
 
 It loads the thinker text model exactly as rank 0 does (same checkpoint, or the same seed for
 dummy weights, so replicated parts match), keeps its shard of every decoder layer, joins the
@@ -108,7 +112,7 @@ def _watch_parent(parent: int) -> None:
     dead worker will never join (pipe EOF is only seen between ops)."""
     while os.getppid() == parent:
         time.sleep(1.0)
-    log.error("the worker (pid %d) is gone; exiting", parent)
+    log.error("rank 0 (pid %d) is gone; exiting", parent)
     logging.shutdown()
     os._exit(1)
 
@@ -120,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--init-method", required=True)
     parser.add_argument("--model-path", default="")
     parser.add_argument("--options", required=True, help="EngineOptions as JSON")
+    parser.add_argument("--role", choices=["thinker", "image_encoder"], default="thinker")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO,
@@ -141,16 +146,26 @@ def main(argv: list[str] | None = None) -> int:
 
     options = options_from_json(args.options)
     path = Path(args.model_path) if args.model_path else None
-    hosted = frozenset({"thinker"})
+    hosted = frozenset({args.role})
     try:
         loaded = load_model(options, path=path, hosted=hosted, tp_rank=args.rank)
-        init_group(
-            rank=args.rank, world=args.world, init_method=args.init_method, device=loaded.placement.thinker
-        )
-        adapter = Qwen25OmniAdapter(loaded, options=options, hosted=hosted)
-        code = serve_ops(adapter, leader_fd)
+        if args.role == "image_encoder":
+            from omni_runtime.models.vision_tp import serve_vision_ops
+
+            device = loaded.placement.vision
+            init_group(rank=args.rank, world=args.world, init_method=args.init_method, device=device)
+            code = serve_vision_ops(loaded.visual, device, leader_fd)
+        else:
+            init_group(
+                rank=args.rank,
+                world=args.world,
+                init_method=args.init_method,
+                device=loaded.placement.thinker,
+            )
+            adapter = Qwen25OmniAdapter(loaded, options=options, hosted=hosted)
+            code = serve_ops(adapter, leader_fd)
     except Exception:
-        log.exception("thinker TP rank %d failed", args.rank)
+        log.exception("%s TP rank %d failed", args.role.replace("_", "-"), args.rank)
         return 1
     import torch.distributed as dist
 

@@ -1,4 +1,4 @@
-"""The thinker's tensor-parallel group, seen from rank 0 (the worker process).
+"""A tensor-parallel group (the thinker's, or the image encoder's), seen from rank 0.
 
 Rank 0 runs the scheduler, sampling and the API; ranks 1..N-1 are follower processes
 (``omni_runtime.models.tp_follower``) that this module spawns, one per GPU of --thinker-gpus,
@@ -12,6 +12,10 @@ embeddings, positions, the rows' decode state) travel by ``dist.broadcast`` righ
 pipe also ties the followers' life to the worker: when the worker dies, the pipe closes and
 they exit. A follower that dies first takes the worker down with a clear log line (exit 1),
 because a thinker missing a shard cannot answer anything.
+
+The image encoder's group (``role="image_encoder"``, --image-encoder-tp-size) uses the same
+machinery from its own stage process (models/vision_tp.py): a process has one default group, and
+a worker with thinker TP already uses its own for the thinker.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from omni_runtime.pipeline.types import EngineError
 log = logging.getLogger(__name__)
 
 OP_PREFILL, OP_DECODE, OP_MOVE, OP_CAPTURE, OP_BUILD, OP_STOP = 1, 2, 3, 4, 5, 6
+OP_VISION = 7  # image-encoder group: one vision tower forward (models/vision_tp.py)
 INIT_TIMEOUT = timedelta(minutes=30)  # ranks load their weights before they meet
 
 
@@ -110,18 +115,28 @@ def thinker_gpu(options: EngineOptions, rank: int) -> int:
     return options.thinker_gpus[rank] if options.thinker_gpus else rank
 
 
+def vision_gpu(options: EngineOptions, rank: int) -> int:
+    """Pod-local GPU id of an image-encoder rank: --image-encoder-gpus, else 0..tp-1."""
+    return options.image_encoder_gpus[rank] if options.image_encoder_gpus else rank
+
+
+ROLES = {"thinker": "thinker", "image_encoder": "image-encoder"}  # role -> label in log lines
+
+
 class TPLeader:
     """Rank 0's handle on its followers: spawn, rendezvous, op broadcast, watchdog, shutdown."""
 
-    def __init__(self, options: EngineOptions, *, model_path: Path | None) -> None:
+    def __init__(self, options: EngineOptions, *, model_path: Path | None, role: str = "thinker") -> None:
         import torch.distributed as dist
 
+        self.role, self.label = role, ROLES[role]
+        param = f"{role}_tp_size"
         if dist.is_initialized():  # the group is this process's default group: one per process
             raise EngineError(
-                "this process already leads a tensor-parallel group; run one TP thinker per process",
-                param="thinker_tp_size",
+                f"this process already leads a tensor-parallel group; run one TP {self.label} per process",
+                param=param,
             )
-        self.world = options.thinker_tp_size
+        self.world = options.thinker_tp_size if role == "thinker" else options.image_encoder_tp_size
         self.init_method = f"tcp://127.0.0.1:{free_port()}"
         self.procs: list[subprocess.Popen[bytes]] = []
         self.closing = False
@@ -145,15 +160,19 @@ class TPLeader:
                 str(model_path) if model_path is not None else "",
                 "--options",
                 options_json(options),
+                "--role",
+                role,
             ]
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, env=env)
             self.procs.append(proc)
+            gpu = thinker_gpu(options, rank) if role == "thinker" else vision_gpu(options, rank)
             log.info(
-                "thinker TP rank %d/%d: follower pid %d on %s",
+                "%s TP rank %d/%d: follower pid %d on %s",
+                self.label,
                 rank,
                 self.world,
                 proc.pid,
-                "cpu" if options.device == "cpu" else f"GPU {thinker_gpu(options, rank)}",
+                "cpu" if options.device == "cpu" else f"GPU {gpu}",
             )
         atexit.register(self.close)
         self._watchdog = threading.Thread(target=self._watch, name="tp-watchdog", daemon=True)
@@ -167,7 +186,7 @@ class TPLeader:
         """Join the group as rank 0 (blocks until every follower has loaded its shard)."""
         init_group(rank=0, world=self.world, init_method=self.init_method, device=device)
         self.connected = True
-        log.info("thinker TP group of %d ranks is up (%s)", self.world, self.init_method)
+        log.info("%s TP group of %d ranks is up (%s)", self.label, self.world, self.init_method)
 
     # -- ops ----------------------------------------------------------------------------------------
     def send(self, *values: int) -> None:
@@ -180,7 +199,8 @@ class TPLeader:
                 proc.stdin.flush()
             except (BrokenPipeError, OSError, ValueError) as exc:
                 raise EngineError(
-                    f"thinker TP rank {rank} (pid {proc.pid}) is gone ({exc}); restart the worker", status=500
+                    f"{self.label} TP rank {rank} (pid {proc.pid}) is gone ({exc}); restart the worker",
+                    status=500,
                 ) from exc
 
     def broadcast(self, tensor: torch.Tensor) -> None:
@@ -212,11 +232,13 @@ class TPLeader:
                 code = proc.poll()
                 if code is not None and not self.closing:
                     log.critical(
-                        "thinker TP rank %d (pid %d) exited with code %s; the thinker cannot run without its "
-                        "shard, so this worker exits (its supervisor restarts it)",
+                        "%s TP rank %d (pid %d) exited with code %s; the %s cannot run without its "
+                        "shard, so this process exits (its supervisor restarts it)",
+                        self.label,
                         rank,
                         proc.pid,
                         code,
+                        self.label,
                     )
                     self._kill_all()
                     logging.shutdown()
@@ -247,7 +269,7 @@ class TPLeader:
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                log.warning("thinker TP follower pid %d did not stop; killing it", proc.pid)
+                log.warning("%s TP follower pid %d did not stop; killing it", self.label, proc.pid)
                 proc.kill()
                 proc.wait(timeout=5)
         if self.connected:
@@ -261,7 +283,7 @@ class TPLeader:
                 except Exception:  # leaving a group whose peers are gone may complain; we are done anyway
                     log.debug("destroy_process_group failed", exc_info=True)
             self.connected = False
-        log.info("thinker TP followers stopped")
+        log.info("%s TP followers stopped", self.label)
 
 
 def _nccl() -> bool:

@@ -144,6 +144,28 @@ class RemoteTalker:
                 job.events.put_nowait(TalkerDone("error", f"remote talker: {exc}"))
 
 
+class LinkedVision:
+    """The image encoder in a stage process this process started (image-encoder TP, see
+    models/vision_stage.py): what LocalStages calls instead of its own vision worker."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.client = StageLinkClient(address, connect_timeout=READY_TIMEOUT_S)
+
+    async def wait_ready(self) -> None:
+        await _wait_ready(self.client, self.address)
+
+    async def encode(self, vision: dict[str, Any]) -> dict[str, Any]:
+        try:
+            _, data = await self.client.call_once("image_encoder.encode", {}, vision)
+        except LinkError as exc:
+            raise EngineError(f"image-encoder stage ({self.address}) failed: {exc}", status=502) from exc
+        return {"image": data.get("image"), "video": data.get("video")}
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
 class StageSet:
     """Each stage call, routed to LocalStages or to the stage link that serves the stage."""
 

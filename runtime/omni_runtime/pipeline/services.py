@@ -34,6 +34,7 @@ class LocalStages:
         self.threads: dict[str, StageThread] = {}
         self.audio: BatchingWorker[dict[str, Any], Any] | None = None
         self.vision: BatchingWorker[dict[str, Any], dict[str, Any]] | None = None
+        self.vision_link: Any = None  # remote.LinkedVision: image-encoder TP in its own stage process
         self.vocoder_worker: BatchingWorker[dict[str, Any], Any] | None = None
         self.thinker: ThinkerScheduler | None = None
         self.talker: TalkerScheduler | None = None
@@ -52,7 +53,12 @@ class LocalStages:
                 "audio_encoder", adapter.encode_audio, thread=self._thread("audio_encoder")
             )
             self.audio.start()
-        if "image_encoder" in self.hosted:
+        vision_address = getattr(adapter, "vision_stage_address", None)
+        if "image_encoder" in self.hosted and vision_address is not None:
+            from omni_runtime.pipeline.remote import LinkedVision  # remote imports this module
+
+            self.vision_link = LinkedVision(vision_address)
+        elif "image_encoder" in self.hosted:
             self.vision = BatchingWorker(
                 "image_encoder", adapter.encode_vision, thread=self._thread("image_encoder")
             )
@@ -82,6 +88,8 @@ class LocalStages:
                 "talker_stream", self._synthesize_batch, thread=self._thread("vocoder"), max_batch=4
             )
             self.vocoder_worker.start()
+        if self.vision_link is not None:  # it loaded while the stages above did
+            await self.vision_link.wait_ready()
 
     async def warmup(self) -> None:
         """Capture CUDA graphs before the first request (no-op on the CPU)."""
@@ -97,6 +105,11 @@ class LocalStages:
         close = getattr(self.thinker.runner, "close", None) if self.thinker is not None else None
         if close is not None and self.thinker is not None:  # e.g. tensor-parallel followers
             await self.thinker.thread.run(close)
+        if self.vision_link is not None:
+            await self.vision_link.close()
+        close_vision = getattr(self.adapter, "close_vision", None)  # image-encoder TP processes
+        if close_vision is not None:
+            await asyncio.to_thread(close_vision)
         for thread in self.threads.values():
             thread.shutdown()
         self._pre_pool.shutdown()
@@ -110,6 +123,8 @@ class LocalStages:
         return await self.audio.submit(audio)
 
     async def encode_vision(self, vision: dict[str, Any]) -> dict[str, Any]:
+        if self.vision_link is not None:
+            return await self.vision_link.encode(vision)  # type: ignore[no-any-return]
         assert self.vision is not None
         return await self.vision.submit(vision)
 

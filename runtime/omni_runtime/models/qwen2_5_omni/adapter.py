@@ -196,6 +196,18 @@ class Qwen25OmniAdapter(OmniAdapter):
         _sync(device)
         return out
 
+    @property
+    def vision_stage_address(self) -> str | None:
+        """host:port of the image-encoder stage process when image-encoder TP runs there."""
+        child = self.loaded.vision_stage
+        return None if child is None else str(child.address)
+
+    def close_vision(self) -> None:
+        """Stop the image-encoder TP followers or stage process, if any (idempotent)."""
+        for part in (self.loaded.vision_tp, self.loaded.vision_stage):
+            if part is not None:
+                part.close()
+
     # -- mm_aggregate ----------------------------------------------------------------------------
     @torch.inference_mode()
     def aggregate(self, prompt: Prompt, *, audio: Any, image: Any, video: Any) -> ThinkerPrompt:

@@ -13,6 +13,10 @@ With --thinker-tp-size N the worker is rank 0 of a tensor-parallel group: it spa
 processes (tp_group), and every rank builds the full thinker text model (dummy weights from one
 seed, so all ranks draw the same tensors), keeps its shard of each decoder layer
 (tensor_parallel.shard_text_model) and joins the group once loaded.
+
+With --image-encoder-tp-size N a process that hosts only the image encoder is rank 0 (or, in a
+follower, rank R) of the vision group the same way (vision_tp); a process that hosts the encoder
+next to other stages starts that dedicated process instead (vision_stage) and loads no tower.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as hf
 from omni_runtime.models.qwen2_5_omni.placement import LoadedModel, resolve_placement
 from omni_runtime.models.tensor_parallel import check_tp_size, shard_text_model
 from omni_runtime.models.tp_group import TPLeader
+from omni_runtime.models.vision_stage import VisionStageChild
+from omni_runtime.models.vision_tp import LeaderVision, check_vision_tp_size, shard_vision_tower
 from omni_runtime.pipeline.options import EngineOptions
 from omni_runtime.pipeline.types import EngineError
 
@@ -208,45 +214,69 @@ def load_model(
 ) -> LoadedModel:
     """Build or load the modules the ``hosted`` stages need, on their devices.
 
-    ``tp_rank`` > 0 only in a thinker TP follower process (tp_follower), which hosts the thinker.
+    ``tp_rank`` > 0 only in a TP follower process (tp_follower), which hosts the thinker or, for
+    the image encoder's group, only the image encoder.
     """
     started = time.monotonic()
     if options.load_format not in ("auto", "dummy"):
         raise EngineError(
             f"unknown load format {options.load_format!r}; use auto or dummy", param="load_format"
         )
-    placement = resolve_placement(options, tp_rank=tp_rank)
+    tp_world = options.thinker_tp_size if "thinker" in hosted else 1
+    vision_world = options.image_encoder_tp_size if "image_encoder" in hosted else 1
+    # The vision group lives in a process that hosts nothing else (its default group is free).
+    vision_here = vision_world > 1 and hosted == frozenset({"image_encoder"})
+    thinker_rank, vision_rank = (tp_rank if tp_world > 1 else 0), (tp_rank if vision_here else 0)
+    placement = resolve_placement(options, tp_rank=thinker_rank, vision_rank=vision_rank)
     processor = load_processor(path)
     config = _config(path, processor)
-    tp_world = options.thinker_tp_size if "thinker" in hosted else 1
     if tp_world > 1:
         check_tp_size(config.thinker_config.text_config, tp_world)
+    if vision_world > 1:  # before any process starts
+        check_vision_tp_size(config.thinker_config.vision_config, vision_world)
     leader = TPLeader(options, model_path=path) if tp_world > 1 and tp_rank == 0 else None
+    vision_leader = (
+        TPLeader(options, model_path=path, role="image_encoder") if vision_here and tp_rank == 0 else None
+    )
+    # Started first, so it loads while this process loads its own stages.
+    child = VisionStageChild(options, model_path=path) if vision_world > 1 and not vision_here else None
     try:
         loaded = _load_parts(
             options,
             path=path,
-            hosted=hosted,
+            hosted=hosted - {"image_encoder"} if child is not None else hosted,
             placement=placement,
             processor=processor,
             config=config,
-            tp_rank=tp_rank,
+            tp_rank=thinker_rank,
             tp_world=tp_world,
+            vision_rank=vision_rank,
+            vision_world=vision_world if vision_here else 1,
         )
         if leader is not None:
             leader.connect(placement.thinker)  # waits for every follower to load its shard
+        if vision_leader is not None:
+            vision_leader.connect(placement.vision)
+            loaded.visual = LeaderVision(loaded.visual, vision_leader)
     except BaseException:
-        if leader is not None:
-            leader.close()
+        for closing in (leader, vision_leader, child):
+            if closing is not None:
+                closing.close()
         raise
-    loaded.tp = leader
+    loaded.tp, loaded.vision_tp, loaded.vision_stage = leader, vision_leader, child
+    loaded.vision_tp_world = vision_world
     loaded.load_seconds = time.monotonic() - started
+    ranks = []
+    if tp_world > 1:
+        ranks.append(f"thinker TP rank {tp_rank} of {tp_world}")
+    if vision_here:
+        ranks.append(f"image-encoder TP rank {tp_rank} of {vision_world}")
     log.info(
         "loaded %s for stages %s in %.1fs%s",
         path or "dummy 7B",
         ",".join(sorted(hosted)),
         loaded.load_seconds,
-        f" (thinker TP rank {tp_rank} of {tp_world})" if tp_world > 1 else "",
+        f" ({', '.join(ranks)})" if ranks else "",
     )
     return loaded
 
@@ -261,6 +291,8 @@ def _load_parts(
     config: Any,
     tp_rank: int,
     tp_world: int,
+    vision_rank: int,
+    vision_world: int,
 ) -> LoadedModel:
     random = options.load_format == "dummy"
     ckpt = None if random else Checkpoint(path)  # type: ignore[arg-type]
@@ -328,8 +360,13 @@ def _load_parts(
             dtype,
         )
     if "image_encoder" in hosted:
+        if random and vision_world > 1:
+            torch.manual_seed(DUMMY_TP_SEED)  # every vision rank draws the same full tower
         loaded.visual = part(
             hf.Qwen2_5OmniVisionEncoder, thinker_cfg.vision_config, "thinker.visual.", placement.vision, dtype
+        )
+        shard_vision_tower(
+            loaded.visual, thinker_cfg.vision_config, rank=vision_rank, world=vision_world, group=None
         )
     if hosted & TALKER_STAGES:
         loaded.talker = part(

@@ -50,6 +50,12 @@ class LoadedModel:
     tp_rank: int = 0
     tp_world: int = 1
     tp: Any = None
+    # Image-encoder tensor parallelism: the group size, and (rank 0 of a dedicated image-encoder
+    # process) the leader, or (a process hosting the encoder next to other stages) the
+    # vision_stage.VisionStageChild that runs the encoder; ``visual`` is None then.
+    vision_tp_world: int = 1
+    vision_tp: Any = None
+    vision_stage: Any = None
 
 
 def _dtype(name: str, *, default: torch.dtype) -> torch.dtype:
@@ -61,21 +67,17 @@ def _dtype(name: str, *, default: torch.dtype) -> torch.dtype:
     return table[name]
 
 
-def resolve_placement(options: EngineOptions, *, tp_rank: int = 0) -> Placement:
+def resolve_placement(options: EngineOptions, *, tp_rank: int = 0, vision_rank: int = 0) -> Placement:
     """Map device/dtype/GPU flags to torch devices; impossible requests become EngineError.
 
-    ``tp_rank`` picks this process's thinker GPU from --thinker-gpus (default: GPU ``tp_rank``).
+    ``tp_rank`` picks this process's thinker GPU from --thinker-gpus (default: GPU ``tp_rank``);
+    ``vision_rank`` its image-encoder GPU from --image-encoder-gpus (under image-encoder TP the
+    default is GPU ``vision_rank``; without it, the thinker's GPU).
     """
     has_cuda = torch.cuda.is_available()
     if options.device == "cuda" and not has_cuda:
         raise EngineError(
             "device=cuda was asked but no CUDA GPU is visible; use --device cpu or auto", param="device"
-        )
-    if options.image_encoder_tp_size > 1:
-        raise EngineError(
-            "image-encoder tensor parallelism is not implemented by the builtin runtime yet; use 1 "
-            "(the encoder then shares the thinker's GPU or takes --image-encoder-gpus N)",
-            param="image_encoder_tp_size",
         )
     if not (has_cuda and options.device in ("auto", "cuda")):
         if options.thinker_gpus or options.talker_gpu is not None or options.image_encoder_gpus:
@@ -95,11 +97,19 @@ def resolve_placement(options: EngineOptions, *, tp_rank: int = 0) -> Placement:
             f"--thinker-tp-size {tp} needs {tp} GPUs but this process sees {count}; lower it or expose more GPUs",
             param="thinker_tp_size",
         )
+    vision_tp = options.image_encoder_tp_size
+    if vision_tp > count:
+        raise EngineError(
+            f"--image-encoder-tp-size {vision_tp} needs {vision_tp} GPUs but this process sees {count}; lower it "
+            "or expose more GPUs",
+            param="image_encoder_tp_size",
+        )
     thinker_index = options.thinker_gpus[tp_rank] if options.thinker_gpus else tp_rank
     thinker = gpu(thinker_index, "thinker_gpus")
-    vision = (
-        gpu(options.image_encoder_gpus[0], "image_encoder_gpus") if options.image_encoder_gpus else thinker
-    )
+    if options.image_encoder_gpus:
+        vision = gpu(options.image_encoder_gpus[vision_rank], "image_encoder_gpus")
+    else:
+        vision = gpu(vision_rank, "image_encoder_gpus") if vision_tp > 1 else thinker
     talker = gpu(options.talker_gpu, "talker_gpu") if options.talker_gpu is not None else thinker
     dtype = _dtype(options.dtype, default=torch.bfloat16)
     return Placement(dtype, thinker, thinker, vision, talker, cuda_graphs=True)
