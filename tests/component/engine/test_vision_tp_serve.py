@@ -1,0 +1,195 @@
+"""`omni serve --image-encoder-tp-size 2` on the CPU: the real command, the real HTTP API, the official client.
+
+The worker starts its image encoder as a stage process of its own (vision rank 0, which spawns
+rank 1). A chat completion with a PNG must answer with the text the single-process worker gives
+at temperature 0, also combined with --thinker-tp-size 2 (the thinker's group in the worker, the
+vision group in the stage process); SIGTERM stops every process; a worker killed outright or a
+vision rank that dies leaves no process behind; a bad size is refused before anything starts.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+import openai
+import pytest
+from PIL import Image
+
+pytestmark = pytest.mark.slow
+READY_TIMEOUT_S = 400.0
+STAGE = re.compile(r"image-encoder TP of 2 ranks runs in its own stage process: pid (\d+)")
+VISION_FOLLOWER = re.compile(r"image-encoder TP rank 1/2: follower pid (\d+)")
+THINKER_FOLLOWER = re.compile(r"thinker TP rank 1/2: follower pid (\d+)")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def wait_gone(pids: list[int], timeout: float = 20.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return [p for p in pids if alive(p)]
+
+
+def png_data_uri() -> str:
+    rng = np.random.default_rng(7)
+    pixels = rng.integers(0, 255, (64, 80, 3), dtype=np.uint8)
+    pixels[:, :40] = (220, 40, 40)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+@dataclass
+class Served:
+    process: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def pid(self, pattern: re.Pattern[str]) -> int:
+        match = pattern.search(self.output())
+        assert match, self.output()
+        return int(match.group(1))
+
+
+@contextmanager
+def serve(checkpoint: Path, tmp_path: Path, *extra: str) -> Iterator[Served]:
+    port = free_port()
+    log = tmp_path / f"serve-{port}.log"
+    env = {**os.environ, "OMNI_CACHE_DIR": str(checkpoint.parent)}
+    command = [sys.executable, "-m", "omni_operator.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+               "--device", "cpu", "--pipeline", "text", "--max-model-len", "512", "--max-batch-size", "4",
+               *extra]  # fmt: skip
+    with log.open("wb") as sink:
+        process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    served = Served(process, f"http://127.0.0.1:{port}", log)
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        with httpx.Client(base_url=served.url, timeout=5) as client:
+            while True:
+                assert process.poll() is None, served.output()
+                assert time.monotonic() < deadline, "omni serve did not become ready\n" + served.output()
+                try:
+                    if client.get("/ready").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.3)
+        yield served
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def describe_image(url: str) -> str:
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=180)
+    model = client.models.list().data[0].id
+    completion = client.chat.completions.create(
+        model=model,
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": png_data_uri()}},
+                    {"type": "text", "text": "What is in this picture?"},
+                ],
+            }
+        ],
+        max_tokens=12,
+        temperature=0,
+    )
+    text = completion.choices[0].message.content
+    assert text
+    assert completion.usage is not None and completion.usage.prompt_tokens > 20  # the image's tokens
+    return text
+
+
+@pytest.fixture(scope="module")
+def expected(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+    with serve(tiny_checkpoint, tmp_path_factory.mktemp("tp1")) as single:
+        return describe_image(single.url)
+
+
+def test_vision_tp2_with_thinker_tp2_answers_like_tp1_and_stops_everything(
+    tiny_checkpoint: Path, tmp_path: Path, expected: str
+) -> None:
+    extra = ("--thinker-tp-size", "2", "--image-encoder-tp-size", "2")
+    with serve(tiny_checkpoint, tmp_path, *extra) as split:
+        pids = [split.pid(STAGE), split.pid(VISION_FOLLOWER), split.pid(THINKER_FOLLOWER)]
+        assert all(alive(p) for p in pids) and len(set(pids)) == 3
+        assert describe_image(split.url) == expected
+        split.process.send_signal(signal.SIGTERM)
+        assert split.process.wait(timeout=90) == 0, split.output()
+    assert wait_gone(pids, timeout=5) == [], "a TP process outlived its worker"
+    out = split.output()
+    assert "image-encoder TP followers stopped" in out and "thinker TP followers stopped" in out
+    assert "image-encoder stage process stopped (exit code 0)" in out
+
+
+def test_vision_tp2_answers_and_dies_with_its_worker(
+    tiny_checkpoint: Path, tmp_path: Path, expected: str
+) -> None:
+    with serve(tiny_checkpoint, tmp_path, "--image-encoder-tp-size", "2") as split:
+        stage, follower = split.pid(STAGE), split.pid(VISION_FOLLOWER)
+        assert describe_image(split.url) == expected
+        split.process.kill()  # no shutdown code runs in the worker
+        split.process.wait(timeout=30)
+        assert wait_gone([stage, follower]) == [], "the image-encoder processes outlived a killed worker"
+
+
+def test_a_dead_vision_rank_stops_the_worker_loudly(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    with serve(tiny_checkpoint, tmp_path, "--image-encoder-tp-size", "2") as split:
+        stage, follower = split.pid(STAGE), split.pid(VISION_FOLLOWER)
+        os.kill(follower, signal.SIGKILL)
+        assert split.process.wait(timeout=30) == 1, split.output()
+        assert wait_gone([stage]) == []
+    out = split.output()
+    assert re.search(r"image-encoder TP rank 1 \(pid \d+\) exited with code -9", out), out
+    assert re.search(r"the image-encoder stage process \(pid \d+\) exited with code 1", out), out
+
+
+def test_bad_size_fails_the_worker_with_the_flag_named(tiny_checkpoint: Path) -> None:
+    env = {**os.environ, "OMNI_CACHE_DIR": str(tiny_checkpoint.parent)}
+    command = [sys.executable, "-m", "omni_operator.cli", "serve", "--host", "127.0.0.1", "--port",
+               str(free_port()), "--device", "cpu", "--pipeline", "text", "--image-encoder-tp-size", "3"]  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1
+    assert (
+        "--image-encoder-tp-size 3 does not divide the vision tower's 16 heads (MLP width 256); use 1, 2, 4, 8 or 16"
+        in done.stderr
+    )
+    assert "own stage process" not in done.stderr  # refused before any process started
