@@ -135,7 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
     pipe.add_argument("--thinker-tp-size", type=positive_int, default=1)
     pipe.add_argument("--thinker-gpus", type=gpu_list, default=(), help="pod-local ids: 0,1 or [0,1]")
     pipe.add_argument("--talker-gpu", type=_gpu_id, default=None)
-    pipe.add_argument("--image-encoder-tp-size", type=positive_int, default=1)
+    pipe.add_argument(
+        "--image-encoder-tp-size",
+        type=positive_int,
+        default=1,
+        help="vision-tower TP ranks; above 1 the image encoder runs in a stage process of its own",
+    )
     pipe.add_argument("--image-encoder-gpus", type=gpu_list, default=(), help="one id per rank")
     pipe.add_argument("--mem-fraction-static", type=_fraction, default=None)
     pipe.add_argument(

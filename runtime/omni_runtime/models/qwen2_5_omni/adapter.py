@@ -175,6 +175,10 @@ class Qwen25OmniAdapter(OmniAdapter):
     def encode_vision(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Every image and video of every request through the vision tower in one call."""
         visual = self.loaded.visual
+        if visual is None:  # LocalStages sends image_encoder calls to that process instead
+            raise EngineError(
+                f"the image encoder runs in the stage process at {self.vision_stage_address}", status=500
+            )
         pixels, grids, owners = [], [], []
         for i, item in enumerate(batch):
             if item.get("pixel_values") is not None:

@@ -271,6 +271,8 @@ def load_model(
         ranks.append(f"thinker TP rank {tp_rank} of {tp_world}")
     if vision_here:
         ranks.append(f"image-encoder TP rank {tp_rank} of {vision_world}")
+    if child is not None:
+        ranks.append("the image encoder in its own stage process")
     log.info(
         "loaded %s for stages %s in %.1fs%s",
         path or "dummy 7B",
