@@ -9,6 +9,7 @@ vision rank that dies leaves no process behind; a bad size is refused before any
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import os
@@ -27,7 +28,12 @@ import httpx
 import numpy as np
 import openai
 import pytest
+import torch
+from engine_harness import image, request, video
 from PIL import Image
+
+from omni_runtime.pipeline.link import StageLinkClient
+from omni_runtime.pipeline.options import EngineOptions
 
 pytestmark = pytest.mark.slow
 READY_TIMEOUT_S = 400.0
@@ -193,3 +199,48 @@ def test_bad_size_fails_the_worker_with_the_flag_named(tiny_checkpoint: Path) ->
         in done.stderr
     )
     assert "own stage process" not in done.stderr  # refused before any process started
+
+
+def test_multi_stage_process_starts_its_image_encoder_stage(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    """`omni stage` hosting the image encoder next to other stages (the planner's thinker pod when
+    vision is not dedicated) serves image and video embeddings equal to the one-process tower."""
+    from omni_runtime.models.qwen2_5_omni.adapter import Qwen25OmniAdapter
+    from omni_runtime.models.qwen2_5_omni.loader import load_model
+
+    hosted = frozenset({"image_encoder"})
+    options = EngineOptions(model_path=str(tiny_checkpoint), device="cpu")
+    adapter = Qwen25OmniAdapter(
+        load_model(options, path=tiny_checkpoint, hosted=hosted), options=options, hosted=hosted
+    )
+    prompt = adapter.preprocess(request("Describe.", media=(image(seed=5), video(seed=6))))
+    inputs = {**(prompt.images or {}), **(prompt.videos or {})}
+    expected = adapter.encode_vision([inputs])[0]
+
+    port = free_port()
+    log = tmp_path / "stage.log"
+    command = [sys.executable, "-m", "omni_operator.cli", "stage", "--stages", "image_encoder,mm_aggregate",
+               "--host", "127.0.0.1", "--port", str(port), "--model-path", str(tiny_checkpoint),
+               "--device", "cpu", "--image-encoder-tp-size", "2"]  # fmt: skip
+
+    async def encode() -> dict[str, torch.Tensor]:
+        async with StageLinkClient(f"127.0.0.1:{port}", connect_timeout=READY_TIMEOUT_S) as client:
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            while not (await client.health(timeout=10)).get("ready"):
+                assert process.poll() is None and time.monotonic() < deadline, log.read_text()
+                await asyncio.sleep(0.3)
+            _, data = await client.call_once("image_encoder.encode", {}, inputs)
+            return dict(data)
+
+    with log.open("wb") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        got = asyncio.run(encode())
+        served = Served(process, "", log)
+        pids = [served.pid(STAGE), served.pid(VISION_FOLLOWER)]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(timeout=90)
+    assert code == 0, log.read_text()
+    assert wait_gone(pids, timeout=5) == []
+    for kind in ("image", "video"):
+        torch.testing.assert_close(got[kind], expected[kind], rtol=1e-4, atol=1e-4)
