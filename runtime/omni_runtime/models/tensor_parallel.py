@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import fnmatch
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -165,6 +166,40 @@ def rowwise_shard(linear: nn.Linear, rank: int, world: int, group: Any) -> RowPa
     return shard.eval()
 
 
+ColumnShard = Callable[[nn.Linear, int, int], None]
+
+
+def shard_linears(
+    root: nn.Module,
+    plan: dict[str, str],
+    *,
+    rank: int,
+    world: int,
+    group: Any,
+    column_styles: dict[str, ColumnShard] | None = None,
+) -> int:
+    """Shard in place every ``nn.Linear`` under ``root`` whose name matches a ``plan`` pattern.
+
+    ``colwise`` keeps this rank's output features; ``rowwise`` keeps its input features and
+    becomes a ``RowParallelLinear`` (all-reduce, bias once); other styles name a column shard in
+    ``column_styles`` (the vision tower's fused ``qkv``). Returns the number of linears sharded.
+    """
+    styles: dict[str, ColumnShard] = {"colwise": colwise_shard, **(column_styles or {})}
+    modules = dict(root.named_modules())
+    count = 0
+    for name, module in list(modules.items()):
+        style = next((s for pattern, s in plan.items() if fnmatch.fnmatchcase(name, pattern)), None)
+        if style is None or not isinstance(module, nn.Linear):
+            continue
+        if style == "rowwise":
+            parent_name, _, attr = name.rpartition(".")
+            setattr(modules[parent_name], attr, rowwise_shard(module, rank, world, group))
+        else:
+            styles[style](module, rank, world)
+        count += 1
+    return count
+
+
 def _plan(text_config: Any) -> dict[str, str]:
     plan = getattr(text_config, "base_model_tp_plan", None) or DEFAULT_PLAN
     unknown = sorted({style for style in plan.values() if style not in ("colwise", "rowwise")})
@@ -185,19 +220,7 @@ def shard_text_model(text_model: nn.Module, text_config: Any, *, rank: int, worl
     if world == 1:
         return 0
     check_tp_size(text_config, world)
-    plan = _plan(text_config)
-    modules = dict(text_model.named_modules())
-    count = 0
-    for name, module in list(modules.items()):
-        style = next((s for pattern, s in plan.items() if fnmatch.fnmatchcase(name, pattern)), None)
-        if style is None or not isinstance(module, nn.Linear):
-            continue
-        parent_name, _, attr = name.rpartition(".")
-        if style == "colwise":
-            colwise_shard(module, rank, world)
-        else:
-            setattr(modules[parent_name], attr, rowwise_shard(module, rank, world, group))
-        count += 1
+    count = shard_linears(text_model, _plan(text_config), rank=rank, world=world, group=group)
     if not count:
         raise EngineError("the thinker's tensor-parallel plan matched no layer", param="thinker_tp_size")
     for module in text_model.modules():

@@ -20,7 +20,6 @@ count) goes down their stdin pipe, the pixels and grids follow by ``dist.broadca
 
 from __future__ import annotations
 
-import fnmatch
 import logging
 import math
 from typing import Any
@@ -28,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from omni_runtime.models.tensor_parallel import colwise_shard, rowwise_shard, slice_features
+from omni_runtime.models.tensor_parallel import shard_linears, slice_features
 from omni_runtime.models.tp_group import OP_STOP, OP_VISION, TPLeader, read_message
 from omni_runtime.pipeline.types import EngineError
 
@@ -86,20 +85,15 @@ def shard_vision_tower(visual: nn.Module, vision_config: Any, *, rank: int, worl
     if world == 1:
         return 0
     check_vision_tp_size(vision_config, world)
+    count = shard_linears(
+        visual,
+        VISION_PLAN,
+        rank=rank,
+        world=world,
+        group=group,
+        column_styles={"colwise_qkv": colwise_qkv_shard},
+    )
     modules = dict(visual.named_modules())
-    count = 0
-    for name, module in list(modules.items()):
-        style = next((s for pattern, s in VISION_PLAN.items() if fnmatch.fnmatchcase(name, pattern)), None)
-        if style is None or not isinstance(module, nn.Linear):
-            continue
-        parent_name, _, attr = name.rpartition(".")
-        if style == "colwise":
-            colwise_shard(module, rank, world)
-        elif style == "colwise_qkv":
-            colwise_qkv_shard(module, rank, world)
-        else:
-            setattr(modules[parent_name], attr, rowwise_shard(module, rank, world, group))
-        count += 1
     attentions = [m for n, m in modules.items() if n.endswith(".attn") and hasattr(m, "num_heads")]
     if not count or not attentions:
         raise EngineError(
