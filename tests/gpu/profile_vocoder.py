@@ -28,7 +28,7 @@ def main() -> int:
     from torch.profiler import ProfilerActivity, profile
     from transformers import Qwen2_5OmniToken2WavModel
 
-    from omni_runtime.models.qwen2_5_omni.loader import _speakers, load_processor, released_7b_config
+    from omni_runtime.models.qwen2_5_omni.loader import load_processor, load_speakers, released_7b_config
     from omni_runtime.models.qwen2_5_omni.vocoder import QwenVocoder
 
     config = released_7b_config(load_processor(None))
@@ -37,7 +37,7 @@ def main() -> int:
         token2wav = Qwen2_5OmniToken2WavModel._from_config(
             config.token2wav_config, dtype=torch.float32, attn_implementation="sdpa"
         ).eval()
-    vocoder = QwenVocoder(token2wav, speakers=_speakers(None, config), device=device)
+    vocoder = QwenVocoder(token2wav, speakers=load_speakers(None, config), device=device)
     voice = next(iter(vocoder.speakers))
     print(f"DiT layers {len(vocoder.dit.transformer_blocks)}, ODE evaluations {4 * (len(vocoder.times) - 1)}")
     for n in (15, 55):

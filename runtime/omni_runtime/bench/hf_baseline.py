@@ -83,7 +83,7 @@ def _config_and_speakers(model_path: Path | None) -> tuple[Any, dict[str, dict[s
 
         config = AutoConfig.from_pretrained(str(model_path))
     # The same speaker entries the runtime serves (spk_dict.pt, else random ones): hf_speech says why.
-    return config, loader._speakers(model_path, config)
+    return config, loader.load_speakers(model_path, config)
 
 
 def run(

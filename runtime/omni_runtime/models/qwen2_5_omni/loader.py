@@ -194,7 +194,9 @@ def released_7b_config(processor: Any) -> Any:
     )
 
 
-def _speakers(path: Path | None, config: Any) -> dict[str, dict[str, Any]]:
+def load_speakers(path: Path | None, config: Any) -> dict[str, dict[str, Any]]:
+    """The checkpoint's ``spk_dict.pt``, or two random voices for dummy weights (the HF baseline
+    and the vocoder profile use the same entries as the runtime)."""
     if path is not None and (path / "spk_dict.pt").is_file():
         return dict(torch.load(path / "spk_dict.pt", weights_only=True))
     gen = torch.Generator().manual_seed(0)
@@ -303,7 +305,7 @@ def _load_parts(
         config=config,
         processor=processor,
         eos_token_ids=_eos_ids(path, processor),
-        speakers=_speakers(path, config),
+        speakers=load_speakers(path, config),
         placement=placement,
         path=path,
         rope=RopeIndex(thinker_cfg, thinker_cfg.vision_config.spatial_merge_size),
