@@ -15,52 +15,35 @@ import io
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import numpy as np
 import openai
 import pytest
 import torch
 from engine_harness import image, request, video
 from PIL import Image
+from served_worker import (
+    READY_TIMEOUT_S,
+    Served,
+    alive,
+    cache_env,
+    free_port,
+    serve,
+    serve_command,
+    wait_gone,
+)
 
 from omni_runtime.pipeline.link import StageLinkClient
 from omni_runtime.pipeline.options import EngineOptions
 
 pytestmark = pytest.mark.slow
-READY_TIMEOUT_S = 400.0
 STAGE = re.compile(r"image-encoder TP of 2 ranks runs in its own stage process: pid (\d+)")
 VISION_FOLLOWER = re.compile(r"image-encoder TP rank 1/2: follower pid (\d+)")
 THINKER_FOLLOWER = re.compile(r"thinker TP rank 1/2: follower pid (\d+)")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
-
-
-def wait_gone(pids: list[int], timeout: float = 20.0) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return [p for p in pids if alive(p)]
 
 
 def png_data_uri() -> str:
@@ -70,55 +53,6 @@ def png_data_uri() -> str:
     buffer = io.BytesIO()
     Image.fromarray(pixels).save(buffer, format="PNG")
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
-
-
-@dataclass
-class Served:
-    process: subprocess.Popen[bytes]
-    url: str
-    log: Path
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def pid(self, pattern: re.Pattern[str]) -> int:
-        match = pattern.search(self.output())
-        assert match, self.output()
-        return int(match.group(1))
-
-
-@contextmanager
-def serve(checkpoint: Path, tmp_path: Path, *extra: str) -> Iterator[Served]:
-    port = free_port()
-    log = tmp_path / f"serve-{port}.log"
-    env = {**os.environ, "OMNI_CACHE_DIR": str(checkpoint.parent)}
-    command = [sys.executable, "-m", "omni_operator.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-               "--device", "cpu", "--pipeline", "text", "--max-model-len", "512", "--max-batch-size", "4",
-               *extra]  # fmt: skip
-    with log.open("wb") as sink:
-        process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
-    served = Served(process, f"http://127.0.0.1:{port}", log)
-    try:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        with httpx.Client(base_url=served.url, timeout=5) as client:
-            while True:
-                assert process.poll() is None, served.output()
-                assert time.monotonic() < deadline, "omni serve did not become ready\n" + served.output()
-                try:
-                    if client.get("/ready").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.3)
-        yield served
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
 
 
 def describe_image(url: str) -> str:
@@ -189,10 +123,10 @@ def test_a_dead_vision_rank_stops_the_worker_loudly(tiny_checkpoint: Path, tmp_p
 
 
 def test_bad_size_fails_the_worker_with_the_flag_named(tiny_checkpoint: Path) -> None:
-    env = {**os.environ, "OMNI_CACHE_DIR": str(tiny_checkpoint.parent)}
-    command = [sys.executable, "-m", "omni_operator.cli", "serve", "--host", "127.0.0.1", "--port",
-               str(free_port()), "--device", "cpu", "--pipeline", "text", "--image-encoder-tp-size", "3"]  # fmt: skip
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    command = serve_command(free_port(), "--image-encoder-tp-size", "3")
+    done = subprocess.run(
+        command, env=cache_env(tiny_checkpoint), capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 1
     assert (
         "--image-encoder-tp-size 3 does not divide the vision tower's 16 heads (MLP width 256); use 1, 2, 4, 8 or 16"
