@@ -68,6 +68,8 @@ class Load:
                     messages=[{"role": "user", "content": f"Tell me a long story number {n}."}],
                     max_tokens=self.session_tokens,
                     stream=True,
+                    # random weights may draw EOS early; a session must outlive the drain it spans
+                    extra_body={"ignore_eos": True},
                 )
                 for chunk in stream:
                     outcome.chunks += 1
