@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from omni_runtime.api.state import AppState
+from omni_runtime.gc_pauses import freeze_heap
 from omni_runtime.pipeline.types import ChatTurn, Finished, GenerationRequest, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,8 @@ async def start_engine(state: AppState) -> None:
         if state.on_startup_failure is not None:
             state.on_startup_failure(exc)
         return
+    if state.settings.gc_freeze:
+        freeze_heap("omni serve")  # after warm-up: the lazily built parts of the pipeline are in
     state.warmed_up = True
     log.info("ready: %s loaded and warmed up in %.1f s", state.model_name, time.perf_counter() - began)
 
@@ -67,9 +70,11 @@ async def start_engine(state: AppState) -> None:
 async def engine_lifespan(app: FastAPI) -> AsyncIterator[None]:
     state: AppState = app.state.omni
     starter = asyncio.create_task(start_engine(state), name="omni-engine-start")
+    state.metrics.gc_pauses.install()
     try:
         yield
     finally:
+        state.metrics.gc_pauses.uninstall()
         starter.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await starter

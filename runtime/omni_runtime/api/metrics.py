@@ -14,6 +14,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from omni_runtime.gc_pauses import GcPauses
 from omni_runtime.pipeline.types import EngineStats
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -91,6 +92,8 @@ class ApiMetrics:
             "omni_output_audio_seconds", "Seconds of speech generated.", registry=self.registry
         )
         self.registry.register(_EngineCollector(stats, in_flight))
+        self.gc_pauses = GcPauses("omni")  # installed by the app's lifespan, for the worker's lifetime
+        self.registry.register(self.gc_pauses)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

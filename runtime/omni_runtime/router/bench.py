@@ -18,7 +18,9 @@ upstream), measured in one run:
   messages, so nothing hides the router's own cost.
 
 Every load is warmed up on both paths, then direct and routed rounds alternate (so background load
-hits both alike) and the median round of each is reported. The CPU the router and the upstream
+hits both alike). Throughput is the median round's; latency percentiles pool every round's
+requests. Full garbage collections of the worker and the router during the loads are read from
+their /metrics and reported beside the table (a worker frozen at start has none). The CPU the router and the upstream
 spend per request is read from /proc: a figure that does not depend on what else the machine does.
 Prints a table and writes results.json and router_overhead.png to --out. Quote the hardware line.
 """
@@ -38,7 +40,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from omni_runtime.router import bench_report as report
-from omni_runtime.router.bench_load import Load, LoadRunner, http_request, percentile_ms
+from omni_runtime.router.bench_load import Load, LoadRunner, Sample, http_request, percentile_ms
 from omni_runtime.router.bench_report import Measurement
 from omni_runtime.router.bench_shapes import compare_shapes
 
@@ -173,10 +175,15 @@ def measure(
     rounds: int,
     pids: dict[str, int],
 ) -> list[Measurement]:
+    """Direct and routed rounds alternate, so background load falls on both alike.
+
+    Throughput and CPU per request are the median round's; latency percentiles pool every round's
+    requests (a p99 of one 3 s round rests on a handful of requests, and one pause in the worker
+    moves it by the pause's length)."""
     for load in (routed, direct):  # warm connections, pools and caches on both paths
         runner.run(load, 0.5)
-    by_target: dict[str, list[Measurement]] = {"direct": [], "router": []}
-    for _ in range(rounds):  # alternate, so background load falls on both alike
+    by_target: dict[str, list[tuple[Sample, dict[str, float]]]] = {"direct": [], "router": []}
+    for _ in range(rounds):
         for target, load in (("direct", direct), ("router", routed)):
             before = {name: report.cpu_seconds(pid) for name, pid in pids.items()}
             sample = runner.run(load, seconds)
@@ -185,26 +192,51 @@ def measure(
                 name: (report.cpu_seconds(pid) - before[name]) * 1e6 / max(1, count)
                 for name, pid in pids.items()
             }
-            by_target[target].append(
-                Measurement(
-                    scenario=scenario,
-                    case=case,
-                    target=target,
-                    concurrency=load.concurrency,
-                    per_second=count / sample.elapsed if sample.elapsed else 0.0,
-                    p50_ms=percentile_ms(sample.latencies, 0.5),
-                    p99_ms=percentile_ms(sample.latencies, 0.99),
-                    first_chunk_p50_ms=percentile_ms(sample.first_chunk, 0.5),
-                    first_chunk_p99_ms=percentile_ms(sample.first_chunk, 0.99),
-                    count=count,
-                    errors=sample.errors,
-                    upstream_cpu_us=round(cpu.get("upstream", 0.0), 1),
-                    router_cpu_us=round(cpu.get("router", 0.0), 1) if target == "router" else 0.0,
-                )
-            )
+            by_target[target].append((sample, cpu))
             print(".", end="", flush=True)
-    # The round with the median throughput: one real round, not a blend of several.
-    return [sorted(rounds_, key=lambda m: m.per_second)[len(rounds_) // 2] for rounds_ in by_target.values()]
+    results = []
+    for target, measured in by_target.items():
+        load = direct if target == "direct" else routed
+        rate = [len(sample.latencies) / sample.elapsed if sample.elapsed else 0.0 for sample, _ in measured]
+        median = sorted(range(len(measured)), key=lambda i: rate[i])[len(measured) // 2]
+        _, cpu = measured[median]
+        pooled = Sample()
+        for sample, _ in measured:
+            pooled.merge(sample)
+        results.append(
+            Measurement(
+                scenario=scenario,
+                case=case,
+                target=target,
+                concurrency=load.concurrency,
+                per_second=rate[median],
+                p50_ms=percentile_ms(pooled.latencies, 0.5),
+                p99_ms=percentile_ms(pooled.latencies, 0.99),
+                first_chunk_p50_ms=percentile_ms(pooled.first_chunk, 0.5),
+                first_chunk_p99_ms=percentile_ms(pooled.first_chunk, 0.99),
+                count=len(pooled.latencies),
+                errors=pooled.errors,
+                upstream_cpu_us=round(cpu.get("upstream", 0.0), 1),
+                router_cpu_us=round(cpu.get("router", 0.0), 1) if target == "router" else 0.0,
+            )
+        )
+    return results
+
+
+def full_collections(base_url: str, prefix: str) -> tuple[int, float]:
+    """(count, seconds) of the process's full garbage collections so far, from its /metrics."""
+    import httpx
+
+    try:
+        text = httpx.get(f"{base_url}/metrics", timeout=10, trust_env=False).text
+    except httpx.HTTPError:
+        return (0, 0.0)
+    found = {"count": 0.0, "sum": 0.0}
+    for line in text.splitlines():
+        for what in found:
+            if line.startswith(f'{prefix}_gc_pause_seconds_{what}{{generation="2"}} '):
+                found[what] = float(line.rsplit(" ", 1)[1])
+    return int(found["count"]), found["sum"]
 
 
 # ---- the run ----------------------------------------------------------------------------------
@@ -310,6 +342,11 @@ def _run_scenario(
     direct_loads = scenario_loads(scenario, host=host, port=port, model=model, args=args)
     routed_loads = scenario_loads(scenario, host="127.0.0.1", port=router_port, model=model, args=args)
     results: list[Measurement] = []
+    router_url = f"http://127.0.0.1:{router_port}"
+    gc_before = {
+        "upstream": full_collections(upstream_url, "omni"),
+        "router": full_collections(router_url, "omni_router"),
+    }
     for (case, direct), (_, routed) in zip(direct_loads, routed_loads, strict=True):
         print(f"  {scenario} {case} x{direct.concurrency}: ", end="", flush=True)
         results += measure(
@@ -323,11 +360,28 @@ def _run_scenario(
             pids=pids,
         )
         print()
+    gc_after = {
+        "upstream": full_collections(upstream_url, "omni"),
+        "router": full_collections(router_url, "omni_router"),
+    }
+    gc_pauses = {
+        name: {
+            "full_collections": gc_after[name][0] - gc_before[name][0],
+            "seconds": round(gc_after[name][1] - gc_before[name][1], 4),
+        }
+        for name in gc_before
+    }
+    print(
+        "  full garbage collections during the loads: "
+        + ", ".join(
+            f"{name} {v['full_collections']} ({v['seconds'] * 1000:.0f} ms)" for name, v in gc_pauses.items()
+        )
+    )
     for proc in (router_proc, upstream_proc):
         if proc is not None:
             proc.terminate()
             proc.wait(timeout=30)
-    return results, {"upstream": description, "shapes_match": shapes}
+    return results, {"upstream": description, "shapes_match": shapes, "gc_pauses": gc_pauses}
 
 
 def main(argv: list[str] | None = None) -> int:

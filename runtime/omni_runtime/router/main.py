@@ -173,6 +173,7 @@ def main(argv: list[str]) -> int:
         health_interval=args.health_interval,
         api_keys=api_keys,
         log_requests=not args.no_request_log,
+        gc_freeze=True,
     )
     app = RouterApp(config=config, source=source, initial=initial)
     sockets = None

@@ -11,6 +11,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from omni_runtime.gc_pauses import GcPauses
 from omni_runtime.router.table import WorkerTable
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -22,6 +23,8 @@ _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 class RouterMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self.gc_pauses = GcPauses("omni_router")  # installed while the router serves
+        self.registry.register(self.gc_pauses)
         self.sessions = Gauge(
             "omni_router_sessions",
             "Live sessions per worker: open WebSockets and in-flight HTTP requests.",

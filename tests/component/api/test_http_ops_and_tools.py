@@ -127,6 +127,7 @@ def test_omni_serve_end_to_end(tiny_checkpoint: Path) -> None:
             reply = client.post(
                 "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 3}
             )
+            metrics = client.get("/metrics").text
     finally:
         process.send_signal(signal.SIGTERM)
         output, _ = process.communicate(timeout=60)
@@ -138,4 +139,9 @@ def test_omni_serve_end_to_end(tiny_checkpoint: Path) -> None:
     assert card["metadata"]["worker_id"] == "tiny-w0" and card["metadata"]["revision"] == "r1"
     assert card["metadata"]["output_modalities"] == ["text"]
     assert reply.status_code == 200 and reply.json()["system_fingerprint"] == "r1"
+    # Once ready, the startup heap is frozen out of full collections, and pauses are measured.
+    frozen = re.search(r"^omni_gc_frozen_objects (\S+)$", metrics, re.M)
+    assert frozen is not None and float(frozen.group(1)) > 10_000, metrics
+    assert re.search(r'^omni_gc_pause_seconds_count\{generation="2"\} [1-9]', metrics, re.M), metrics
+    assert "froze" in output and "startup objects out of the garbage collector's passes" in output
     assert f"{url} — try: curl -s {url}/v1/chat/completions" in output

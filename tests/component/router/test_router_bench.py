@@ -28,6 +28,13 @@ def test_bench_measures_direct_and_routed_rows_for_worker_and_echo(tmp_path: Pat
         "chat_stream": True,
         "ws_realtime": True,
     }
+    # Full garbage collections during the loads are read from each process's /metrics (the echo
+    # upstream has none to report).
+    for scenario in ("worker", "echo"):
+        pauses = report["scenarios"][scenario]["gc_pauses"]
+        assert set(pauses) == {"upstream", "router"}
+        assert all(v["full_collections"] >= 0 and v["seconds"] >= 0 for v in pauses.values())
+    assert report["scenarios"]["echo"]["gc_pauses"]["upstream"] == {"full_collections": 0, "seconds": 0.0}
     rows = {(r["scenario"], r["case"], r["concurrency"], r["target"]): r for r in report["results"]}
     expected_loads = [
         ("worker", "chat", 1),
