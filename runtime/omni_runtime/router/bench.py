@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import socket
 import subprocess
 import sys
@@ -174,6 +175,7 @@ def measure(
     seconds: float,
     rounds: int,
     pids: dict[str, int],
+    router_url: str | None = None,
 ) -> list[Measurement]:
     """Direct and routed rounds alternate, so background load falls on both alike.
 
@@ -183,6 +185,7 @@ def measure(
     for load in (routed, direct):  # warm connections, pools and caches on both paths
         runner.run(load, 0.5)
     by_target: dict[str, list[tuple[Sample, dict[str, float]]]] = {"direct": [], "router": []}
+    own_before = overhead_buckets(router_url) if router_url and direct.kind != "ws" else {}
     for _ in range(rounds):
         for target, load in (("direct", direct), ("router", routed)):
             before = {name: report.cpu_seconds(pid) for name, pid in pids.items()}
@@ -194,6 +197,10 @@ def measure(
             }
             by_target[target].append((sample, cpu))
             print(".", end="", flush=True)
+    own_p99_ms = 0.0
+    if own_before:
+        own_after = overhead_buckets(router_url or "")
+        own_p99_ms = report.histogram_quantile(own_after, own_before, 0.99) * 1000
     results = []
     for target, measured in by_target.items():
         load = direct if target == "direct" else routed
@@ -218,9 +225,23 @@ def measure(
                 errors=pooled.errors,
                 upstream_cpu_us=round(cpu.get("upstream", 0.0), 1),
                 router_cpu_us=round(cpu.get("router", 0.0), 1) if target == "router" else 0.0,
+                router_own_p99_ms=round(own_p99_ms, 3) if target == "router" else 0.0,
             )
         )
     return results
+
+
+def overhead_buckets(router_url: str) -> dict[float, float]:
+    """The router's omni_router_overhead_seconds histogram now: {le: cumulative count}."""
+    import httpx
+
+    text = httpx.get(f"{router_url}/metrics", timeout=10, trust_env=False).text
+    buckets: dict[float, float] = {}
+    for line in text.splitlines():
+        if line.startswith('omni_router_overhead_seconds_bucket{le="'):
+            le = line[len('omni_router_overhead_seconds_bucket{le="') : line.index('"}')]
+            buckets[math.inf if le == "+Inf" else float(le)] = float(line.rsplit(" ", 1)[1])
+    return buckets
 
 
 def full_collections(base_url: str, prefix: str) -> tuple[int, float]:
@@ -358,6 +379,7 @@ def _run_scenario(
             seconds=args.seconds,
             rounds=args.rounds,
             pids=pids,
+            router_url=router_url,
         )
         print()
     gc_after = {

@@ -304,11 +304,16 @@ class HttpProxy:
                 return
             break
         ctx.metrics.observe_latency(worker_id, time.perf_counter() - sent_at)
+        completed_at = 0.0
         try:
             status = await self._relay_response(receive, send, response, worker_id=worker_id)
+            completed_at = response.completed_at  # read before the connection goes back to the pool
         finally:
             response.close()
             ctx.close_session(worker_id)
+        if completed_at:
+            # The router's own share of this request: all of it minus the worker's exchange.
+            ctx.metrics.overhead.observe((time.perf_counter() - started) - (completed_at - sent_at))
         ctx.metrics.count_request(worker_id, status)
         self._log(scope, status=status, worker=worker_id, binding=binding, started=started)
 

@@ -80,6 +80,7 @@ class _Connection(asyncio.Protocol):
         self.chunks: collections.deque[bytes] = collections.deque()
         self.buffered = 0
         self.complete = False
+        self.completed_at = 0.0
         self.received_any = False
         self.error: UpstreamError | None = None
         self.wakeup = asyncio.Event()
@@ -107,6 +108,7 @@ class _Connection(asyncio.Protocol):
             return
         if self.headers_done.done() and not self.length_known:
             self.complete = True  # a body delimited by the end of the connection
+            self.completed_at = time.perf_counter()
             self.wakeup.set()
             return
         self._fail(ConnectionLost("worker closed the connection", started=self.received_any))
@@ -136,6 +138,7 @@ class _Connection(asyncio.Protocol):
             self.headers_done.set_result(None)
         if self.head_only:  # the answer to HEAD has no body whatever its headers say
             self.complete = True
+            self.completed_at = time.perf_counter()
             self.wakeup.set()
 
     def on_body(self, body: bytes) -> None:
@@ -150,6 +153,7 @@ class _Connection(asyncio.Protocol):
         if 100 <= self.status < 200:
             return
         self.complete = True
+        self.completed_at = time.perf_counter()  # the router's own time is measured against this
         self.wakeup.set()
 
     def _fail(self, error: UpstreamError) -> None:
@@ -203,6 +207,11 @@ class UpstreamResponse:
         return (
             upload is not None and upload.done() and not upload.cancelled() and upload.exception() is not None
         )
+
+    @property
+    def completed_at(self) -> float:
+        """perf_counter() when the worker's answer was all received (0 while it is not)."""
+        return self._connection.completed_at
 
     def header(self, name: bytes) -> bytes | None:
         for key, value in self.headers:

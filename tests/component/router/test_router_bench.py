@@ -53,6 +53,11 @@ def test_bench_measures_direct_and_routed_rows_for_worker_and_echo(tmp_path: Pat
         assert row["per_second"] > 0 and row["count"] > 0, key
         assert row["errors"] == 0, key
         assert row["p99_ms"] >= row["p50_ms"] > 0, key
+        # HTTP through the router: its own time per request, from its overhead histogram.
+        if key[3] == "router" and not key[1].startswith("ws"):
+            assert 0 < row["router_own_p99_ms"] < 1000, key
+        else:
+            assert row["router_own_p99_ms"] == 0, key
     for target in ("direct", "router"):
         streamed = rows[("worker", "chat_stream", 1, target)]
         # The first chunk comes before the whole stream has ended.
