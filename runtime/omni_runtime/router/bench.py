@@ -272,7 +272,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--upstream", default="echo,worker", help="scenarios, comma list of echo and worker (default both)"
     )
     parser.add_argument("--seconds", type=float, default=3.0, help="length of one measured round (default 3)")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds per load; the median round is reported")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds per load: the median round's throughput, latencies pooled over all",
+    )
     parser.add_argument("--concurrency", default="1,64", help="HTTP client counts, comma list (default 1,64)")
     parser.add_argument(
         "--ws-concurrency", type=int, default=8, help="WebSocket connections; 0 skips (default 8)"
@@ -424,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     results: list[Measurement] = []
     described: dict[str, Any] = {}
     print(
-        f"router overhead: {args.rounds} rounds x {args.seconds:g} s per load, median round; logs in {work}"
+        f"router overhead: {args.rounds} rounds x {args.seconds:g} s per load (median round's throughput, latencies over all rounds); logs in {work}"
     )
     try:
         for scenario in scenarios:
