@@ -70,7 +70,13 @@ def pair(tiny_pair: TinyPair) -> tuple[Router, dict[str, Upstream]]:
 
 def chat(max_tokens: int, *, stream: bool) -> dict:
     # ignore_eos: random weights may draw EOS at any step; these streams must run their full length.
-    return {"model": "tiny", "messages": MESSAGES, "max_tokens": max_tokens, "stream": stream, "ignore_eos": True}
+    return {
+        "model": "tiny",
+        "messages": MESSAGES,
+        "max_tokens": max_tokens,
+        "stream": stream,
+        "ignore_eos": True,
+    }
 
 
 async def sse_events(response: httpx.Response) -> AsyncIterator[tuple[float, str]]:
