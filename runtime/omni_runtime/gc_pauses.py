@@ -11,9 +11,9 @@ router benchmark was made of those cohorts, direct and routed alike.
 (`gc.freeze`), which full collections skip; a worker calls it once warm-up is over, the router
 once it serves. What is allocated afterwards (requests, sessions) is still collected as before.
 
-`GcPauses` times every collection through `gc.callbacks`, exports them as the Prometheus
-histogram `<prefix>_gc_pause_seconds{generation}` plus the frozen object count, and logs a
-warning for each pause longer than a threshold. The callback runs inside the collector, in
+`watch_gc()` times every collection of the process through one `gc.callbacks` entry and logs a
+warning for each pause longer than a threshold; `GcPauses` exports them as the Prometheus
+histogram `<prefix>_gc_pause_seconds{generation}` plus the frozen object count. The callback runs inside the collector, in
 whichever thread triggered it, so it only does integer arithmetic and, rarely, one log line;
 the histogram families are built at scrape time.
 """
@@ -53,38 +53,25 @@ def freeze_heap(what: str) -> int:
     return frozen
 
 
-class GcPauses(Collector):
-    """Times garbage collections in this process; a Prometheus collector of their pauses."""
+class _ProcessGc:
+    """The process's collections, timed by one gc callback (collections are per process, not per app)."""
 
-    def __init__(self, prefix: str, *, warn_above_s: float = 0.05) -> None:
-        self.prefix = prefix
-        self.warn_above_s = warn_above_s
+    def __init__(self) -> None:
         # Per generation: one count per bucket (the last one is +Inf), the sum, the longest pause.
-        self._buckets = {g: [0] * (len(PAUSE_BUCKETS) + 1) for g in GENERATIONS}
-        self._sum = dict.fromkeys(GENERATIONS, 0.0)
+        self.buckets = {g: [0] * (len(PAUSE_BUCKETS) + 1) for g in GENERATIONS}
+        self.sum = dict.fromkeys(GENERATIONS, 0.0)
         self.longest = dict.fromkeys(GENERATIONS, 0.0)
+        self.warn_above_s = 0.05
         self._started = 0.0
-        self._installed = False
 
-    def install(self) -> GcPauses:
-        if not self._installed:
-            gc.callbacks.append(self._callback)
-            self._installed = True
-        return self
-
-    def uninstall(self) -> None:
-        if self._installed:
-            gc.callbacks.remove(self._callback)
-            self._installed = False
-
-    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+    def callback(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
             self._started = time.perf_counter()
             return
         pause = time.perf_counter() - self._started
         generation = info["generation"]
-        self._buckets[generation][bisect.bisect_left(PAUSE_BUCKETS, pause)] += 1
-        self._sum[generation] += pause
+        self.buckets[generation][bisect.bisect_left(PAUSE_BUCKETS, pause)] += 1
+        self.sum[generation] += pause
         if pause > self.longest[generation]:
             self.longest[generation] = pause
         if pause > self.warn_above_s:
@@ -95,8 +82,35 @@ class GcPauses(Collector):
                 gc.get_freeze_count(),
             )
 
-    def collections(self, generation: int) -> int:
-        return sum(self._buckets[generation])
+
+_PROCESS = _ProcessGc()
+
+
+def watch_gc(*, warn_above_s: float | None = None) -> None:
+    """Start timing this process's collections (once; later calls only change the threshold)."""
+    if warn_above_s is not None:
+        _PROCESS.warn_above_s = warn_above_s
+    if _PROCESS.callback not in gc.callbacks:
+        gc.callbacks.append(_PROCESS.callback)
+
+
+def collections(generation: int) -> int:
+    """Collections of this generation timed so far in this process."""
+    return sum(_PROCESS.buckets[generation])
+
+
+def longest_pause(generation: int) -> float:
+    return _PROCESS.longest[generation]
+
+
+class GcPauses(Collector):
+    """A Prometheus collector of the process's collection pauses, named with a metric prefix.
+
+    Any number of registries (several apps in one test process) may hold one; `watch_gc()`
+    starts the timing they all read."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
 
     def collect(self) -> Iterator[GaugeMetricFamily | HistogramMetricFamily]:
         histogram = HistogramMetricFamily(
@@ -106,10 +120,10 @@ class GcPauses(Collector):
         )
         bounds = [*(str(b) for b in PAUSE_BUCKETS), "+Inf"]
         for generation in GENERATIONS:
-            counts = list(self._buckets[generation])
+            counts = list(_PROCESS.buckets[generation])
             cumulative = [sum(counts[: i + 1]) for i in range(len(counts))]
             histogram.add_metric(
-                [str(generation)], list(zip(bounds, cumulative, strict=True)), self._sum[generation]
+                [str(generation)], list(zip(bounds, cumulative, strict=True)), _PROCESS.sum[generation]
             )
         yield histogram
         yield GaugeMetricFamily(

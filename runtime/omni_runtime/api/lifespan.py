@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from omni_runtime.api.state import AppState
-from omni_runtime.gc_pauses import freeze_heap
+from omni_runtime.gc_pauses import freeze_heap, watch_gc
 from omni_runtime.pipeline.types import ChatTurn, Finished, GenerationRequest, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -70,11 +70,10 @@ async def start_engine(state: AppState) -> None:
 async def engine_lifespan(app: FastAPI) -> AsyncIterator[None]:
     state: AppState = app.state.omni
     starter = asyncio.create_task(start_engine(state), name="omni-engine-start")
-    state.metrics.gc_pauses.install()
+    watch_gc()
     try:
         yield
     finally:
-        state.metrics.gc_pauses.uninstall()
         starter.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await starter

@@ -92,8 +92,7 @@ class ApiMetrics:
             "omni_output_audio_seconds", "Seconds of speech generated.", registry=self.registry
         )
         self.registry.register(_EngineCollector(stats, in_flight))
-        self.gc_pauses = GcPauses("omni")  # installed by the app's lifespan, for the worker's lifetime
-        self.registry.register(self.gc_pauses)
+        self.registry.register(GcPauses("omni"))  # the process's collections, timed once the app starts
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

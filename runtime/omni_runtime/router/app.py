@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from omni_runtime.gc_pauses import freeze_heap
+from omni_runtime.gc_pauses import freeze_heap, watch_gc
 from omni_runtime.router import logs
 from omni_runtime.router.auth import EXEMPT_PATHS, authorized
 from omni_runtime.router.context import RouterConfig, RouterContext
@@ -154,7 +154,7 @@ class RouterApp:
         self._http = HttpProxy(self.ctx)
         self._ws = WebSocketRelay(self.ctx)
         await health.check_once()
-        self.metrics.gc_pauses.install()
+        watch_gc()
         if self.config.gc_freeze:
             freeze_heap("omni router")
         self._tasks = [
@@ -179,7 +179,6 @@ class RouterApp:
         )
 
     async def shutdown(self) -> None:
-        self.metrics.gc_pauses.uninstall()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

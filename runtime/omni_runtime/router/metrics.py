@@ -40,8 +40,7 @@ _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 class RouterMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.gc_pauses = GcPauses("omni_router")  # installed while the router serves
-        self.registry.register(self.gc_pauses)
+        self.registry.register(GcPauses("omni_router"))  # the process's collections, timed once it serves
         self.sessions = Gauge(
             "omni_router_sessions",
             "Live sessions per worker: open WebSockets and in-flight HTTP requests.",
