@@ -2,7 +2,8 @@
 # GPU benchmark run (issue: runtime performance). Runs on the device machine from the repo root:
 # installs the carried wheels, serves Qwen2.5-Omni-7B-shaped dummy weights with `omni serve`,
 # runs `omni bench` for text and streaming speech at c=1,4,16, then the plain HF `generate`
-# baseline on the same GPU. Results land in $OUT.
+# baseline on the same GPU. Results land in $OUT. SERVE_ARGS adds omni serve flags (placement over
+# several GPUs); PLACEMENT_CHECK=1 then checks with nvidia-smi that each process sits where they say.
 set -uo pipefail
 OUT=${OUT:-/tmp/omni-bench}; mkdir -p "$OUT"
 rm -rf /tmp/site
@@ -41,6 +42,10 @@ for _ in $(seq 1 420); do
 done
 curl -sf localhost:8000/ready >/dev/null || { echo "server not ready"; tail -50 "$OUT/serve.log"; exit 1; }
 echo "server ready"; grep -i "ready\|loaded" "$OUT/serve.log" | tail -3
+if [ "${PLACEMENT_CHECK:-0}" = 1 ]; then  # each process on the GPUs its flags name (nvidia-smi)
+  python3 -m omni_runtime.gpu_placement -- --pipeline "$PIPELINE" ${SERVE_ARGS:-} 2>&1 | tee "$OUT/placement.txt"
+  nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
+fi
 
 if [ "${TEXT:-1}" = 1 ]; then
   $OMNI_CLI bench --url http://127.0.0.1:8000 --concurrency "$LEVELS" --mode text --stream \
