@@ -109,9 +109,10 @@ def hosted_stages(stages: tuple[str, ...]) -> frozenset[str]:
 
 
 async def start_stage_process(
-    options: EngineOptions, stages: tuple[str, ...], *, host: str, port: int
+    options: EngineOptions, stages: tuple[str, ...], *, host: str, port: int, freeze_gc: bool = False
 ) -> StageProcess:
     """Listen, load, warm up, then report ready. Returns once ready."""
+    from omni_runtime.gc_pauses import freeze_heap
     from omni_runtime.models.registry import load_adapter
     from omni_runtime.pipeline.link import StageLinkServer
     from omni_runtime.pipeline.services import LocalStages
@@ -125,6 +126,8 @@ async def start_stage_process(
     local = LocalStages(adapter, options, hosted=hosted)
     await local.start()
     await local.warmup()
+    if freeze_gc:
+        freeze_heap(f"omni stage {','.join(sorted(hosted))}")  # as omni serve: after warm-up
     server.handlers.update(StageHandlers(local).handlers())
     server.ready = True
     log.info("stages %s ready on %s", ",".join(sorted(hosted)), address)
@@ -136,7 +139,7 @@ async def _serve(options: EngineOptions, stages: tuple[str, ...], host: str, por
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    process = await start_stage_process(options, stages, host=host, port=port)
+    process = await start_stage_process(options, stages, host=host, port=port, freeze_gc=True)
     print(f"omni stage: serving {','.join(stages)} on {process.address}", file=sys.stderr, flush=True)
     try:
         await stop.wait()

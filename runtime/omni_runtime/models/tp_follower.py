@@ -50,6 +50,7 @@ def serve_ops(adapter: Any, leader_fd: int) -> int:
     import torch
     import torch.distributed as dist
 
+    from omni_runtime.gc_pauses import freeze_heap
     from omni_runtime.models.tp_group import (
         OP_BUILD,
         OP_CAPTURE,
@@ -92,6 +93,9 @@ def serve_ops(adapter: Any, leader_fd: int) -> int:
                 decoder.move(args[0], args[1], args[2])
             elif op == OP_CAPTURE:
                 decoder.capture_all(max_view=None if args[0] < 0 else args[0])
+                # Warm-up is over (compiled and captured): a full collection in any rank would stall
+                # every rank's step at the next all-reduce, so freeze what is alive now.
+                freeze_heap(f"thinker TP rank {dist.get_rank()}")
             elif op == OP_BUILD:
                 value = torch.tensor([_fit(adapter, slots=args[0], max_len=args[1])], device=device)
                 dist.all_reduce(value, op=dist.ReduceOp.MIN)

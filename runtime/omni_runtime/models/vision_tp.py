@@ -148,6 +148,9 @@ def serve_vision_ops(visual: Any, device: torch.device, leader_fd: int) -> int:
     """A vision follower's loop: replay rank 0's forwards until STOP or EOF; returns the exit code."""
     import torch.distributed as dist
 
+    from omni_runtime.gc_pauses import freeze_heap
+
+    freeze_heap(f"image-encoder TP rank {dist.get_rank()}")  # loaded: keep full collections short
     while True:
         message = read_message(leader_fd)
         if message is None:
