@@ -9,7 +9,8 @@ router benchmark was made of those cohorts, direct and routed alike.
 
 `freeze_heap()` moves everything alive at that moment into the permanent generation
 (`gc.freeze`), which full collections skip; a worker (and an `omni stage` process) calls it once
-warm-up is over, a tensor-parallel follower once loaded and captured, the router once it serves. What is allocated afterwards (requests, sessions) is still collected as before.
+warm-up is over, a tensor-parallel follower once loaded and captured, the router once it serves.
+What is allocated afterwards (requests, sessions) is still collected as before.
 
 `watch_gc()` times every collection of the process through one `gc.callbacks` entry and logs a
 warning for each pause longer than a threshold; `GcPauses` exports them as the Prometheus
