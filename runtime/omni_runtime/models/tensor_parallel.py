@@ -54,6 +54,12 @@ def valid_tp_sizes(text_config: Any) -> list[int]:
     return [size for size in range(1, common + 1) if common % size == 0]
 
 
+def one_of(sizes: list[int]) -> str:
+    """'1, 2 or 4': the sizes a TP flag accepts, for its error message."""
+    shown = [str(s) for s in sizes]
+    return shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " or " + shown[-1]
+
+
 def check_tp_size(
     text_config: Any, tp: int, *, flag: str = "--thinker-tp-size", what: str = "thinker"
 ) -> None:
@@ -61,12 +67,10 @@ def check_tp_size(
     sizes = valid_tp_sizes(text_config)
     if tp in sizes:
         return
-    shown = [str(s) for s in sizes]
-    choices = shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " or " + shown[-1]
     raise EngineError(
         f"{flag} {tp} does not divide the {what}'s {text_config.num_attention_heads} attention heads / "
         f"{text_config.num_key_value_heads} KV heads (MLP width {text_config.intermediate_size}); "
-        f"use {choices}",
+        f"use {one_of(sizes)}",
         param=flag.lstrip("-").replace("-", "_"),
     )
 

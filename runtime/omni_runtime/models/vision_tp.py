@@ -27,7 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from omni_runtime.models.tensor_parallel import shard_linears, slice_features
+from omni_runtime.gc_pauses import freeze_heap
+from omni_runtime.models.tensor_parallel import one_of, shard_linears, slice_features
 from omni_runtime.models.tp_group import OP_STOP, OP_VISION, TPLeader, read_message
 from omni_runtime.pipeline.types import EngineError
 
@@ -57,11 +58,9 @@ def check_vision_tp_size(vision_config: Any, tp: int) -> None:
     sizes = valid_vision_tp_sizes(vision_config)
     if tp in sizes:
         return
-    shown = [str(s) for s in sizes]
-    choices = shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " or " + shown[-1]
     raise EngineError(
         f"{FLAG} {tp} does not divide the vision tower's {vision_config.num_heads} heads "
-        f"(MLP width {vision_config.intermediate_size}); use {choices}",
+        f"(MLP width {vision_config.intermediate_size}); use {one_of(sizes)}",
         param="image_encoder_tp_size",
     )
 
@@ -147,8 +146,6 @@ class LeaderVision:
 def serve_vision_ops(visual: Any, device: torch.device, leader_fd: int) -> int:
     """A vision follower's loop: replay rank 0's forwards until STOP or EOF; returns the exit code."""
     import torch.distributed as dist
-
-    from omni_runtime.gc_pauses import freeze_heap
 
     freeze_heap(f"image-encoder TP rank {dist.get_rank()}")  # loaded: keep full collections short
     while True:

@@ -31,6 +31,7 @@ def free_port() -> int:
 
 
 def alive(pid: int) -> bool:
+    """A process that exists and is not a zombie."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (FileNotFoundError, ProcessLookupError):

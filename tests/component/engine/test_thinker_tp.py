@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from served_worker import alive
 
 from omni_runtime.models.base import RowSampling, ThinkerAdmission, ThinkerPrompt
 from omni_runtime.pipeline.options import EngineOptions
@@ -22,15 +23,6 @@ from omni_runtime.pipeline.types import EngineError
 
 HOSTED = frozenset({"thinker", "mm_aggregate"})
 PROMPTS = [list(range(100, 107)), list(range(300, 312)), list(range(500, 509))]
-
-
-def alive(pid: int) -> bool:
-    """A process that exists and is not a zombie."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
 
 
 def _runner(checkpoint: Path, tp: int) -> tuple[Any, Any]:

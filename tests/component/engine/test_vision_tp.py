@@ -17,20 +17,12 @@ from typing import Any
 import pytest
 import torch
 from engine_harness import image, request, video
+from served_worker import alive
 
 from omni_runtime.pipeline.options import EngineOptions
 from omni_runtime.pipeline.types import EngineError
 
 HOSTED = frozenset({"image_encoder"})
-
-
-def alive(pid: int) -> bool:
-    """A process that exists and is not a zombie."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
 
 
 def _adapter(checkpoint: Path, tp: int) -> Any:
