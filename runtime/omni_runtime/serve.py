@@ -156,6 +156,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="this stage runs in another process behind a stage link (repeatable)",
     )
     pipe.add_argument("--worker-id", type=_worker_id, default="worker-0")
+    pipe.add_argument(
+        "--cpu-threads",
+        type=positive_int,
+        default=None,
+        help="torch CPU threads in this process (default: 1 when the stages run on a GPU, where a pool of"
+        " spinning threads only takes cores; all cores on the CPU; OMP_NUM_THREADS is honoured)",
+    )
     http = p.add_argument_group("HTTP")
     http.add_argument("--host", default="0.0.0.0")
     http.add_argument("--port", type=_port, default=8000)
@@ -302,11 +309,13 @@ def main(argv: list[str]) -> int:
     import uvicorn
 
     from omni_runtime.api import ApiSettings, build_app
+    from omni_runtime.cpu_threads import apply_cpu_threads
     from omni_runtime.models.tiny import ensure_tiny_checkpoint, is_tiny_checkpoint
     from omni_runtime.pipeline import build_engine
     from omni_runtime.pipeline.types import EngineError
 
     options = config.options
+    apply_cpu_threads(device=options.device, requested=args.cpu_threads)
     if options.model_path is None:
         log.info("no --model-path: serving the tiny random-weight checkpoint (created once in the cache)")
         options = _with_model_path(options, str(ensure_tiny_checkpoint(progress=True)))

@@ -164,6 +164,9 @@ def main(argv: list[str]) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     options = options_from_args(args)
+    from omni_runtime.cpu_threads import apply_cpu_threads
+
+    apply_cpu_threads(device=options.device, requested=args.cpu_threads)
     if args.parent_pid is not None:
         threading.Thread(
             target=_watch_parent, args=(args.parent_pid,), name="parent-watch", daemon=True

@@ -352,17 +352,22 @@ def _run_scenario(
     wait_ready(f"http://127.0.0.1:{router_port}", timeout=60, proc=router_proc)
     model = "bench"
     shapes: dict[str, bool] = {}
+    differences: dict[str, dict[str, Any]] = {}
     if scenario == "worker":
         import httpx
 
         model = httpx.get(f"{upstream_url}/v1/models", timeout=10, trust_env=False).json()["data"][0]["id"]
-        shapes = compare_shapes(
+        shapes, differences = compare_shapes(
             direct=upstream_url,
             routed=f"http://127.0.0.1:{router_port}",
             chat=lambda stream: chat_body(model=model, max_tokens=args.max_tokens, stream=stream),
             realtime_event=REALTIME_EVENT if args.ws_concurrency else None,
         )
         print(f"  responses through the router match direct ones in shape: {shapes}")
+        for case, both in differences.items():
+            print(
+                f"  {case} differs: direct {str(both['direct'])[:300]} / routed {str(both['routed'])[:300]}"
+            )
     upstream_pid = upstream_proc.pid if upstream_proc else report.pid_listening_on(port)
     pids = {"router": router_proc.pid, **({"upstream": upstream_pid} if upstream_pid else {})}
     direct_loads = scenario_loads(scenario, host=host, port=port, model=model, args=args)
@@ -408,7 +413,12 @@ def _run_scenario(
         if proc is not None:
             proc.terminate()
             proc.wait(timeout=30)
-    return results, {"upstream": description, "shapes_match": shapes, "gc_pauses": gc_pauses}
+    return results, {
+        "upstream": description,
+        "shapes_match": shapes,
+        "shape_differences": differences,
+        "gc_pauses": gc_pauses,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

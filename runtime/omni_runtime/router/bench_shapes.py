@@ -61,12 +61,20 @@ def compare_shapes(
     routed: str,
     chat: Callable[[bool], dict[str, Any]],
     realtime_event: str | None,
-) -> dict[str, bool]:
-    """Per case, whether the answer through the router has the direct answer's shape."""
+) -> tuple[dict[str, bool], dict[str, dict[str, Any]]]:
+    """Per case, whether the answer through the router has the direct answer's shape; and for each
+    case that differs, both shapes (so a mismatch can be read, not only counted)."""
     checks: dict[str, Callable[[str], Any]] = {
         "chat": lambda url: _chat(url, chat(False)),
         "chat_stream": lambda url: _stream(url, chat(True)),
     }
     if realtime_event is not None:
         checks["ws_realtime"] = lambda url: _realtime(url, realtime_event)
-    return {case: fetch(direct) == fetch(routed) for case, fetch in checks.items()}
+    matches: dict[str, bool] = {}
+    differences: dict[str, dict[str, Any]] = {}
+    for case, fetch in checks.items():
+        both = {"direct": fetch(direct), "routed": fetch(routed)}
+        matches[case] = both["direct"] == both["routed"]
+        if not matches[case]:
+            differences[case] = both
+    return matches, differences

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from omni_runtime.router.binding import Binding, bind
+from omni_runtime.router.errors import RouterError
 from omni_runtime.router.health import HealthChecker
 from omni_runtime.router.metrics import RouterMetrics
 from omni_runtime.router.table import WorkerTable
@@ -57,6 +60,22 @@ class RouterContext:
     # Live WebSocket relays by worker: a future per relay that, when set to (code, reason), makes
     # the relay close its client with that code (a worker that is gone ends its sessions cleanly).
     relays: dict[str, set[asyncio.Future[tuple[int, str]]]] = field(default_factory=dict)
+
+    async def bind(self, *, path: str, query: Mapping[str, str], headers: Mapping[str, str]) -> Binding:
+        """Where a new request or WebSocket goes (`binding.bind`). One that finds no worker in
+        rotation first waits for a fresh health round (`HealthChecker.recheck`), then is refused."""
+        header = self.config.session_header
+
+        def decide() -> Binding:
+            return bind(self.table, path=path, query=query, headers=headers, session_header=header)
+
+        try:
+            return decide()
+        except RouterError as refusal:
+            if refusal.code != "no_ready_worker" or not self.table.workers():
+                raise
+        await self.health.recheck()
+        return decide()
 
     def open_session(self, worker_id: str) -> None:
         self.table.open_session(worker_id)  # /metrics reads live sessions from the table

@@ -11,12 +11,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 import httpx
 
 from omni_runtime.router.table import WorkerState, WorkerTable
 
 log = logging.getLogger("omni.router")
+
+RECHECK_WAIT_S = 0.5
+RECHECK_FRESH_S = 0.05
 
 
 class HealthChecker:
@@ -28,6 +32,8 @@ class HealthChecker:
         self.timeout = timeout if timeout is not None else max(2.0, interval)
         self._client = httpx.AsyncClient(timeout=self.timeout, trust_env=False)
         self._wake = asyncio.Event()
+        self._round: asyncio.Future[None] | None = None
+        self._round_done_at = float("-inf")
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -71,6 +77,21 @@ class HealthChecker:
             if worker.state is not WorkerState.GONE
         ]
         await asyncio.gather(*probes)
+        self._round_done_at = time.monotonic()
+
+    async def recheck(self, *, wait: float = RECHECK_WAIT_S, fresh: float = RECHECK_FRESH_S) -> None:
+        """A round now, for a request that found no worker in rotation, so that it is refused only on
+        news, not on a round up to `interval` old: a worker may have become ready since (each replica
+        of `omni router --processes N` probes on its own timer; one can already route to a worker that
+        another still has as starting). Concurrent callers share one round; none waits more than
+        `wait` seconds for it (a hung worker's probe lasts `timeout`); a round that ended within
+        `fresh` seconds is news enough."""
+        if time.monotonic() - self._round_done_at < fresh:
+            return
+        if self._round is None or self._round.done():
+            self._round = asyncio.ensure_future(self.check_once())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._round), timeout=wait)
 
     async def run(self) -> None:
         while True:

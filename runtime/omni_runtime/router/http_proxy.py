@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import parse_qsl, quote
 
 from omni_runtime.router import logs
-from omni_runtime.router.binding import Binding, bind, retry_candidate
+from omni_runtime.router.binding import Binding, retry_candidate
 from omni_runtime.router.context import HOP_BY_HOP, RouterContext
 from omni_runtime.router.errors import RouterError
 from omni_runtime.router.upstream_client import UpstreamError, UpstreamResponse, UpstreamTimeout
@@ -231,12 +231,10 @@ class HttpProxy:
             )
             return
         try:
-            binding = bind(
-                ctx.table,
+            binding = await ctx.bind(
                 path=scope["path"],
                 query=request_query(scope),
                 headers=binding_headers,
-                session_header=self.session_header,
             )
         except RouterError as refusal:
             await self._fail(scope, send, refusal, worker=None, binding=None, started=started)

@@ -20,7 +20,7 @@ import time
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
-from omni_runtime.router.binding import Binding, bind, retry_candidate
+from omni_runtime.router.binding import Binding, retry_candidate
 from omni_runtime.router.context import HOP_BY_HOP, RouterContext
 from omni_runtime.router.errors import RouterError
 from omni_runtime.router.http_proxy import Receive, Scope, Send, header_map, request_query, request_target
@@ -151,12 +151,10 @@ class WebSocketRelay:
         if (await receive())["type"] != "websocket.connect":
             return
         try:
-            binding = bind(
-                ctx.table,
+            binding = await ctx.bind(
                 path=scope["path"],
                 query=request_query(scope),
                 headers=header_map(scope, self.session_header.encode()),
-                session_header=self.session_header,
             )
         except RouterError as error:
             ctx.metrics.errors.labels(error.worker or "", error.code).inc()

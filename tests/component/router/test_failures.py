@@ -185,3 +185,26 @@ async def test_session_and_body_limits(cluster: Cluster):
     with pytest.raises(InvalidStatus) as refused_by_worker:
         await connect(f"{router.ws}/refuse", proxy=None)
     assert refused_by_worker.value.response.status_code == 403
+
+
+def test_a_worker_ready_since_the_last_health_round_is_used_at_once(cluster: Cluster):
+    """With a health round only every 60 s, a request that finds no worker in rotation asks for a
+    fresh round before refusing: a worker that turned ready meanwhile takes it (a router replica
+    beside a starting worker), and one that is still not ready gets a prompt 503, not a wait."""
+    (upstream,) = cluster.upstreams("w0")
+    httpx.post(f"{upstream.url}/control/ready", params={"value": "0"}, trust_env=False).raise_for_status()
+    router = cluster.router(cluster.write_workers([upstream.entry()]), "--health-interval", "60")
+    assert not router.workers()["w0"]["in_rotation"]  # the startup round saw it starting
+
+    started = time.monotonic()
+    refused = httpx.get(f"{router.url}/v1/whoami", trust_env=False, timeout=10)
+    assert refused.status_code == 503
+    assert refused.json()["error"]["code"] == "no_ready_worker"
+    assert time.monotonic() - started < 3
+    assert httpx.get(f"{router.url}/ready", trust_env=False, timeout=10).status_code == 503
+
+    httpx.post(f"{upstream.url}/control/ready", params={"value": "1"}, trust_env=False).raise_for_status()
+    served = httpx.get(f"{router.url}/v1/whoami", trust_env=False, timeout=10)
+    assert served.status_code == 200, served.text
+    assert served.json()["worker"] == "w0"
+    assert httpx.get(f"{router.url}/ready", trust_env=False, timeout=10).status_code == 200

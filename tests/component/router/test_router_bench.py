@@ -28,6 +28,7 @@ def test_bench_measures_direct_and_routed_rows_for_worker_and_echo(tmp_path: Pat
         "chat_stream": True,
         "ws_realtime": True,
     }
+    assert report["scenarios"]["worker"]["shape_differences"] == {}
     # Full garbage collections during the loads are read from each process's /metrics (the echo
     # upstream has none to report).
     for scenario in ("worker", "echo"):
