@@ -89,7 +89,7 @@ class RouterApp:
         self.source = source
         self.initial = initial
         self.table = WorkerTable(max_sessions_per_worker=config.max_sessions_per_worker)
-        self.metrics = RouterMetrics()
+        self.metrics = RouterMetrics(replica=config.replica, processes=config.processes)
         self.ctx: RouterContext | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._http: HttpProxy | None = None

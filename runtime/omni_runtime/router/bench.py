@@ -231,32 +231,59 @@ def measure(
     return results
 
 
-def overhead_buckets(router_url: str) -> dict[float, float]:
-    """The router's omni_router_overhead_seconds histogram now: {le: cumulative count}."""
+def replica_metrics(base_url: str, *, tries: int = 400) -> list[str]:
+    """The /metrics text of every process behind `base_url`: one for a plain process; for `omni
+    router --processes N`, one per replica (`omni_router_replica_info`), found by scraping on new
+    connections, which the kernel spreads over the replicas, until all N have answered."""
     import httpx
 
-    text = httpx.get(f"{router_url}/metrics", timeout=10, trust_env=False).text
+    by_replica: dict[str, str] = {}
+    expected = 1
+    for _ in range(tries):
+        text = httpx.get(f"{base_url}/metrics", timeout=10, trust_env=False).text  # a new connection
+        labels = report.info_labels(text, "omni_router_replica_info")
+        if labels is None:
+            return [text]
+        expected = int(labels.get("processes", "1"))
+        by_replica[labels.get("replica", "0")] = text
+        if len(by_replica) >= expected:
+            break
+    if len(by_replica) < expected:
+        raise RuntimeError(
+            f"saw {len(by_replica)} of {expected} router replicas in {tries} scrapes of /metrics"
+        )
+    return list(by_replica.values())
+
+
+def overhead_buckets(router_url: str) -> dict[float, float]:
+    """The router's omni_router_overhead_seconds histogram now, summed over its replicas:
+    {le: cumulative count}."""
     buckets: dict[float, float] = {}
-    for line in text.splitlines():
-        if line.startswith('omni_router_overhead_seconds_bucket{le="'):
-            le = line[len('omni_router_overhead_seconds_bucket{le="') : line.index('"}')]
-            buckets[math.inf if le == "+Inf" else float(le)] = float(line.rsplit(" ", 1)[1])
+    prefix = 'omni_router_overhead_seconds_bucket{le="'
+    for text in replica_metrics(router_url):
+        for line in text.splitlines():
+            if line.startswith(prefix):
+                le_text = line[len(prefix) : line.index('"}')]
+                le = math.inf if le_text == "+Inf" else float(le_text)
+                buckets[le] = buckets.get(le, 0.0) + float(line.rsplit(" ", 1)[1])
     return buckets
 
 
 def full_collections(base_url: str, prefix: str) -> tuple[int, float]:
-    """(count, seconds) of the process's full garbage collections so far, from its /metrics."""
+    """(count, seconds) of the full garbage collections so far of the process (or every router
+    replica) behind `base_url`, from /metrics."""
     import httpx
 
     try:
-        text = httpx.get(f"{base_url}/metrics", timeout=10, trust_env=False).text
-    except httpx.HTTPError:
+        texts = replica_metrics(base_url)
+    except (httpx.HTTPError, RuntimeError):
         return (0, 0.0)
     found = {"count": 0.0, "sum": 0.0}
-    for line in text.splitlines():
-        for what in found:
-            if line.startswith(f'{prefix}_gc_pause_seconds_{what}{{generation="2"}} '):
-                found[what] = float(line.rsplit(" ", 1)[1])
+    for text in texts:
+        for line in text.splitlines():
+            for what in found:
+                if line.startswith(f'{prefix}_gc_pause_seconds_{what}{{generation="2"}} '):
+                    found[what] += float(line.rsplit(" ", 1)[1])
     return int(found["count"]), found["sum"]
 
 

@@ -47,6 +47,7 @@ class RouterConfig:
     ws_ping_interval: float = 20.0  # keepalive pings on the router-to-worker WebSocket
     log_requests: bool = True  # one JSON line per proxied request
     processes: int = 1  # router replicas sharing the port (--processes); admin drains need 1
+    replica: int = 0  # this process's index among them
     gc_freeze: bool = False  # `omni router` freezes its startup heap (omni_runtime.gc_pauses)
 
 

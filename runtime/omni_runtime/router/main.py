@@ -165,6 +165,7 @@ def main(argv: list[str]) -> int:
     index, _, count = args.replica.partition("/")
     config = RouterConfig(
         processes=int(count),
+        replica=int(index),
         session_header=args.session_header,
         max_sessions_per_worker=args.max_sessions_per_worker,
         max_body_bytes=args.max_body_bytes,

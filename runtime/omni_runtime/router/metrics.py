@@ -2,6 +2,11 @@
 
 A private registry (not the process-global one) lets several routers live in one process, as they
 do in tests and in the benchmark, without duplicate-metric errors.
+
+Each process of `omni router --processes N` keeps its own series and says which replica it is
+(`omni_router_replica_info{replica, processes}`): a scrape of the shared port reaches whichever
+replica took the connection, so a reader that wants the whole router scrapes until it has seen all
+N and sums them (`python -m omni_runtime.router.bench` does).
 """
 
 from __future__ import annotations
@@ -9,7 +14,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 
 from omni_runtime.gc_pauses import GcPauses
 from omni_runtime.router.table import WorkerTable
@@ -38,9 +43,14 @@ _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 
 
 class RouterMetrics:
-    def __init__(self) -> None:
+    def __init__(self, *, replica: int = 0, processes: int = 1) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(GcPauses("omni_router"))  # the process's collections, timed once it serves
+        Info(
+            "omni_router_replica",
+            "Which process of `omni router --processes N` answered this scrape.",
+            registry=self.registry,
+        ).info({"replica": str(replica), "processes": str(processes)})
         self.sessions = Gauge(
             "omni_router_sessions",
             "Live sessions per worker: open WebSockets and in-flight HTTP requests.",

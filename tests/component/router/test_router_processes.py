@@ -4,6 +4,7 @@ refused with 409, a crashed replica restarted, everything stopped with the paren
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
@@ -13,6 +14,8 @@ import httpx
 from websockets.sync.client import connect
 
 from conftest import Cluster, Router, wait_until
+from omni_runtime.router.bench import overhead_buckets, replica_metrics
+from omni_runtime.router.bench_report import info_labels
 
 
 def replica_pids(router: Router) -> list[int]:
@@ -42,6 +45,15 @@ def test_replicas_share_the_port_and_drain_through_the_worker_table(cluster: Clu
     wait_until(lambda: len(replica_pids(router)) == 3, timeout=30, what="3 replicas", log=router.log)
 
     assert set(worker_of_fresh_connections(router, 12)) == {"w0", "w1"}
+    # Metrics: each replica answers for itself and says which it is; the bench sums all three.
+    texts = replica_metrics(router.url)
+    assert sorted(info_labels(text, "omni_router_replica_info")["replica"] for text in texts) == [
+        "0",
+        "1",
+        "2",
+    ]
+    assert sum(overhead_buckets(router.url).values()) > 0
+    assert overhead_buckets(router.url)[math.inf] == 12
     with connect(f"{router.ws}/ws", proxy=None) as ws:
         ws.send("hello")
         assert ws.recv(timeout=10)
