@@ -12,7 +12,8 @@
 # Results (results.json, router_overhead.png, the table in bench.txt) land in $OUT.
 # Knobs: MODEL_PATH (default: the tiny checkpoint), DEVICE (cuda), PIPELINE (text), SERVE_ARGS
 # (extra omni serve flags, space separated), MAX_TOKENS (8), ROUND_SECONDS (3), ROUNDS (4; the whole script stays under the device's 10-minute call),
-# CLIENT_PROCESSES (4), PROCESSES (4; 0 skips run 2).
+# CLIENT_PROCESSES (4), PROCESSES (4; 0 skips run 2), UPSTREAMS (worker,echo; worker alone leaves
+# time for more rounds).
 set -uo pipefail
 OUT=${OUT:-/tmp/omni-router-bench}; mkdir -p "$OUT"
 rm -rf /tmp/site
@@ -25,6 +26,7 @@ export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD/operator:$PWD/runtime
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 OMNI_CACHE_DIR=${OMNI_CACHE_DIR:-/tmp/omni-cache} TOKENIZERS_PARALLELISM=false
 DEVICE=${DEVICE:-cuda}
 PROCESSES=${PROCESSES:-4}
+UPSTREAMS=${UPSTREAMS:-worker,echo}
 COMMON=(--seconds "${ROUND_SECONDS:-3}" --rounds "${ROUNDS:-4}" --concurrency 1,64 --ws-concurrency 8
         --client-processes "${CLIENT_PROCESSES:-4}")
 WORKER=(--device "$DEVICE" --pipeline "${PIPELINE:-text}" --max-tokens "${MAX_TOKENS:-8}")
@@ -35,10 +37,10 @@ for arg in ${SERVE_ARGS:-}; do WORKER+=("--serve-arg=$arg"); done
 python3 -c 'from omni_runtime.models.tiny import ensure_tiny_checkpoint; ensure_tiny_checkpoint(progress=False)' || exit 1
 
 mkdir -p "$OUT/single"
-python3 -m omni_runtime.router.bench --out "$OUT/single" --upstream worker,echo "${COMMON[@]}" "${WORKER[@]}" \
+python3 -m omni_runtime.router.bench --out "$OUT/single" --upstream "$UPSTREAMS" "${COMMON[@]}" "${WORKER[@]}" \
   2>&1 | tee "$OUT/single/bench.txt" || exit 1
 if [ "$PROCESSES" -gt 1 ]; then
   mkdir -p "$OUT/processes-$PROCESSES"
-  python3 -m omni_runtime.router.bench --out "$OUT/processes-$PROCESSES" --upstream worker,echo "${COMMON[@]}" \
+  python3 -m omni_runtime.router.bench --out "$OUT/processes-$PROCESSES" --upstream "$UPSTREAMS" "${COMMON[@]}" \
     "${WORKER[@]}" "--router-arg=--processes=$PROCESSES" 2>&1 | tee "$OUT/processes-$PROCESSES/bench.txt"
 fi
