@@ -6,6 +6,7 @@ NetworkPolicies, the router's watch) and the objects they select can never drift
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 from omni_operator.api import labels
@@ -122,6 +123,21 @@ def resources(container: Container, gpu_resource: str) -> Manifest:
     if container.gpus:
         amounts[gpu_resource] = str(container.gpus)
     return {"requests": dict(amounts), "limits": dict(amounts)} if amounts else {}
+
+
+def cpu_thread_env(container: Container) -> dict[str, str]:
+    """OMP_NUM_THREADS for a container without GPUs: its CPU limit, rounded up. torch and the math
+    libraries otherwise size their thread pools by the node's cores, not the pod's limit, and the
+    extra threads only get the container throttled. GPU containers are left to the runtime, which
+    gives torch one thread there (omni_runtime.cpu_threads); an env the spec sets wins."""
+    if container.gpus or not container.cpu or "OMP_NUM_THREADS" in container.env:
+        return {}
+    quantity = container.cpu.strip()
+    try:
+        cores = float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
+    except ValueError:  # a quantity form this does not read (e.g. "2k"): leave the pools alone
+        return {}
+    return {"OMP_NUM_THREADS": str(max(1, math.ceil(cores)))}
 
 
 def env_list(env: dict[str, str]) -> list[Manifest]:

@@ -16,6 +16,7 @@ from omni_operator.render.common import (
     common_labels,
     container_ports,
     container_security_context,
+    cpu_thread_env,
     env_list,
     metadata,
     pod_security_context,
@@ -55,7 +56,13 @@ def stage_pod(plan: Plan, worker: WorkerPlan, pod: StagePod, *, owner: Owner | N
     if plan.config_files:
         volumes.append({"name": "config", "configMap": {"name": config_map_name(plan)}})
         mounts.append({"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True})
-    env = {**container.env, "OMNI_CACHE_DIR": CACHE_DIR, "HF_HOME": f"{CACHE_DIR}/hf", "HOME": TMP_DIR}
+    env = {
+        **container.env,
+        **cpu_thread_env(container),
+        "OMNI_CACHE_DIR": CACHE_DIR,
+        "HF_HOME": f"{CACHE_DIR}/hf",
+        "HOME": TMP_DIR,
+    }
     spec: Manifest = {
         "hostname": pod.hostname,
         "subdomain": worker.name,

@@ -10,7 +10,9 @@ import yaml
 
 from omni_operator.api.load import load_deployments
 from omni_operator.plan import Target, plan_deployment
+from omni_operator.plan.types import Container
 from omni_operator.render import Owner, render_manifests, render_worker
+from omni_operator.render.common import cpu_thread_env
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[3] / "examples").glob("*.yaml"))
 K8S_VERSION = kubernetes_validate.utils.latest_version()
@@ -180,6 +182,7 @@ def test_tiny_worker_pod_exact() -> None:
                         plan.revision,
                     ],
                     "env": [
+                        {"name": "OMP_NUM_THREADS", "value": "2"},  # the CPU limit, not the node's cores
                         {"name": "OMNI_CACHE_DIR", "value": "/var/cache/omni"},
                         {"name": "HF_HOME", "value": "/var/cache/omni/hf"},
                         {"name": "HOME", "value": "/tmp"},
@@ -410,3 +413,21 @@ def test_render_worker_is_one_workers_slice() -> None:
 def test_local_plans_are_not_rendered() -> None:
     with pytest.raises(ValueError, match="render needs a plan made with target kubernetes"):
         render_manifests(_plan("tiny-cpu.yaml", target=Target.local))
+
+
+@pytest.mark.parametrize(
+    ("cpu", "gpus", "env", "expected"),
+    [
+        ("2", 0, {}, {"OMP_NUM_THREADS": "2"}),
+        ("500m", 0, {}, {"OMP_NUM_THREADS": "1"}),
+        ("2500m", 0, {}, {"OMP_NUM_THREADS": "3"}),
+        ("1.5", 0, {}, {"OMP_NUM_THREADS": "2"}),
+        ("8", 1, {}, {}),  # a GPU container: the runtime gives torch one thread itself
+        (None, 0, {}, {}),  # no limit: nothing to size by
+        ("4", 0, {"OMP_NUM_THREADS": "6"}, {}),  # the spec's env wins
+        ("2k", 0, {}, {}),  # a form not read here: pools left alone
+    ],
+)
+def test_cpu_thread_env(cpu, gpus, env, expected) -> None:
+    container = Container(image="i", command=("omni",), cpu=cpu, gpus=gpus, env=env)
+    assert cpu_thread_env(container) == expected
