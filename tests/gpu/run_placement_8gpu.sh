@@ -68,8 +68,11 @@ if has 3; then
   OUT="$OUT/tp" TPS="1 2 4" bash tests/gpu/bench_thinker_tp.sh || status=1
 fi
 if has 4; then
-  python3 -m pytest -c /dev/null --rootdir . -q -p no:cacheprovider tests/gpu/test_thinker_tp_cuda.py \
-    tests/gpu/test_vision_tp_cuda.py > "$OUT/cuda-tests.txt" 2>&1 || status=1
+  # Per-test time limit and the tests' own files (serve logs) under $OUT, so a failure comes back
+  # with its reason even when the call's limit stops the run.
+  python3 -m pytest -c /dev/null --rootdir . -q -p no:cacheprovider -rA --tb=short --timeout 300 \
+    --basetemp "$OUT/t" tests/gpu/test_thinker_tp_cuda.py tests/gpu/test_vision_tp_cuda.py \
+    > "$OUT/cuda-tests.txt" 2>&1 || status=1
   tail -5 "$OUT/cuda-tests.txt"
 fi
 exit $status

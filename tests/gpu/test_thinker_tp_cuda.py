@@ -141,7 +141,9 @@ def test_omni_serve_tp2_on_gpus_0_1(tiny: Path, tmp_path: Path) -> None:
             text=True,
         ).stdout.split()
         if apps:  # inside a container nvidia-smi may not list processes
-            assert str(follower) in apps and str(process.pid) in apps
+            assert str(follower) in apps and str(process.pid) in apps, (
+                f"nvidia-smi lists compute pids {apps}; worker {process.pid}, follower {follower}"
+            )
     finally:
         process.send_signal(signal.SIGTERM)
         code = process.wait(timeout=120)

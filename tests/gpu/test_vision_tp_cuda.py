@@ -126,7 +126,9 @@ def test_dedicated_image_encoder_tp2_matches_one_gpu(tiny: Path, tmp_path: Path)
         follower = int(match.group(1))
         apps = _gpu_pids()
         if apps:  # inside a container nvidia-smi may not list processes
-            assert str(follower) in apps and str(process.pid) in apps
+            assert str(follower) in apps and str(process.pid) in apps, (
+                f"nvidia-smi lists compute pids {apps}; process {process.pid}, follower {follower}"
+            )
     finally:
         process.send_signal(signal.SIGTERM)
         code = process.wait(timeout=120)
