@@ -234,7 +234,7 @@ class RouterApp:
         return JSONResponse({"status": "ok"})
 
     async def _ready(self, request: Request) -> Response:
-        if not self.table.in_rotation() and self.table.workers() and self.ctx is not None:
+        if not self.table.in_rotation() and self.table.could_join_on_a_probe() and self.ctx is not None:
             await self.ctx.health.recheck()  # refuse on news, as a request would (RouterContext.bind)
         rotation = [worker.id for worker in self.table.in_rotation()]
         if not rotation:

@@ -73,7 +73,7 @@ class RouterContext:
         try:
             return decide()
         except RouterError as refusal:
-            if refusal.code != "no_ready_worker" or not self.table.workers():
+            if refusal.code != "no_ready_worker" or not self.table.could_join_on_a_probe():
                 raise
         await self.health.recheck()
         return decide()

@@ -36,6 +36,9 @@ class HealthChecker:
         self._round_done_at = float("-inf")
 
     async def aclose(self) -> None:
+        if self._round is not None and not self._round.done():
+            self._round.cancel()
+            await asyncio.gather(self._round, return_exceptions=True)
         await self._client.aclose()
 
     def poke(self) -> None:

@@ -140,6 +140,13 @@ class WorkerTable:
     def in_rotation(self) -> list[Worker]:
         return [worker for worker in self._sorted() if worker.in_rotation]
 
+    def could_join_on_a_probe(self) -> bool:
+        """Whether a health round could put a worker into rotation: one its source calls ready is
+        failing /ready (draining and gone workers stay out whatever a probe says)."""
+        return any(
+            worker.state is WorkerState.READY and not worker.healthy for worker in self._workers.values()
+        )
+
     def has_capacity(self, worker: Worker) -> bool:
         return self.max_sessions_per_worker <= 0 or worker.sessions < self.max_sessions_per_worker
 

@@ -89,3 +89,16 @@ def test_capacity(spec):
     assert (worker.sessions, worker.assigned) == (2, 2)
     table.close_session("w0")
     assert (worker.sessions, worker.assigned, worker.idle) == (1, 2, False)
+
+
+def test_a_probe_could_bring_in_only_a_ready_worker_failing_its_checks(spec):
+    table = WorkerTable()
+    assert table.could_join_on_a_probe() is False  # empty
+    table.apply(
+        [spec("w0", WorkerState.DRAINING), spec("w1", WorkerState.STARTING), spec("w2", WorkerState.GONE)]
+    )
+    assert table.could_join_on_a_probe() is False  # none the source calls ready
+    table.apply([spec("w0", WorkerState.DRAINING), spec("w3")])
+    assert table.could_join_on_a_probe() is True  # w3: ready by its source, not yet passing /ready
+    table.set_health("w3", True)
+    assert table.could_join_on_a_probe() is False
