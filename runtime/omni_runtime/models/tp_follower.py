@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from omni_runtime.models.qwen2_5_omni.adapter import Qwen25OmniAdapter
     from omni_runtime.models.qwen2_5_omni.loader import load_model
-    from omni_runtime.models.tp_group import init_group, options_from_json
+    from omni_runtime.models.tp_group import end_process_if_nccl, init_group, options_from_json
 
     options = options_from_json(args.options)
     path = Path(args.model_path) if args.model_path else None
@@ -174,11 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     if dist.is_initialized():
-        if dist.get_backend() == "nccl":
-            # Tearing down an NCCL communicator can wait on the other ranks (seen on 2x H200: the
-            # follower outlived its grace period); the process is ending, so leave without it.
-            logging.shutdown()
-            os._exit(code)
+        end_process_if_nccl(code)  # NCCL: leave without the communicator teardown
         dist.destroy_process_group()
     return code
 

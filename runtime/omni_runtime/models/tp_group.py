@@ -290,3 +290,21 @@ def _nccl() -> bool:
     import torch.distributed as dist
 
     return dist.is_initialized() and dist.get_backend() == "nccl"
+
+
+def end_process_if_nccl(code: int) -> None:
+    """End this process now with `code` when it holds an NCCL group; otherwise return.
+
+    Every rank has stopped by the time a process ends, and there is nothing left to flush but its
+    logs. Left to the interpreter, the group's destructor would shut its communicators down
+    (ncclCommFinalize, then destroy), which waits on ranks that are already gone. On 2x H200 a
+    rank outlived its stop grace period that way. So rank 0 (`omni serve`, `omni stage`) and the
+    followers leave without it, as `os._exit` after the logs.
+    """
+    if not _nccl():
+        return
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
