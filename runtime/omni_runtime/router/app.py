@@ -13,6 +13,7 @@ import asyncio
 import logging
 from typing import Any
 
+import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -26,6 +27,7 @@ from omni_runtime.router.errors import RouterError
 from omni_runtime.router.health import HealthChecker
 from omni_runtime.router.http_proxy import HttpProxy, Receive, Scope, Send, send_error
 from omni_runtime.router.metrics import CONTENT_TYPE, RouterMetrics
+from omni_runtime.router.metrics_merge import REPLICA_SCOPE, merge_metrics
 from omni_runtime.router.sources import WorkerSource, WorkerTableError
 from omni_runtime.router.table import Worker, WorkerSpec, WorkerState, WorkerTable
 from omni_runtime.router.upstream_client import UpstreamPool
@@ -242,7 +244,13 @@ class RouterApp:
         return JSONResponse({"status": "ready", "workers_in_rotation": rotation})
 
     async def _metrics(self, request: Request) -> Response:
-        return Response(self.metrics.render(self.table), media_type=CONTENT_TYPE)
+        body = self.metrics.render(self.table)
+        directory, count = self.config.metrics_dir, self.config.processes
+        if directory and count > 1 and request.query_params.get("scope") != REPLICA_SCOPE:
+            others = [index for index in range(count) if index != self.config.replica]
+            siblings = await asyncio.gather(*(_replica_metrics(directory, index) for index in others))
+            body = merge_metrics([body.decode(), *(text for text in siblings if text is not None)])
+        return Response(body, media_type=CONTENT_TYPE)
 
     async def _list_workers(self, request: Request) -> Response:
         workers = [worker_json(worker) for worker in self.table.workers()]
@@ -298,3 +306,18 @@ class RouterApp:
 
 
 __all__ = ["RouterApp", "RouterConfig", "WorkerState", "worker_json"]
+
+
+async def _replica_metrics(directory: str, index: int) -> str | None:
+    """A sibling replica's own series, over its private socket; None while it is (re)starting."""
+    from omni_runtime.router.replicas import replica_socket_path
+
+    transport = httpx.AsyncHTTPTransport(uds=str(replica_socket_path(directory, index)))
+    try:
+        async with httpx.AsyncClient(transport=transport, timeout=2.0, trust_env=False) as client:
+            response = await client.get(f"http://replica-{index}/metrics", params={"scope": REPLICA_SCOPE})
+            response.raise_for_status()
+            return response.text
+    except (httpx.HTTPError, OSError) as exc:
+        log.info("replica %d left out of /metrics: %s", index, type(exc).__name__)
+        return None

@@ -231,59 +231,38 @@ def measure(
     return results
 
 
-def replica_metrics(base_url: str, *, tries: int = 400) -> list[str]:
-    """The /metrics text of every process behind `base_url`: one for a plain process; for `omni
-    router --processes N`, one per replica (`omni_router_replica_info`), found by scraping on new
-    connections, which the kernel spreads over the replicas, until all N have answered."""
+def _metrics_text(base_url: str) -> str:
     import httpx
 
-    by_replica: dict[str, str] = {}
-    expected = 1
-    for _ in range(tries):
-        text = httpx.get(f"{base_url}/metrics", timeout=10, trust_env=False).text  # a new connection
-        labels = report.info_labels(text, "omni_router_replica_info")
-        if labels is None:
-            return [text]
-        expected = int(labels.get("processes", "1"))
-        by_replica[labels.get("replica", "0")] = text
-        if len(by_replica) >= expected:
-            break
-    if len(by_replica) < expected:
-        raise RuntimeError(
-            f"saw {len(by_replica)} of {expected} router replicas in {tries} scrapes of /metrics"
-        )
-    return list(by_replica.values())
+    return httpx.get(f"{base_url}/metrics", timeout=10, trust_env=False).text
 
 
 def overhead_buckets(router_url: str) -> dict[float, float]:
-    """The router's omni_router_overhead_seconds histogram now, summed over its replicas:
-    {le: cumulative count}."""
+    """The router's omni_router_overhead_seconds histogram now (every replica's with --processes,
+    whose /metrics is merged): {le: cumulative count}."""
     buckets: dict[float, float] = {}
     prefix = 'omni_router_overhead_seconds_bucket{le="'
-    for text in replica_metrics(router_url):
-        for line in text.splitlines():
-            if line.startswith(prefix):
-                le_text = line[len(prefix) : line.index('"}')]
-                le = math.inf if le_text == "+Inf" else float(le_text)
-                buckets[le] = buckets.get(le, 0.0) + float(line.rsplit(" ", 1)[1])
+    for line in _metrics_text(router_url).splitlines():
+        if line.startswith(prefix):
+            le = line[len(prefix) : line.index('"}')]
+            buckets[math.inf if le == "+Inf" else float(le)] = float(line.rsplit(" ", 1)[1])
     return buckets
 
 
 def full_collections(base_url: str, prefix: str) -> tuple[int, float]:
-    """(count, seconds) of the full garbage collections so far of the process (or every router
-    replica) behind `base_url`, from /metrics."""
+    """(count, seconds) of the process's full garbage collections so far (every router replica's
+    with --processes), from its /metrics."""
     import httpx
 
     try:
-        texts = replica_metrics(base_url)
-    except (httpx.HTTPError, RuntimeError):
+        text = _metrics_text(base_url)
+    except httpx.HTTPError:
         return (0, 0.0)
     found = {"count": 0.0, "sum": 0.0}
-    for text in texts:
-        for line in text.splitlines():
-            for what in found:
-                if line.startswith(f'{prefix}_gc_pause_seconds_{what}{{generation="2"}} '):
-                    found[what] += float(line.rsplit(" ", 1)[1])
+    for line in text.splitlines():
+        for what in found:
+            if line.startswith(f'{prefix}_gc_pause_seconds_{what}{{generation="2"}} '):
+                found[what] = float(line.rsplit(" ", 1)[1])
     return int(found["count"]), found["sum"]
 
 

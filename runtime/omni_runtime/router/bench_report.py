@@ -69,19 +69,6 @@ def histogram_quantile(buckets: dict[float, float], before: dict[float, float], 
     return next(b for b, c in zip(bounds, counts, strict=True) if c >= wanted)
 
 
-def info_labels(metrics_text: str, name: str) -> dict[str, str] | None:
-    """The labels of a Prometheus info sample (`name{a="1",b="2"} 1.0`) in a /metrics text, or None."""
-    for line in metrics_text.splitlines():
-        if line.startswith(name + "{"):
-            inner = line[len(name) + 1 : line.rindex("}")]
-            labels: dict[str, str] = {}
-            for part in inner.split(","):
-                key, _, value = part.partition("=")
-                labels[key.strip()] = value.strip().strip('"')
-            return labels
-    return None
-
-
 def table(results: list[Measurement]) -> str:
     lines = [
         f"{'load':<30}{'direct /s':>10}{'router /s':>10}{'loss':>8}{'p99 direct':>12}{'p99 router':>12}"

@@ -106,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--replica-fd", type=int, help=argparse.SUPPRESS)  # set by --processes
     parser.add_argument("--replica", default="0/1", help=argparse.SUPPRESS)  # "index/count"
+    # Set by --processes: where the replicas' private sockets live (one /metrics for all of them).
+    parser.add_argument("--replica-metrics-dir", help=argparse.SUPPRESS)
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--no-request-log", action="store_true", help="do not log one JSON line per request")
     return parser
@@ -166,6 +168,7 @@ def main(argv: list[str]) -> int:
     config = RouterConfig(
         processes=int(count),
         replica=int(index),
+        metrics_dir=args.replica_metrics_dir,
         session_header=args.session_header,
         max_sessions_per_worker=args.max_sessions_per_worker,
         max_body_bytes=args.max_body_bytes,
@@ -183,6 +186,10 @@ def main(argv: list[str]) -> int:
 
         watch_parent()
         sockets = [socket.socket(fileno=args.replica_fd)]
+        if args.replica_metrics_dir:  # siblings read this replica's own /metrics here
+            from omni_runtime.router.replicas import bind_replica_socket
+
+            sockets.append(bind_replica_socket(args.replica_metrics_dir, int(index)))
         log.info(
             "router replica starting",
             extra={"fields": {"event": "replica", "replica": int(index), "processes": int(count)}},

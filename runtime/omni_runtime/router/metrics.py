@@ -4,9 +4,8 @@ A private registry (not the process-global one) lets several routers live in one
 do in tests and in the benchmark, without duplicate-metric errors.
 
 Each process of `omni router --processes N` keeps its own series and says which replica it is
-(`omni_router_replica_info{replica, processes}`): a scrape of the shared port reaches whichever
-replica took the connection, so a reader that wants the whole router scrapes until it has seen all
-N and sums them (`python -m omni_runtime.router.bench` does).
+(`omni_router_replica_info{replica, processes}`); the replica a scrape reaches answers with every
+replica's series merged (metrics_merge.py).
 """
 
 from __future__ import annotations

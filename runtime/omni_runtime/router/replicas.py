@@ -15,7 +15,9 @@ log lines reach the parent over pipes and go to stderr line by line, never inter
 
 What a replica cannot know alone: an admin drain over HTTP reaches one replica, and live-session
 counts are per replica; so with N > 1 the admin drain endpoints answer 409 (drain through the
-worker table instead) and --source kubernetes is refused (its drain reports are per pod).
+worker table instead) and --source kubernetes is refused (its drain reports are per pod). /metrics
+is whole: each replica also listens on a private unix socket in a directory the parent owns, and
+the replica a scrape reaches adds its siblings' series to its own (metrics_merge.py).
 """
 
 from __future__ import annotations
@@ -23,12 +25,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 from types import FrameType
 from typing import IO
 
@@ -63,6 +68,22 @@ def bind_group(host: str, port: int, count: int) -> list[socket.socket]:
     return sockets
 
 
+def replica_socket_path(directory: str, index: int) -> Path:
+    return Path(directory) / f"replica-{index}.sock"
+
+
+def bind_replica_socket(directory: str, index: int) -> socket.socket:
+    """A replica's private listening socket (a restarted replica replaces its predecessor's)."""
+    path = replica_socket_path(directory, index)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(path))
+    path.chmod(0o600)
+    sock.listen(64)
+    return sock
+
+
 def _forward_lines(pipe: IO[bytes], lock: threading.Lock) -> None:
     out = sys.stderr.buffer
     for line in pipe:
@@ -92,11 +113,13 @@ class Replicas:
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * len(sockets)
         self.stopping = threading.Event()
         self._lock = threading.Lock()
+        self.metrics_dir = tempfile.mkdtemp(prefix="omni-router-")  # mode 0700: this user only
 
     def _start(self, index: int) -> None:
         sock = self.sockets[index]
         argv = [sys.executable, "-m", "omni_runtime.router.main", *self.argv]
         argv += ["--replica-fd", str(sock.fileno()), "--replica", f"{index}/{len(self.sockets)}"]
+        argv += ["--replica-metrics-dir", self.metrics_dir]
         # A session of its own: a terminal's Ctrl-C reaches only this parent, which stops the replicas
         # once (a second signal would make uvicorn skip its graceful shutdown). A replica whose
         # parent dies stops by itself (watch_parent).
@@ -150,4 +173,5 @@ class Replicas:
         for sock in self.sockets:
             with contextlib.suppress(OSError):
                 sock.close()
+        shutil.rmtree(self.metrics_dir, ignore_errors=True)
         return 0

@@ -6,9 +6,7 @@ import math
 
 import pytest
 
-from omni_runtime.router.bench_report import histogram_quantile, info_labels
-from omni_runtime.router.metrics import RouterMetrics
-from omni_runtime.router.table import WorkerTable
+from omni_runtime.router.bench_report import histogram_quantile
 
 BEFORE = {0.0005: 10.0, 0.001: 10.0, 0.002: 12.0, math.inf: 12.0}
 
@@ -32,9 +30,3 @@ def test_quantile_of_the_observations_between_two_scrapes(after, q, expected) ->
 
 def test_first_scrape_may_be_empty() -> None:
     assert histogram_quantile({0.001: 3.0, math.inf: 4.0}, {}, 0.5) == 0.001
-
-
-def test_each_router_replica_says_which_it_is() -> None:
-    text = RouterMetrics(replica=2, processes=4).render(WorkerTable()).decode()
-    assert info_labels(text, "omni_router_replica_info") == {"replica": "2", "processes": "4"}
-    assert info_labels("# HELP x\nomni_requests_total 3.0\n", "omni_router_replica_info") is None
