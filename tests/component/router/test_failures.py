@@ -12,6 +12,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from conftest import Cluster, wait_until
+from omni_runtime.router.health import RECHECK_FRESH_S
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -204,6 +205,7 @@ def test_a_worker_ready_since_the_last_health_round_is_used_at_once(cluster: Clu
     assert httpx.get(f"{router.url}/ready", trust_env=False, timeout=10).status_code == 503
 
     httpx.post(f"{upstream.url}/control/ready", params={"value": "1"}, trust_env=False).raise_for_status()
+    time.sleep(2 * RECHECK_FRESH_S)  # the /ready above ran a round; one that recent counts as news
     served = httpx.get(f"{router.url}/v1/whoami", trust_env=False, timeout=10)
     assert served.status_code == 200, served.text
     assert served.json()["worker"] == "w0"
