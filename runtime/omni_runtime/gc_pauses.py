@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import gc
+import itertools
 import logging
 import time
 from collections.abc import Iterator
@@ -121,8 +122,7 @@ class GcPauses(Collector):
         )
         bounds = [*(str(b) for b in PAUSE_BUCKETS), "+Inf"]
         for generation in GENERATIONS:
-            counts = list(_PROCESS.buckets[generation])
-            cumulative = [sum(counts[: i + 1]) for i in range(len(counts))]
+            cumulative = list(itertools.accumulate(_PROCESS.buckets[generation]))
             histogram.add_metric(
                 [str(generation)], list(zip(bounds, cumulative, strict=True)), _PROCESS.sum[generation]
             )

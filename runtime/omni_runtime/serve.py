@@ -359,16 +359,10 @@ def main(argv: list[str]) -> int:
     if failed:
         print(f"omni serve: the worker failed to start: {failed[0]}", file=sys.stderr)
         code = 1
-    _end_if_nccl(code)
+    from omni_runtime.models.tp_group import end_process_if_nccl
+
+    end_process_if_nccl(code)  # thinker TP on GPUs: end without the NCCL teardown
     return code
-
-
-def _end_if_nccl(code: int) -> None:
-    """A worker with thinker TP on GPUs holds an NCCL group: end without its teardown (tp_group)."""
-    if "torch.distributed" in sys.modules:
-        from omni_runtime.models.tp_group import end_process_if_nccl
-
-        end_process_if_nccl(code)
 
 
 def _graceful_server_class() -> type:

@@ -181,9 +181,9 @@ def main(argv: list[str]) -> int:
     except OSError as exc:
         print(f"omni stage: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1
-    from omni_runtime.serve import _end_if_nccl
+    from omni_runtime.models.tp_group import end_process_if_nccl
 
-    _end_if_nccl(0)  # an image-encoder or thinker TP group on GPUs: no NCCL teardown (tp_group)
+    end_process_if_nccl(0)  # an image-encoder or thinker TP group on GPUs: no NCCL teardown
     return 0
 
 

@@ -355,7 +355,8 @@ def _run_scenario(
     router_proc = _start(router_argv, work / f"{scenario}-router.log")
     procs.append(router_proc)
     wait_ready(upstream_url, timeout=args.worker_timeout if scenario == "worker" else 60, proc=upstream_proc)
-    wait_ready(f"http://127.0.0.1:{router_port}", timeout=60, proc=router_proc)
+    router_url = f"http://127.0.0.1:{router_port}"
+    wait_ready(router_url, timeout=60, proc=router_proc)
     model = "bench"
     shapes: dict[str, bool] = {}
     differences: dict[str, dict[str, Any]] = {}
@@ -365,7 +366,7 @@ def _run_scenario(
         model = httpx.get(f"{upstream_url}/v1/models", timeout=10, trust_env=False).json()["data"][0]["id"]
         shapes, differences = compare_shapes(
             direct=upstream_url,
-            routed=f"http://127.0.0.1:{router_port}",
+            routed=router_url,
             chat=lambda stream: chat_body(model=model, max_tokens=args.max_tokens, stream=stream),
             realtime_event=REALTIME_EVENT if args.ws_concurrency else None,
         )
@@ -379,11 +380,14 @@ def _run_scenario(
     direct_loads = scenario_loads(scenario, host=host, port=port, model=model, args=args)
     routed_loads = scenario_loads(scenario, host="127.0.0.1", port=router_port, model=model, args=args)
     results: list[Measurement] = []
-    router_url = f"http://127.0.0.1:{router_port}"
-    gc_before = {
-        "upstream": full_collections(upstream_url, "omni"),
-        "router": full_collections(router_url, "omni_router"),
-    }
+
+    def gc_now() -> dict[str, tuple[int, float]]:
+        return {
+            "upstream": full_collections(upstream_url, "omni"),
+            "router": full_collections(router_url, "omni_router"),
+        }
+
+    gc_before = gc_now()
     for (case, direct), (_, routed) in zip(direct_loads, routed_loads, strict=True):
         print(f"  {scenario} {case} x{direct.concurrency}: ", end="", flush=True)
         results += measure(
@@ -398,10 +402,7 @@ def _run_scenario(
             router_url=router_url,
         )
         print()
-    gc_after = {
-        "upstream": full_collections(upstream_url, "omni"),
-        "router": full_collections(router_url, "omni_router"),
-    }
+    gc_after = gc_now()
     gc_pauses = {
         name: {
             "full_collections": gc_after[name][0] - gc_before[name][0],

@@ -10,6 +10,7 @@ when any replica has it there (max). Series of one replica only, such as
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -37,7 +38,7 @@ def merge_metrics(texts: Iterable[str]) -> bytes:
         for family in text_string_to_metric_families(text):
             families.setdefault(family.name, Metric(family.name, family.documentation, family.type))
             series = values.setdefault(family.name, {})
-            combine = max if family.name in MAX_FAMILIES else _add
+            combine = max if family.name in MAX_FAMILIES else operator.add
             for sample in family.samples:
                 key = (sample.name, tuple(sorted(sample.labels.items())))
                 series[key] = combine(series[key], sample.value) if key in series else sample.value
@@ -49,7 +50,3 @@ def merge_metrics(texts: Iterable[str]) -> bytes:
         out.append(family)
     registry.register(_Merged(out))
     return generate_latest(registry)
-
-
-def _add(a: float, b: float) -> float:
-    return a + b
