@@ -21,7 +21,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from omni_runtime.pipeline.options import EngineOptions
+from omni_runtime.contract.options import EngineOptions
 
 WORKER = "worker"
 

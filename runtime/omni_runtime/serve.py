@@ -21,22 +21,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from omni_runtime.cli_types import positive_int
+from omni_runtime.contract.options import EngineOptions
+from omni_runtime.contract.stages import STAGES
 from omni_runtime.media.limits import MediaLimits
-from omni_runtime.pipeline.options import EngineOptions
 
 log = logging.getLogger("omni.serve")
 
-STAGES = (
-    "preprocessing",
-    "audio_encoder",
-    "image_encoder",
-    "mm_aggregate",
-    "thinker",
-    "decode",
-    "talker",
-    "segmenter",
-    "talker_stream",
-)
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _HOST_PORT = re.compile(r"^(?P<host>[A-Za-z0-9.\-\[\]:]+):(?P<port>\d{1,5})$")
 
@@ -309,10 +299,10 @@ def main(argv: list[str]) -> int:
     import uvicorn
 
     from omni_runtime.api import ApiSettings, build_app
+    from omni_runtime.contract.engine import EngineError
     from omni_runtime.cpu_threads import apply_cpu_threads
     from omni_runtime.models.tiny import ensure_tiny_checkpoint, is_tiny_checkpoint
     from omni_runtime.pipeline import build_engine
-    from omni_runtime.pipeline.types import EngineError
 
     options = config.options
     apply_cpu_threads(device=options.device, requested=args.cpu_threads)

@@ -24,19 +24,10 @@ import threading
 import time
 from dataclasses import dataclass
 
-from omni_runtime.pipeline.options import EngineOptions
+from omni_runtime.contract.options import EngineOptions
+from omni_runtime.contract.stages import HOSTABLE, Stage, with_colocated
 
 log = logging.getLogger("omni.stage")
-
-HOSTABLE = (
-    "preprocessing",
-    "audio_encoder",
-    "image_encoder",
-    "mm_aggregate",
-    "thinker",
-    "talker",
-    "talker_stream",
-)
 
 
 def _stages(text: str) -> tuple[str, ...]:
@@ -102,10 +93,7 @@ class StageProcess:
 
 
 def hosted_stages(stages: tuple[str, ...]) -> frozenset[str]:
-    hosted = set(stages)
-    if "talker" in hosted or "talker_stream" in hosted:
-        hosted |= {"talker", "talker_stream"}  # the vocoder runs where the talker runs
-    return frozenset(hosted)
+    return with_colocated({Stage(s) for s in stages})  # the vocoder runs where the talker runs
 
 
 async def start_stage_process(
@@ -171,7 +159,7 @@ def main(argv: list[str]) -> int:
         threading.Thread(
             target=_watch_parent, args=(args.parent_pid,), name="parent-watch", daemon=True
         ).start()
-    from omni_runtime.pipeline.types import EngineError
+    from omni_runtime.contract.engine import EngineError
 
     try:
         asyncio.run(_serve(options, args.stages, args.host, args.port))

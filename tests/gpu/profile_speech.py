@@ -15,9 +15,7 @@ import time
 
 import torch
 
-from omni_runtime.pipeline import build_engine
-from omni_runtime.pipeline.options import EngineOptions
-from omni_runtime.pipeline.types import (
+from omni_runtime.contract.engine import (
     AudioChunk,
     ChatTurn,
     Finished,
@@ -25,6 +23,8 @@ from omni_runtime.pipeline.types import (
     SamplingParams,
     TextDelta,
 )
+from omni_runtime.contract.options import EngineOptions
+from omni_runtime.pipeline import build_engine
 
 
 async def one(engine, rid: str, talker_tokens: int) -> None:

@@ -16,10 +16,8 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from omni_runtime.models.base import RowSampling, ThinkerAdmission  # noqa: E402
-from omni_runtime.pipeline import build_engine  # noqa: E402
-from omni_runtime.pipeline.options import EngineOptions  # noqa: E402
-from omni_runtime.pipeline.types import (  # noqa: E402
+from omni_runtime.contract.adapter import RowSampling, ThinkerAdmission  # noqa: E402
+from omni_runtime.contract.engine import (  # noqa: E402
     AudioChunk,
     ChatTurn,
     Finished,
@@ -27,6 +25,8 @@ from omni_runtime.pipeline.types import (  # noqa: E402
     SamplingParams,
     TextDelta,
 )
+from omni_runtime.contract.options import EngineOptions  # noqa: E402
+from omni_runtime.pipeline import build_engine  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

@@ -26,8 +26,8 @@ if torch.cuda.device_count() < 2:
 
 import httpx  # noqa: E402
 
-from omni_runtime.models.base import RowSampling, ThinkerAdmission, ThinkerPrompt  # noqa: E402
-from omni_runtime.pipeline.options import EngineOptions  # noqa: E402
+from omni_runtime.contract.adapter import RowSampling, ThinkerAdmission, ThinkerPrompt  # noqa: E402
+from omni_runtime.contract.options import EngineOptions  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 HOSTED = frozenset({"thinker", "mm_aggregate"})

@@ -34,8 +34,8 @@ if torch.cuda.device_count() < 2:
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from omni_runtime.pipeline.options import EngineOptions  # noqa: E402
-from omni_runtime.pipeline.types import ChatTurn, GenerationRequest, MediaInput, SamplingParams  # noqa: E402
+from omni_runtime.contract.engine import ChatTurn, GenerationRequest, MediaInput, SamplingParams  # noqa: E402
+from omni_runtime.contract.options import EngineOptions  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 FOLLOWER = re.compile(r"image-encoder TP rank 1/2: follower pid (\d+) on GPU (\d+)")

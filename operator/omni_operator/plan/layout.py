@@ -1,7 +1,7 @@
 """Worker layouts: the stage pods of one worker, their names, ports, addresses and commands.
 
 - builtin on tier cpu: one `worker` pod per worker running every stage (`omni serve --device cpu`).
-- builtin on GPUs: `api` (CPU: preprocessing, decode, the OpenAI API), `thinker` (encoders that sit
+- builtin on GPUs: `api` (CPU: preprocessing, decode, the segmenter, the OpenAI API), `thinker` (encoders that sit
   with it, mm_aggregate, the TP ranks; one pod per node when TP exceeds a node), `talker`, and
   `image-encoder` when vision is dedicated. The api pod reaches the others by --remote-stage.
 - sglang-omni / vllm-omni: one `worker` pod holding all of the worker's GPUs.
@@ -19,6 +19,7 @@ from omni_operator.api.spec import Architecture, GpuTier, OmniDeployment, OmniDe
 from omni_operator.plan import adapters, rules
 from omni_operator.plan.revisions import pod_revision
 from omni_operator.plan.types import Container, Role, Stage, StagePod, Target, WorkerPlan
+from omni_runtime.contract.stages import REMOTABLE, with_colocated
 
 # Kubernetes: fixed ports inside each pod. Local: base_port + 10 * worker index + offset.
 K8S_PORTS: dict[Role, int] = {
@@ -206,7 +207,7 @@ class WorkerLayout:
             (Role.thinker, tuple(s for s in self.stages if s in with_thinker)),
         ]
         if alloc.talker:
-            talker_stages = {Stage.talker, Stage.segmenter, Stage.talker_stream} & present
+            talker_stages = with_colocated({Stage.talker}) & present
             roles.append((Role.talker, tuple(s for s in self.stages if s in talker_stages)))
         if alloc.image_encoder_dedicated:
             roles.append((Role.image_encoder, (Stage.image_encoder,)))
@@ -224,7 +225,10 @@ class WorkerLayout:
         api = Container(
             image=self.image(Role.api),
             command=adapters.builtin_serve(
-                spec, ctx, port=api_port, remote={s: remote[s] for s in self.stages if s in remote}
+                spec,
+                ctx,
+                port=api_port,
+                remote={s: remote[s] for s in self.stages if s in remote and s in REMOTABLE},
             ),
             ports={PORT_NAMES[Role.api]: api_port},
             cpu=api_resources.cpu,

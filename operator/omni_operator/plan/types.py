@@ -12,21 +12,11 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from omni_runtime.contract.stages import Stage
+
 
 class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class Stage(StrEnum):
-    preprocessing = "preprocessing"
-    audio_encoder = "audio_encoder"
-    image_encoder = "image_encoder"
-    mm_aggregate = "mm_aggregate"
-    thinker = "thinker"
-    decode = "decode"
-    talker = "talker"
-    segmenter = "segmenter"
-    talker_stream = "talker_stream"
 
 
 class Role(StrEnum):
@@ -35,7 +25,7 @@ class Role(StrEnum):
     worker = "worker"  # every stage in one pod/process (CPU builtin, third-party runtimes)
     api = "api"  # builtin split layout: worker API + preprocessing + decode (CPU)
     thinker = "thinker"  # encoders-with-thinker + mm_aggregate + thinker TP ranks
-    talker = "talker"  # talker (+ segmenter/talker_stream)
+    talker = "talker"  # talker (+ talker_stream, the vocoder)
     image_encoder = "image-encoder"  # dedicated vision ranks
 
 

@@ -18,7 +18,7 @@ from omni_runtime.api.model_list.routes import router as models_router
 from omni_runtime.api.ops.routes import router as ops_router
 from omni_runtime.api.settings import ApiSettings
 from omni_runtime.api.state import AppState
-from omni_runtime.pipeline.types import Engine
+from omni_runtime.contract.engine import Engine
 from omni_runtime.realtime import RealtimeServer, RealtimeSettings, StreamingInputChatMiddleware
 
 

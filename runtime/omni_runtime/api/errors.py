@@ -18,8 +18,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from omni_runtime.contract.engine import EngineError
 from omni_runtime.media.errors import MediaError
-from omni_runtime.pipeline.types import EngineError
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from omni_runtime.api.state import AppState
+from omni_runtime.contract.engine import ChatTurn, Finished, GenerationRequest, SamplingParams
 from omni_runtime.gc_pauses import freeze_heap, watch_gc
-from omni_runtime.pipeline.types import ChatTurn, Finished, GenerationRequest, SamplingParams
 
 log = logging.getLogger(__name__)
 

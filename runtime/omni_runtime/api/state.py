@@ -11,7 +11,7 @@ from fastapi import Request
 from omni_runtime.api.chat.protocol import ServingLimits
 from omni_runtime.api.metrics import ApiMetrics
 from omni_runtime.api.settings import ApiSettings
-from omni_runtime.pipeline.types import Engine
+from omni_runtime.contract.engine import Engine
 
 
 @dataclass

@@ -68,9 +68,9 @@ def _build(dtype_name: str, max_len: int, slots: int):
 
 def _build_serving(dtype_name: str, max_len: int, slots: int, tp: int) -> tuple[Any, Any, int]:
     """(adapter, runner, weight bytes one rank reads per step) through the serving loader."""
+    from omni_runtime.contract.options import EngineOptions
     from omni_runtime.models.qwen2_5_omni.adapter import Qwen25OmniAdapter
     from omni_runtime.models.qwen2_5_omni.loader import load_model
-    from omni_runtime.pipeline.options import EngineOptions
 
     hosted = frozenset({"thinker", "mm_aggregate"})
     options = EngineOptions(
@@ -99,7 +99,7 @@ def bench_runtime(runner: Any, *, batch: int, prompt: int, steps: int, vocab: in
     """Milliseconds per decode step of the runtime's batched, graph-captured step."""
     import torch
 
-    from omni_runtime.models.base import RowSampling, ThinkerAdmission, ThinkerPrompt
+    from omni_runtime.contract.adapter import RowSampling, ThinkerAdmission, ThinkerPrompt
 
     hidden = runner.decoder.out_hidden.shape[-1]
     gen = torch.Generator(device="cpu").manual_seed(batch)

@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from omni_runtime.models.base import OmniAdapter
-from omni_runtime.pipeline.options import EngineOptions
-from omni_runtime.pipeline.types import EngineError
+from omni_runtime.contract.adapter import OmniAdapter
+from omni_runtime.contract.engine import EngineError
+from omni_runtime.contract.options import EngineOptions
 
 SUPPORTED = ("qwen2_5_omni",)
 PLANNED = {"qwen3_omni_moe": "Qwen3-Omni-MoE"}

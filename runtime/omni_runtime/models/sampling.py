@@ -14,7 +14,7 @@ import random
 
 import torch
 
-from omni_runtime.models.base import RowSampling
+from omni_runtime.contract.adapter import RowSampling
 
 _MASK32 = 0xFFFFFFFF
 __all__ = ["BatchSampler", "RowSampling", "hash_uniform"]

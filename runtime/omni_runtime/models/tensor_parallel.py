@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omni_runtime.pipeline.types import EngineError
+from omni_runtime.contract.engine import EngineError
 
 # What Qwen2-style decoders use when a config carries no plan of its own.
 DEFAULT_PLAN = {

@@ -30,8 +30,8 @@ log = logging.getLogger("omni.tp_follower")
 
 def _fit(adapter: Any, *, slots: int, max_len: int) -> int:
     """This rank's KV-cache slot budget; 0 when not even one request fits (rank 0 reports it)."""
+    from omni_runtime.contract.engine import EngineError
     from omni_runtime.models.tensor_parallel import sharded_thinker_config
-    from omni_runtime.pipeline.types import EngineError
 
     config = sharded_thinker_config(adapter.loaded.config.thinker_config, adapter.tp_world).text_config
     try:

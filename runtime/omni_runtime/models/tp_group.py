@@ -37,8 +37,8 @@ from pathlib import Path
 
 import torch
 
-from omni_runtime.pipeline.options import EngineOptions
-from omni_runtime.pipeline.types import EngineError
+from omni_runtime.contract.engine import EngineError
+from omni_runtime.contract.options import EngineOptions
 
 log = logging.getLogger(__name__)
 

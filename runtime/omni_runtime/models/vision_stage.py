@@ -26,8 +26,8 @@ import threading
 import time
 from pathlib import Path
 
+from omni_runtime.contract.options import EngineOptions
 from omni_runtime.models.tp_group import free_port
-from omni_runtime.pipeline.options import EngineOptions
 
 log = logging.getLogger(__name__)
 STOP_GRACE_S = 30.0

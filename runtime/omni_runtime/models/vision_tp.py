@@ -27,10 +27,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from omni_runtime.contract.engine import EngineError
 from omni_runtime.gc_pauses import freeze_heap
 from omni_runtime.models.tensor_parallel import one_of, shard_linears, slice_features
 from omni_runtime.models.tp_group import OP_STOP, OP_VISION, TPLeader, read_message
-from omni_runtime.pipeline.types import EngineError
 
 log = logging.getLogger(__name__)
 

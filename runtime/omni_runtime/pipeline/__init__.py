@@ -1,6 +1,6 @@
 """The stage pipeline: stage graph, continuous batching, stage links, the engine.
 
-``build_engine`` is imported lazily so that importing ``omni_runtime.pipeline.types`` (the API
+``build_engine`` is imported lazily so that importing ``omni_runtime.contract.engine`` (the API
 layer does) never pulls in torch.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from omni_runtime.pipeline.options import EngineOptions
-    from omni_runtime.pipeline.types import Engine
+    from omni_runtime.contract.engine import Engine
+    from omni_runtime.contract.options import EngineOptions
 
 
 def build_engine(options: EngineOptions) -> Engine:

@@ -17,15 +17,8 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from omni_runtime.models.base import RowSampling, TalkerAdmission
-from omni_runtime.pipeline.detokenize import IncrementalDetokenizer, StopMatcher
-from omni_runtime.pipeline.graph import local_stages, pipeline_variant
-from omni_runtime.pipeline.options import EngineOptions
-from omni_runtime.pipeline.scheduler import FinishReason, ThinkerDone, ThinkerJob, ThinkerToken
-from omni_runtime.pipeline.segmenter import CodecSegmenter, SegmenterConfig
-from omni_runtime.pipeline.services import LocalStages, gather_encoders
-from omni_runtime.pipeline.talker import TalkerDone, TalkerJob
-from omni_runtime.pipeline.types import (
+from omni_runtime.contract.adapter import RowSampling, TalkerAdmission
+from omni_runtime.contract.engine import (
     AudioChunk,
     EngineError,
     EngineEvent,
@@ -35,13 +28,20 @@ from omni_runtime.pipeline.types import (
     TextDelta,
     Usage,
 )
+from omni_runtime.contract.options import EngineOptions
+from omni_runtime.pipeline.detokenize import IncrementalDetokenizer, StopMatcher
+from omni_runtime.pipeline.graph import local_stages, pipeline_variant
+from omni_runtime.pipeline.scheduler import FinishReason, ThinkerDone, ThinkerJob, ThinkerToken
+from omni_runtime.pipeline.segmenter import CodecSegmenter, SegmenterConfig
+from omni_runtime.pipeline.services import LocalStages, gather_encoders
+from omni_runtime.pipeline.talker import TalkerDone, TalkerJob
 from omni_runtime.pipeline.validate import row_sampling, talker_limits, validate_request
 
 log = logging.getLogger(__name__)
 
 
 class PipelineEngine:
-    """Implements the ``Engine`` protocol of pipeline/types.py."""
+    """Implements the ``Engine`` protocol of contract/engine.py."""
 
     def __init__(self, options: EngineOptions) -> None:
         self.options = options
@@ -88,7 +88,7 @@ class PipelineEngine:
 
     async def _warm_requests(self) -> None:
         """One short request per output kind, so the first client does not pay for lazy init."""
-        from omni_runtime.pipeline.types import ChatTurn, SamplingParams
+        from omni_runtime.contract.engine import ChatTurn, SamplingParams
 
         kinds = [False, True] if self.supports_audio_output else [False]
         # On a GPU, enough codes for every recurring vocoder window size (first, second, steady),

@@ -1,29 +1,10 @@
-"""Stage graphs of the pipeline variants, and which stages a process hosts."""
+"""Which variant an engine runs and which of its stages this process hosts (the graph is contract.stages)."""
 
 from __future__ import annotations
 
-from omni_runtime.pipeline.options import EngineOptions
-from omni_runtime.pipeline.types import EngineError
-
-TEXT_STAGES = ("preprocessing", "audio_encoder", "image_encoder", "mm_aggregate", "thinker", "decode")
-VARIANTS: dict[str, tuple[str, ...]] = {
-    "text": TEXT_STAGES,
-    "speech": (*TEXT_STAGES, "talker"),
-    "streaming-speech": (*TEXT_STAGES, "talker", "segmenter", "talker_stream"),
-}
-# Edges, for docs and the stage listing: who feeds whom.
-EDGES: dict[str, tuple[str, ...]] = {
-    "preprocessing": ("audio_encoder", "image_encoder", "mm_aggregate"),
-    "audio_encoder": ("mm_aggregate",),
-    "image_encoder": ("mm_aggregate",),
-    "mm_aggregate": ("thinker",),
-    "thinker": ("decode", "talker"),
-    "talker": ("segmenter",),
-    "segmenter": ("talker_stream",),
-}
-# Stages that can live in another process behind a stage link. The decode stage and the segmenter
-# are cheap per-request logic and stay with the engine; talker_stream (the vocoder) goes with talker.
-REMOTABLE = ("preprocessing", "audio_encoder", "image_encoder", "mm_aggregate", "thinker", "talker")
+from omni_runtime.contract.engine import EngineError
+from omni_runtime.contract.options import EngineOptions
+from omni_runtime.contract.stages import REMOTABLE, VARIANTS, Stage, with_colocated
 
 
 def pipeline_variant(options: EngineOptions) -> str:
@@ -50,7 +31,4 @@ def local_stages(options: EngineOptions) -> frozenset[str]:
             )
         if name not in stages:
             raise EngineError(f"stage {name!r} is not part of this pipeline", param="remote_stages")
-    remote = set(options.remote_stages)
-    if "talker" in remote:
-        remote.add("talker_stream")
-    return frozenset(stages - remote)
+    return frozenset(stages - with_colocated({Stage(name) for name in options.remote_stages}))

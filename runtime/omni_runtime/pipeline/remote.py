@@ -13,14 +13,14 @@ import contextlib
 import logging
 from typing import Any
 
-from omni_runtime.models.base import Prompt, ThinkerPrompt
+from omni_runtime.contract.adapter import Prompt, ThinkerPrompt
+from omni_runtime.contract.engine import EngineError, GenerationRequest
+from omni_runtime.contract.options import EngineOptions
 from omni_runtime.pipeline import wire
 from omni_runtime.pipeline.link import LinkError, StageLinkClient
-from omni_runtime.pipeline.options import EngineOptions
 from omni_runtime.pipeline.scheduler import ThinkerDone, ThinkerJob, ThinkerToken
 from omni_runtime.pipeline.services import LocalStages
 from omni_runtime.pipeline.talker import TalkerDone, TalkerJob
-from omni_runtime.pipeline.types import EngineError, GenerationRequest
 
 log = logging.getLogger(__name__)
 READY_TIMEOUT_S = 1800.0  # a remote stage may be loading a large checkpoint

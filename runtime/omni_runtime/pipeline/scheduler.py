@@ -17,7 +17,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from omni_runtime.models.base import RowSampling, ThinkerAdmission, ThinkerPrompt, ThinkerRunner, ThinkerStep
+from omni_runtime.contract.adapter import (
+    RowSampling,
+    ThinkerAdmission,
+    ThinkerPrompt,
+    ThinkerRunner,
+    ThinkerStep,
+)
 from omni_runtime.pipeline.workers import SchedulerLoop, StageThread
 
 log = logging.getLogger(__name__)

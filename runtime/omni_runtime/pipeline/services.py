@@ -11,12 +11,12 @@ import asyncio
 import logging
 from typing import Any
 
-from omni_runtime.models.base import OmniAdapter, Prompt, ThinkerPrompt
+from omni_runtime.contract.adapter import OmniAdapter, Prompt, ThinkerPrompt
+from omni_runtime.contract.engine import GenerationRequest
+from omni_runtime.contract.options import EngineOptions
 from omni_runtime.pipeline.graph import VARIANTS
-from omni_runtime.pipeline.options import EngineOptions
 from omni_runtime.pipeline.scheduler import ThinkerScheduler
 from omni_runtime.pipeline.talker import TalkerScheduler
-from omni_runtime.pipeline.types import GenerationRequest
 from omni_runtime.pipeline.workers import BatchingWorker, StageThread
 
 log = logging.getLogger(__name__)

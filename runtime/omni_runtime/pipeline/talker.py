@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from omni_runtime.models.base import TalkerAdmission, TalkerRunner
+from omni_runtime.contract.adapter import TalkerAdmission, TalkerRunner
 from omni_runtime.pipeline.scheduler import FinishReason, plan_compaction
 from omni_runtime.pipeline.workers import SchedulerLoop, StageThread
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from omni_runtime.models.base import RowSampling
-from omni_runtime.pipeline.types import EngineError, GenerationRequest, SamplingParams
+from omni_runtime.contract.adapter import RowSampling
+from omni_runtime.contract.engine import EngineError, GenerationRequest, SamplingParams
 
 DEFAULT_TALKER_MAX_TOKENS = 4096
 DEFAULT_CODES_PER_TEXT_TOKEN = 30

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from omni_runtime.models.base import Prompt, RowSampling, TalkerAdmission, ThinkerPrompt
-from omni_runtime.pipeline.types import ChatTurn, GenerationRequest, MediaInput, SamplingParams
+from omni_runtime.contract.adapter import Prompt, RowSampling, TalkerAdmission, ThinkerPrompt
+from omni_runtime.contract.engine import ChatTurn, GenerationRequest, MediaInput, SamplingParams
 
 Frame = tuple[dict[str, Any], dict[str, Any]]
 

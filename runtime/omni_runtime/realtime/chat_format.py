@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from omni_runtime.contract.engine import Usage
 from omni_runtime.media.audio import encode_wav, to_pcm16
-from omni_runtime.pipeline.types import Usage
 
 
 def completion_id() -> str:

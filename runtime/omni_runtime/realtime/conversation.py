@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from omni_runtime.pipeline.types import ChatTurn, MediaInput
+from omni_runtime.contract.engine import ChatTurn, MediaInput
 from omni_runtime.realtime.audio import MODEL_RATE, float_to_b64_pcm16
 from omni_runtime.realtime.errors import ITEM_NOT_FOUND, ProtocolError
 

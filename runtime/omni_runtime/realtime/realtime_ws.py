@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from omni_runtime.pipeline.types import Engine
+from omni_runtime.contract.engine import Engine
 from omni_runtime.realtime.errors import (
     NOT_READY,
     SERVER_ERROR,

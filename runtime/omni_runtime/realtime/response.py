@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from omni_runtime.pipeline.types import (
+from omni_runtime.contract.engine import (
     AudioChunk,
     ChatTurn,
     Engine,

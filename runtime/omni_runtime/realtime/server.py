@@ -17,7 +17,7 @@ from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import Response
 from prometheus_client import CollectorRegistry
 
-from omni_runtime.pipeline.types import Engine
+from omni_runtime.contract.engine import Engine
 from omni_runtime.realtime.metrics import RealtimeMetrics
 from omni_runtime.realtime.realtime_ws import RealtimeSessions, serve_realtime
 from omni_runtime.realtime.settings import RealtimeSettings

@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from omni_runtime.pipeline.types import Engine
+from omni_runtime.contract.engine import Engine
+from omni_runtime.contract.sessions import make_session_id
 from omni_runtime.realtime import item_events
 from omni_runtime.realtime.audio import decode_b64, pcm16_to_float
 from omni_runtime.realtime.config import SessionConfig, apply_update
@@ -58,7 +59,6 @@ from omni_runtime.realtime.turn_detection import (
     SpeechStopped,
     TurnDetector,
 )
-from omni_runtime.sessions import make_session_id
 
 MIN_COMMIT_MS = 100  # the OpenAI API refuses shorter commits with the same code
 Handler = Callable[[dict[str, Any]], Awaitable[None]]

@@ -20,9 +20,7 @@ from typing import Any, Literal
 import anyio.to_thread
 import numpy as np
 
-from omni_runtime.media.errors import MediaError
-from omni_runtime.media.image import decode_image
-from omni_runtime.pipeline.types import (
+from omni_runtime.contract.engine import (
     AudioChunk,
     ChatTurn,
     Engine,
@@ -34,6 +32,8 @@ from omni_runtime.pipeline.types import (
     TextDelta,
     Usage,
 )
+from omni_runtime.media.errors import MediaError
+from omni_runtime.media.image import decode_image
 from omni_runtime.realtime import chat_format
 from omni_runtime.realtime.audio import MODEL_RATE, StreamingResampler, decode_b64, pcm16_to_float
 from omni_runtime.realtime.errors import (

@@ -22,7 +22,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
-from omni_runtime.pipeline.types import Engine
+from omni_runtime.contract.engine import Engine
+from omni_runtime.contract.sessions import make_session_id
 from omni_runtime.realtime.errors import (
     DISABLED,
     INPUT_NOT_FINISHED,
@@ -37,7 +38,6 @@ from omni_runtime.realtime.metrics import RealtimeMetrics
 from omni_runtime.realtime.settings import RealtimeSettings
 from omni_runtime.realtime.streaming_input import StreamingInputSession
 from omni_runtime.realtime.streaming_models import Chunk, StreamingInputParams
-from omni_runtime.sessions import make_session_id
 
 _BODY_OVERHEAD = 64 * 1024  # JSON around a payload whose base64 is 4/3 of its bytes
 

@@ -18,10 +18,10 @@ import numpy as np
 from PIL import Image
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
+from omni_runtime.contract.engine import ChatTurn, MediaInput
 from omni_runtime.media.image import decode_image
 from omni_runtime.media.limits import MediaLimits
 from omni_runtime.media.video import plan_frame_size
-from omni_runtime.pipeline.types import ChatTurn, MediaInput
 from omni_runtime.realtime.audio import MODEL_RATE
 from omni_runtime.realtime.errors import VIDEO_BUFFER_FULL, ProtocolError
 

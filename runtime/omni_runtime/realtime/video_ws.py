@@ -21,9 +21,7 @@ import numpy as np
 from pydantic import ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from omni_runtime.media.errors import MediaError
-from omni_runtime.media.resample import resample
-from omni_runtime.pipeline.types import (
+from omni_runtime.contract.engine import (
     AudioChunk,
     ChatTurn,
     Engine,
@@ -33,6 +31,8 @@ from omni_runtime.pipeline.types import (
     SamplingParams,
     TextDelta,
 )
+from omni_runtime.media.errors import MediaError
+from omni_runtime.media.resample import resample
 from omni_runtime.realtime.audio import MODEL_RATE, decode_b64, float_to_b64_pcm16, pcm16_to_float
 from omni_runtime.realtime.config import engine_voice
 from omni_runtime.realtime.conversation import new_id

@@ -1,7 +1,7 @@
 """Which worker a request or WebSocket goes to: pure functions over the worker table.
 
 Three rules, in order (DESIGN.md, "Sessions and the router"):
-1. A session id that names its worker (omni_runtime.sessions) in a path segment, in the
+1. A session id that names its worker (omni_runtime.contract.sessions) in a path segment, in the
    `session_id` query parameter or in the session-key header pins the request to that worker, so
    every router replica routes follow-ups alike without shared state. A draining worker keeps
    these; a gone one answers 503.
@@ -22,9 +22,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from omni_runtime.contract.sessions import worker_of
 from omni_runtime.router.errors import RouterError
 from omni_runtime.router.table import Worker, WorkerTable
-from omni_runtime.sessions import worker_of
 
 SESSION_QUERY_PARAM = "session_id"
 

@@ -19,9 +19,9 @@ import pytest
 import uvicorn
 
 from omni_runtime.api import ApiSettings, build_app
+from omni_runtime.contract.engine import Engine
+from omni_runtime.contract.options import EngineOptions
 from omni_runtime.media.limits import MediaLimits
-from omni_runtime.pipeline.options import EngineOptions
-from omni_runtime.pipeline.types import Engine
 
 READY_TIMEOUT_S = 300.0  # the CPU is shared with other work; loading usually takes seconds
 SHORT_SPEECH = {"talker": {"max_tokens": 60}}  # at most 60 codec tokens: ~1.2 s of audio

@@ -16,8 +16,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from omni_runtime.pipeline.options import EngineOptions
-from omni_runtime.pipeline.types import (
+from omni_runtime.contract.engine import (
     ChatTurn,
     EngineEvent,
     Finished,
@@ -26,6 +25,7 @@ from omni_runtime.pipeline.types import (
     SamplingParams,
     TextDelta,
 )
+from omni_runtime.contract.options import EngineOptions
 
 T = TypeVar("T")
 START_TIMEOUT_S = 600.0

@@ -8,7 +8,7 @@ import contextlib
 
 from engine_harness import Harness, finished, request, token_ids
 
-from omni_runtime.pipeline.types import Finished, TextDelta
+from omni_runtime.contract.engine import Finished, TextDelta
 
 
 def test_concurrent_requests_run_in_one_batch(speech_engine: Harness) -> None:

@@ -15,7 +15,7 @@ import pytest
 import torch
 from engine_harness import Harness, image, request, tiny_options, token_ids, tone, video
 
-from omni_runtime.pipeline.types import GenerationRequest, SamplingParams
+from omni_runtime.contract.engine import GenerationRequest, SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from engine_harness import Harness, finished, image, request, tiny_options, token_ids
 
-from omni_runtime.pipeline.types import AudioChunk
+from omni_runtime.contract.engine import AudioChunk
 
 STAGE_START_TIMEOUT_S = 600.0
 THINKER_SIDE = "audio_encoder,image_encoder,mm_aggregate,thinker"

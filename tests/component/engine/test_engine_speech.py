@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from engine_harness import Harness, finished, request, tiny_options
 
-from omni_runtime.pipeline.types import AudioChunk, EngineError, TextDelta
+from omni_runtime.contract.engine import AudioChunk, EngineError, TextDelta
 
 
 class VocoderSpy:

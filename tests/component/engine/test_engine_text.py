@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from engine_harness import Harness, finished, image, request, token_ids, tone, video
 
-from omni_runtime.pipeline.types import EngineError, Finished, TextDelta
+from omni_runtime.contract.engine import EngineError, Finished, TextDelta
 
 
 def test_text_generation_streams_tokens_and_finishes_with_usage(speech_engine: Harness) -> None:

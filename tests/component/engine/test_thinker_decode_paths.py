@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from omni_runtime.models.base import RowSampling, ThinkerAdmission, ThinkerPrompt
+from omni_runtime.contract.adapter import RowSampling, ThinkerAdmission, ThinkerPrompt
 from omni_runtime.models.qwen2_5_omni.runners import QwenThinkerRunner
 from omni_runtime.models.slot_cache import _compiled
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from engine_harness import Harness, finished, request, token_ids
 
-from omni_runtime.pipeline.types import AudioChunk, TextDelta
+from omni_runtime.contract.engine import AudioChunk, TextDelta
 
 
 def test_a_hold_stops_decode_steps_until_released(speech_engine: Harness) -> None:

@@ -17,9 +17,9 @@ import pytest
 import torch
 from served_worker import alive
 
-from omni_runtime.models.base import RowSampling, ThinkerAdmission, ThinkerPrompt
-from omni_runtime.pipeline.options import EngineOptions
-from omni_runtime.pipeline.types import EngineError
+from omni_runtime.contract.adapter import RowSampling, ThinkerAdmission, ThinkerPrompt
+from omni_runtime.contract.engine import EngineError
+from omni_runtime.contract.options import EngineOptions
 
 HOSTED = frozenset({"thinker", "mm_aggregate"})
 PROMPTS = [list(range(100, 107)), list(range(300, 312)), list(range(500, 509))]

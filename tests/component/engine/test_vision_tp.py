@@ -19,8 +19,8 @@ import torch
 from engine_harness import image, request, video
 from served_worker import alive
 
-from omni_runtime.pipeline.options import EngineOptions
-from omni_runtime.pipeline.types import EngineError
+from omni_runtime.contract.engine import EngineError
+from omni_runtime.contract.options import EngineOptions
 
 HOSTED = frozenset({"image_encoder"})
 

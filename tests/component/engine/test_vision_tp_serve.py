@@ -37,8 +37,8 @@ from served_worker import (
     wait_gone,
 )
 
+from omni_runtime.contract.options import EngineOptions
 from omni_runtime.pipeline.link import StageLinkClient
-from omni_runtime.pipeline.options import EngineOptions
 
 pytestmark = pytest.mark.slow
 STAGE = re.compile(r"image-encoder TP of 2 ranks runs in its own stage process: pid (\d+)")

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from omni_runtime.pipeline.options import EngineOptions
+from omni_runtime.contract.options import EngineOptions
 
 
 @pytest.fixture(scope="module")

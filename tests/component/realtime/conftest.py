@@ -81,8 +81,8 @@ async def _serve_extra(live: LiveWorker, overrides: dict[str, Any]) -> tuple[str
 async def _start(holder: dict[str, Any], ready: threading.Event) -> None:
     from omni_runtime.api.app import build_app
     from omni_runtime.api.settings import ApiSettings
+    from omni_runtime.contract.options import EngineOptions
     from omni_runtime.pipeline import build_engine
-    from omni_runtime.pipeline.options import EngineOptions
     from omni_runtime.realtime import RealtimeSettings
     from omni_runtime.router.app import RouterApp
     from omni_runtime.router.context import RouterConfig

@@ -14,7 +14,7 @@ import numpy as np
 from PIL import Image
 from rt_client import RawRealtime
 
-from omni_runtime.pipeline.types import ChatTurn, GenerationRequest, MediaInput, SamplingParams, TextDelta
+from omni_runtime.contract.engine import ChatTurn, GenerationRequest, MediaInput, SamplingParams, TextDelta
 
 BASE = "/v1/streaming_input/sessions"
 

@@ -21,7 +21,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "runtime"))
-from omni_runtime.sessions import make_session_id
+from omni_runtime.contract.sessions import make_session_id
 
 
 def build_app(worker_id: str):

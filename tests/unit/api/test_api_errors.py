@@ -20,8 +20,8 @@ from omni_runtime.api.errors import (
     from_validation_errors,
     install_error_handlers,
 )
+from omni_runtime.contract.engine import AudioChunk, EngineError
 from omni_runtime.media.errors import MediaError
-from omni_runtime.pipeline.types import AudioChunk, EngineError
 
 
 def _validation(body: Any) -> dict[str, Any]:

@@ -9,8 +9,8 @@ import pytest
 
 from omni_runtime.api.chat.protocol import ChatCompletionRequest, MediaRef, ServingLimits
 from omni_runtime.api.errors import ApiError
+from omni_runtime.contract.engine import ChatTurn, GenerationRequest, MediaInput, SamplingParams
 from omni_runtime.media.video import VideoOptions
-from omni_runtime.pipeline.types import ChatTurn, GenerationRequest, MediaInput, SamplingParams
 
 LIMITS = ServingLimits(
     model_name="tiny",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from omni_runtime.contract.options import EngineOptions
 from omni_runtime.media.limits import MediaLimits
-from omni_runtime.pipeline.options import EngineOptions
 from omni_runtime.serve import curl_example, gpu_list, main, parse_args
 
 

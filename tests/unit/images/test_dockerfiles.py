@@ -166,14 +166,25 @@ def operator_requirements() -> dict[str, str]:
 
 
 def _third_party_imports(package: Path) -> set[str]:
+    """Top-level third-party modules imported by ``package``, following its imports of the
+    runtime's modules (the operator uses the runtime's pure contract layer) to their files."""
     names: set[str] = set()
-    for path in package.rglob("*.py"):
+    paths, seen = list(package.rglob("*.py")), set()
+    while paths:
+        path = paths.pop()
+        if path in seen:
+            continue
+        seen.add(path)
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 names |= {alias.name.split(".")[0] for alias in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 names.add(node.module.split(".")[0])
-    return {n for n in names if n not in sys.stdlib_module_names and n not in {"omni_operator", "__future__"}}
+                if node.module.startswith("omni_runtime."):
+                    module = REPO / "runtime" / node.module.replace(".", "/")
+                    paths += [p for p in (module.with_suffix(".py"), module / "__init__.py") if p.exists()]
+    own = {"omni_operator", "omni_runtime", "__future__"}
+    return {n for n in names if n not in sys.stdlib_module_names and n not in own}
 
 
 DIST_OF_MODULE = {"yaml": "pyyaml"}

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from omni_runtime.contract.options import EngineOptions
 from omni_runtime.gpu_placement import expected_gpus, problems, role_of
-from omni_runtime.pipeline.options import EngineOptions
 
 REFERENCE = EngineOptions(
     pipeline="streaming-speech",

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from omni_runtime.contract.engine import EngineError
+from omni_runtime.contract.options import EngineOptions
 from omni_runtime.pipeline.graph import local_stages, pipeline_variant
-from omni_runtime.pipeline.options import EngineOptions
 from omni_runtime.pipeline.scheduler import plan_compaction
-from omni_runtime.pipeline.types import EngineError
 
 
 def test_compaction_fills_holes_from_the_top() -> None:

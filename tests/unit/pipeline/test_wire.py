@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from omni_runtime.models.base import Prompt, RowSampling, TalkerAdmission, ThinkerPrompt
+from omni_runtime.contract.adapter import Prompt, RowSampling, TalkerAdmission, ThinkerPrompt
+from omni_runtime.contract.engine import ChatTurn, GenerationRequest, MediaInput, SamplingParams
 from omni_runtime.pipeline import wire
 from omni_runtime.pipeline.link import decode_tensors, encode_tensors
-from omni_runtime.pipeline.types import ChatTurn, GenerationRequest, MediaInput, SamplingParams
 
 
 def _over_the_wire(tensors: dict) -> dict:

@@ -32,6 +32,7 @@ SPEECH_STAGES = (
 SPEECH_EDGES = (
     (S.preprocessing, S.audio_encoder),
     (S.preprocessing, S.image_encoder),
+    (S.preprocessing, S.mm_aggregate),
     (S.audio_encoder, S.mm_aggregate),
     (S.image_encoder, S.mm_aggregate),
     (S.mm_aggregate, S.thinker),

@@ -103,9 +103,9 @@ def test_builtin_dedicated_vision_and_streaming_speech() -> None:
     plan = plan_deployment(dep)
     pods = {p.role: p for p in plan.workers[0].pods}
     assert {r: (p.stages, p.logical_gpus) for r, p in pods.items()} == {
-        Role.api: ((S.preprocessing, S.decode), ()),
+        Role.api: ((S.preprocessing, S.decode, S.segmenter), ()),
         Role.thinker: ((S.audio_encoder, S.mm_aggregate, S.thinker), (0, 1)),
-        Role.talker: ((S.talker, S.segmenter, S.talker_stream), (2,)),
+        Role.talker: ((S.talker, S.talker_stream), (2,)),
         Role.image_encoder: ((S.image_encoder,), (3, 4)),
     }
     vision = pods[Role.image_encoder].container.command
@@ -113,8 +113,10 @@ def test_builtin_dedicated_vision_and_streaming_speech() -> None:
     assert pods[Role.image_encoder].address == "image-encoder.vis-w0.default.svc.cluster.local:9102"
     api = pods[Role.api].container.command
     assert "image_encoder=image-encoder.vis-w0.default.svc.cluster.local:9102" in api
-    assert "segmenter=talker.vis-w0.default.svc.cluster.local:9101" in api
-    assert plan.edges[-2:] == ((S.thinker, S.segmenter), (S.segmenter, S.talker_stream))
+    assert "talker=talker.vis-w0.default.svc.cluster.local:9101" in api
+    # The segmenter runs in the engine (the api pod); the vocoder follows the talker unnamed.
+    assert not [a for a in api if a.startswith(("segmenter=", "talker_stream="))]
+    assert plan.edges[-2:] == ((S.talker, S.segmenter), (S.segmenter, S.talker_stream))
 
 
 def test_text_variant_has_no_talker() -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from omni_runtime.pipeline.types import (
+from omni_runtime.contract.engine import (
     AudioChunk,
     EngineEvent,
     EngineStats,

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
+from omni_runtime.contract.engine import ChatTurn
 from omni_runtime.media.resample import resample
-from omni_runtime.pipeline.types import ChatTurn
 from omni_runtime.realtime.audio import StreamingResampler, decode_b64, pcm16_to_float
 from omni_runtime.realtime.conversation import Conversation, Item, Part, trim_to_played
 from omni_runtime.realtime.errors import ProtocolError

@@ -12,8 +12,8 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from omni_runtime.contract.sessions import worker_of
 from omni_runtime.realtime import RealtimeServer, RealtimeSettings, StreamingInputChatMiddleware
-from omni_runtime.sessions import worker_of
 
 BASE = "/v1/streaming_input/sessions"
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from omni_runtime.contract.sessions import make_session_id
 from omni_runtime.router.binding import Binding, BindKind, bind, rank_by_key, rank_by_load, retry_candidate
 from omni_runtime.router.errors import RouterError
 from omni_runtime.router.table import WorkerState, WorkerTable
-from omni_runtime.sessions import make_session_id
 
 HEADER = "X-Session-Id"
 

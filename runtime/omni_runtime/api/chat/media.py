@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 
 from omni_runtime.api.chat.protocol import ChatCompletionRequest, MediaRef
+from omni_runtime.contract.engine import MediaInput
 from omni_runtime.media import (
     ENCODER_SAMPLE_RATE,
     MediaError,
@@ -18,7 +19,6 @@ from omni_runtime.media import (
     load_video,
 )
 from omni_runtime.media.video import VideoOptions
-from omni_runtime.pipeline.types import MediaInput
 
 
 async def _load_one(ref: MediaRef, *, limits: MediaLimits, video: VideoOptions) -> MediaInput:

@@ -14,22 +14,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from omni_runtime.api.errors import ApiError
+from omni_runtime.contract.engine import ChatTurn, GenerationRequest, MediaInput, MediaKind, SamplingParams
+from omni_runtime.contract.stages import STAGES
 from omni_runtime.media.video import VideoOptions
-from omni_runtime.pipeline.types import ChatTurn, GenerationRequest, MediaInput, MediaKind, SamplingParams
-
-STAGES = frozenset(
-    {
-        "preprocessing",
-        "audio_encoder",
-        "image_encoder",
-        "mm_aggregate",
-        "thinker",
-        "decode",
-        "talker",
-        "segmenter",
-        "talker_stream",
-    }
-)
 
 
 class _Model(BaseModel):

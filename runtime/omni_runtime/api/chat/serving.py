@@ -39,8 +39,7 @@ from omni_runtime.api.chat.transport import (
 )
 from omni_runtime.api.errors import SERVICE_UNAVAILABLE, ApiError, from_engine_error, internal_error
 from omni_runtime.api.state import AppState
-from omni_runtime.media.audio import encode_wav, to_pcm16
-from omni_runtime.pipeline.types import (
+from omni_runtime.contract.engine import (
     AudioChunk,
     EngineError,
     EngineEvent,
@@ -48,6 +47,7 @@ from omni_runtime.pipeline.types import (
     GenerationRequest,
     TextDelta,
 )
+from omni_runtime.media.audio import encode_wav, to_pcm16
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from omni_runtime.api.errors import ApiError
+from omni_runtime.contract.engine import AudioChunk, EngineEvent
 from omni_runtime.media.resample import resample
-from omni_runtime.pipeline.types import AudioChunk, EngineEvent
 
 T = TypeVar("T")
 

@@ -32,13 +32,13 @@ import torch
 from torch import nn
 from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as hf
 
+from omni_runtime.contract.engine import EngineError
+from omni_runtime.contract.options import EngineOptions
 from omni_runtime.models.qwen2_5_omni.placement import LoadedModel, resolve_placement
 from omni_runtime.models.tensor_parallel import check_tp_size, shard_text_model
 from omni_runtime.models.tp_group import TPLeader
 from omni_runtime.models.vision_stage import VisionStageChild
 from omni_runtime.models.vision_tp import LeaderVision, check_vision_tp_size, shard_vision_tower
-from omni_runtime.pipeline.options import EngineOptions
-from omni_runtime.pipeline.types import EngineError
 
 log = logging.getLogger(__name__)
 

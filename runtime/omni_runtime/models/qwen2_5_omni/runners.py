@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from omni_runtime.models.base import TalkerAdmission, ThinkerAdmission, ThinkerStep
+from omni_runtime.contract.adapter import TalkerAdmission, ThinkerAdmission, ThinkerStep
 from omni_runtime.models.sampling import BatchSampler
 from omni_runtime.models.slot_cache import SlotDecoder
 

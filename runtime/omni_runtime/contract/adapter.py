@@ -6,8 +6,8 @@ that stage's worker thread with already-batched inputs, so adding Qwen3-Omni-MoE
 one more adapter (its thinker is MoE, its talker adds a code predictor, its vocoder is Code2Wav)
 while the scheduler, cache, sampler and stage graph stay as they are.
 
-This module imports no torch: the pipeline imports these types, and tensors travel through them
-as opaque values (``Any``).
+This module imports no torch: the pipeline and the model families import these types, and tensors
+travel through them as opaque values (``Any``).
 """
 
 from __future__ import annotations
@@ -16,19 +16,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from omni_runtime.pipeline.types import GenerationRequest
-
-STAGES: tuple[str, ...] = (
-    "preprocessing",
-    "audio_encoder",
-    "image_encoder",
-    "mm_aggregate",
-    "thinker",
-    "decode",
-    "talker",
-    "segmenter",
-    "talker_stream",
-)
+from omni_runtime.contract.engine import GenerationRequest
 
 
 @dataclass(frozen=True)
