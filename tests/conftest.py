@@ -17,6 +17,6 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     full collections of the interpreter's own teardown are no news."""
     import sys
 
-    gc_pauses = sys.modules.get("omni_runtime.gc_pauses")
+    gc_pauses = sys.modules.get("omni_runtime.support.gc_pauses")
     if gc_pauses is not None:
         gc_pauses.watch_gc(warn_above_s=float("inf"))

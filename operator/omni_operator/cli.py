@@ -11,8 +11,11 @@ import importlib
 import sys
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("omni_runtime.serve", "Run one worker: every stage of the pipeline behind the OpenAI API."),
-    "stage": ("omni_runtime.stage", "Run some stages as their own process behind a stage link."),
+    "serve": (
+        "omni_runtime.entrypoints.serve",
+        "Run one worker: every stage of the pipeline behind the OpenAI API.",
+    ),
+    "stage": ("omni_runtime.entrypoints.stage", "Run some stages as their own process behind a stage link."),
     "router": ("omni_runtime.router.main", "Run the session router in front of workers."),
     "up": ("omni_operator.local.main", "Run an OmniDeployment on this machine as local processes."),
     "operator": ("omni_operator.main", "Run the Kubernetes operator."),
@@ -20,7 +23,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("omni_operator.plan.main", "Print the placement plan of an OmniDeployment."),
     "crd": ("omni_operator.crdgen", "Write or print the generated CRD."),
     "bench": ("omni_runtime.bench.main", "Load-test a worker or router and plot the results."),
-    "tiny-checkpoint": ("omni_runtime.models.tiny", "Write the tiny random-weight checkpoint."),
+    "tiny-checkpoint": ("omni_runtime.models.qwen2_5_omni.tiny", "Write the tiny random-weight checkpoint."),
 }
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Thinker decode time per step, TP=1 vs TP=2 (or TPS="1 2 4"), on Qwen2.5-Omni-7B-shaped dummy
 # weights, built the way `omni serve --load-format dummy --thinker-tp-size N` builds them
-# (python -m omni_runtime.models.bench_decode --tp N). Needs as many GPUs as the largest TP size.
+# (python -m omni_runtime.bench.decode --tp N). Needs as many GPUs as the largest TP size.
 # Run on the device machine from the repo root:  bash tests/gpu/bench_thinker_tp.sh
 # Results (JSON per TP size, a summary table) land in $OUT.
 set -uo pipefail
@@ -21,7 +21,7 @@ nvidia-smi topo -m >> "$OUT/gpu.txt" 2>&1 || true
 status=0
 for tp in $TPS; do
   echo "== TP=$tp"
-  python3 -m omni_runtime.models.bench_decode --tp "$tp" --batches "$BATCHES" --steps "$STEPS" \
+  python3 -m omni_runtime.bench.decode --tp "$tp" --batches "$BATCHES" --steps "$STEPS" \
     --json "$OUT/tp$tp.json" 2>&1 | tee "$OUT/tp$tp.log" | grep -v "Model config" | tail -8
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 done

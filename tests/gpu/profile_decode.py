@@ -15,8 +15,8 @@ import time
 
 import torch
 
-from omni_runtime.models import slot_cache
-from omni_runtime.models.bench_decode import _build, bench_runtime
+from omni_runtime.bench.decode import _build, bench_runtime
+from omni_runtime.executor import slot_cache
 
 
 def _replay_ms(runner, batch: int, view_len: int, reps: int = 50) -> float:

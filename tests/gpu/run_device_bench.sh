@@ -25,7 +25,7 @@ python3 -c 'import torch, transformers; print("torch", torch.__version__, "trans
 DUMMY=/tmp/qwen2.5-omni-7b-dummy
 python3 - "$DUMMY" <<'PY' || exit 1
 import shutil, sys
-from omni_runtime.models.tiny import ensure_tiny_checkpoint
+from omni_runtime.models.qwen2_5_omni.tiny import ensure_tiny_checkpoint
 from omni_runtime.models.qwen2_5_omni.loader import load_processor, released_7b_config
 tiny = ensure_tiny_checkpoint(progress=False)
 shutil.copytree(tiny, sys.argv[1], dirs_exist_ok=True, ignore=shutil.ignore_patterns("model.safetensors", "config.json"))
@@ -43,7 +43,7 @@ done
 curl -sf localhost:8000/ready >/dev/null || { echo "server not ready"; tail -50 "$OUT/serve.log"; exit 1; }
 echo "server ready"; grep -i "ready\|loaded" "$OUT/serve.log" | tail -3
 if [ "${PLACEMENT_CHECK:-0}" = 1 ]; then  # each process on the GPUs its flags name (nvidia-smi)
-  python3 -m omni_runtime.gpu_placement -- --pipeline "$PIPELINE" ${SERVE_ARGS:-} 2>&1 | tee "$OUT/placement.txt"
+  python3 -m omni_runtime.entrypoints.gpu_placement -- --pipeline "$PIPELINE" ${SERVE_ARGS:-} 2>&1 | tee "$OUT/placement.txt"
   nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
 fi
 

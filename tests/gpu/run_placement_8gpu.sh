@@ -2,7 +2,7 @@
 # The field's reference placement on 8 GPUs (issue: multi-GPU placement), Qwen2.5-Omni-7B-shaped
 # dummy weights, one device call (nvidia-h200-x8, carry .whl):
 #   1. serve/   `omni serve` with thinker TP=4 on GPUs 0-3, talker on GPU 4, image encoder TP=2 on
-#               GPUs 5-6; nvidia-smi placement check (python -m omni_runtime.gpu_placement);
+#               GPUs 5-6; nvidia-smi placement check (python -m omni_runtime.entrypoints.gpu_placement);
 #               omni bench at c=1,4,16 for text and streaming speech (run_device_bench.sh).
 #   2. up/      the same placement started by `omni up -f` from an OmniDeployment; placement check.
 #   3. tp/      thinker decode ms/step at TP=1, 2, 4 (bench_thinker_tp.sh).
@@ -55,7 +55,7 @@ YAML
   grep -E "^(ready|plan|omni up)" "$OUT/up/up.log" | head -20
   # omni up's plan: a CPU api process, the thinker stage (rank 0) and its followers on GPUs 0-3,
   # the talker stage on GPU 4, the image-encoder stage (TP=2) on GPUs 5-6.
-  python3 -m omni_runtime.gpu_placement --expect "stage audio_encoder,mm_aggregate,thinker=0" \
+  python3 -m omni_runtime.entrypoints.gpu_placement --expect "stage audio_encoder,mm_aggregate,thinker=0" \
     --expect "thinker rank 1=1" --expect "thinker rank 2=2" --expect "thinker rank 3=3" \
     --expect "stage talker,segmenter,talker_stream=4" --expect "image_encoder rank 0=5" \
     --expect "image_encoder rank 1=6" 2>&1 | tee "$OUT/up/placement.txt"

@@ -34,13 +34,13 @@ WORKER=(--device "$DEVICE" --pipeline "${PIPELINE:-text}" --max-tokens "${MAX_TO
 for arg in ${SERVE_ARGS:-}; do WORKER+=("--serve-arg=$arg"); done
 
 { nproc; grep -m1 "model name" /proc/cpuinfo; nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null; } | tee "$OUT/host.txt"
-python3 -c 'from omni_runtime.models.tiny import ensure_tiny_checkpoint; ensure_tiny_checkpoint(progress=False)' || exit 1
+python3 -c 'from omni_runtime.models.qwen2_5_omni.tiny import ensure_tiny_checkpoint; ensure_tiny_checkpoint(progress=False)' || exit 1
 
 mkdir -p "$OUT/single"
-python3 -m omni_runtime.router.bench --out "$OUT/single" --upstream "$UPSTREAMS" "${COMMON[@]}" "${WORKER[@]}" \
+python3 -m omni_runtime.bench.router.run --out "$OUT/single" --upstream "$UPSTREAMS" "${COMMON[@]}" "${WORKER[@]}" \
   2>&1 | tee "$OUT/single/bench.txt" || exit 1
 if [ "$PROCESSES" -gt 1 ]; then
   mkdir -p "$OUT/processes-$PROCESSES"
-  python3 -m omni_runtime.router.bench --out "$OUT/processes-$PROCESSES" --upstream "$UPSTREAMS" "${COMMON[@]}" \
+  python3 -m omni_runtime.bench.router.run --out "$OUT/processes-$PROCESSES" --upstream "$UPSTREAMS" "${COMMON[@]}" \
     "${WORKER[@]}" "--router-arg=--processes=$PROCESSES" 2>&1 | tee "$OUT/processes-$PROCESSES/bench.txt"
 fi

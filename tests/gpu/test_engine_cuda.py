@@ -73,7 +73,7 @@ def loop():
 
 @pytest.fixture(scope="module")
 def tiny_checkpoint() -> Path:
-    from omni_runtime.models.tiny import ensure_tiny_checkpoint
+    from omni_runtime.models.qwen2_5_omni.tiny import ensure_tiny_checkpoint
 
     return ensure_tiny_checkpoint(progress=False)
 

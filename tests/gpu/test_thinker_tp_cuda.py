@@ -36,7 +36,7 @@ PROMPTS = [list(range(100, 107)), list(range(300, 340)), list(range(500, 509))]
 
 @pytest.fixture(scope="module")
 def tiny() -> Path:
-    from omni_runtime.models.tiny import ensure_tiny_checkpoint
+    from omni_runtime.models.qwen2_5_omni.tiny import ensure_tiny_checkpoint
 
     return ensure_tiny_checkpoint(progress=False)
 

@@ -43,7 +43,7 @@ FOLLOWER = re.compile(r"image-encoder TP rank 1/2: follower pid (\d+) on GPU (\d
 
 @pytest.fixture(scope="module")
 def tiny() -> Path:
-    from omni_runtime.models.tiny import ensure_tiny_checkpoint
+    from omni_runtime.models.qwen2_5_omni.tiny import ensure_tiny_checkpoint
 
     return ensure_tiny_checkpoint(progress=False)
 
@@ -114,7 +114,7 @@ def test_dedicated_image_encoder_tp2_matches_one_gpu(tiny: Path, tmp_path: Path)
 
     port = _free_port()
     log = tmp_path / "stage.log"
-    command = [sys.executable, "-m", "omni_runtime.stage", "--stages", "image_encoder", "--host", "127.0.0.1",
+    command = [sys.executable, "-m", "omni_runtime.entrypoints.stage", "--stages", "image_encoder", "--host", "127.0.0.1",
                "--port", str(port), "--model-path", str(tiny), "--device", "cuda", "--dtype", "float32",
                "--image-encoder-tp-size", "2", "--image-encoder-gpus", "0,1"]  # fmt: skip
     with log.open("wb") as sink:

@@ -129,7 +129,7 @@ def cpu_thread_env(container: Container) -> dict[str, str]:
     """OMP_NUM_THREADS for a container without GPUs: its CPU limit, rounded up. torch and the math
     libraries otherwise size their thread pools by the node's cores, not the pod's limit, and the
     extra threads only get the container throttled. GPU containers are left to the runtime, which
-    gives torch one thread there (omni_runtime.cpu_threads); an env the spec sets wins."""
+    gives torch one thread there (omni_runtime.support.cpu_threads); an env the spec sets wins."""
     if container.gpus or not container.cpu or "OMP_NUM_THREADS" in container.env:
         return {}
     quantity = container.cpu.strip()

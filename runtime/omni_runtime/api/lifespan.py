@@ -17,7 +17,7 @@ from fastapi import FastAPI
 
 from omni_runtime.api.state import AppState
 from omni_runtime.contract.engine import ChatTurn, Finished, GenerationRequest, SamplingParams
-from omni_runtime.gc_pauses import freeze_heap, watch_gc
+from omni_runtime.support.gc_pauses import freeze_heap, watch_gc
 
 log = logging.getLogger(__name__)
 

@@ -21,6 +21,6 @@ class ApiSettings:
     revision: str = "dev"
     warmup: bool = True  # run one short generation before /ready turns 200
     # Freeze what startup left alive out of the garbage collector's full passes once ready
-    # (omni_runtime.gc_pauses). `omni serve` turns it on; apps built in tests leave it off.
+    # (omni_runtime.support.gc_pauses). `omni serve` turns it on; apps built in tests leave it off.
     gc_freeze: bool = False
     audio_expiry_s: int = 3600  # `expires_at` of audio replies (we keep nothing; clients expect the field)

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from omni_runtime.cli_types import positive_int
+from omni_runtime.support.cli_types import positive_int
 
 
 def level_row(

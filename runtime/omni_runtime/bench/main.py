@@ -20,7 +20,7 @@ import httpx
 from omni_runtime.bench.load import LoadSpec, discover_model, one_request, run_level
 from omni_runtime.bench.report import format_table, load_baselines, plot, write_json
 from omni_runtime.bench.stats import LevelSummary, summarize
-from omni_runtime.cli_types import positive_int
+from omni_runtime.support.cli_types import positive_int
 
 
 def _levels(text: str) -> list[int]:

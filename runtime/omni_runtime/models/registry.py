@@ -29,7 +29,7 @@ def resolve_model_path(options: EngineOptions) -> Path | None:
         return path
     if options.load_format == "dummy":
         return None
-    from omni_runtime.models.tiny import ensure_tiny_checkpoint
+    from omni_runtime.models.qwen2_5_omni.tiny import ensure_tiny_checkpoint
 
     return ensure_tiny_checkpoint()
 

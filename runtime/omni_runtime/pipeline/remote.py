@@ -146,7 +146,7 @@ class RemoteTalker:
 
 class LinkedVision:
     """The image encoder in a stage process this process started (image-encoder TP, see
-    models/vision_stage.py): what LocalStages calls instead of its own vision worker."""
+    executor/vision_stage.py): what LocalStages calls instead of its own vision worker."""
 
     def __init__(self, address: str) -> None:
         self.address = address

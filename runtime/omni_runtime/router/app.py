@@ -19,7 +19,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from omni_runtime.gc_pauses import freeze_heap, watch_gc
 from omni_runtime.router import logs
 from omni_runtime.router.auth import EXEMPT_PATHS, authorized
 from omni_runtime.router.context import RouterConfig, RouterContext
@@ -32,6 +31,7 @@ from omni_runtime.router.sources import WorkerSource, WorkerTableError
 from omni_runtime.router.table import Worker, WorkerSpec, WorkerState, WorkerTable
 from omni_runtime.router.upstream_client import UpstreamPool
 from omni_runtime.router.ws_relay import WebSocketRelay, deny_websocket
+from omni_runtime.support.gc_pauses import freeze_heap, watch_gc
 
 log = logging.getLogger("omni.router")
 

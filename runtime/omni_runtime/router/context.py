@@ -49,7 +49,7 @@ class RouterConfig:
     processes: int = 1  # router replicas sharing the port (--processes); admin drains need 1
     replica: int = 0  # this process's index among them
     metrics_dir: str | None = None  # the replicas' private sockets, for one merged /metrics
-    gc_freeze: bool = False  # `omni router` freezes its startup heap (omni_runtime.gc_pauses)
+    gc_freeze: bool = False  # `omni router` freezes its startup heap (omni_runtime.support.gc_pauses)
 
 
 @dataclass

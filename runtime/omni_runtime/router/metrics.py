@@ -15,8 +15,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 
-from omni_runtime.gc_pauses import GcPauses
 from omni_runtime.router.table import WorkerTable
+from omni_runtime.support.gc_pauses import GcPauses
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

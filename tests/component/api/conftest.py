@@ -46,7 +46,7 @@ def free_port() -> int:
 @pytest.fixture(scope="session")
 def tiny_checkpoint() -> Path:
     """The cached tiny checkpoint ($OMNI_CACHE_DIR/tiny or ~/.cache/omni/tiny), made once per machine."""
-    from omni_runtime.models.tiny import ensure_tiny_checkpoint
+    from omni_runtime.models.qwen2_5_omni.tiny import ensure_tiny_checkpoint
 
     return ensure_tiny_checkpoint(progress=False)
 
@@ -62,7 +62,7 @@ def make_engine(checkpoint: Path, *, pipeline: str = "streaming-speech") -> Engi
 
 
 def tiny_settings(checkpoint: Path, **overrides: object) -> ApiSettings:
-    from omni_runtime.models.tiny import is_tiny_checkpoint
+    from omni_runtime.models.qwen2_5_omni.tiny import is_tiny_checkpoint
 
     # What `omni serve` decides for the tiny checkpoint: its model card says the weights are random.
     return ApiSettings(random_weights=is_tiny_checkpoint(checkpoint), model_path=str(checkpoint), **overrides)  # type: ignore[arg-type]

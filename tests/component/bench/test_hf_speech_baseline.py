@@ -28,7 +28,7 @@ SAMPLES_PER_CODE = 2 * 240  # DiT repeats x BigVGAN upsampling (5*3*2*2*2*2)
 
 @pytest.fixture(scope="module")
 def released_codec_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from omni_runtime.models.tiny import ensure_tiny_checkpoint
+    from omni_runtime.models.qwen2_5_omni.tiny import ensure_tiny_checkpoint
 
     out = tmp_path_factory.mktemp("released-codec")
     config = json.loads((ensure_tiny_checkpoint(progress=False) / "config.json").read_text())

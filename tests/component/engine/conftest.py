@@ -11,7 +11,7 @@ from engine_harness import Harness, tiny_options
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint() -> Path:
-    from omni_runtime.models.tiny import ensure_tiny_checkpoint
+    from omni_runtime.models.qwen2_5_omni.tiny import ensure_tiny_checkpoint
 
     return ensure_tiny_checkpoint(progress=False)
 

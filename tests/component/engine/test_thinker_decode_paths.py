@@ -1,7 +1,7 @@
 """The thinker's decode step: compiled layers compute what eager layers compute, and sampling never
 leaves the tokenizer's vocabulary.
 
-On CUDA the runtime sends decode steps through ``torch.compile`` (see models/slot_cache.py); the
+On CUDA the runtime sends decode steps through ``torch.compile`` (see executor/slot_cache.py); the
 same compiled path runs here on the CPU (inductor's C++ backend) against the tiny checkpoint, so
 a change that breaks the cache update under compilation, or makes every layer compile anew, fails
 in CI and not first on a GPU.
@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from omni_runtime.contract.adapter import RowSampling, ThinkerAdmission, ThinkerPrompt
+from omni_runtime.executor.slot_cache import _compiled
 from omni_runtime.models.qwen2_5_omni.runners import QwenThinkerRunner
-from omni_runtime.models.slot_cache import _compiled
 
 
 @pytest.fixture(scope="module")

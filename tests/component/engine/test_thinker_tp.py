@@ -1,7 +1,7 @@
 """Thinker tensor parallelism on the CPU (gloo): two real processes compute what one computes.
 
 The tiny checkpoint (8 heads, 4 KV heads) splits over 2 ranks. Rank 0 is this test process;
-the follower is the real ``omni_runtime.models.tp_follower`` process it spawns. Prefill and decode
+the follower is the real ``omni_runtime.entrypoints.tp_follower`` process it spawns. Prefill and decode
 logits (float32) must match the single-process thinker to float rounding, greedy tokens exactly,
 through compaction moves too; closing the runner must leave no follower behind.
 """
@@ -114,8 +114,8 @@ def test_tp2_runner_greedy_tokens_equal_tp1(runners: dict[int, tuple[Any, Any]])
 
 
 def test_bad_tp_size_names_the_flag_and_the_choices(tiny_checkpoint: Path) -> None:
+    from omni_runtime.executor.tensor_parallel import check_tp_size, valid_tp_sizes
     from omni_runtime.models.qwen2_5_omni.loader import load_model, load_processor, released_7b_config
-    from omni_runtime.models.tensor_parallel import check_tp_size, valid_tp_sizes
 
     text_7b = released_7b_config(load_processor(None)).thinker_config.text_config
     assert valid_tp_sizes(text_7b) == [1, 2, 4]
@@ -134,7 +134,7 @@ def test_bad_tp_size_names_the_flag_and_the_choices(tiny_checkpoint: Path) -> No
 
 
 def test_shards_hold_their_slice(runners: dict[int, tuple[Any, Any]]) -> None:
-    from omni_runtime.models.tensor_parallel import RowParallelLinear
+    from omni_runtime.executor.tensor_parallel import RowParallelLinear
 
     full = runners[1][0].loaded.text.layers[0]
     shard = runners[2][0].loaded.text.layers[0]

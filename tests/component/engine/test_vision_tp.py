@@ -77,7 +77,7 @@ def test_tp2_image_and_video_embeddings_match_tp1(adapters: dict[int, Any]) -> N
 
 @pytest.mark.slow  # the follower process takes ~20 s to start on a shared 2-core box
 def test_shards_hold_their_slice(adapters: dict[int, Any]) -> None:
-    from omni_runtime.models.tensor_parallel import RowParallelLinear
+    from omni_runtime.executor.tensor_parallel import RowParallelLinear
 
     full = adapters[1].loaded.visual.blocks[1]
     shard = adapters[2].loaded.visual.blocks[1]
@@ -96,7 +96,7 @@ def test_shards_hold_their_slice(adapters: dict[int, Any]) -> None:
 
 def test_fused_qkv_split_keeps_q_k_v_aligned() -> None:
     """A fused q|k|v Linear (other Qwen vision towers) shards to the same rows as three Linears."""
-    from omni_runtime.models.vision_tp import colwise_qkv_shard
+    from omni_runtime.models.qwen2_5_omni.vision_tp import colwise_qkv_shard
 
     torch.manual_seed(0)
     fused = torch.nn.Linear(8, 3 * 8)
@@ -110,7 +110,7 @@ def test_fused_qkv_split_keeps_q_k_v_aligned() -> None:
 
 def test_bad_sizes_name_the_flag_and_the_choices(tiny_checkpoint: Path) -> None:
     from omni_runtime.models.qwen2_5_omni.loader import load_model, load_processor, released_7b_config
-    from omni_runtime.models.vision_tp import check_vision_tp_size, valid_vision_tp_sizes
+    from omni_runtime.models.qwen2_5_omni.vision_tp import check_vision_tp_size, valid_vision_tp_sizes
 
     vision_7b = released_7b_config(load_processor(None)).thinker_config.vision_config
     assert valid_vision_tp_sizes(vision_7b) == [1, 2, 4]  # 16 heads, MLP width 3420

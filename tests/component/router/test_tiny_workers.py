@@ -16,7 +16,6 @@ import pytest
 
 from conftest import Cluster, Router, Upstream, wait_until
 
-pytest.importorskip("omni_runtime.serve")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 READY_S = 400.0  # two workers loading at once on a shared 2-core machine
@@ -53,7 +52,7 @@ def _get_ok(url: str) -> bool:
 
 @pytest.fixture(scope="module")
 def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinyPair]:
-    from omni_runtime.models.tiny import ensure_tiny_checkpoint
+    from omni_runtime.models.qwen2_5_omni.tiny import ensure_tiny_checkpoint
 
     ensure_tiny_checkpoint(progress=False)  # made once per machine, before two workers race for it
     cluster = Cluster(tmp=tmp_path_factory.mktemp("tiny-pair"))

@@ -9,7 +9,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from omni_runtime.models.tiny import create_tiny_checkpoint
+    from omni_runtime.models.qwen2_5_omni.tiny import create_tiny_checkpoint
 
     return create_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "ckpt", seed=0, progress=False)
 

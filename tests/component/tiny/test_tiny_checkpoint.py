@@ -8,8 +8,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from omni_runtime.models import tiny
-from omni_runtime.models.processor import BASE_VOCAB_SIZE, SPECIAL_TOKENS, VOCAB_SIZE, special_token_ids
+from omni_runtime.models.qwen2_5_omni import tiny
+from omni_runtime.models.qwen2_5_omni.tiny_processor import (
+    BASE_VOCAB_SIZE,
+    SPECIAL_TOKENS,
+    VOCAB_SIZE,
+    special_token_ids,
+)
 
 EXPECTED_FILES = {
     "README.md",

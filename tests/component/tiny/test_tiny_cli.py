@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from omni_runtime.models import tiny
+from omni_runtime.models.qwen2_5_omni import tiny
 
 OMNI = Path(sys.executable).parent / "omni"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from omni_runtime.models.tiny import INPUT_SAMPLE_RATE
+from omni_runtime.models.qwen2_5_omni.tiny import INPUT_SAMPLE_RATE
 
 
 def test_text_round_trip(tiny_processor) -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omni_runtime.cpu_threads import GPU_THREADS, ThreadChoice, apply_cpu_threads, choose_threads
-from omni_runtime.serve import parse_args
+from omni_runtime.entrypoints.serve import parse_args
+from omni_runtime.support.cpu_threads import GPU_THREADS, ThreadChoice, apply_cpu_threads, choose_threads
 
 
 @pytest.mark.parametrize(

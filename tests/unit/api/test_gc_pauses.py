@@ -10,7 +10,14 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from omni_runtime.gc_pauses import PAUSE_BUCKETS, GcPauses, collections, freeze_heap, longest_pause, watch_gc
+from omni_runtime.support.gc_pauses import (
+    PAUSE_BUCKETS,
+    GcPauses,
+    collections,
+    freeze_heap,
+    longest_pause,
+    watch_gc,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -73,7 +80,7 @@ def test_a_young_collection_counts_in_its_own_generation() -> None:
 
 def test_a_pause_over_the_threshold_is_logged_with_its_generation(caplog: pytest.LogCaptureFixture) -> None:
     watch_gc(warn_above_s=0.0)
-    with caplog.at_level(logging.WARNING, logger="omni_runtime.gc_pauses"):
+    with caplog.at_level(logging.WARNING, logger="omni_runtime.support.gc_pauses"):
         gc.collect(1)
     assert any(
         "garbage collection (generation 1) stopped this process for" in r.message for r in caplog.records

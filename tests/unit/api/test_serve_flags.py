@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from omni_runtime.contract.options import EngineOptions
+from omni_runtime.entrypoints.serve import curl_example, gpu_list, main, parse_args
 from omni_runtime.media.limits import MediaLimits
-from omni_runtime.serve import curl_example, gpu_list, main, parse_args
 
 
 def test_defaults_serve_the_tiny_checkpoint_speech_pipeline() -> None:

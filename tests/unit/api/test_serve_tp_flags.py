@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from omni_runtime.serve import main, parse_args
+from omni_runtime.entrypoints.serve import main, parse_args
 
 
 def test_talker_on_an_implicit_thinker_rank_gpu_is_refused(capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import celpy
 import pytest
 import yaml
 
@@ -15,8 +16,6 @@ from omni_operator.plan import PlanError, plan_deployment
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 SCHEMA = crdgen.crd_manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-
-celpy = pytest.importorskip("celpy", reason="cel-python is not installed")
 
 
 def _failing_messages(spec: dict) -> list[str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from omni_runtime.contract.options import EngineOptions
-from omni_runtime.gpu_placement import expected_gpus, problems, role_of
+from omni_runtime.entrypoints.gpu_placement import expected_gpus, problems, role_of
 
 REFERENCE = EngineOptions(
     pipeline="streaming-speech",
@@ -50,11 +50,11 @@ def test_plan_from_the_serve_flags(options: EngineOptions, plan: dict[str, set[i
     [
         (["/usr/bin/python3", "-m", "omni_operator.cli", "serve", "--port", "8000"], "worker"),
         (["/venv/bin/omni", "serve", "--thinker-tp-size", "4"], "worker"),
-        (["python3", "-m", "omni_runtime.models.tp_follower", "--rank", "3", "--world", "4", "--role", "thinker"],
+        (["python3", "-m", "omni_runtime.entrypoints.tp_follower", "--rank", "3", "--world", "4", "--role", "thinker"],
          "thinker rank 3"),
-        (["python3", "-m", "omni_runtime.models.tp_follower", "--rank", "1", "--role", "image_encoder"],
+        (["python3", "-m", "omni_runtime.entrypoints.tp_follower", "--rank", "1", "--role", "image_encoder"],
          "image_encoder rank 1"),
-        (["python3", "-m", "omni_runtime.stage", "--stages", "image_encoder", "--port", "9"], "image_encoder rank 0"),
+        (["python3", "-m", "omni_runtime.entrypoints.stage", "--stages", "image_encoder", "--port", "9"], "image_encoder rank 0"),
         (["/venv/bin/omni", "stage", "--stages=talker"], "stage talker"),
         (["/venv/bin/omni", "bench", "--url", "x"], None),
         (["python3", "train.py"], None),
@@ -101,7 +101,7 @@ def test_every_departure_from_the_plan_is_named(observed: dict[str, set[int]], f
 def test_without_nvidia_smi_the_command_says_so(capsys: pytest.CaptureFixture[str]) -> None:
     import shutil
 
-    from omni_runtime import gpu_placement
+    from omni_runtime.entrypoints import gpu_placement
 
     if shutil.which("nvidia-smi"):
         pytest.skip("this machine has nvidia-smi")
@@ -111,7 +111,7 @@ def test_without_nvidia_smi_the_command_says_so(capsys: pytest.CaptureFixture[st
 
 
 def test_expectations_role_by_role() -> None:
-    from omni_runtime.gpu_placement import parse_expectations
+    from omni_runtime.entrypoints.gpu_placement import parse_expectations
 
     items = ["stage audio_encoder,mm_aggregate,thinker=0", "thinker rank 1=1", "worker=0,4", "worker=5"]
     assert parse_expectations(items) == {

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from omni_runtime.models.sampling import BatchSampler, RowSampling, hash_uniform
+from omni_runtime.executor.sampling import BatchSampler, RowSampling, hash_uniform
 
 
 def _sampler(rows: list[RowSampling], vocab: int, history: list[list[int]] | None = None) -> BatchSampler:

@@ -20,11 +20,11 @@ import torch
 from omni_runtime.contract.adapter import OmniAdapter, Prompt, ThinkerPrompt, ThinkerRunner
 from omni_runtime.contract.engine import EngineError, GenerationRequest
 from omni_runtime.contract.options import EngineOptions
+from omni_runtime.executor.tensor_parallel import sharded_thinker_config
+from omni_runtime.executor.tp_runner import TPThinkerRunner
 from omni_runtime.models.qwen2_5_omni.placement import LoadedModel
 from omni_runtime.models.qwen2_5_omni.runners import QwenTalkerRunner, QwenThinkerRunner
 from omni_runtime.models.qwen2_5_omni.vocoder import QwenVocoder
-from omni_runtime.models.tensor_parallel import sharded_thinker_config
-from omni_runtime.models.tp_runner import TPThinkerRunner
 
 log = logging.getLogger(__name__)
 

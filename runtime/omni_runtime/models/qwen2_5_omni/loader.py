@@ -34,11 +34,11 @@ from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as hf
 
 from omni_runtime.contract.engine import EngineError
 from omni_runtime.contract.options import EngineOptions
+from omni_runtime.executor.tensor_parallel import check_tp_size, shard_text_model
+from omni_runtime.executor.tp_group import TPLeader
+from omni_runtime.executor.vision_stage import VisionStageChild
 from omni_runtime.models.qwen2_5_omni.placement import LoadedModel, resolve_placement
-from omni_runtime.models.tensor_parallel import check_tp_size, shard_text_model
-from omni_runtime.models.tp_group import TPLeader
-from omni_runtime.models.vision_stage import VisionStageChild
-from omni_runtime.models.vision_tp import LeaderVision, check_vision_tp_size, shard_vision_tower
+from omni_runtime.models.qwen2_5_omni.vision_tp import LeaderVision, check_vision_tp_size, shard_vision_tower
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ def load_processor(path: Path | None) -> Any:
     from transformers import Qwen2_5OmniProcessor
 
     if path is None:
-        from omni_runtime.models.tiny import ensure_tiny_checkpoint
+        from omni_runtime.models.qwen2_5_omni.tiny import ensure_tiny_checkpoint
 
         path = ensure_tiny_checkpoint()  # dummy 7B weights with no directory: borrow the tiny tokenizer
     return Qwen2_5OmniProcessor.from_pretrained(str(path))

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from omni_runtime.contract.adapter import TalkerAdmission, ThinkerAdmission, ThinkerStep
-from omni_runtime.models.sampling import BatchSampler
-from omni_runtime.models.slot_cache import SlotDecoder
+from omni_runtime.executor.sampling import BatchSampler
+from omni_runtime.executor.slot_cache import SlotDecoder
 
 
 def _head_dim(config: Any) -> int:

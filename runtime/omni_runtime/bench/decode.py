@@ -2,9 +2,9 @@
 
 Run on a GPU (the lead runs it on an H100)::
 
-    python -m omni_runtime.models.bench_decode                     # dummy Qwen2.5-Omni-7B, bf16
-    python -m omni_runtime.models.bench_decode --batches 1,4,16 --steps 128 --prompt 128 --json out.json
-    python -m omni_runtime.models.bench_decode --tp 2 --skip-generate   # thinker TP over GPUs 0,1
+    python -m omni_runtime.bench.decode                     # dummy Qwen2.5-Omni-7B, bf16
+    python -m omni_runtime.bench.decode --batches 1,4,16 --steps 128 --prompt 128 --json out.json
+    python -m omni_runtime.bench.decode --tp 2 --skip-generate   # thinker TP over GPUs 0,1
 
 ``--tp N`` builds the thinker the way ``omni serve --load-format dummy --thinker-tp-size N`` does
 (loader, sharding, follower processes on GPUs 1..N-1, the agreed KV slots): this process is
@@ -154,7 +154,7 @@ def bench_generate(thinker: Any, *, batch: int, prompt: int, steps: int, vocab: 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m omni_runtime.models.bench_decode", description=__doc__.split("\n")[0]
+        prog="python -m omni_runtime.bench.decode", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--batches", default="1,4,16", help="comma list of batch sizes (default 1,4,16)")
     parser.add_argument("--steps", type=int, default=128, help="decode steps timed per batch size")

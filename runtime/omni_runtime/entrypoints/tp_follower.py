@@ -1,6 +1,6 @@
 """A tensor-parallel follower: rank 1..N-1 of the group, spawned by rank 0 (the worker).
 
-``python -m omni_runtime.models.tp_follower --rank R --world N --init-method tcp://... --options JSON``
+``python -m omni_runtime.entrypoints.tp_follower --rank R --world N --init-method tcp://... --options JSON``
 
 With ``--role image_encoder`` it is a rank of the vision tower's group instead (spawned by the
 image-encoder stage process, see vision_tp): it loads and shards the tower and replays each
@@ -31,7 +31,7 @@ log = logging.getLogger("omni.tp_follower")
 def _fit(adapter: Any, *, slots: int, max_len: int) -> int:
     """This rank's KV-cache slot budget; 0 when not even one request fits (rank 0 reports it)."""
     from omni_runtime.contract.engine import EngineError
-    from omni_runtime.models.tensor_parallel import sharded_thinker_config
+    from omni_runtime.executor.tensor_parallel import sharded_thinker_config
 
     config = sharded_thinker_config(adapter.loaded.config.thinker_config, adapter.tp_world).text_config
     try:
@@ -50,8 +50,7 @@ def serve_ops(adapter: Any, leader_fd: int) -> int:
     import torch
     import torch.distributed as dist
 
-    from omni_runtime.gc_pauses import freeze_heap
-    from omni_runtime.models.tp_group import (
+    from omni_runtime.executor.tp_group import (
         OP_BUILD,
         OP_CAPTURE,
         OP_DECODE,
@@ -60,6 +59,7 @@ def serve_ops(adapter: Any, leader_fd: int) -> int:
         OP_STOP,
         read_message,
     )
+    from omni_runtime.support.gc_pauses import freeze_heap
 
     device = adapter.placement.thinker
     decoder: Any = None
@@ -122,7 +122,7 @@ def _watch_parent(parent: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m omni_runtime.models.tp_follower")
+    parser = argparse.ArgumentParser(prog="python -m omni_runtime.entrypoints.tp_follower")
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--world", type=int, required=True)
     parser.add_argument("--init-method", required=True)
@@ -144,9 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     threading.Thread(target=_watch_parent, args=(os.getppid(),), name="parent-watch", daemon=True).start()
 
+    from omni_runtime.executor.tp_group import end_process_if_nccl, init_group, options_from_json
     from omni_runtime.models.qwen2_5_omni.adapter import Qwen25OmniAdapter
     from omni_runtime.models.qwen2_5_omni.loader import load_model
-    from omni_runtime.models.tp_group import end_process_if_nccl, init_group, options_from_json
 
     options = options_from_json(args.options)
     path = Path(args.model_path) if args.model_path else None
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         loaded = load_model(options, path=path, hosted=hosted, tp_rank=args.rank)
         if args.role == "image_encoder":
-            from omni_runtime.models.vision_tp import serve_vision_ops
+            from omni_runtime.models.qwen2_5_omni.vision_tp import serve_vision_ops
 
             device = loaded.placement.vision
             init_group(rank=args.rank, world=args.world, init_method=args.init_method, device=device)

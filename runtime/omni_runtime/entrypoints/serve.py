@@ -20,10 +20,10 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from omni_runtime.cli_types import positive_int
 from omni_runtime.contract.options import EngineOptions
 from omni_runtime.contract.stages import STAGES
 from omni_runtime.media.limits import MediaLimits
+from omni_runtime.support.cli_types import positive_int
 
 log = logging.getLogger("omni.serve")
 
@@ -300,9 +300,9 @@ def main(argv: list[str]) -> int:
 
     from omni_runtime.api import ApiSettings, build_app
     from omni_runtime.contract.engine import EngineError
-    from omni_runtime.cpu_threads import apply_cpu_threads
-    from omni_runtime.models.tiny import ensure_tiny_checkpoint, is_tiny_checkpoint
+    from omni_runtime.models.qwen2_5_omni.tiny import ensure_tiny_checkpoint, is_tiny_checkpoint
     from omni_runtime.pipeline import build_engine
+    from omni_runtime.support.cpu_threads import apply_cpu_threads
 
     options = config.options
     apply_cpu_threads(device=options.device, requested=args.cpu_threads)
@@ -349,7 +349,7 @@ def main(argv: list[str]) -> int:
     if failed:
         print(f"omni serve: the worker failed to start: {failed[0]}", file=sys.stderr)
         code = 1
-    from omni_runtime.models.tp_group import end_process_if_nccl
+    from omni_runtime.executor.tp_group import end_process_if_nccl
 
     end_process_if_nccl(code)  # thinker TP on GPUs: end without the NCCL teardown
     return code

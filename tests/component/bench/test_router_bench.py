@@ -8,13 +8,12 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("omni_runtime.serve")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def test_bench_measures_direct_and_routed_rows_for_worker_and_echo(tmp_path: Path) -> None:
-    from omni_runtime.models.tiny import ensure_tiny_checkpoint
-    from omni_runtime.router import bench
+    from omni_runtime.bench.router import run as bench
+    from omni_runtime.models.qwen2_5_omni.tiny import ensure_tiny_checkpoint
 
     ensure_tiny_checkpoint(progress=False)
     argv = ["--out", str(tmp_path), "--upstream", "worker,echo", "--seconds", "0.4", "--rounds", "1"]

@@ -20,7 +20,7 @@ def _free_port() -> int:
 
 def test_limited_echo_serves_k_at_a_time_in_arrival_order() -> None:
     port = _free_port()
-    argv = [sys.executable, "-m", "omni_runtime.router.bench_echo", "--port", str(port)]
+    argv = [sys.executable, "-m", "omni_runtime.bench.router.echo", "--port", str(port)]
     proc = subprocess.Popen([*argv, "--delay-ms", "150", "--concurrency", "2"])
     try:
         url = f"http://127.0.0.1:{port}"

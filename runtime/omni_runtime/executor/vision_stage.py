@@ -3,7 +3,7 @@
 Image-encoder TP needs a torch.distributed group, and a process has one default group, which a
 worker with thinker TP already uses. So when a worker (``omni serve``) or a multi-stage
 ``omni stage`` is asked for --image-encoder-tp-size N > 1, it starts
-``python -m omni_runtime.stage --stages image_encoder --image-encoder-tp-size N ...`` on a
+``python -m omni_runtime.entrypoints.stage --stages image_encoder --image-encoder-tp-size N ...`` on a
 loopback port (exactly what the operator's dedicated image-encoder pod runs), and its
 LocalStages sends image_encoder calls there over a stage link. That child is vision rank 0 and
 spawns its own followers (tp_group, ``role="image_encoder"``).
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from omni_runtime.contract.options import EngineOptions
-from omni_runtime.models.tp_group import free_port
+from omni_runtime.executor.tp_group import free_port
 
 log = logging.getLogger(__name__)
 STOP_GRACE_S = 30.0
@@ -39,7 +39,7 @@ def child_command(options: EngineOptions, *, model_path: Path | None, port: int)
     cmd = [
         sys.executable,
         "-m",
-        "omni_runtime.stage",
+        "omni_runtime.entrypoints.stage",
         "--stages",
         "image_encoder",
         "--host",

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from omni_runtime.router.bench_report import histogram_quantile
+from omni_runtime.bench.router.report import histogram_quantile
 
 BEFORE = {0.0005: 10.0, 0.001: 10.0, 0.002: 12.0, math.inf: 12.0}
 

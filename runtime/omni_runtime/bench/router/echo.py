@@ -1,6 +1,6 @@
 """The router benchmark's echo upstream: a worker with no model time, the worst case for a proxy.
 
-    python -m omni_runtime.router.bench_echo --port N [--delay-ms D] [--concurrency K]
+    python -m omni_runtime.bench.router.echo --port N [--delay-ms D] [--concurrency K]
 
 Raw ASGI on uvicorn: every POST gets a small chat-completion JSON (after --delay-ms, as a worker
 waiting on its accelerator would, without using this CPU; with --concurrency K at most K at a
@@ -65,7 +65,7 @@ def serve_upstream(port: int, delay_ms: float, concurrency: int = 0) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m omni_runtime.router.bench_echo")
+    parser = argparse.ArgumentParser(prog="python -m omni_runtime.bench.router.echo")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--delay-ms", type=float, default=0.0)
     parser.add_argument("--concurrency", type=int, default=0)

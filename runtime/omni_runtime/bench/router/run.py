@@ -1,6 +1,6 @@
 """Router overhead benchmark: the same load straight to an upstream and through `omni router`, in one run.
 
-    python -m omni_runtime.router.bench --out DIR [--upstream echo,worker] [--seconds 3] [--rounds 3]
+    python -m omni_runtime.bench.router.run --out DIR [--upstream echo,worker] [--seconds 3] [--rounds 3]
         [--concurrency 1,64] [--ws-concurrency 8] [--max-tokens 8] [--client-processes N]
         [--model-path P] [--device auto|cpu|cuda] [--pipeline text] [--serve-arg=--flag=value ...]
         [--worker-url URL] [--router-arg=--processes=4 ...]
@@ -40,10 +40,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from omni_runtime.router import bench_report as report
-from omni_runtime.router.bench_load import Load, LoadRunner, Sample, http_request, percentile_ms
-from omni_runtime.router.bench_report import Measurement
-from omni_runtime.router.bench_shapes import compare_shapes
+from omni_runtime.bench.router import report
+from omni_runtime.bench.router.load import Load, LoadRunner, Sample, http_request, percentile_ms
+from omni_runtime.bench.router.report import Measurement
+from omni_runtime.bench.router.shapes import compare_shapes
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 REALTIME_EVENT = json.dumps({"type": "input_audio_buffer.clear"})
@@ -271,7 +271,7 @@ def full_collections(base_url: str, prefix: str) -> tuple[int, float]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m omni_runtime.router.bench", description=(__doc__ or "").split("\n")[0]
+        prog="python -m omni_runtime.bench.router.run", description=(__doc__ or "").split("\n")[0]
     )
     parser.add_argument("--out", required=True, help="folder for results.json and router_overhead.png")
     parser.add_argument(
@@ -338,7 +338,7 @@ def _run_scenario(
         port = free_port()
         upstream_url = f"http://127.0.0.1:{port}"
         if scenario == "echo":
-            argv = [sys.executable, "-m", "omni_runtime.router.bench_echo", "--port", str(port)]
+            argv = [sys.executable, "-m", "omni_runtime.bench.router.echo", "--port", str(port)]
             argv += ["--delay-ms", str(args.upstream_delay_ms)]
             argv += ["--concurrency", str(args.upstream_concurrency)]
             description = f"echo upstream, {args.upstream_delay_ms:g} ms per answer (worst case for a proxy)"

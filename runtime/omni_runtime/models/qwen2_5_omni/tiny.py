@@ -8,7 +8,7 @@ files, spk_dict.pt), so the adapter loads it through exactly the code that loads
 
 Library use::
 
-    from omni_runtime.models.tiny import ensure_tiny_checkpoint
+    from omni_runtime.models.qwen2_5_omni.tiny import ensure_tiny_checkpoint
     path = ensure_tiny_checkpoint()      # $OMNI_CACHE_DIR/tiny or ~/.cache/omni/tiny, made once
 """
 
@@ -24,7 +24,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from omni_runtime.models.processor import SPECIAL_TOKENS, VOCAB_SIZE, build_processor, special_token_ids
+from omni_runtime.models.qwen2_5_omni.tiny_processor import (
+    SPECIAL_TOKENS,
+    VOCAB_SIZE,
+    build_processor,
+    special_token_ids,
+)
 
 # Bump when the checkpoint's contents change, so an old cached copy is replaced, not served.
 TINY_FORMAT_VERSION = 1

@@ -28,9 +28,9 @@ import torch
 from torch import nn
 
 from omni_runtime.contract.engine import EngineError
-from omni_runtime.gc_pauses import freeze_heap
-from omni_runtime.models.tensor_parallel import one_of, shard_linears, slice_features
-from omni_runtime.models.tp_group import OP_STOP, OP_VISION, TPLeader, read_message
+from omni_runtime.executor.tensor_parallel import one_of, shard_linears, slice_features
+from omni_runtime.executor.tp_group import OP_STOP, OP_VISION, TPLeader, read_message
+from omni_runtime.support.gc_pauses import freeze_heap
 
 log = logging.getLogger(__name__)
 

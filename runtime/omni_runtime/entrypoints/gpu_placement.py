@@ -1,8 +1,8 @@
 """Check that a running worker's processes sit on the GPUs its flags place them on (nvidia-smi).
 
-    python -m omni_runtime.gpu_placement -- --thinker-tp-size 4 --thinker-gpus 0,1,2,3 \\
+    python -m omni_runtime.entrypoints.gpu_placement -- --thinker-tp-size 4 --thinker-gpus 0,1,2,3 \\
         --talker-gpu 4 --image-encoder-tp-size 2 --image-encoder-gpus 5,6 [other omni serve flags]
-    python -m omni_runtime.gpu_placement --expect 'stage talker,segmenter,talker_stream=4' ...
+    python -m omni_runtime.entrypoints.gpu_placement --expect 'stage talker,segmenter,talker_stream=4' ...
 
 The flags after `--` are the worker's `omni serve` flags. From them `expected_gpus` derives, per
 process role, the GPUs that process may use: the worker (thinker rank 0, the talker, the encoders
@@ -76,10 +76,10 @@ def _flag(argv: Sequence[str], name: str) -> str | None:
 def role_of(argv: Sequence[str]) -> str | None:
     """The role of a process from its command line; None for a process that is not ours."""
     joined = " ".join(argv)
-    if "omni_runtime.models.tp_follower" in joined:
+    if "omni_runtime.entrypoints.tp_follower" in joined:
         rank = int(_flag(argv, "--rank") or 0)
         return vision_role(rank) if _flag(argv, "--role") == "image_encoder" else thinker_role(rank)
-    if "omni_runtime.stage" in joined or (
+    if "omni_runtime.entrypoints.stage" in joined or (
         len(argv) > 1 and Path(argv[0]).name == "omni" and argv[1] == "stage"
     ):
         stages = (_flag(argv, "--stages") or "").split(",")
@@ -143,13 +143,15 @@ def observe() -> tuple[dict[str, set[int]], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m omni_runtime.gpu_placement", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m omni_runtime.entrypoints.gpu_placement", description=__doc__
+    )
     parser.add_argument(
         "serve_flags", nargs=argparse.REMAINDER, help="the worker's omni serve flags, after --"
     )
     args = parser.parse_args(argv)
     flags = [f for f in args.serve_flags if f != "--"]
-    from omni_runtime.serve import parse_args
+    from omni_runtime.entrypoints.serve import parse_args
 
     options = parse_args(flags).options
     expected = expected_gpus(options)

@@ -8,7 +8,7 @@ the link's health method. The stage code is the same as in-process: LocalStages 
 
 SIGTERM (and Ctrl-C) stop it cleanly: the link closes and TP followers are stopped before exit 0.
 A worker that starts its image encoder as a stage of its own (image-encoder TP, see
-models/vision_stage.py) runs ``python -m omni_runtime.stage ... --parent-pid PID``: the stage then
+models/vision_stage.py) runs ``python -m omni_runtime.entrypoints.stage ... --parent-pid PID``: the stage then
 exits when that parent is gone.
 """
 
@@ -42,7 +42,7 @@ def _stages(text: str) -> tuple[str, ...]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The `omni serve` flags (model, placement, identity) plus --stages."""
-    from omni_runtime.serve import build_parser as serve_parser
+    from omni_runtime.entrypoints.serve import build_parser as serve_parser
 
     parser = serve_parser()
     parser.prog = "omni stage"
@@ -100,11 +100,11 @@ async def start_stage_process(
     options: EngineOptions, stages: tuple[str, ...], *, host: str, port: int, freeze_gc: bool = False
 ) -> StageProcess:
     """Listen, load, warm up, then report ready. Returns once ready."""
-    from omni_runtime.gc_pauses import freeze_heap
     from omni_runtime.models.registry import load_adapter
     from omni_runtime.pipeline.link import StageLinkServer
     from omni_runtime.pipeline.services import LocalStages
     from omni_runtime.pipeline.stage_server import StageHandlers
+    from omni_runtime.support.gc_pauses import freeze_heap
 
     hosted = hosted_stages(stages)
     server = StageLinkServer({}, ready=False)
@@ -152,7 +152,7 @@ def main(argv: list[str]) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     options = options_from_args(args)
-    from omni_runtime.cpu_threads import apply_cpu_threads
+    from omni_runtime.support.cpu_threads import apply_cpu_threads
 
     apply_cpu_threads(device=options.device, requested=args.cpu_threads)
     if args.parent_pid is not None:
@@ -169,7 +169,7 @@ def main(argv: list[str]) -> int:
     except OSError as exc:
         print(f"omni stage: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1
-    from omni_runtime.models.tp_group import end_process_if_nccl
+    from omni_runtime.executor.tp_group import end_process_if_nccl
 
     end_process_if_nccl(0)  # an image-encoder or thinker TP group on GPUs: no NCCL teardown
     return 0

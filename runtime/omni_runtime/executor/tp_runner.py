@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from omni_runtime.contract.adapter import ThinkerAdmission, ThinkerStep
-from omni_runtime.models.tp_group import OP_CAPTURE, OP_DECODE, OP_MOVE, OP_PREFILL, TPLeader
+from omni_runtime.executor.tp_group import OP_CAPTURE, OP_DECODE, OP_MOVE, OP_PREFILL, TPLeader
 
 
 class LeaderDecoder:

@@ -1,7 +1,7 @@
 """A tensor-parallel group (the thinker's, or the image encoder's), seen from rank 0.
 
 Rank 0 runs the scheduler, sampling and the API; ranks 1..N-1 are follower processes
-(``omni_runtime.models.tp_follower``) that this module spawns, one per GPU of --thinker-gpus,
+(``omni_runtime.entrypoints.tp_follower``) that this module spawns, one per GPU of --thinker-gpus,
 joined with rank 0 in one torch.distributed group (NCCL on CUDA, gloo on the CPU) through a
 loopback TCP rendezvous. Followers replay every decoder op rank 0 runs, in the same order, so
 the all-reduces inside the sharded layers (and inside captured CUDA graphs) pair up.
@@ -149,7 +149,7 @@ class TPLeader:
             cmd = [
                 sys.executable,
                 "-m",
-                "omni_runtime.models.tp_follower",
+                "omni_runtime.entrypoints.tp_follower",
                 "--rank",
                 str(rank),
                 "--world",

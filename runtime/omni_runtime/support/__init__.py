@@ -1,0 +1,1 @@
+"""Process-level helpers every layer may use: GC pauses, torch CPU threads, argparse types."""
