@@ -91,7 +91,7 @@ def _vision_inputs(adapter: Any) -> dict[str, Any]:
 
 
 async def _encode_remote(address: str, inputs: dict[str, Any]) -> dict[str, Any]:
-    from omni_runtime.pipeline.link import StageLinkClient
+    from omni_runtime.pipeline.link.client import StageLinkClient
 
     async with StageLinkClient(address, connect_timeout=600) as client:
         deadline = time.monotonic() + 600

@@ -101,7 +101,7 @@ async def start_stage_process(
 ) -> StageProcess:
     """Listen, load, warm up, then report ready. Returns once ready."""
     from omni_runtime.models.registry import load_adapter
-    from omni_runtime.pipeline.link import StageLinkServer
+    from omni_runtime.pipeline.link.server import StageLinkServer
     from omni_runtime.pipeline.services import LocalStages
     from omni_runtime.pipeline.stage_server import StageHandlers
     from omni_runtime.support.gc_pauses import freeze_heap

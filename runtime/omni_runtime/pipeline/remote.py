@@ -17,7 +17,8 @@ from omni_runtime.contract.adapter import Prompt, ThinkerPrompt
 from omni_runtime.contract.engine import EngineError, GenerationRequest
 from omni_runtime.contract.options import EngineOptions
 from omni_runtime.pipeline import wire
-from omni_runtime.pipeline.link import LinkError, StageLinkClient
+from omni_runtime.pipeline.link.client import StageLinkClient
+from omni_runtime.pipeline.link.frames import LinkError
 from omni_runtime.pipeline.scheduler import ThinkerDone, ThinkerJob, ThinkerToken
 from omni_runtime.pipeline.services import LocalStages
 from omni_runtime.pipeline.talker import TalkerDone, TalkerJob

@@ -38,7 +38,7 @@ from served_worker import (
 )
 
 from omni_runtime.contract.options import EngineOptions
-from omni_runtime.pipeline.link import StageLinkClient
+from omni_runtime.pipeline.link.client import StageLinkClient
 
 pytestmark = pytest.mark.slow
 STAGE = re.compile(r"image-encoder TP of 2 ranks runs in its own stage process: pid (\d+)")

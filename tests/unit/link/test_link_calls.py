@@ -10,17 +10,17 @@ import struct
 import numpy as np
 import pytest
 
-from omni_runtime.pipeline.link import (
+from omni_runtime.pipeline.link.client import StageLinkClient
+from omni_runtime.pipeline.link.frames import (
     HEADER,
     MAGIC,
     VERSION,
     FrameType,
     LinkConnectionError,
     LinkRemoteError,
-    StageLinkClient,
-    StageLinkServer,
     read_frame,
 )
+from omni_runtime.pipeline.link.server import StageLinkServer
 
 
 async def count(payload, tensors):

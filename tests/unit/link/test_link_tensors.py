@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 import torch
 
-from omni_runtime.pipeline.link import (
+from omni_runtime.pipeline.link.client import StageLinkClient
+from omni_runtime.pipeline.link.frames import (
     LinkConnectionError,
     LinkFrameTooLarge,
-    StageLinkClient,
-    StageLinkServer,
     decode_tensors,
     encode_tensors,
     parse_address,
 )
+from omni_runtime.pipeline.link.server import StageLinkServer
 
 
 async def echo(payload, tensors):

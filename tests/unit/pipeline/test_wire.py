@@ -8,7 +8,7 @@ import torch
 from omni_runtime.contract.adapter import Prompt, RowSampling, TalkerAdmission, ThinkerPrompt
 from omni_runtime.contract.engine import ChatTurn, GenerationRequest, MediaInput, SamplingParams
 from omni_runtime.pipeline import wire
-from omni_runtime.pipeline.link import decode_tensors, encode_tensors
+from omni_runtime.pipeline.link.frames import decode_tensors, encode_tensors
 
 
 def _over_the_wire(tensors: dict) -> dict:
