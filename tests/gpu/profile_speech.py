@@ -38,9 +38,10 @@ async def one(engine, rid: str, talker_tokens: int) -> None:
     start = time.perf_counter()
     marks: dict[str, float] = {}
     stages = engine.stages
-    submit, synthesize = stages.submit_talker, stages.synthesize
+    talker = stages.talker
+    submit, synthesize = talker.submit, stages.synthesize
 
-    def submit_talker(*args, **kwargs):
+    def timed_submit(*args, **kwargs):
         marks.setdefault("talker admitted", time.perf_counter() - start)
         return submit(*args, **kwargs)
 
@@ -50,7 +51,7 @@ async def one(engine, rid: str, talker_tokens: int) -> None:
         marks.setdefault("first window done", time.perf_counter() - start)
         return pcm
 
-    stages.submit_talker, stages.synthesize = submit_talker, timed_synthesize
+    talker.submit, stages.synthesize = timed_submit, timed_synthesize
     first_text = None
     chunks = []
     async for event in engine.generate(request):
@@ -61,7 +62,7 @@ async def one(engine, rid: str, talker_tokens: int) -> None:
             chunks.append((round(now, 3), len(event.pcm)))
         elif isinstance(event, Finished):
             print(f"{rid}: first text {first_text:.3f}s, end {now:.3f}s, {event.usage}")
-    stages.submit_talker, stages.synthesize = submit, synthesize
+    talker.submit, stages.synthesize = submit, synthesize
     print(f"{rid}: " + ", ".join(f"{k} {v:.3f}s" for k, v in marks.items()))
     print(f"{rid}: audio chunks (arrival s, samples): {chunks[:6]} ... {len(chunks)} chunks")
 

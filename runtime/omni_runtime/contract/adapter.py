@@ -138,6 +138,11 @@ class Vocoder(Protocol):
         """Audio (float32 numpy, mono, ``sample_rate``) of ``codes[start:end]``, given context codes."""
         ...
 
+    def synthesize_many(self, items: list[dict[str, Any]]) -> list[Any]:
+        """Several windows at once (the talker_stream worker's batch); each item has ``codes``,
+        ``window`` (start/end/ctx_start/ctx_end), ``voice``, ``seed`` and ``reusable``."""
+        ...
+
 
 class OmniAdapter(ABC):
     """One loaded model family, with the modules of the stages this process hosts."""
@@ -186,4 +191,25 @@ class OmniAdapter(ABC):
 
     def thread_initializer(self, stage: str) -> Any:
         """Run once in a stage's worker thread (e.g. to give it its own CUDA stream); None: nothing."""
+        return None
+
+    @property
+    def captures_cuda_graphs(self) -> bool:
+        """Whether decode steps and vocoder windows are captured as CUDA graphs (warm-up covers
+        every recurring window size then)."""
+        return False
+
+    @property
+    def vocoder_shares_thinker_device(self) -> bool:
+        """Whether the vocoder shares a GPU with the thinker (the engine then pauses the thinker
+        during a request's first audio window)."""
+        return False
+
+    @property
+    def vision_stage_address(self) -> str | None:
+        """host:port of the image encoder's own stage process, when it runs in one."""
+        return None
+
+    def close_vision(self) -> None:
+        """Stop the image encoder's own processes, if any (idempotent)."""
         return None

@@ -15,9 +15,10 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
-from omni_runtime.contract.adapter import RowSampling, TalkerAdmission
+from omni_runtime.contract.adapter import OmniAdapter, RowSampling, TalkerAdmission, ThinkerPrompt
 from omni_runtime.contract.engine import (
     AudioChunk,
     EngineError,
@@ -33,7 +34,9 @@ from omni_runtime.pipeline.detokenize import IncrementalDetokenizer, StopMatcher
 from omni_runtime.pipeline.graph import local_stages, pipeline_variant
 from omni_runtime.pipeline.scheduler import FinishReason, ThinkerDone, ThinkerJob, ThinkerToken
 from omni_runtime.pipeline.segmenter import CodecSegmenter, SegmenterConfig
+from omni_runtime.pipeline.service import TalkerService
 from omni_runtime.pipeline.services import LocalStages, gather_encoders
+from omni_runtime.pipeline.stage_set import StageSet, attach_remote_stages
 from omni_runtime.pipeline.talker import TalkerDone, TalkerJob
 from omni_runtime.pipeline.validate import row_sampling, talker_limits, validate_request
 
@@ -53,8 +56,8 @@ class PipelineEngine:
         self.output_sample_rate = 24000
         self.supports_audio_output = self.variant != "text"
         self.max_model_len = options.max_model_len
-        self.adapter: Any = None
-        self.stages: Any = None
+        self.adapter: OmniAdapter | None = None
+        self.stages: StageSet | None = None
         self._ready = False
         self._active = 0
         self.load_seconds = 0.0
@@ -67,17 +70,15 @@ class PipelineEngine:
         return self._ready
 
     async def start(self) -> None:
-        from omni_runtime.models.registry import load_adapter
-        from omni_runtime.pipeline.remote import attach_remote_stages
+        from omni_runtime.models.registry import load_adapter  # torch and transformers: only now
 
         started = time.monotonic()
-        self.adapter = await asyncio.to_thread(load_adapter, self.options, hosted=self.hosted)
-        self.model_name = self.options.model_name or self.adapter.model_name
-        self.output_sample_rate = self.adapter.output_sample_rate
-        self.hold_thinker_for_first_window = bool(
-            getattr(self.adapter, "vocoder_shares_thinker_device", False)
-        )
-        local = LocalStages(self.adapter, self.options, hosted=self.hosted)
+        adapter = await asyncio.to_thread(load_adapter, self.options, hosted=self.hosted)
+        self.adapter = adapter
+        self.model_name = self.options.model_name or adapter.model_name
+        self.output_sample_rate = adapter.output_sample_rate
+        self.hold_thinker_for_first_window = adapter.vocoder_shares_thinker_device
+        local = LocalStages(adapter, self.options, hosted=self.hosted)
         await local.start()
         self.stages = await attach_remote_stages(local, self.options)
         await local.warmup()
@@ -93,12 +94,8 @@ class PipelineEngine:
         kinds = [False, True] if self.supports_audio_output else [False]
         # On a GPU, enough codes for every recurring vocoder window size (first, second, steady),
         # so each is captured as a CUDA graph before the first client; on a CPU a short reply will do.
-        placement = getattr(self.adapter, "placement", None)
-        talker_tokens = (
-            CodecSegmenter(SegmenterConfig()).codes_to_cover() + 5
-            if placement is not None and placement.cuda_graphs
-            else 24
-        )
+        captures = self.adapter is not None and self.adapter.captures_cuda_graphs
+        talker_tokens = CodecSegmenter(SegmenterConfig()).codes_to_cover() + 5 if captures else 24
         for audio in kinds:
             request = GenerationRequest(
                 request_id=f"warmup-{int(audio)}",
@@ -116,7 +113,7 @@ class PipelineEngine:
             await self.stages.stop()
 
     def stats(self) -> EngineStats:
-        thinker = getattr(self.stages, "thinker", None)
+        thinker = self.stages.thinker if self.stages is not None else None
         return EngineStats(
             queue_depth=self.stages.queue_depth() if self.stages is not None else 0,
             running_batch=thinker.running_count if thinker is not None else 0,
@@ -126,7 +123,7 @@ class PipelineEngine:
 
     # -- one request ------------------------------------------------------------------------------
     async def generate(self, request: GenerationRequest) -> AsyncIterator[EngineEvent]:
-        if self.stages is None:
+        if self.stages is None or self.adapter is None:
             raise EngineError("the engine is still loading; retry when /ready says so", status=503)
         voice = validate_request(request, engine=self)
         self._active += 1
@@ -146,13 +143,21 @@ class PipelineEngine:
             producer.cancel()
             self._release(state, "cancelled")
 
-    def _release(self, state: dict[str, Any], reason: str) -> None:
+    def _release(self, state: dict[str, Any], reason: FinishReason) -> None:
         for task in state.get("tasks", []):
             task.cancel()
+        if self.stages is None:
+            return
         if (job := state.get("thinker_job")) is not None and job.finish is None:
             self.stages.thinker.finish(job, reason)
         if (tjob := state.get("talker_job")) is not None and tjob.finish is None:
-            self.stages.talker.finish(tjob, reason)
+            self._talker().finish(tjob, reason)
+
+    def _talker(self) -> TalkerService:
+        assert self.stages is not None
+        if self.stages.talker is None:
+            raise EngineError("this worker hosts no talker and names none in remote_stages", status=500)
+        return self.stages.talker
 
     async def _produce(
         self, request: GenerationRequest, voice: str | None, out: asyncio.Queue, state: dict
@@ -170,7 +175,8 @@ class PipelineEngine:
     async def _run(
         self, request: GenerationRequest, voice: str | None, out: asyncio.Queue, state: dict
     ) -> None:
-        stages = self.stages
+        stages, adapter = self.stages, self.adapter
+        assert stages is not None and adapter is not None  # generate() checked
         prompt = await stages.preprocess(request)
         audio, image, video = await gather_encoders(stages, prompt)
         thinker_prompt = await stages.aggregate(prompt, audio=audio, image=image, video=video)
@@ -185,9 +191,9 @@ class PipelineEngine:
         )
         state["thinker_job"] = job
         stages.thinker.submit(job)
-        detok = IncrementalDetokenizer(self.adapter.tokenizer)
+        detok = IncrementalDetokenizer(adapter.tokenizer)
         stops = StopMatcher(sp.stop)
-        eos = frozenset(self.adapter.eos_token_ids)
+        eos = frozenset(adapter.eos_token_ids)
         talker_job: TalkerJob | None = None
         speaker: asyncio.Task | None = None
         prompt_vectors = None
@@ -223,7 +229,7 @@ class PipelineEngine:
                     )
                     state.setdefault("tasks", []).append(speaker)
                 elif talker_job is not None:
-                    self.stages.talker.feed(talker_job, event.vector)
+                    self._talker().feed(talker_job, event.vector)
             if event.token in eos and not sp.ignore_eos:
                 continue
             pending_ids.append(event.token)
@@ -232,11 +238,11 @@ class PipelineEngine:
                 out.put_nowait(TextDelta(text, tuple(pending_ids)))
                 pending_ids = []
             if stops.stopped:
-                self.stages.thinker.finish(job, "stop")
+                stages.thinker.finish(job, "stop")
                 reason = "stop"
                 break
         if talker_job is not None:
-            self.stages.talker.text_finished(talker_job, generated)
+            self._talker().text_finished(talker_job, generated)
         audio_seconds = await speaker if speaker is not None else 0.0
         usage = Usage(
             prompt_tokens=len(thinker_prompt.input_ids),
@@ -245,17 +251,23 @@ class PipelineEngine:
         )
         out.put_nowait(Finished(reason, usage))
 
-    def _first_window_hold(self, first: bool) -> Any:
+    def _first_window_hold(self, first: bool) -> AbstractAsyncContextManager[None]:
         """Hold the thinker during a request's first audio window when both share a device."""
-        if not first or not self.hold_thinker_for_first_window:
+        if not first or not self.hold_thinker_for_first_window or self.stages is None:
             return contextlib.nullcontext()
-        hold = getattr(self.stages.thinker, "hold", None)  # a thinker in another process has none
-        return hold() if hold is not None else contextlib.nullcontext()
+        return self.stages.thinker.hold()
 
     def _talker_job(
-        self, request, thinker_prompt, prompt_vectors, first_token, first_vector, voice
+        self,
+        request: GenerationRequest,
+        thinker_prompt: ThinkerPrompt,
+        prompt_vectors: Any,
+        first_token: int,
+        first_vector: Any,
+        voice: str | None,
     ) -> TalkerJob:
         max_codes, per_token = talker_limits(request)
+        assert self.adapter is not None
         defaults = self.adapter.talker_sampling_defaults()
         params = {
             **defaults,
@@ -278,8 +290,13 @@ class PipelineEngine:
                 seed=None if seed is None else seed + 7919,
             ),
         )
-        job = TalkerJob(admission=admission, max_codes=max_codes, codes_per_text_token=per_token)
-        self.stages.submit_talker(job, request_id=request.request_id)
+        job = TalkerJob(
+            admission=admission,
+            request_id=request.request_id,
+            max_codes=max_codes,
+            codes_per_text_token=per_token,
+        )
+        self._talker().submit(job)
         return job
 
     async def _speak(
@@ -320,6 +337,7 @@ class PipelineEngine:
                     # Streaming windows mostly come in two sizes (first, steady): worth a CUDA graph.
                     "reusable": streaming and window.ctx_end - window.ctx_start in standard,
                 }
+                assert self.stages is not None
                 async with self._first_window_hold(streaming and window.start == 0):
                     pcm = await self.stages.synthesize(item)
                 samples += len(pcm)

@@ -1,9 +1,8 @@
-"""The client side of remote stages, and the stage set the engine talks to.
+"""Stages in another process, reached through a stage link (the client side of stage_server.py).
 
-``StageSet`` offers one method per stage call and routes each to this process's LocalStages or
-to a stage link, so the orchestration in engine.py is the same code in both cases. Remote thinker
-and talker objects mimic the local schedulers' interface (submit / finish / feed) by turning the
-link's reply stream into the same job events.
+``LinkedStages`` offers the stage calls of ``service.StageCalls`` over one link; ``RemoteThinker``
+and ``RemoteTalker`` stand in for the local schedulers (``service.ThinkerService`` /
+``TalkerService``) by turning the link's reply stream into the same job events.
 """
 
 from __future__ import annotations
@@ -11,16 +10,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 from omni_runtime.contract.adapter import Prompt, ThinkerPrompt
 from omni_runtime.contract.engine import EngineError, GenerationRequest
-from omni_runtime.contract.options import EngineOptions
 from omni_runtime.pipeline import wire
 from omni_runtime.pipeline.link.client import StageLinkClient
-from omni_runtime.pipeline.link.frames import LinkError
-from omni_runtime.pipeline.scheduler import ThinkerDone, ThinkerJob, ThinkerToken
-from omni_runtime.pipeline.services import LocalStages
+from omni_runtime.pipeline.link.frames import LinkError, Reply, Tensors
+from omni_runtime.pipeline.scheduler import FinishReason, ThinkerDone, ThinkerJob, ThinkerToken
 from omni_runtime.pipeline.talker import TalkerDone, TalkerJob
 
 log = logging.getLogger(__name__)
@@ -32,20 +30,23 @@ class RemoteThinker:
         self.client = client
         self.running_count = 0
         self.max_running_batch = 0
-        self.waiting: tuple[ThinkerJob, ...] = ()
         self._tasks: dict[ThinkerJob, asyncio.Task[None]] = {}
 
     def submit(self, job: ThinkerJob) -> None:
         self._tasks[job] = asyncio.get_running_loop().create_task(self._pump(job))
 
-    def finish(self, job: ThinkerJob, reason: str) -> None:
+    def finish(self, job: ThinkerJob, reason: FinishReason) -> None:
         if job.finish is not None:
             return
-        job.finish = reason  # type: ignore[assignment]
-        job.events.put_nowait(ThinkerDone(reason))  # type: ignore[arg-type]
+        job.finish = reason
+        job.events.put_nowait(ThinkerDone(reason))
         task = self._tasks.pop(job, None)
         if task is not None:
             task.cancel()  # closes the call: the remote scheduler frees the slot
+
+    @contextlib.asynccontextmanager
+    async def hold(self) -> AsyncIterator[None]:
+        yield  # the remote thinker does not share this process's device
 
     async def _pump(self, job: ThinkerJob) -> None:
         payload, tensors = wire.pack_thinker_prompt(job.prompt)
@@ -58,7 +59,7 @@ class RemoteThinker:
             "want_vectors": job.want_vectors,
         }
         try:
-            async with contextlib.aclosing(self.client.call("thinker.generate", call, tensors)) as replies:  # type: ignore[type-var]
+            async with contextlib.aclosing(self.client.call("thinker.generate", call, tensors)) as replies:
                 async for reply, data in replies:
                     kind = reply["type"]
                     if kind == "prompt_vectors":
@@ -83,11 +84,9 @@ class RemoteTalker:
         self.client = client
         self._tasks: dict[TalkerJob, list[asyncio.Task[None]]] = {}
         self._feeds: dict[TalkerJob, asyncio.Queue[tuple[Any, int | None]]] = {}
-        self._ids: dict[TalkerJob, str] = {}
 
-    def submit(self, job: TalkerJob, *, request_id: str) -> None:
+    def submit(self, job: TalkerJob) -> None:
         loop = asyncio.get_running_loop()
-        self._ids[job] = request_id
         self._feeds[job] = asyncio.Queue()
         self._tasks[job] = [loop.create_task(self._pump(job)), loop.create_task(self._feeder(job))]
 
@@ -97,10 +96,10 @@ class RemoteTalker:
     def text_finished(self, job: TalkerJob, text_tokens: int) -> None:
         self._feeds[job].put_nowait((None, text_tokens))
 
-    def finish(self, job: TalkerJob, reason: str) -> None:
+    def finish(self, job: TalkerJob, reason: FinishReason) -> None:
         if job.finish is None:
-            job.finish = reason  # type: ignore[assignment]
-            job.events.put_nowait(TalkerDone(reason))  # type: ignore[arg-type]
+            job.finish = reason
+            job.events.put_nowait(TalkerDone(reason))
         for task in self._tasks.pop(job, []):
             task.cancel()
         self._feeds.pop(job, None)
@@ -118,7 +117,7 @@ class RemoteTalker:
                 import torch
 
                 tensors["vectors"] = torch.stack([v.to("cpu") for v in vectors])
-            payload = {"request_id": self._ids[job], "text_done": text_done}
+            payload = {"request_id": job.request_id, "text_done": text_done}
             await self.client.call_once("talker.feed", payload, tensors)
             if text_done is not None:
                 return
@@ -126,13 +125,13 @@ class RemoteTalker:
     async def _pump(self, job: TalkerJob) -> None:
         payload, tensors = wire.pack_talker_admission(job.admission)
         call = {
-            "request_id": self._ids[job],
+            "request_id": job.request_id,
             "admission": payload,
             "max_codes": job.max_codes,
             "codes_per_text_token": job.codes_per_text_token,
         }
         try:
-            async with contextlib.aclosing(self.client.call("talker.generate", call, tensors)) as replies:  # type: ignore[type-var]
+            async with contextlib.aclosing(self.client.call("talker.generate", call, tensors)) as replies:
                 async for reply, _ in replies:
                     if reply["type"] == "codes":
                         job.events.put_nowait(list(reply["codes"]))
@@ -145,78 +144,53 @@ class RemoteTalker:
                 job.events.put_nowait(TalkerDone("error", f"remote talker: {exc}"))
 
 
-class LinkedVision:
-    """The image encoder in a stage process this process started (image-encoder TP, see
-    executor/vision_stage.py): what LocalStages calls instead of its own vision worker."""
+class LinkedStages:
+    """The stage calls (``service.StageCalls``) of the stages one stage link serves."""
 
-    def __init__(self, address: str) -> None:
-        self.address = address
-        self.client = StageLinkClient(address, connect_timeout=READY_TIMEOUT_S)
+    def __init__(self, client: StageLinkClient) -> None:
+        self.client = client
+        self.address = client.address
+        self.thinker = RemoteThinker(client)
+        self.talker = RemoteTalker(client)
+
+    @classmethod
+    def connect(cls, address: str) -> LinkedStages:
+        return cls(StageLinkClient(address, connect_timeout=READY_TIMEOUT_S))
 
     async def wait_ready(self) -> None:
-        await _wait_ready(self.client, self.address)
-
-    async def encode(self, vision: dict[str, Any]) -> dict[str, Any]:
-        try:
-            _, data = await self.client.call_once("image_encoder.encode", {}, vision)
-        except LinkError as exc:
-            raise EngineError(f"image-encoder stage ({self.address}) failed: {exc}", status=502) from exc
-        return {"image": data.get("image"), "video": data.get("video")}
+        """Until the stage process reports ready (loaded and warmed up), for READY_TIMEOUT_S at most."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + READY_TIMEOUT_S
+        while True:
+            try:
+                health = await self.client.health(timeout=10.0)
+                if health.get("ready"):
+                    return
+            except (LinkError, TimeoutError) as exc:
+                log.info("waiting for stage link %s: %s", self.address, exc)
+            if loop.time() > deadline:
+                raise EngineError(
+                    f"remote stage at {self.address} was not ready within {READY_TIMEOUT_S:g}s", status=503
+                )
+            await asyncio.sleep(0.5)
 
     async def close(self) -> None:
         await self.client.close()
 
-
-class StageSet:
-    """Each stage call, routed to LocalStages or to the stage link that serves the stage."""
-
-    def __init__(self, local: LocalStages, clients: dict[str, StageLinkClient]) -> None:
-        self.local = local
-        self.clients = clients
-        self.thinker: Any = RemoteThinker(clients["thinker"]) if "thinker" in clients else local.thinker
-        self.talker: Any = RemoteTalker(clients["talker"]) if "talker" in clients else local.talker
-
-    @property
-    def vocoder(self) -> Any:
-        """The local vocoder (None when the talker runs in another process)."""
-        return self.local.vocoder
-
-    async def stop(self) -> None:
-        await self.local.stop()
-        for client in set(self.clients.values()):
-            await client.close()
-
-    def queue_depth(self) -> int:
-        return self.local.queue_depth()
-
-    def submit_talker(self, job: TalkerJob, *, request_id: str) -> None:
-        if isinstance(self.talker, RemoteTalker):
-            self.talker.submit(job, request_id=request_id)
-        else:
-            self.talker.submit(job)
-
     async def preprocess(self, request: GenerationRequest) -> Prompt:
-        if "preprocessing" not in self.clients:
-            return await self.local.preprocess(request)
         payload, tensors = wire.pack_request(request)
         reply, data = await self._call("preprocessing", "preprocessing.run", payload, tensors)
         return wire.unpack_prompt(reply, data)
 
     async def encode_audio(self, audio: dict[str, Any]) -> Any:
-        if "audio_encoder" not in self.clients:
-            return await self.local.encode_audio(audio)
         _, data = await self._call("audio_encoder", "audio_encoder.encode", {}, audio)
         return data["embeds"]
 
     async def encode_vision(self, vision: dict[str, Any]) -> dict[str, Any]:
-        if "image_encoder" not in self.clients:
-            return await self.local.encode_vision(vision)
         _, data = await self._call("image_encoder", "image_encoder.encode", {}, vision)
         return {"image": data.get("image"), "video": data.get("video")}
 
     async def aggregate(self, prompt: Prompt, *, audio: Any, image: Any, video: Any) -> ThinkerPrompt:
-        if "mm_aggregate" not in self.clients:
-            return await self.local.aggregate(prompt, audio=audio, image=image, video=video)
         payload, tensors = wire.pack_prompt(prompt)
         for name, value in (("audio", audio), ("image", image), ("video", video)):
             if value is not None:
@@ -225,45 +199,11 @@ class StageSet:
         return wire.unpack_thinker_prompt(reply, data)
 
     async def synthesize(self, item: dict[str, Any]) -> Any:
-        if "talker" not in self.clients:
-            return await self.local.synthesize(item)
         _, data = await self._call("talker", "talker_stream.synthesize", item, {})
         return data["pcm"]
 
-    async def _call(self, stage: str, method: str, payload: dict[str, Any], tensors: dict[str, Any]):
+    async def _call(self, stage: str, method: str, payload: dict[str, Any], tensors: Tensors) -> Reply:
         try:
-            return await self.clients[stage].call_once(method, payload, tensors)
+            return await self.client.call_once(method, payload, tensors)
         except LinkError as exc:
-            raise EngineError(
-                f"stage {stage} ({self.clients[stage].address}) failed: {exc}", status=502
-            ) from exc
-
-
-async def attach_remote_stages(local: LocalStages, options: EngineOptions) -> StageSet:
-    """Connect to every remote stage and wait until each reports ready (loaded and warmed up)."""
-    clients: dict[str, StageLinkClient] = {}
-    by_address: dict[str, StageLinkClient] = {}
-    for stage, address in options.remote_stages.items():
-        if address not in by_address:
-            by_address[address] = StageLinkClient(address, connect_timeout=READY_TIMEOUT_S)
-        clients[stage] = by_address[address]
-    for address, client in by_address.items():
-        await _wait_ready(client, address)
-    return StageSet(local, clients)
-
-
-async def _wait_ready(client: StageLinkClient, address: str) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + READY_TIMEOUT_S
-    while True:
-        try:
-            health = await client.health(timeout=10.0)
-            if health.get("ready"):
-                return
-        except (LinkError, TimeoutError) as exc:
-            log.info("waiting for stage link %s: %s", address, exc)
-        if loop.time() > deadline:
-            raise EngineError(
-                f"remote stage at {address} was not ready within {READY_TIMEOUT_S:g}s", status=503
-            )
-        await asyncio.sleep(0.5)
+            raise EngineError(f"stage {stage} ({self.address}) failed: {exc}", status=502) from exc

@@ -1,8 +1,8 @@
-"""The stages as services the engine calls, each with its own worker thread.
+"""The stages hosted in this process, each with its own worker thread (``service.StageCalls``).
 
-A service is what the engine talks to for one stage: ``LocalStages`` runs the adapter in this
-process. ``omni_runtime.pipeline.remote`` offers the same methods through a stage link for stages
-that live in another process, so the orchestration in engine.py does not know the difference.
+``LocalStages`` runs the adapter's stage compute in this process; ``remote.LinkedStages`` offers
+the same calls through a stage link for stages in another process, and ``stage_set.StageSet``
+routes the engine's calls between them.
 """
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ import asyncio
 import logging
 from typing import Any
 
-from omni_runtime.contract.adapter import OmniAdapter, Prompt, ThinkerPrompt
+from omni_runtime.contract.adapter import OmniAdapter, Prompt, ThinkerPrompt, Vocoder
 from omni_runtime.contract.engine import GenerationRequest
 from omni_runtime.contract.options import EngineOptions
-from omni_runtime.pipeline.graph import VARIANTS
+from omni_runtime.pipeline.remote import LinkedStages
 from omni_runtime.pipeline.scheduler import ThinkerScheduler
+from omni_runtime.pipeline.service import StageCalls
 from omni_runtime.pipeline.talker import TalkerScheduler
 from omni_runtime.pipeline.workers import BatchingWorker, StageThread
 
@@ -34,11 +35,11 @@ class LocalStages:
         self.threads: dict[str, StageThread] = {}
         self.audio: BatchingWorker[dict[str, Any], Any] | None = None
         self.vision: BatchingWorker[dict[str, Any], dict[str, Any]] | None = None
-        self.vision_link: Any = None  # remote.LinkedVision: image-encoder TP in its own stage process
+        self.vision_link: LinkedStages | None = None  # image-encoder TP in its own stage process
         self.vocoder_worker: BatchingWorker[dict[str, Any], Any] | None = None
         self.thinker: ThinkerScheduler | None = None
         self.talker: TalkerScheduler | None = None
-        self.vocoder: Any = None
+        self.vocoder: Vocoder | None = None
         self._pre_pool = StageThread("preprocessing")
 
     def _thread(self, name: str) -> StageThread:
@@ -53,11 +54,9 @@ class LocalStages:
                 "audio_encoder", adapter.encode_audio, thread=self._thread("audio_encoder")
             )
             self.audio.start()
-        vision_address = getattr(adapter, "vision_stage_address", None)
+        vision_address = adapter.vision_stage_address
         if "image_encoder" in self.hosted and vision_address is not None:
-            from omni_runtime.pipeline.remote import LinkedVision  # remote imports this module
-
-            self.vision_link = LinkedVision(vision_address)
+            self.vision_link = LinkedStages.connect(vision_address)
         elif "image_encoder" in self.hosted:
             self.vision = BatchingWorker(
                 "image_encoder", adapter.encode_vision, thread=self._thread("image_encoder")
@@ -107,9 +106,7 @@ class LocalStages:
             await self.thinker.thread.run(close)
         if self.vision_link is not None:
             await self.vision_link.close()
-        close_vision = getattr(self.adapter, "close_vision", None)  # image-encoder TP processes
-        if close_vision is not None:
-            await asyncio.to_thread(close_vision)
+        await asyncio.to_thread(self.adapter.close_vision)  # image-encoder TP processes, if any
         for thread in self.threads.values():
             thread.shutdown()
         self._pre_pool.shutdown()
@@ -124,7 +121,7 @@ class LocalStages:
 
     async def encode_vision(self, vision: dict[str, Any]) -> dict[str, Any]:
         if self.vision_link is not None:
-            return await self.vision_link.encode(vision)  # type: ignore[no-any-return]
+            return await self.vision_link.encode_vision(vision)
         assert self.vision is not None
         return await self.vision.submit(vision)
 
@@ -138,6 +135,7 @@ class LocalStages:
         return await self.vocoder_worker.submit(item)
 
     def _synthesize_batch(self, items: list[dict[str, Any]]) -> list[Any]:
+        assert self.vocoder is not None  # the worker starts once the vocoder is loaded
         return self.vocoder.synthesize_many(items)
 
     def queue_depth(self) -> int:
@@ -150,11 +148,7 @@ class LocalStages:
         return depth
 
 
-def all_stage_names(variant: str) -> tuple[str, ...]:
-    return VARIANTS[variant]
-
-
-async def gather_encoders(stages: Any, prompt: Prompt) -> tuple[Any, Any, Any]:
+async def gather_encoders(stages: StageCalls, prompt: Prompt) -> tuple[Any, Any, Any]:
     """Run the audio and vision encoders of one request concurrently."""
     audio_task = stages.encode_audio(prompt.audio) if prompt.audio is not None else None
     vision_input: dict[str, Any] = {}

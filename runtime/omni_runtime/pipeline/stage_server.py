@@ -100,6 +100,7 @@ class StageHandlers:
         request_id = str(payload["request_id"])
         job = TalkerJob(
             admission=wire.unpack_talker_admission(payload["admission"], tensors),
+            request_id=request_id,
             max_codes=int(payload["max_codes"]),
             codes_per_text_token=int(payload["codes_per_text_token"]),
         )

@@ -32,6 +32,7 @@ class TalkerDone:
 @dataclass(eq=False)
 class TalkerJob:
     admission: TalkerAdmission
+    request_id: str = ""
     max_codes: int = 4096
     codes_per_text_token: int = 30  # budget once the text is known: runaway guard for random weights
     pending: deque[Any] = field(default_factory=deque)

@@ -383,6 +383,10 @@ class Qwen25OmniAdapter(OmniAdapter):
         return init
 
     @property
+    def captures_cuda_graphs(self) -> bool:
+        return bool(self.placement.cuda_graphs)
+
+    @property
     def vocoder_shares_thinker_device(self) -> bool:
         """A GPU shared by the thinker and the vocoder (where the thinker's GEMMs delay the
         vocoder's many small kernels; CPU threads share cores differently)."""

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 from omni_runtime.pipeline.link.frames import (
@@ -120,7 +120,7 @@ class StageLinkClient:
 
     async def call(
         self, method: str, payload: dict[str, Any] | None = None, tensors: Mapping[str, Any] | None = None
-    ) -> AsyncIterator[Reply]:
+    ) -> AsyncGenerator[Reply, None]:
         """Stream the replies of ``method``. Closing the iterator early cancels the remote handler.
 
         Wrap in ``contextlib.aclosing`` (or exhaust it) so an early exit cancels at once.
