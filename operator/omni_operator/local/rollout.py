@@ -54,26 +54,15 @@ class Desired:
 
     @classmethod
     def of(cls, *, revision: str, workers: int, rollout: RolloutSpec, capacity: int | None) -> Desired:
-        return cls(
-            revision=revision,
-            workers=workers,
-            max_surge=rollout.max_surge,
-            max_unavailable=rollout.max_unavailable,
-            drain_timeout_s=float(rollout.drain_timeout_seconds),
-            progress_deadline_s=float(rollout.progress_deadline_seconds),
-            paused=rollout.paused,
-            capacity=capacity,
-        )
+        s = Strategy.of(rollout)
+        timeouts = float(s.drain_timeout_seconds), float(s.progress_deadline_seconds)
+        return cls(revision, workers, s.max_surge, s.max_unavailable, *timeouts, s.paused, capacity)
 
     @property
     def strategy(self) -> Strategy:
-        return Strategy(
-            max_surge=self.max_surge,
-            max_unavailable=self.max_unavailable,
-            drain_timeout_seconds=self.drain_timeout_s,
-            progress_deadline_seconds=self.progress_deadline_s,
-            paused=self.paused,
-        )
+        """The rules' view of these settings (the core counts with it)."""
+        timeouts = self.drain_timeout_s, self.progress_deadline_s
+        return Strategy(self.max_surge, self.max_unavailable, *timeouts, self.paused)
 
 
 @dataclass(frozen=True)

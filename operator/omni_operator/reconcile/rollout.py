@@ -42,17 +42,7 @@ from omni_operator.api.status import Reason, WorkerState, WorkerStatus
 from omni_operator.reconcile.diff import ChildDiff
 from omni_operator.reconcile.events import EventSpec
 from omni_operator.reconcile.observe import ChildKey
-from omni_operator.rollout import (
-    Strategy,
-    WorkerView,
-    deadline_left,
-    drain_budget,
-    drain_end,
-    drain_left,
-    order,
-    scale_down,
-    surge_room,
-)
+from omni_operator.rollout import Strategy, WorkerView, core
 
 __all__ = ["ObservedWorker", "RolloutStep", "Strategy", "gate_replacements", "rollout_events", "step_rollout"]
 
@@ -136,7 +126,7 @@ class RolloutStep:
 
 
 def _order(w: ObservedWorker) -> tuple[int, str]:
-    return order(w.shared)
+    return core.order(w.shared)
 
 
 def _free_indexes(used: Iterable[int | None], count: int) -> list[int]:
@@ -171,7 +161,7 @@ def step_rollout(
     wakeups: list[float] = []
 
     # Scale-down of up-to-date workers: the core picks them; they go like outdated workers, below.
-    surplus = {v.name for v in scale_down([w.shared for w in cur], keep=desired)}
+    surplus = {v.name for v in core.scale_down([w.shared for w in cur], keep=desired)}
     going = [w for w in cur if w.name in surplus]
     cur = [w for w in cur if w.name not in surplus]
     undrain = [w for w in cur if w.published is WorkerState.draining]
@@ -179,7 +169,7 @@ def step_rollout(
     stuck = None
     if not strategy.paused:
         for w in cur:
-            left = deadline_left(w.shared, now=clock, deadline_s=strategy.progress_deadline_seconds)
+            left = core.deadline_left(w.shared, now=clock, deadline_s=strategy.progress_deadline_seconds)
             if left is None:
                 continue
             if left <= 0:
@@ -199,7 +189,7 @@ def step_rollout(
     )
     still_draining: list[ObservedWorker] = []
     for w in draining:
-        if drain_end(w.shared, now=clock, timeout_s=strategy.drain_timeout_seconds) is not None:
+        if core.drain_end(w.shared, now=clock, timeout_s=strategy.drain_timeout_seconds) is not None:
             if n_cur < desired and w.index is not None:
                 updated.append(w)
                 n_cur += 1
@@ -207,7 +197,7 @@ def step_rollout(
                 removed.append(w)
         else:
             still_draining.append(w)
-            wakeups.append(drain_left(w.shared, now=clock, timeout_s=strategy.drain_timeout_seconds))
+            wakeups.append(core.drain_left(w.shared, now=clock, timeout_s=strategy.drain_timeout_seconds))
 
     # Surplus workers that may hold sessions drain at once, whatever the floor; others just go.
     scale_drain = [w for w in going if w.published is WorkerState.ready]
@@ -228,7 +218,7 @@ def step_rollout(
     # Surge: create while up-to-date workers (and drains that will be updated in place) fall short.
     pending_updates = min(len(still_draining), max(0, desired - n_cur))
     needed = desired - n_cur - pending_updates
-    room = surge_room(existing=total, workers=desired, max_surge=strategy.max_surge)
+    room = core.surge_room(existing=total, workers=desired, max_surge=strategy.max_surge)
     if held_back:  # only what scaling up asks for
         room = min(room, desired - (n_cur + len(held) + len(still_draining)))
     create = _free_indexes((w.index for w in workers), max(0, min(needed, room)))
@@ -237,7 +227,7 @@ def step_rollout(
     drain: list[ObservedWorker] = []
     if not held_back:
         serving = [w for w in cur if w.serving and w not in undrain] + [w for w in held if w.serving]
-        budget = drain_budget(
+        budget = core.drain_budget(
             available=len(serving), workers=desired, max_unavailable=strategy.max_unavailable
         )
         drain = [w for w in held if w.serving][: max(0, budget)]

@@ -36,23 +36,7 @@ from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from omni_operator.api.spec import RolloutSpec
-from omni_operator.api.status import WorkerState
-
-__all__ = [
-    "Count",
-    "Stop",
-    "Strategy",
-    "WorkerState",
-    "WorkerView",
-    "count",
-    "deadline_left",
-    "drain_budget",
-    "drain_end",
-    "drain_left",
-    "order",
-    "scale_down",
-    "surge_room",
-]
+from omni_operator.api.status import WorkerState  # the one worker state: router table, CRD status, rollouts
 
 
 @dataclass(frozen=True)
