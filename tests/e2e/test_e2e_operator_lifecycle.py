@@ -138,7 +138,7 @@ def test_apply_schedules_gpu_pods_and_reports_ready(
 
 def test_scale_by_spec_and_by_scale_subresource(crds: ControlPlane, api: Api, namespace: str) -> None:
     with running_operator(crds, namespace):
-        api.create(deployment("scaled", workers=1))
+        api.create(deployment("scaled", workers=1, spec={"rollout": {"drainTimeoutSeconds": 1}}))
         api.wait_ready("scaled", 1)
         api.patch_spec("scaled", {"workers": 3})
         status = api.wait_ready("scaled", 3)

@@ -43,9 +43,10 @@ from omni_operator.local.processes import (
     worker_ports,
     worker_processes,
 )
-from omni_operator.local.rollout import Desired, Phase, Status, Step, next_step
+from omni_operator.local.rollout import Desired, Status, Step, next_step
 from omni_operator.local.workers import LocalWorker, ManagedProcess
 from omni_operator.plan.types import PlanError
+from omni_operator.rollout import WorkerState
 
 COLORS = ["\033[36m", "\033[35m", "\033[33m", "\033[32m", "\033[34m", "\033[91m"]
 RESET = "\033[0m"
@@ -124,19 +125,19 @@ class Supervisor:
         tmp.write_text(json.dumps({"workers": rows}, indent=2))
         os.replace(tmp, self.workers_file)  # atomic: the router never reads half a file
 
-    def _set_phase(self, worker: LocalWorker, phase: Phase) -> None:
-        if worker.phase is Phase.draining or worker.phase is phase:
+    def _set_phase(self, worker: LocalWorker, phase: WorkerState) -> None:
+        if worker.phase is WorkerState.draining or worker.phase is phase:
             return
         self.say(f"worker {worker.name}: {worker.phase.value} -> {phase.value}")
         worker.phase = phase
-        if phase is not Phase.ready:
+        if phase is not WorkerState.ready:
             worker.admitted = False
         self.write_table()
 
     def _on_exit(self, process: ManagedProcess, code: int) -> None:
         worker = self._workers.get(process.spec.worker or "")
         if worker is not None and not worker.retiring:
-            self._set_phase(worker, Phase.starting)
+            self._set_phase(worker, WorkerState.starting)
 
     # -- applying a spec -----------------------------------------------------------------
     def desired(self) -> Desired:
@@ -267,9 +268,9 @@ class Supervisor:
         except httpx.TimeoutException:
             return  # busy, not dead: the router's own checks decide rotation meanwhile
         except httpx.HTTPError:
-            self._set_phase(worker, Phase.starting)
+            self._set_phase(worker, WorkerState.starting)
             return
-        self._set_phase(worker, Phase.ready if response.status_code == 200 else Phase.starting)
+        self._set_phase(worker, WorkerState.ready if response.status_code == 200 else WorkerState.starting)
 
     async def _observe(self) -> None:
         live = [w for w in self._workers.values() if not w.retiring]
@@ -279,7 +280,7 @@ class Supervisor:
             seen = routed.get(worker.name) if routed is not None else None
             worker.sessions = seen.sessions if seen is not None else None
             worker.admitted = (
-                worker.phase is Phase.ready
+                worker.phase is WorkerState.ready
                 and seen is not None
                 and seen.in_rotation
                 and seen.revision == worker.revision
@@ -299,7 +300,7 @@ class Supervisor:
         for name in step.drain:
             worker = self._workers[name]
             sessions = "unknown" if worker.sessions is None else worker.sessions
-            worker.phase, worker.admitted, worker.draining_since = Phase.draining, False, now
+            worker.phase, worker.admitted, worker.draining_since = WorkerState.draining, False, now
             self.write_table()
             self.progress(f"drain {name} (revision {worker.revision}, {sessions} live sessions)")
         for _ in range(step.start):

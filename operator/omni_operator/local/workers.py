@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from omni_operator.local.processes import ProcessSpec
-from omni_operator.local.rollout import Phase, WorkerView
 from omni_operator.plan.types import WorkerPlan
+from omni_operator.rollout import WorkerState, WorkerView
 
 Emit = Callable[[str, str, str], None]  # (prefix, color, line)
 OnExit = Callable[["ManagedProcess", int], None]
@@ -128,7 +128,7 @@ class LocalWorker:
     plan: WorkerPlan
     processes: list[ManagedProcess]
     gpus: tuple[int, ...] = ()
-    phase: Phase = Phase.starting
+    phase: WorkerState = WorkerState.starting
     started_at: float = field(default_factory=time.monotonic)
     admitted: bool = False
     ever_admitted: bool = False
@@ -165,7 +165,7 @@ class LocalWorker:
             name=self.name,
             index=self.plan.index,
             revision=self.revision,
-            phase=Phase.draining if self.retiring else self.phase,
+            phase=WorkerState.draining if self.retiring else self.phase,
             admitted=self.admitted and not self.retiring,
             ever_admitted=self.ever_admitted,
             started_at=self.started_at,

@@ -22,8 +22,14 @@ The rules, in whole workers (spec.rollout):
 - Paused, or a worker of the update revision not ready within progressDeadlineSeconds: no new step
   starts (no surge, no drain, no replacement); a drain already under way still finishes; scaling
   up to spec.workers still happens.
-- Scale-down of workers of the update revision deletes the surplus at once, not-ready and highest
-  index first (the pre-rollout behaviour; session-aware scale-down is a separate change).
+- Scale-down: the rollout core picks the surplus workers of the update revision (already draining,
+  not serving, fewest sessions, highest index first); one that may hold sessions (its Service says
+  ready) is drained like an outdated worker, ignoring maxUnavailable, then deleted; one that never
+  published ready is deleted at once.
+
+The counting (surge ceiling, availability floor, drain completion, progress deadline, scale-down
+choice) is the rollout core's (omni_operator/rollout), shared with local mode: each observed worker
+is read as the core's `WorkerView` (`ObservedWorker.shared`) on a clock of epoch seconds.
 """
 
 from __future__ import annotations
@@ -32,15 +38,17 @@ import datetime as dt
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from omni_operator.api.spec import RolloutSpec
 from omni_operator.api.status import Reason, WorkerState, WorkerStatus
 from omni_operator.reconcile.diff import ChildDiff
 from omni_operator.reconcile.events import EventSpec
 from omni_operator.reconcile.observe import ChildKey
+from omni_operator.rollout import Strategy, WorkerView, core
+
+__all__ = ["ObservedWorker", "RolloutStep", "Strategy", "gate_replacements", "rollout_events", "step_rollout"]
 
 
 @dataclass(frozen=True)
-class WorkerView:
+class ObservedWorker:
     """One worker as observed (every field comes from the API server)."""
 
     name: str
@@ -68,23 +76,24 @@ class WorkerView:
     def serving(self) -> bool:
         return self.ready and self.published is WorkerState.ready
 
-
-@dataclass(frozen=True)
-class Strategy:
-    max_surge: int = 1
-    max_unavailable: int = 0
-    drain_timeout_seconds: int = 600
-    progress_deadline_seconds: int = 600
-    paused: bool = False
-
-    @classmethod
-    def of(cls, spec: RolloutSpec) -> Strategy:
-        return cls(
-            max_surge=spec.max_surge,
-            max_unavailable=spec.max_unavailable,
-            drain_timeout_seconds=spec.drain_timeout_seconds,
-            progress_deadline_seconds=spec.progress_deadline_seconds,
-            paused=spec.paused,
+    @property
+    def shared(self) -> WorkerView:
+        """This worker as the rollout core counts it (times in epoch seconds)."""
+        draining = self.published is WorkerState.draining
+        return WorkerView(
+            name=self.name,
+            index=self.index,
+            revision=self.revision,
+            phase=WorkerState.draining
+            if draining
+            else WorkerState.ready
+            if self.ready
+            else WorkerState.starting,
+            admitted=self.serving,
+            ever_admitted=self.ready,
+            started_at=self.since.timestamp() if self.since is not None else None,
+            draining_since=self.drain_started.timestamp() if self.drain_started is not None else None,
+            sessions=self.sessions,
         )
 
 
@@ -116,8 +125,8 @@ class RolloutStep:
     """Seconds until a drain or progress deadline passes, so a reconcile looks again then."""
 
 
-def _order(w: WorkerView) -> tuple[int, str]:
-    return (w.index if w.index is not None else 1 << 30, w.name)
+def _order(w: ObservedWorker) -> tuple[int, str]:
+    return core.order(w.shared)
 
 
 def _free_indexes(used: Iterable[int | None], count: int) -> list[int]:
@@ -131,13 +140,9 @@ def _free_indexes(used: Iterable[int | None], count: int) -> list[int]:
     return out
 
 
-def _seconds(a: dt.datetime, b: dt.datetime) -> float:
-    return (a - b).total_seconds()
-
-
 def step_rollout(
     *,
-    workers: Sequence[WorkerView],
+    workers: Sequence[ObservedWorker],
     desired: int,
     revision: str,
     strategy: Strategy,
@@ -146,45 +151,45 @@ def step_rollout(
 ) -> RolloutStep:
     """The next step towards `desired` workers of `revision` (see the module docstring)."""
     workers = sorted(workers, key=_order)
+    clock = now.timestamp()
     total = len(workers)
     live = [w for w in workers if not w.terminating]
     cur = [w for w in live if w.current(revision)]
     old = [w for w in live if not w.current(revision)]
-    removed: list[WorkerView] = []
-    updated: list[WorkerView] = []
+    removed: list[ObservedWorker] = []
+    updated: list[ObservedWorker] = []
     wakeups: list[float] = []
 
-    # Scale-down of up-to-date workers: not-ready first, then the highest index.
-    surplus = max(0, len(cur) - desired)
-    if surplus:
-        victims = sorted(cur, key=lambda w: (w.ready, -_order(w)[0]))[:surplus]
-        removed += victims
-        cur = [w for w in cur if w not in victims]
+    # Scale-down of up-to-date workers: the core picks them; they go like outdated workers, below.
+    surplus = {v.name for v in core.scale_down([w.shared for w in cur], keep=desired)}
+    going = [w for w in cur if w.name in surplus]
+    cur = [w for w in cur if w.name not in surplus]
     undrain = [w for w in cur if w.published is WorkerState.draining]
 
     stuck = None
     if not strategy.paused:
         for w in cur:
-            if w.ready or w.since is None:
+            left = core.deadline_left(w.shared, now=clock, deadline_s=strategy.progress_deadline_seconds)
+            if left is None:
                 continue
-            late = _seconds(now, w.since) - strategy.progress_deadline_seconds
-            if late > 0:
+            if left <= 0:
                 stuck = stuck or (
                     f"worker {w.name} not ready {strategy.progress_deadline_seconds} s after its pods "
                     f"were created (revision {revision}); no more workers are replaced"
                 )
             else:
-                wakeups.append(-late)
+                wakeups.append(left)
     held_back = strategy.paused or stuck is not None
     n_cur = len(cur)
 
     # Drains under way finish, even when paused or stuck: their sessions have already moved.
-    draining = [w for w in old if w.published is WorkerState.draining]
-    still_draining: list[WorkerView] = []
+    draining = sorted(
+        (w for w in [*old, *going] if w.published is WorkerState.draining),
+        key=_order,
+    )
+    still_draining: list[ObservedWorker] = []
     for w in draining:
-        started = w.drain_started or now
-        deadline = started + dt.timedelta(seconds=strategy.drain_timeout_seconds)
-        if w.sessions == 0 or now >= deadline:
+        if core.drain_end(w.shared, now=clock, timeout_s=strategy.drain_timeout_seconds) is not None:
             if n_cur < desired and w.index is not None:
                 updated.append(w)
                 n_cur += 1
@@ -192,11 +197,15 @@ def step_rollout(
                 removed.append(w)
         else:
             still_draining.append(w)
-            wakeups.append(_seconds(deadline, now))
+            wakeups.append(core.drain_left(w.shared, now=clock, timeout_s=strategy.drain_timeout_seconds))
+
+    # Surplus workers that may hold sessions drain at once, whatever the floor; others just go.
+    scale_drain = [w for w in going if w.published is WorkerState.ready]
+    removed += [w for w in going if w.published not in (WorkerState.ready, WorkerState.draining)]
 
     # Outdated workers that never published ready hold no sessions: replace them now.
     serving_old = [w for w in old if w.published is not WorkerState.draining]
-    held: list[WorkerView] = []
+    held: list[ObservedWorker] = []
     for w in serving_old:
         if w.published is WorkerState.ready or held_back:
             held.append(w)
@@ -209,19 +218,23 @@ def step_rollout(
     # Surge: create while up-to-date workers (and drains that will be updated in place) fall short.
     pending_updates = min(len(still_draining), max(0, desired - n_cur))
     needed = desired - n_cur - pending_updates
-    room = desired + strategy.max_surge - total
+    room = core.surge_room(existing=total, workers=desired, max_surge=strategy.max_surge)
     if held_back:  # only what scaling up asks for
         room = min(room, desired - (n_cur + len(held) + len(still_draining)))
     create = _free_indexes((w.index for w in workers), max(0, min(needed, room)))
 
     # Drains: as many as the availability floor allows, lowest index first.
-    drain: list[WorkerView] = []
+    drain: list[ObservedWorker] = []
     if not held_back:
         serving = [w for w in cur if w.serving and w not in undrain] + [w for w in held if w.serving]
-        budget = len(serving) - (desired - strategy.max_unavailable)
+        budget = core.drain_budget(
+            available=len(serving), workers=desired, max_unavailable=strategy.max_unavailable
+        )
         drain = [w for w in held if w.serving][: max(0, budget)]
-        if drain:
-            wakeups.append(float(strategy.drain_timeout_seconds))
+    drain = sorted([*drain, *scale_drain], key=_order)
+    held = sorted([*held, *scale_drain], key=_order)
+    if drain:
+        wakeups.append(float(strategy.drain_timeout_seconds))
 
     # Held workers announce their state: draining, or ready/starting as their pods are.
     publish: list[tuple[str, WorkerState]] = []
@@ -248,8 +261,8 @@ def step_rollout(
     keep = sorted([*(w.index for w in keep_views if w.index is not None), *create])
     for i in create:
         states[name_of(i)] = WorkerStatus(name=name_of(i), revision=revision, state=WorkerState.starting)
-    order = {w.name: _order(w) for w in workers} | {name_of(i): (i, name_of(i)) for i in create}
-    work_left = bool(old or removed or create or n_cur < desired)
+    order_of = {w.name: _order(w) for w in workers} | {name_of(i): (i, name_of(i)) for i in create}
+    work_left = bool(old or going or removed or create or n_cur < desired)
     positive = [s for s in wakeups if s > 0]
     return RolloutStep(
         keep=tuple(keep),
@@ -261,7 +274,7 @@ def step_rollout(
         delete=tuple(w.name for w in removed),
         hold=tuple(w.name for w in [*held, *still_draining]),
         publish=tuple(publish),
-        workers=tuple(sorted(states.values(), key=lambda s: order[s.name])),
+        workers=tuple(sorted(states.values(), key=lambda s: order_of[s.name])),
         paused=strategy.paused and work_left,
         stuck=stuck,
         requeue_after=min(positive) + 1.0 if positive else None,

@@ -28,7 +28,7 @@ from omni_operator.api import labels
 from omni_operator.api.status import WorkerState
 from omni_operator.reconcile.diff import APPLIED_HASH, applied_hash, manifest_hash
 from omni_operator.reconcile.observe import Manifest, is_terminating, pod_view
-from omni_operator.reconcile.rollout import WorkerView
+from omni_operator.reconcile.rollout import ObservedWorker
 
 TEMPLATE_HASH = f"{labels.PREFIX}/template-hash"
 """Annotation on stage pods: hash of the pod's template with the worker revision masked."""
@@ -137,7 +137,7 @@ def view_worker(
     revision: str,
     targets: Mapping[str, Manifest],
     routers: int,
-) -> WorkerView:
+) -> ObservedWorker:
     """`targets`: the update revision's pods for this worker's index, by name (unstamped)."""
     live_pods = [p for p in objs.pods if not is_terminating(p)]
     service = objs.service if objs.service is not None and not is_terminating(objs.service) else None
@@ -170,7 +170,7 @@ def view_worker(
         and len(live_pods) == len(objs.pods)
     )
     created = [parse_time(p["metadata"].get("creationTimestamp")) for p in live_pods]
-    return WorkerView(
+    return ObservedWorker(
         name=objs.name,
         index=worker_index(objs.name, deployment=deployment),
         revision=worker_revision,

@@ -8,7 +8,8 @@ from dataclasses import replace
 import pytest
 
 from omni_operator.api.spec import RolloutSpec
-from omni_operator.local.rollout import Desired, Phase, Status, Step, Stop, WorkerView, next_step
+from omni_operator.local.rollout import Desired, Status, Step, Stop, WorkerView, next_step
+from omni_operator.rollout import WorkerState as Phase
 
 OLD, NEW = "r-old", "r-new"
 

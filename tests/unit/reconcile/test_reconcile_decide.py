@@ -110,7 +110,7 @@ def settled(workers: int) -> tuple[dict, list[dict]]:
     return body, world
 
 
-def test_scale_down_deletes_the_last_worker() -> None:
+def test_scale_down_drains_then_deletes_the_last_worker() -> None:
     body, world = settled(2)
     body = copy.deepcopy(body)
     body["spec"]["workers"] = 1
@@ -118,6 +118,18 @@ def test_scale_down_deletes_the_last_worker() -> None:
     d = step(body, world)
     # The ConfigMap carries the plan, which lists the workers.
     assert [(m["kind"], m["metadata"]["name"]) for m in d.apply] == [("ConfigMap", "qwen-config")]
+    # The surplus worker drains first: its Service tells the router, nothing is deleted yet.
+    assert d.delete == ()
+    assert [(a.key.name, a.annotations) for a in d.annotate] == [
+        ("qwen-w1", {labels.WORKER_STATE: "draining", labels.DRAIN_STARTED: NOW})
+    ]
+    assert EventSpec("Normal", "Scaled", "workers 2 -> 1") in d.events
+    world = world_after(d, world)
+    for o in world:
+        if o["kind"] == "Service" and o["metadata"]["name"] == "qwen-w1":
+            o["metadata"]["annotations"] |= d.annotate[0].annotations
+            o["metadata"]["annotations"]["live-sessions.omni.dev/r0"] = f'{{"drain": "{NOW}", "sessions": 0}}'
+    d = step(with_status(body, d), world)  # every router reports the drain over
     assert d.delete == (
         ChildKey("networking.k8s.io/v1", "NetworkPolicy", "qwen-w1"),
         ChildKey("v1", "Pod", "qwen-w1-api"),
@@ -126,7 +138,6 @@ def test_scale_down_deletes_the_last_worker() -> None:
         ChildKey("v1", "Service", "qwen-w1"),
     )
     assert EventSpec("Normal", "WorkerDeleted", "worker qwen-w1 removed") in d.events
-    assert EventSpec("Normal", "Scaled", "workers 2 -> 1") in d.events
     assert d.status is not None and d.status["observedGeneration"] == 2
 
 

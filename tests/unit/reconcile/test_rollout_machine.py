@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from omni_operator.api.status import WorkerState, WorkerStatus
-from omni_operator.reconcile.rollout import RolloutStep, Strategy, WorkerView, step_rollout
+from omni_operator.reconcile.rollout import ObservedWorker as WorkerView
+from omni_operator.reconcile.rollout import RolloutStep, Strategy, step_rollout
 
 NOW = dt.datetime(2026, 1, 1, 0, 10, tzinfo=dt.UTC)
 R0, R1 = "r0", "r1"
@@ -206,10 +207,15 @@ def test_deadline_wakeup_and_pause_stops_the_clock() -> None:
     assert step([old(0), old(1), old(2), late], paused=True).stuck is None
 
 
-def test_scale_down_deletes_not_ready_then_highest_index() -> None:
+def test_scale_down_deletes_a_not_ready_worker_and_drains_the_highest_index() -> None:
     s = step([new(0), new(1, ready=False, published=STARTING), new(2), new(3)], desired=2)
-    assert s.delete == (name(1), name(3))
+    assert s.delete == (name(1),)  # never published ready: no sessions to wait for
+    assert (s.drain, s.publish, s.hold) == ((name(3),), ((name(3), DRAINING),), (name(3),))
     assert s.keep == (0, 2)
+    going = step([new(0), new(2), new(3, published=DRAINING, drain_started=ago(30), sessions=2)], desired=2)
+    assert (going.hold, going.undrain, going.delete) == ((name(3),), (), ())  # it stays draining
+    drained = new(3, published=DRAINING, drain_started=ago(30), sessions=0)
+    assert step([new(0), new(2), drained], desired=2).delete == (name(3),)
 
 
 def test_workers_named_outside_the_scheme_are_deleted_not_updated() -> None:
