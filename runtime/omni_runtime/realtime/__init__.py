@@ -9,7 +9,10 @@ Wiring (in the worker's app factory)::
     app.add_middleware(StreamingInputChatMiddleware, server=realtime)   # Mode A on /v1/chat/completions
     # in the lifespan: await realtime.warmup() at start-up (loads the VAD), await realtime.aclose() at shutdown
 
-Only `realtime.vad` imports torch, and only when a session turns server VAD on.
+Layout: one subpackage per protocol (`session/` the /v1/realtime socket with duplex, `video/` the
+streaming video socket, `streaming_input/` streaming-input sessions); what they share sits here
+(`audio`, `errors`, `metrics`, `settings`, `outbox`, `protocol`), with `server` wiring them up.
+Only `realtime.session.vad` imports torch, and only when a session turns server VAD on.
 """
 
 from omni_runtime.realtime.server import (

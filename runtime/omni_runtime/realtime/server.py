@@ -19,22 +19,22 @@ from prometheus_client import CollectorRegistry
 
 from omni_runtime.contract.engine import Engine
 from omni_runtime.realtime.metrics import RealtimeMetrics
-from omni_runtime.realtime.realtime_ws import RealtimeSessions, serve_realtime
+from omni_runtime.realtime.session.endpoint import RealtimeSessions, serve_realtime
+from omni_runtime.realtime.session.turn_detection import SpeechScorer
 from omni_runtime.realtime.settings import RealtimeSettings
-from omni_runtime.realtime.streaming_routes import (
+from omni_runtime.realtime.streaming_input.http import (
     StreamingInputManager,
     streaming_input_chat_completion,
     streaming_input_router,
 )
-from omni_runtime.realtime.turn_detection import SpeechScorer
-from omni_runtime.realtime.video_ws import VideoSession, serve_video
+from omni_runtime.realtime.video.endpoint import VideoSession, serve_video
 
 STREAMING_INPUT_HEADER = "x-streaming-input"
 CHAT_COMPLETIONS = "/v1/chat/completions"
 
 
 def silero_scorer_factory() -> SpeechScorer:
-    from omni_runtime.realtime.vad import silero_scorer  # imports torch: only when VAD is used
+    from omni_runtime.realtime.session.vad import silero_scorer  # imports torch: only when VAD is used
 
     return silero_scorer()
 
@@ -82,7 +82,7 @@ class RealtimeServer:
     async def warmup(self) -> None:
         """Load the VAD model now (off the event loop), so the first session does not wait for it."""
         if self.scorer_factory is silero_scorer_factory:
-            from omni_runtime.realtime.vad import preload
+            from omni_runtime.realtime.session.vad import preload
 
             await preload()
 

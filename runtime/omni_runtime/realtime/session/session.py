@@ -29,10 +29,7 @@ import numpy as np
 
 from omni_runtime.contract.engine import Engine
 from omni_runtime.contract.sessions import make_session_id
-from omni_runtime.realtime import item_events
 from omni_runtime.realtime.audio import decode_b64, pcm16_to_float
-from omni_runtime.realtime.config import SessionConfig, apply_update
-from omni_runtime.realtime.conversation import Conversation, Item, Part, new_id
 from omni_runtime.realtime.errors import (
     COMMIT_EMPTY,
     EVENT_TOO_LARGE,
@@ -45,12 +42,15 @@ from omni_runtime.realtime.errors import (
     invalid,
     missing,
 )
-from omni_runtime.realtime.input_audio import InputAudio
 from omni_runtime.realtime.metrics import RealtimeMetrics
 from omni_runtime.realtime.outbox import Outbox
-from omni_runtime.realtime.response import ResponseRun, plan_response
-from omni_runtime.realtime.settings import RealtimeSettings
-from omni_runtime.realtime.turn_detection import (
+from omni_runtime.realtime.protocol import new_id
+from omni_runtime.realtime.session import item_events
+from omni_runtime.realtime.session.config import SessionConfig, apply_update
+from omni_runtime.realtime.session.conversation import Conversation, Item, Part
+from omni_runtime.realtime.session.input_audio import InputAudio
+from omni_runtime.realtime.session.response import ResponseRun, plan_response
+from omni_runtime.realtime.session.turn_detection import (
     FRAME_MS,
     Listener,
     SpeechLong,
@@ -59,6 +59,7 @@ from omni_runtime.realtime.turn_detection import (
     SpeechStopped,
     TurnDetector,
 )
+from omni_runtime.realtime.settings import RealtimeSettings
 
 MIN_COMMIT_MS = 100  # the OpenAI API refuses shorter commits with the same code
 Handler = Callable[[dict[str, Any]], Awaitable[None]]

@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from omni_runtime.realtime.errors import invalid, missing
-from omni_runtime.realtime.items import parse_item
+from omni_runtime.realtime.session.items import parse_item
 
 if TYPE_CHECKING:
-    from omni_runtime.realtime.session import RealtimeSession
+    from omni_runtime.realtime.session.session import RealtimeSession
 
 
 async def playback_ack(session: RealtimeSession, event: dict[str, Any]) -> None:

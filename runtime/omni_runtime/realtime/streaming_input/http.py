@@ -36,8 +36,8 @@ from omni_runtime.realtime.errors import (
 )
 from omni_runtime.realtime.metrics import RealtimeMetrics
 from omni_runtime.realtime.settings import RealtimeSettings
-from omni_runtime.realtime.streaming_input import StreamingInputSession
-from omni_runtime.realtime.streaming_models import Chunk, StreamingInputParams
+from omni_runtime.realtime.streaming_input.models import Chunk, StreamingInputParams
+from omni_runtime.realtime.streaming_input.session import StreamingInputSession
 
 _BODY_OVERHEAD = 64 * 1024  # JSON around a payload whose base64 is 4/3 of its bytes
 
