@@ -154,7 +154,7 @@ def test_the_realtime_package_does_not_import_torch() -> None:
 
     code = (
         "import sys, omni_runtime.realtime, omni_runtime.realtime.session.session, omni_runtime.realtime.video.endpoint, "
-        "omni_runtime.realtime.streaming_input.http; print('torch' in sys.modules)"
+        "omni_runtime.realtime.streaming_input.manager; print('torch' in sys.modules)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
