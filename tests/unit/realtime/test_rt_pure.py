@@ -148,7 +148,7 @@ async def test_outbox_log_is_bounded_and_reports_gaps() -> None:
 
 
 def test_the_realtime_package_does_not_import_torch() -> None:
-    """Only realtime.vad imports torch, and only when a session turns server VAD on."""
+    """Only realtime.session.vad imports torch, and only when a session turns server VAD on."""
     import subprocess
     import sys
 
