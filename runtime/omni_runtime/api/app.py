@@ -1,7 +1,8 @@
 """The app factory: routes and error handlers on a FastAPI app, wired to one engine.
 
 `build_app` only assembles; the engine's start/warm-up/stop lives in `lifespan.py` and per-app
-state in `state.py`, so tests and `omni serve` build the same app.
+state in `state.py`, so tests and `omni serve` build the same app. The realtime sockets come from
+`omni_runtime.realtime`; streaming input's HTTP routes from `streaming_input/`.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from omni_runtime.api.model_list.routes import router as models_router
 from omni_runtime.api.ops.routes import router as ops_router
 from omni_runtime.api.settings import ApiSettings
 from omni_runtime.api.state import AppState
+from omni_runtime.api.streaming_input.routes import install_streaming_input
 from omni_runtime.contract.engine import Engine
-from omni_runtime.realtime import RealtimeServer, RealtimeSettings, StreamingInputChatMiddleware
+from omni_runtime.realtime import RealtimeServer, RealtimeSettings
 
 
 def build_app(
@@ -47,6 +49,6 @@ def build_app(
         registry=state.metrics.registry,
     )
     app.include_router(state.realtime.router())
-    app.add_middleware(StreamingInputChatMiddleware, server=state.realtime)
+    install_streaming_input(app, state.realtime.streaming)
     app.add_middleware(RequestCounter, metrics=state.metrics)
     return app

@@ -1,7 +1,8 @@
 """One error model for the whole API: OpenAI error JSON with the right HTTP status.
 
 Client mistakes arrive as typed exceptions (`ApiError`, pydantic's `RequestValidationError`,
-`MediaError`, `EngineError`, Starlette's `HTTPException`) and each maps to
+`MediaError`, `EngineError`, Starlette's `HTTPException`, and the realtime layer's `ProtocolError`
+from streaming-input sessions) and each maps to
 ``{"error": {"message", "type", "param", "code"}}`` with its own status. Anything else is a fault of
 the worker: a 500 with a generic message, logged with its traceback, never shown to the client.
 """
@@ -20,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from omni_runtime.contract.engine import EngineError
 from omni_runtime.media.errors import MediaError
+from omni_runtime.realtime.errors import ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +78,11 @@ def from_engine_error(exc: EngineError) -> ApiError:
         log.error("engine error: %s", exc)
         return internal_error()
     return ApiError(str(exc), status=exc.status, param=exc.param, code=getattr(exc, "code", None))
+
+
+def from_protocol_error(exc: ProtocolError) -> ApiError:
+    """A streaming-input session's refusal: its message, status, type, param and code as they are."""
+    return ApiError(exc.message, status=exc.status, type=exc.type, param=exc.param, code=exc.code)
 
 
 def internal_error(request_id: str | None = None) -> ApiError:
@@ -185,6 +192,10 @@ def install_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, EngineError)
         return from_engine_error(exc).response()
 
+    async def on_protocol(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ProtocolError)
+        return from_protocol_error(exc).response()
+
     async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
@@ -208,5 +219,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(MediaError, on_media)
     app.add_exception_handler(EngineError, on_engine)
+    app.add_exception_handler(ProtocolError, on_protocol)
     app.add_exception_handler(StarletteHTTPException, on_http)
     app.add_exception_handler(Exception, on_unexpected)

@@ -2,7 +2,8 @@
 
 A `ProtocolError` carries a stable ``code`` (clients and tests match on it), the field it concerns
 (``param``) and, for HTTP, the status to answer with. On a socket it becomes an ``error`` event and
-the session goes on; over HTTP it becomes OpenAI-style error JSON.
+the session goes on; over HTTP the api layer renders it as OpenAI error JSON
+(`omni_runtime.api.errors.from_protocol_error`).
 """
 
 from __future__ import annotations
@@ -73,9 +74,6 @@ class ProtocolError(Exception):
         if event_id is not None:
             body["event_id"] = event_id
         return body
-
-    def http_json(self) -> dict[str, Any]:
-        return {"error": self.error_body()}
 
 
 def missing(field: str, *, where: str) -> ProtocolError:

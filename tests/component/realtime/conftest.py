@@ -1,7 +1,7 @@
 """One live worker for the realtime component tests: the real engine on the tiny checkpoint, behind the router.
 
 A background thread runs its own event loop with: the worker app exactly as `omni serve` builds it
-(`build_app`) plus the realtime router and the Mode A middleware, and the router in front of it
+(`build_app`, which serves the realtime endpoints too), and the router in front of it
 (a static worker table). Tests are clients over real sockets: the official openai client,
 websockets and httpx, through the router. Extra bare workers with other limits share the started
 engine (`live.extra_worker(...)`). Starting the engine costs tens of seconds on a CPU, so it
@@ -67,12 +67,13 @@ async def _serve(app: Any, port: int) -> Any:
 async def _serve_extra(live: LiveWorker, overrides: dict[str, Any]) -> tuple[str, Any]:
     from fastapi import FastAPI
 
-    from omni_runtime.realtime import RealtimeServer, RealtimeSettings, StreamingInputChatMiddleware
+    from omni_runtime.api.streaming_input.routes import install_streaming_input
+    from omni_runtime.realtime import RealtimeServer, RealtimeSettings
 
     realtime = RealtimeServer(engine=live.engine, settings=RealtimeSettings(worker_id=WORKER_ID, **overrides))
     app = FastAPI()
     app.include_router(realtime.router())
-    app.add_middleware(StreamingInputChatMiddleware, server=realtime)
+    install_streaming_input(app, realtime.streaming)
     port = free_port()
     live.servers.append(await _serve(app, port))
     return f"127.0.0.1:{port}", realtime

@@ -9,7 +9,7 @@ from rt_helpers import Driver, EnergyScorer
 from rt_scripted_engine import ScriptedEngine
 
 from omni_runtime.realtime.metrics import RealtimeMetrics
-from omni_runtime.realtime.session import RealtimeSession
+from omni_runtime.realtime.session.session import RealtimeSession
 from omni_runtime.realtime.settings import RealtimeSettings
 
 

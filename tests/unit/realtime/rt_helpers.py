@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from omni_runtime.realtime.session import RealtimeSession
+from omni_runtime.realtime.session.session import RealtimeSession
 
 
 class EnergyScorer:

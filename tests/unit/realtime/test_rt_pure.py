@@ -10,10 +10,15 @@ import pytest
 from omni_runtime.contract.engine import ChatTurn
 from omni_runtime.media.resample import resample
 from omni_runtime.realtime.audio import StreamingResampler, decode_b64, pcm16_to_float
-from omni_runtime.realtime.conversation import Conversation, Item, Part, trim_to_played
 from omni_runtime.realtime.errors import ProtocolError
 from omni_runtime.realtime.outbox import Outbox
-from omni_runtime.realtime.turn_detection import SpeechLong, SpeechStarted, SpeechStopped, TurnDetector
+from omni_runtime.realtime.session.conversation import Conversation, Item, Part, trim_to_played
+from omni_runtime.realtime.session.turn_detection import (
+    SpeechLong,
+    SpeechStarted,
+    SpeechStopped,
+    TurnDetector,
+)
 
 
 @pytest.mark.parametrize(
@@ -143,13 +148,13 @@ async def test_outbox_log_is_bounded_and_reports_gaps() -> None:
 
 
 def test_the_realtime_package_does_not_import_torch() -> None:
-    """Only realtime.vad imports torch, and only when a session turns server VAD on."""
+    """Only realtime.session.vad imports torch, and only when a session turns server VAD on."""
     import subprocess
     import sys
 
     code = (
-        "import sys, omni_runtime.realtime, omni_runtime.realtime.session, omni_runtime.realtime.video_ws, "
-        "omni_runtime.realtime.streaming_routes; print('torch' in sys.modules)"
+        "import sys, omni_runtime.realtime, omni_runtime.realtime.session.session, omni_runtime.realtime.video.endpoint, "
+        "omni_runtime.realtime.streaming_input.manager; print('torch' in sys.modules)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120

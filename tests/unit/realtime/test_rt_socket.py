@@ -178,7 +178,7 @@ async def test_session_limit_and_idle_limit_answer_with_error_events(served) -> 
 
 
 async def test_latency_probe_measures_every_turn(served) -> None:
-    from omni_runtime.realtime.latency import Probe, measure, synthetic_speech
+    from omni_runtime.bench.realtime_latency import Probe, measure, synthetic_speech
 
     host, _ = await served()
     probe = Probe(url=f"ws://{host}/v1/realtime", speech=synthetic_speech(0.3), turns=2, max_output_tokens=3)

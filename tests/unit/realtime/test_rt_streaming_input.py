@@ -9,11 +9,13 @@ import time
 
 import numpy as np
 import pytest
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 from fastapi.testclient import TestClient
 
+from omni_runtime.api.chat.routes import ChatCompletionsRoute
+from omni_runtime.api.streaming_input.routes import install_streaming_input
 from omni_runtime.contract.sessions import worker_of
-from omni_runtime.realtime import RealtimeServer, RealtimeSettings, StreamingInputChatMiddleware
+from omni_runtime.realtime import RealtimeServer, RealtimeSettings
 
 BASE = "/v1/streaming_input/sessions"
 
@@ -22,12 +24,14 @@ def make_client(engine, **overrides) -> tuple[TestClient, RealtimeServer]:
     server = RealtimeServer(engine=engine, settings=RealtimeSettings(worker_id="w0", **overrides))
     app = FastAPI()
     app.include_router(server.router())
+    install_streaming_input(app, server.streaming)
+    chat_router = APIRouter(route_class=ChatCompletionsRoute)
 
-    @app.post("/v1/chat/completions")
+    @chat_router.post("/v1/chat/completions")
     async def chat() -> dict[str, str]:
         return {"route": "ordinary chat"}
 
-    app.add_middleware(StreamingInputChatMiddleware, server=server)
+    app.include_router(chat_router)
     return TestClient(app), server
 
 

@@ -15,7 +15,7 @@ from PIL import Image
 from omni_runtime.media.limits import MediaLimits
 from omni_runtime.realtime import RealtimeServer, RealtimeSettings
 from omni_runtime.realtime.errors import ProtocolError
-from omni_runtime.realtime.video import VideoBuffer, VideoConfig
+from omni_runtime.realtime.video.state import VideoBuffer, VideoConfig
 
 
 def frame_png(seed: int, *, size: tuple[int, int] = (64, 48), noise: float = 0.0) -> bytes:

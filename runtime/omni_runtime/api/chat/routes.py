@@ -1,16 +1,43 @@
-"""Thin route for chat completions: parse (pydantic), hand to the serving class."""
+"""Thin route for chat completions: parse (pydantic), hand to the serving class.
+
+A request with ``X-Streaming-Input: true`` carries an NDJSON body of input frames, not one JSON
+object: `ChatCompletionsRoute` hands it to streaming input (`omni_runtime.api.streaming_input`)
+before the body is parsed as a `ChatCompletionRequest`.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Coroutine
+from typing import Any
+
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from fastapi.routing import APIRoute
 
 from omni_runtime.api.chat.protocol import ChatCompletionRequest
 from omni_runtime.api.chat.serving import ChatServing
 from omni_runtime.api.errors import ErrorResponse
 from omni_runtime.api.state import get_state
+from omni_runtime.api.streaming_input import routes as streaming_input
 
-router = APIRouter()
+STREAMING_INPUT_HEADER = "x-streaming-input"
+
+
+class ChatCompletionsRoute(APIRoute):
+    """The chat route, with ``X-Streaming-Input: true`` requests handed to streaming input (Mode A)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        parse_and_serve = super().get_route_handler()
+
+        async def handler(request: Request) -> Response:
+            if request.headers.get(STREAMING_INPUT_HEADER, "").lower() == "true":
+                return await streaming_input.chat_completion(request)
+            return await parse_and_serve(request)
+
+        return handler
+
+
+router = APIRouter(route_class=ChatCompletionsRoute)
 
 _ERRORS = {status: {"model": ErrorResponse} for status in (400, 404, 413, 500, 503)}
 

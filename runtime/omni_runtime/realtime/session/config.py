@@ -14,17 +14,8 @@ from typing import Any
 
 from omni_runtime.realtime.audio import SUPPORTED_RATES
 from omni_runtime.realtime.errors import invalid
+from omni_runtime.realtime.protocol import engine_voice
 from omni_runtime.realtime.settings import RealtimeSettings
-
-# Stock OpenAI voice names mean "the model's default speaker" here.
-OPENAI_VOICES = frozenset(
-    {"alloy", "ash", "ballad", "coral", "echo", "sage", "shimmer", "verse", "marin", "cedar"}
-)
-
-
-def engine_voice(voice: str | None) -> str | None:
-    """The speaker to ask the engine for: stock OpenAI names mean the model's default."""
-    return None if voice is None or voice in OPENAI_VOICES else voice
 
 
 @dataclass(frozen=True)

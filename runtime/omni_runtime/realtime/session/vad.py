@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from omni_runtime.realtime.turn_detection import FRAME_SAMPLES
+from omni_runtime.realtime.session.turn_detection import FRAME_SAMPLES
 
 _CONTEXT = 64  # samples of the previous frame the 16 kHz network sees
 _lock = threading.Lock()

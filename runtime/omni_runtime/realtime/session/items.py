@@ -18,8 +18,9 @@ from omni_runtime.media.limits import MediaLimits
 from omni_runtime.media.resample import resample
 from omni_runtime.media.sources import decode_data_uri
 from omni_runtime.realtime.audio import MODEL_RATE, decode_b64, pcm16_to_float
-from omni_runtime.realtime.conversation import Item, Part, new_id
 from omni_runtime.realtime.errors import INVALID_MEDIA, ProtocolError, invalid
+from omni_runtime.realtime.protocol import new_id
+from omni_runtime.realtime.session.conversation import Item, Part
 
 _TEXT_TYPES = {
     "user": ("input_text", "text"),

@@ -10,8 +10,6 @@ history is cut to the audio the client actually played (`conversation.item.trunc
 
 from __future__ import annotations
 
-import itertools
-import secrets
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -26,12 +24,6 @@ Role = Literal["user", "assistant", "system"]
 _CHARS_PER_TOKEN = 4
 _AUDIO_TOKENS_PER_SECOND = 25
 _IMAGE_TOKENS = 256
-
-_ids = itertools.count(1)
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{next(_ids):06d}{secrets.token_hex(4)}"
 
 
 @dataclass

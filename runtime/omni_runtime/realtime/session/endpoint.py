@@ -30,9 +30,9 @@ from omni_runtime.realtime.errors import (
     ProtocolError,
 )
 from omni_runtime.realtime.metrics import RealtimeMetrics
-from omni_runtime.realtime.session import RealtimeSession
+from omni_runtime.realtime.session.session import RealtimeSession
+from omni_runtime.realtime.session.turn_detection import SpeechScorer
 from omni_runtime.realtime.settings import RealtimeSettings
-from omni_runtime.realtime.turn_detection import SpeechScorer
 
 log = logging.getLogger("omni.realtime")
 NORMAL_CLOSE = 1000

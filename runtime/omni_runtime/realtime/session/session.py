@@ -4,7 +4,9 @@ One `RealtimeSession` per socket. It owns the session config, the conversation, 
 buffer with its turn detector, and at most one active response. Client events are handled one at a
 time in arrival order; a response runs as its own task, so audio keeps arriving (and VAD keeps
 listening) while the assistant speaks — that is what full duplex needs. Every client mistake is
-answered with an ``error`` event and the session goes on.
+answered with an ``error`` event and the session goes on. Conversation items
+(``conversation.item.create|delete|truncate|retrieve``) and the duplex ``playback.ack`` are handled
+here too; `items.parse_item` turns an item body into an `Item`.
 
 Turn taking (server VAD): speech start announces ``speech_started``; speech stop commits the spoken
 audio (with ``prefix_padding_ms`` before it) as a user item and, with ``create_response``, starts a
@@ -22,17 +24,13 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
-from functools import partial
 from typing import Any
 
 import numpy as np
 
 from omni_runtime.contract.engine import Engine
 from omni_runtime.contract.sessions import make_session_id
-from omni_runtime.realtime import item_events
 from omni_runtime.realtime.audio import decode_b64, pcm16_to_float
-from omni_runtime.realtime.config import SessionConfig, apply_update
-from omni_runtime.realtime.conversation import Conversation, Item, Part, new_id
 from omni_runtime.realtime.errors import (
     COMMIT_EMPTY,
     EVENT_TOO_LARGE,
@@ -45,12 +43,15 @@ from omni_runtime.realtime.errors import (
     invalid,
     missing,
 )
-from omni_runtime.realtime.input_audio import InputAudio
 from omni_runtime.realtime.metrics import RealtimeMetrics
 from omni_runtime.realtime.outbox import Outbox
-from omni_runtime.realtime.response import ResponseRun, plan_response
-from omni_runtime.realtime.settings import RealtimeSettings
-from omni_runtime.realtime.turn_detection import (
+from omni_runtime.realtime.protocol import new_id
+from omni_runtime.realtime.session.config import SessionConfig, apply_update
+from omni_runtime.realtime.session.conversation import Conversation, Item, Part
+from omni_runtime.realtime.session.input_audio import InputAudio
+from omni_runtime.realtime.session.items import parse_item
+from omni_runtime.realtime.session.response import ResponseRun, plan_response
+from omni_runtime.realtime.session.turn_detection import (
     FRAME_MS,
     Listener,
     SpeechLong,
@@ -59,6 +60,7 @@ from omni_runtime.realtime.turn_detection import (
     SpeechStopped,
     TurnDetector,
 )
+from omni_runtime.realtime.settings import RealtimeSettings
 
 MIN_COMMIT_MS = 100  # the OpenAI API refuses shorter commits with the same code
 Handler = Callable[[dict[str, Any]], Awaitable[None]]
@@ -110,13 +112,13 @@ class RealtimeSession:
             "input_audio_buffer.append": self._append,
             "input_audio_buffer.commit": self._commit,
             "input_audio_buffer.clear": self._clear,
-            "conversation.item.create": partial(item_events.item_create, self),
-            "conversation.item.delete": partial(item_events.item_delete, self),
-            "conversation.item.truncate": partial(item_events.item_truncate, self),
-            "conversation.item.retrieve": partial(item_events.item_retrieve, self),
+            "conversation.item.create": self._item_create,
+            "conversation.item.delete": self._item_delete,
+            "conversation.item.truncate": self._item_truncate,
+            "conversation.item.retrieve": self._item_retrieve,
             "response.create": self._response_create,
             "response.cancel": self._response_cancel,
-            "playback.ack": partial(item_events.playback_ack, self),
+            "playback.ack": self._playback_ack,
         }
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -244,11 +246,78 @@ class RealtimeSession:
         previous = self.conversation.add(item)
         self._last_commit_at = time.monotonic()
         self.outbox.emit("input_audio_buffer.committed", item_id=item_id, previous_item_id=previous)
-        self.announce_item(item, previous)
+        self._announce_item(item, previous)
 
-    def announce_item(self, item: Item, previous: str | None) -> None:
+    def _announce_item(self, item: Item, previous: str | None) -> None:
         self.outbox.emit("conversation.item.added", previous_item_id=previous, item=item.to_json())
         self.outbox.emit("conversation.item.done", previous_item_id=previous, item=item.to_json())
+
+    # --- conversation items and playback ----------------------------------------------------
+
+    async def _playback_ack(self, event: dict[str, Any]) -> None:
+        item_id, played = event.get("item_id"), event.get("audio_end_ms")
+        if not isinstance(item_id, str):
+            raise missing("item_id", where="playback.ack")
+        if isinstance(played, bool) or not isinstance(played, int) or played < 0:
+            raise invalid("audio_end_ms", "expected the played position in milliseconds (an integer >= 0)")
+        self.conversation.get(item_id)
+        self.acks[item_id] = played
+
+    async def _item_create(self, event: dict[str, Any]) -> None:
+        if "item" not in event:
+            raise missing("item", where="conversation.item.create")
+        item = await parse_item(
+            event["item"],
+            input_rate=self.config.input_rate,
+            max_bytes=self.settings.max_event_bytes,
+            media_limits=self.settings.media_limits,
+            existing={existing.id for existing in self.conversation.items},
+        )
+        previous_id = event.get("previous_item_id")
+        if previous_id is not None and not isinstance(previous_id, str):
+            raise invalid("previous_item_id", "expected an item id or 'root'")
+        previous = self.conversation.add(item, previous_item_id=previous_id)
+        self._announce_item(item, previous)
+
+    async def _item_delete(self, event: dict[str, Any]) -> None:
+        item_id = event.get("item_id")
+        if not isinstance(item_id, str):
+            raise missing("item_id", where="conversation.item.delete")
+        if self.response is not None and self.response.item.id == item_id:
+            raise invalid(
+                "item_id", "the item belongs to the response in progress; cancel the response first"
+            )
+        self.conversation.delete(item_id)
+        self.outbox.emit("conversation.item.deleted", item_id=item_id)
+
+    async def _item_truncate(self, event: dict[str, Any]) -> None:
+        item_id, end_ms = event.get("item_id"), event.get("audio_end_ms")
+        if not isinstance(item_id, str):
+            raise missing("item_id", where="conversation.item.truncate")
+        if isinstance(end_ms, bool) or not isinstance(end_ms, int) or end_ms < 0:
+            raise invalid("audio_end_ms", "expected milliseconds of audio to keep (an integer >= 0)")
+        item = self.conversation.get(item_id)
+        if item.role != "assistant" or not any(part.type == "output_audio" for part in item.content):
+            raise invalid("item_id", "only an assistant message with audio can be truncated")
+        total = item.output_audio_ms()
+        in_progress = self.response is not None and self.response.item is item
+        if end_ms > total and not in_progress:
+            raise invalid("audio_end_ms", f"{end_ms} ms is past the end of the item's audio ({total} ms)")
+        item.played_ms = end_ms
+        content_index = event.get("content_index", 0)
+        self.outbox.emit(
+            "conversation.item.truncated", item_id=item_id, content_index=content_index, audio_end_ms=end_ms
+        )
+
+    async def _item_retrieve(self, event: dict[str, Any]) -> None:
+        item_id = event.get("item_id")
+        if not isinstance(item_id, str):
+            raise missing("item_id", where="conversation.item.retrieve")
+        item = self.conversation.get(item_id)
+        self.outbox.emit(
+            "conversation.item.retrieved",
+            item=item.to_json(with_audio=True, input_rate=self.config.input_rate),
+        )
 
     # --- server VAD and turn taking ---------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """Realtime latency probe: end of user speech to the first response audio, at a given concurrency.
 
-``python -m omni_runtime.realtime.latency --url ws://HOST:PORT/v1/realtime --concurrency 1,8``
+``python -m omni_runtime.bench.realtime_latency --url ws://HOST:PORT/v1/realtime --concurrency 1,8``
 opens that many realtime sessions at once; each sends a spoken turn and measures the time from the
 end of the user's speech to the first ``response.output_audio.delta``. The end of speech is the
 client's ``input_audio_buffer.commit`` (``--turn commit``) or the server's ``speech_stopped``
@@ -113,7 +113,7 @@ async def measure(probe: Probe, *, concurrency: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m omni_runtime.realtime.latency", description=__doc__.splitlines()[0]
+        prog="python -m omni_runtime.bench.realtime_latency", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--url", required=True, help="ws://HOST:PORT/v1/realtime (a worker or the router)")
     parser.add_argument(

@@ -10,7 +10,6 @@ made in, so a barge-in can make every queued one stale at once (see `Outbox`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -31,10 +30,11 @@ from omni_runtime.contract.engine import (
     Usage,
 )
 from omni_runtime.realtime.audio import StreamingResampler, float_to_b64_pcm16
-from omni_runtime.realtime.config import SessionConfig, engine_voice, parse_modalities
-from omni_runtime.realtime.conversation import Conversation, Item, Part, new_id
 from omni_runtime.realtime.errors import ENGINE_ERROR, SERVER_ERROR, invalid
 from omni_runtime.realtime.outbox import Outbox
+from omni_runtime.realtime.protocol import close_quietly, engine_voice, new_id
+from omni_runtime.realtime.session.config import SessionConfig, parse_modalities
+from omni_runtime.realtime.session.conversation import Conversation, Item, Part
 from omni_runtime.realtime.settings import RealtimeSettings
 
 log = logging.getLogger("omni.realtime")
@@ -345,13 +345,3 @@ class ResponseRun:
             out.emit("conversation.item.done", previous_item_id=self.previous_item_id, item=item_json)
         out.emit("response.done", response=self.to_json())
         self._on_finished(self)
-
-
-async def close_quietly(stream: Any) -> None:
-    """Close the engine's stream (that cancels the request there) even when we were cancelled."""
-    aclose = getattr(stream, "aclose", None)
-    if aclose is None:
-        return
-    # RuntimeError: the generator is already closing on another path; nothing is left to free.
-    with contextlib.suppress(RuntimeError, asyncio.CancelledError, StopAsyncIteration):
-        await asyncio.shield(aclose())

@@ -34,7 +34,6 @@ from omni_runtime.contract.engine import (
 )
 from omni_runtime.media.errors import MediaError
 from omni_runtime.media.image import decode_image
-from omni_runtime.realtime import chat_format
 from omni_runtime.realtime.audio import MODEL_RATE, StreamingResampler, decode_b64, pcm16_to_float
 from omni_runtime.realtime.errors import (
     INVALID_MEDIA,
@@ -43,9 +42,10 @@ from omni_runtime.realtime.errors import (
     ProtocolError,
     invalid,
 )
-from omni_runtime.realtime.response import close_quietly
+from omni_runtime.realtime.protocol import close_quietly
 from omni_runtime.realtime.settings import RealtimeSettings
-from omni_runtime.realtime.streaming_models import Chunk, Modality, StreamingInputParams
+from omni_runtime.realtime.streaming_input import chat_format
+from omni_runtime.realtime.streaming_input.models import Chunk, Modality, StreamingInputParams
 
 State = Literal["collecting", "generating", "done", "failed", "cancelled"]
 

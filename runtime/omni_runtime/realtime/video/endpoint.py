@@ -34,8 +34,6 @@ from omni_runtime.contract.engine import (
 from omni_runtime.media.errors import MediaError
 from omni_runtime.media.resample import resample
 from omni_runtime.realtime.audio import MODEL_RATE, decode_b64, float_to_b64_pcm16, pcm16_to_float
-from omni_runtime.realtime.config import engine_voice
-from omni_runtime.realtime.conversation import new_id
 from omni_runtime.realtime.errors import (
     INVALID_EVENT,
     INVALID_JSON,
@@ -48,9 +46,9 @@ from omni_runtime.realtime.errors import (
 )
 from omni_runtime.realtime.metrics import RealtimeMetrics
 from omni_runtime.realtime.outbox import Outbox
-from omni_runtime.realtime.response import close_quietly
+from omni_runtime.realtime.protocol import close_quietly, engine_voice, new_id
 from omni_runtime.realtime.settings import RealtimeSettings
-from omni_runtime.realtime.video import VideoBuffer, VideoConfig
+from omni_runtime.realtime.video.state import VideoBuffer, VideoConfig
 
 log = logging.getLogger("omni.realtime")
 _SAMPLING_KEYS = {"temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed"}

@@ -1,6 +1,6 @@
 """Server VAD as a pure state machine: per-frame speech probabilities in, turn events out.
 
-The speech model (silero, `realtime/vad.py`) scores 32 ms frames; this module decides what those
+The speech model (silero, `session/vad.py`) scores 32 ms frames; this module decides what those
 scores mean for a conversation, with the OpenAI server-VAD parameters: speech starts at the first
 frame at or above ``threshold``; it stops after ``silence_duration_ms`` of frames below the
 hysteresis threshold (``threshold - 0.15``, as silero's own iterator does, so a voice that wavers
