@@ -58,7 +58,7 @@ if [ "$PIPELINE" != text ] && [ "${SPEECH:-1}" = 1 ]; then
     --extra-body '{"stage_params": {"talker": {"max_tokens": 400}}}' 2>&1 | tail -20
 fi
 if [ "${REALTIME:-1}" = 1 ]; then
-  timeout 120 python3 -m omni_runtime.realtime.latency --url ws://127.0.0.1:8000/v1/realtime \
+  timeout 120 python3 -m omni_runtime.bench.realtime_latency --url ws://127.0.0.1:8000/v1/realtime \
     --concurrency 1,8 --turns 2 --turn commit 2>&1 | tail -8 | tee "$OUT/realtime.txt"
 fi
 kill $SERVER; sleep 5; kill -9 $SERVER 2>/dev/null

@@ -7,6 +7,8 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from omni_runtime.contract.workers import WorkerState
+
 
 class StatusModel(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
@@ -48,13 +50,6 @@ class Reason(StrEnum):
     worker_deleted = "WorkerDeleted"
     worker_created = "WorkerCreated"
     scaled = "Scaled"
-
-
-class WorkerState(StrEnum):
-    starting = "starting"
-    ready = "ready"
-    draining = "draining"
-    gone = "gone"
 
 
 class Condition(StatusModel):

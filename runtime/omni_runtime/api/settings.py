@@ -24,3 +24,14 @@ class ApiSettings:
     # (omni_runtime.support.gc_pauses). `omni serve` turns it on; apps built in tests leave it off.
     gc_freeze: bool = False
     audio_expiry_s: int = 3600  # `expires_at` of audio replies (we keep nothing; clients expect the field)
+
+
+@dataclass(frozen=True)
+class ServingLimits:
+    """What this worker serves, for `ChatCompletionRequest.check` (filled from settings + engine)."""
+
+    model_name: str
+    max_tokens_limit: int
+    default_max_tokens: int
+    supports_audio_output: bool
+    max_video_frames: int

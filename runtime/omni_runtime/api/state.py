@@ -8,9 +8,8 @@ from typing import Any
 
 from fastapi import Request
 
-from omni_runtime.api.chat.protocol import ServingLimits
 from omni_runtime.api.metrics import ApiMetrics
-from omni_runtime.api.settings import ApiSettings
+from omni_runtime.api.settings import ApiSettings, ServingLimits
 from omni_runtime.contract.engine import Engine
 
 

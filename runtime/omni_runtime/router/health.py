@@ -77,7 +77,7 @@ class HealthChecker:
         probes = [
             self._probe(worker.id, worker.url)
             for worker in self.table.workers()
-            if worker.state is not WorkerState.GONE
+            if worker.state is not WorkerState.gone
         ]
         await asyncio.gather(*probes)
         self._round_done_at = time.monotonic()

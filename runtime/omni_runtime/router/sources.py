@@ -66,7 +66,7 @@ def parse_worker(entry: Any, *, where: str) -> WorkerSpec:
         raise WorkerTableError(
             f"{where}.url: {url!r} must be a base URL without a path, e.g. http://host:8000"
         )
-    state_raw = entry.get("state", WorkerState.READY.value)
+    state_raw = entry.get("state", WorkerState.ready.value)
     try:
         state = WorkerState(state_raw)
     except ValueError:

@@ -10,14 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from enum import StrEnum
 
-
-class WorkerState(StrEnum):
-    STARTING = "starting"
-    READY = "ready"
-    DRAINING = "draining"
-    GONE = "gone"
+from omni_runtime.contract.workers import WorkerState
 
 
 @dataclass(frozen=True)
@@ -27,7 +21,7 @@ class WorkerSpec:
     id: str
     url: str  # base URL of the worker API, no trailing slash, e.g. http://127.0.0.1:8101
     revision: str
-    state: WorkerState = WorkerState.READY
+    state: WorkerState = WorkerState.ready
 
 
 @dataclass
@@ -52,21 +46,21 @@ class Worker:
     @property
     def state(self) -> WorkerState:
         """The effective state: an admin drain overrides starting/ready, removal means gone."""
-        if self.removed or self.spec.state is WorkerState.GONE:
-            return WorkerState.GONE
+        if self.removed or self.spec.state is WorkerState.gone:
+            return WorkerState.gone
         if self.drained_by_admin:
-            return WorkerState.DRAINING
+            return WorkerState.draining
         return self.spec.state
 
     @property
     def in_rotation(self) -> bool:
         """May receive new sessions: ready by its source, not drained, and passing /ready."""
-        return self.state is WorkerState.READY and self.healthy
+        return self.state is WorkerState.ready and self.healthy
 
     @property
     def keeps_sessions(self) -> bool:
         """May receive follow-ups of sessions already bound to it (draining workers keep theirs)."""
-        return self.state is not WorkerState.GONE
+        return self.state is not WorkerState.gone
 
     @property
     def idle(self) -> bool:
@@ -100,20 +94,20 @@ class WorkerTable:
                 self._workers[worker_id] = Worker(spec=spec)
                 added.append(worker_id)
                 continue
-            was_gone = worker.state is WorkerState.GONE
+            was_gone = worker.state is WorkerState.gone
             if worker.spec != spec or worker.removed:
                 if worker.spec.url != spec.url:
                     worker.healthy = False  # a new address must pass /ready again
                 worker.spec = spec
                 worker.removed = False
                 changed.append(worker_id)
-            if worker.state is WorkerState.GONE and not was_gone:
+            if worker.state is WorkerState.gone and not was_gone:
                 gone.append(worker_id)
         self._ordered = None
         for worker_id, worker in list(self._workers.items()):
             if worker_id in incoming:
                 continue
-            if worker.state is not WorkerState.GONE:
+            if worker.state is not WorkerState.gone:
                 gone.append(worker_id)
             worker.removed = True
             if worker.idle:
@@ -144,7 +138,7 @@ class WorkerTable:
         """Whether a health round could put a worker into rotation: one its source calls ready is
         failing /ready (draining and gone workers stay out whatever a probe says)."""
         return any(
-            worker.state is WorkerState.READY and not worker.healthy for worker in self._workers.values()
+            worker.state is WorkerState.ready and not worker.healthy for worker in self._workers.values()
         )
 
     def has_capacity(self, worker: Worker) -> bool:

@@ -7,8 +7,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from omni_runtime.api.chat.protocol import ChatCompletionRequest, MediaRef, ServingLimits
+from omni_runtime.api.chat.protocol import ChatCompletionRequest, MediaRef
 from omni_runtime.api.errors import ApiError
+from omni_runtime.api.settings import ServingLimits
 from omni_runtime.contract.engine import ChatTurn, GenerationRequest, MediaInput, SamplingParams
 from omni_runtime.media.video import VideoOptions
 

@@ -12,7 +12,7 @@ SpecFactory = Callable[..., WorkerSpec]
 TableFactory = Callable[..., WorkerTable]
 
 
-def _spec(worker_id: str, state: WorkerState = WorkerState.READY, *, revision: str = "r1") -> WorkerSpec:
+def _spec(worker_id: str, state: WorkerState = WorkerState.ready, *, revision: str = "r1") -> WorkerSpec:
     return WorkerSpec(id=worker_id, url=f"http://{worker_id}.test:8000", revision=revision, state=state)
 
 

@@ -73,7 +73,7 @@ def test_session_key_binds_by_hash_over_workers_in_rotation(ready3):
 
 
 def test_session_key_skips_draining_and_unhealthy_workers(spec, table_of):
-    table = table_of(spec("w0"), spec("w1"), spec("w2", WorkerState.DRAINING))
+    table = table_of(spec("w0"), spec("w1"), spec("w2", WorkerState.draining))
     assert route(table, headers={"x-session-id": "alice"}).candidates == ("w0", "w1")
     table.set_health("w0", False)
     assert route(table, headers={"x-session-id": "alice"}).candidates == ("w1",)
@@ -125,11 +125,11 @@ def test_concurrent_sessions_spread_to_the_least_loaded(ready3):
 @pytest.mark.parametrize(
     ("states", "healthy", "expected"),
     [
-        ({"w0": WorkerState.READY, "w1": WorkerState.READY}, ("w0", "w1"), ("w0", "w1")),
-        ({"w0": WorkerState.DRAINING, "w1": WorkerState.READY}, ("w0", "w1"), ("w1",)),
-        ({"w0": WorkerState.STARTING, "w1": WorkerState.READY}, ("w0", "w1"), ("w1",)),
-        ({"w0": WorkerState.GONE, "w1": WorkerState.READY}, ("w0", "w1"), ("w1",)),
-        ({"w0": WorkerState.READY, "w1": WorkerState.READY}, ("w1",), ("w1",)),  # w0 fails /ready
+        ({"w0": WorkerState.ready, "w1": WorkerState.ready}, ("w0", "w1"), ("w0", "w1")),
+        ({"w0": WorkerState.draining, "w1": WorkerState.ready}, ("w0", "w1"), ("w1",)),
+        ({"w0": WorkerState.starting, "w1": WorkerState.ready}, ("w0", "w1"), ("w1",)),
+        ({"w0": WorkerState.gone, "w1": WorkerState.ready}, ("w0", "w1"), ("w1",)),
+        ({"w0": WorkerState.ready, "w1": WorkerState.ready}, ("w1",), ("w1",)),  # w0 fails /ready
     ],
 )
 def test_only_ready_healthy_workers_take_new_sessions(states, healthy, expected, spec, table_of):
@@ -145,7 +145,7 @@ def test_admin_drain_takes_a_worker_out_of_rotation(ready3):
 
 
 def test_no_ready_worker_is_a_503_naming_the_known_workers(spec, table_of):
-    table = table_of(spec("w0", WorkerState.STARTING), spec("w1", WorkerState.DRAINING))
+    table = table_of(spec("w0", WorkerState.starting), spec("w1", WorkerState.draining))
     with pytest.raises(RouterError) as caught:
         route(table)
     assert (caught.value.status, caught.value.code) == (503, "no_ready_worker")
@@ -183,7 +183,7 @@ def test_session_ids_outrank_load_and_capacity(spec, table_of):
     assert route(table, f"/v1/streaming_input/sessions/{session}/finish").candidates == ("w0",)
 
 
-@pytest.mark.parametrize("state", [WorkerState.DRAINING, WorkerState.STARTING])
+@pytest.mark.parametrize("state", [WorkerState.draining, WorkerState.starting])
 def test_draining_workers_keep_their_sessions(state, spec, table_of):
     table = table_of(spec("w0", state), spec("w1"))
     session = make_session_id(worker_id="w0")
@@ -191,7 +191,7 @@ def test_draining_workers_keep_their_sessions(state, spec, table_of):
 
 
 def test_session_on_a_gone_worker_is_a_clear_503(spec, table_of):
-    table = table_of(spec("w0", WorkerState.GONE), spec("w1"))
+    table = table_of(spec("w0", WorkerState.gone), spec("w1"))
     with pytest.raises(RouterError) as caught:
         route(table, "/v1/streaming_input/sessions/sess_w0.abcdefghijkl/chunks")
     assert (caught.value.status, caught.value.code) == (503, "session_worker_unavailable")

@@ -33,10 +33,10 @@ def test_services_become_workers_sorted_by_id():
         service("tiny-w3", worker="tiny-w3", url="http://worker.tiny-w3.ml.svc.cluster.local:8000"),
     ]
     assert workers_from_services(services, namespace="ml") == [
-        WorkerSpec("tiny-w0", "http://api.tiny-w0.ml.svc.cluster.local:8000", "rev1", WorkerState.STARTING),
-        WorkerSpec("tiny-w1", "http://api.tiny-w1.ml.svc.cluster.local:8000", "rev1", WorkerState.DRAINING),
-        WorkerSpec("tiny-w2", "http://api.tiny-w2.ml.svc.cluster.local:8000", "rev2", WorkerState.READY),
-        WorkerSpec("tiny-w3", "http://worker.tiny-w3.ml.svc.cluster.local:8000", "rev1", WorkerState.READY),
+        WorkerSpec("tiny-w0", "http://api.tiny-w0.ml.svc.cluster.local:8000", "rev1", WorkerState.starting),
+        WorkerSpec("tiny-w1", "http://api.tiny-w1.ml.svc.cluster.local:8000", "rev1", WorkerState.draining),
+        WorkerSpec("tiny-w2", "http://api.tiny-w2.ml.svc.cluster.local:8000", "rev2", WorkerState.ready),
+        WorkerSpec("tiny-w3", "http://worker.tiny-w3.ml.svc.cluster.local:8000", "rev1", WorkerState.ready),
     ]
 
 

@@ -11,7 +11,7 @@ from omni_runtime.router.table import WorkerSpec, WorkerState, WorkerTable
 
 def replica(index: int, *, requests: int, sessions: int, healthy: bool, overhead: list[float]) -> str:
     table = WorkerTable()
-    table.apply([WorkerSpec(id="w0", url="http://w0.test:8000", revision="r1", state=WorkerState.READY)])
+    table.apply([WorkerSpec(id="w0", url="http://w0.test:8000", revision="r1", state=WorkerState.ready)])
     table.set_health("w0", healthy)
     for _ in range(sessions):
         table.open_session("w0")

@@ -27,9 +27,9 @@ GOOD = {
 
 def test_parses_the_local_mode_format():
     assert parse_workers_text(json.dumps(GOOD), origin="w.json") == [
-        WorkerSpec(id="tiny-w0", url="http://127.0.0.1:8101", revision="abc123", state=WorkerState.READY),
-        WorkerSpec(id="tiny-w1", url="http://127.0.0.1:8102", revision="abc123", state=WorkerState.STARTING),
-        WorkerSpec(id="tiny-w2", url="https://w2.example:8000", revision="def456", state=WorkerState.READY),
+        WorkerSpec(id="tiny-w0", url="http://127.0.0.1:8101", revision="abc123", state=WorkerState.ready),
+        WorkerSpec(id="tiny-w1", url="http://127.0.0.1:8102", revision="abc123", state=WorkerState.starting),
+        WorkerSpec(id="tiny-w2", url="https://w2.example:8000", revision="def456", state=WorkerState.ready),
     ]
 
 
@@ -108,4 +108,4 @@ def test_file_changes_apply_and_bad_edits_keep_the_last_table(tmp_path):
     write(path, '{"workers": [', mtime_ns=3_000_000_000)  # a half-written file
     assert source.changed() is None
     write(path, {"workers": [{**W, "state": "draining"}]}, mtime_ns=3_000_000_000)  # same mtime, new size
-    assert source.changed() == [WorkerSpec(id="w0", url=W["url"], revision="r1", state=WorkerState.DRAINING)]
+    assert source.changed() == [WorkerSpec(id="w0", url=W["url"], revision="r1", state=WorkerState.draining)]

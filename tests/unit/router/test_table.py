@@ -8,10 +8,10 @@ from omni_runtime.router.table import TableChange, WorkerSpec, WorkerState, Work
 def test_a_snapshot_adds_changes_and_drops_workers(spec):
     table = WorkerTable()
     assert table.apply([spec("w0"), spec("w1")]) == TableChange(added=("w0", "w1"))
-    change = table.apply([spec("w0", WorkerState.DRAINING), spec("w2")])
+    change = table.apply([spec("w0", WorkerState.draining), spec("w2")])
     assert change == TableChange(added=("w2",), changed=("w0",), gone=("w1",), dropped=("w1",))
     assert [worker.id for worker in table.workers()] == ["w0", "w2"]
-    assert table.get("w0").state is WorkerState.DRAINING
+    assert table.get("w0").state is WorkerState.draining
 
 
 def test_observed_state_survives_a_new_snapshot(spec):
@@ -38,7 +38,7 @@ def test_a_removed_worker_with_live_sessions_stays_gone_until_idle(spec):
     table.open_session("w1")
     table.open_session("w1")
     assert table.apply([spec("w0")]) == TableChange(gone=("w1",))
-    assert table.get("w1").state is WorkerState.GONE
+    assert table.get("w1").state is WorkerState.gone
     assert table.get("w1").keeps_sessions is False
     assert table.close_session("w1") is False
     assert table.close_session("w1") is True  # the last session ended: the worker leaves
@@ -51,19 +51,19 @@ def test_a_removed_worker_that_returns_is_restored(spec):
     table.open_session("w0")
     table.apply([])
     assert table.apply([spec("w0")]) == TableChange(changed=("w0",))
-    assert table.get("w0").state is WorkerState.READY
+    assert table.get("w0").state is WorkerState.ready
 
 
 def test_effective_state_and_rotation(spec):
     table = WorkerTable()
-    table.apply([spec("w0"), spec("w1", WorkerState.STARTING), spec("w2", WorkerState.GONE)])
+    table.apply([spec("w0"), spec("w1", WorkerState.starting), spec("w2", WorkerState.gone)])
     for worker_id in ("w0", "w1", "w2"):
         table.set_health(worker_id, True)
     assert [w.id for w in table.in_rotation()] == ["w0"]
     table.drain("w0")
     table.drain("w1")
     states = {worker.id: worker.state for worker in table.workers()}
-    assert states == {"w0": WorkerState.DRAINING, "w1": WorkerState.DRAINING, "w2": WorkerState.GONE}
+    assert states == {"w0": WorkerState.draining, "w1": WorkerState.draining, "w2": WorkerState.gone}
     assert table.in_rotation() == []
     table.undrain("w0")
     assert [w.id for w in table.in_rotation()] == ["w0"]
@@ -95,10 +95,10 @@ def test_a_probe_could_bring_in_only_a_ready_worker_failing_its_checks(spec):
     table = WorkerTable()
     assert table.could_join_on_a_probe() is False  # empty
     table.apply(
-        [spec("w0", WorkerState.DRAINING), spec("w1", WorkerState.STARTING), spec("w2", WorkerState.GONE)]
+        [spec("w0", WorkerState.draining), spec("w1", WorkerState.starting), spec("w2", WorkerState.gone)]
     )
     assert table.could_join_on_a_probe() is False  # none the source calls ready
-    table.apply([spec("w0", WorkerState.DRAINING), spec("w3")])
+    table.apply([spec("w0", WorkerState.draining), spec("w3")])
     assert table.could_join_on_a_probe() is True  # w3: ready by its source, not yet passing /ready
     table.set_health("w3", True)
     assert table.could_join_on_a_probe() is False

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from omni_runtime.api.errors import ApiError
+from omni_runtime.api.settings import ServingLimits
 from omni_runtime.contract.engine import ChatTurn, GenerationRequest, MediaInput, MediaKind, SamplingParams
 from omni_runtime.contract.stages import STAGES
 from omni_runtime.media.video import VideoOptions
@@ -106,17 +107,6 @@ class AudioOutput(_Model):
 
 class StreamOptions(_Model):
     include_usage: bool | None = None
-
-
-@dataclass(frozen=True)
-class ServingLimits:
-    """What this worker serves, for `ChatCompletionRequest.check` (filled from settings + engine)."""
-
-    model_name: str
-    max_tokens_limit: int
-    default_max_tokens: int
-    supports_audio_output: bool
-    max_video_frames: int
 
 
 @dataclass(frozen=True)
