@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
-from omni_runtime.contract.adapter import RowSampling
+from omni_runtime.contract.adapter import OmniAdapter, RowSampling
 from omni_runtime.contract.engine import EngineError, GenerationRequest, SamplingParams
 
 DEFAULT_TALKER_MAX_TOKENS = 4096
 DEFAULT_CODES_PER_TEXT_TOKEN = 30
 
 
-def validate_request(request: GenerationRequest, *, engine: Any) -> str | None:
+class ServingEngine(Protocol):
+    """What the checks read of the engine (engine.PipelineEngine)."""
+
+    max_model_len: int
+    supports_audio_output: bool
+    variant: str
+    adapter: OmniAdapter | None
+
+
+def validate_request(request: GenerationRequest, *, engine: ServingEngine) -> str | None:
     """Raise EngineError naming the field for anything this engine cannot serve; return the voice."""
     if not request.turns or not any(t.text or t.media for t in request.turns):
         raise EngineError("messages must contain at least one non-empty message", param="messages")
@@ -40,8 +49,8 @@ def validate_request(request: GenerationRequest, *, engine: Any) -> str | None:
             param="modalities",
         )
     adapter = engine.adapter
-    voices = tuple(getattr(adapter, "voices", ()))
-    voice = request.voice or getattr(adapter, "default_voice", None)
+    voices = adapter.voices if adapter is not None else ()
+    voice = request.voice or (adapter.default_voice if adapter is not None else None)
     if voices and voice not in voices:
         raise EngineError(
             f"unknown voice {request.voice!r}; available: {', '.join(voices)}", param="audio.voice"
