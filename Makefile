@@ -1,4 +1,5 @@
-# One entry point for newcomers and CI. `make run` and `make test` install what they need.
+# One entry point for newcomers and CI. `make run` and `make test` install what they need, at the
+# versions pinned in uv.lock.
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
@@ -7,10 +8,11 @@ STAMP   := $(VENV)/.installed
 
 .PHONY: setup run test test-fast lint crds render clean
 
-$(STAMP): pyproject.toml
+# The exact versions in uv.lock (`uv lock` after changing a dependency; a stale lock fails here).
+$(STAMP): pyproject.toml uv.lock
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	@command -v uv >/dev/null 2>&1 || $(BIN)/pip install -q uv
-	$(UV) pip install --python $(BIN)/python -e '.[dev]'
+	@command -v uv >/dev/null 2>&1 || test -x $(BIN)/uv || $(BIN)/pip install -q uv
+	UV_PROJECT_ENVIRONMENT=$(VENV) $(UV) sync --locked --inexact --extra dev --python $(BIN)/python
 	@touch $(STAMP)
 
 setup: $(STAMP)

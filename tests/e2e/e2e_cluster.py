@@ -18,7 +18,6 @@ import signal
 import socket
 import ssl
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -80,11 +79,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _die_with_parent() -> None:
-    # A killed pytest must not leave an apiserver behind: the kernel signals the child when the
-    # parent goes away (Linux prctl PR_SET_PDEATHSIG).
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+_LIBC = ctypes.CDLL("libc.so.6", use_errno=True)  # loaded here: a forked child must not dlopen
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int) -> Callable[[], None]:
+    """A preexec hook: a killed parent (pytest, or this script) must not leave an apiserver behind.
+
+    The kernel sends the child SIGKILL when its parent goes away (PR_SET_PDEATHSIG): SIGTERM is
+    not enough, since a kube-apiserver still starting up can sit on it. A parent that died between
+    fork and prctl is caught by the parent-pid check.
+    """
+
+    def hook() -> None:
+        if _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) != 0 or os.getppid() != parent:
+            os._exit(1)
+
+    return hook
 
 
 @dataclass
@@ -143,7 +154,7 @@ class ControlPlane:
                 stdin=subprocess.DEVNULL,
                 cwd=self.workdir,
                 env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.workdir)},
-                preexec_fn=_die_with_parent,
+                preexec_fn=_die_with_parent(os.getpid()),
             )
         component = Component(name=name, proc=proc, log_path=log_path)
         self.components[name] = component
@@ -372,15 +383,21 @@ def running_control_plane(
         cp.stop()
 
 
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds the with-blocks below: every component is stopped
+
+
 if __name__ == "__main__":
-    # `python tests/e2e/e2e_cluster.py`: start a control plane with 4 GPU nodes and keep it until Ctrl-C.
+    # `python tests/e2e/e2e_cluster.py`: start a control plane with 4 GPU nodes and keep it until
+    # Ctrl-C or SIGTERM; either stops every component (and a killed script takes them along).
     import tempfile
 
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    signal.signal(signal.SIGINT, _exit_on_signal)
     with (
         tempfile.TemporaryDirectory(prefix="omni-cp-") as tmp,
         running_control_plane(workdir=Path(tmp), nodes=gpu_nodes(), build_if_missing=True) as plane,
     ):
-        print(f"export KUBECONFIG={plane.kubeconfig}")
-        with contextlib.suppress(KeyboardInterrupt):
+        print(f"export KUBECONFIG={plane.kubeconfig}", flush=True)
+        while True:
             signal.pause()
-        sys.exit(0)
