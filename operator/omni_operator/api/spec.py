@@ -328,6 +328,13 @@ class MediaSpec(SpecModel):
         "names below a domain (*.example.com). Empty: any public host. Builtin runtime only "
         "(--allowed-media-domain).",
     )
+    allow_private_addresses: bool = Field(
+        default=False,
+        description="Let media URLs reach loopback, private (RFC 1918, fc00::/7) and 100.64/10 addresses, "
+        "for media served inside your network; link-local (the cloud metadata address) stays refused. The "
+        "stage pods' egress NetworkPolicy still blocks those ranges: add a NetworkPolicy that allows your "
+        "media servers. Builtin runtime only (--allow-private-media-addresses).",
+    )
     denied_networks: list[Annotated[str, Field(pattern=r"^[0-9a-fA-F:.]+(/[0-9]{1,3})?$")]] = Field(
         default_factory=list,
         max_length=64,

@@ -80,6 +80,8 @@ def _media_flags(spec: OmniDeploymentSpec) -> list[str]:
     flags: list[str] = []
     for domain in spec.media.allowed_domains:
         flags += ["--allowed-media-domain", domain]
+    if spec.media.allow_private_addresses:
+        flags.append("--allow-private-media-addresses")
     for cidr in spec.media.denied_networks:
         flags += ["--deny-media-network", cidr]
     return flags

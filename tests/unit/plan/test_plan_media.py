@@ -15,6 +15,7 @@ from omni_operator.plan.types import Role
 
 MEDIA = {
     "media.allowedDomains": ["media.example.com", "*.cdn.example.net"],
+    "media.allowPrivateAddresses": True,
     "media.deniedNetworks": ["34.118.224.1/20", "fd00:10::/64"],
 }
 FLAGS = [
@@ -22,6 +23,7 @@ FLAGS = [
     "media.example.com",
     "--allowed-media-domain",
     "*.cdn.example.net",
+    "--allow-private-media-addresses",
     "--deny-media-network",
     "34.118.224.1/20",
     "--deny-media-network",
@@ -33,7 +35,9 @@ def _flags(command: tuple[str, ...]) -> list[str]:
     return [
         part
         for i, part in enumerate(command)
-        if part.startswith(("--allowed-media-domain", "--deny-media-network"))
+        if part.startswith(
+            ("--allowed-media-domain", "--allow-private-media-addresses", "--deny-media-network")
+        )
         or command[i - 1] in ("--allowed-media-domain", "--deny-media-network")
     ]
 
@@ -51,10 +55,10 @@ def test_media_flags_go_to_the_serve_process_only() -> None:
 
 def test_extra_args_come_after_the_media_flags() -> None:
     plan = plan_deployment(
-        deployment(**{"gpu.tier": "cpu", **MEDIA, "runtime.extraArgs": ["--allow-private-media-addresses"]})
+        deployment(**{"gpu.tier": "cpu", **MEDIA, "runtime.extraArgs": ["--log-level", "debug"]})
     )
     command = plan.workers[0].pods[0].container.command
-    assert command[-9:] == (*FLAGS, "--allow-private-media-addresses")
+    assert command[-11:] == (*FLAGS, "--log-level", "debug")
 
 
 def test_denied_networks_are_normalized_for_the_policy() -> None:
