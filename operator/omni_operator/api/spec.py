@@ -6,6 +6,7 @@ YAML spelling is camelCase (aliases) while Python code uses snake_case names.
 
 from __future__ import annotations
 
+import ipaddress
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -313,6 +314,47 @@ class RolloutSpec(SpecModel):
         return self
 
 
+# An exact host name or "*.suffix" (names below suffix), lower case: --allowed-media-domain.
+MEDIA_DOMAIN_PATTERN = r"^(\*\.)?[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*$"
+
+
+class MediaSpec(SpecModel):
+    """Where workers may fetch media URLs from (image_url, audio_url, video_url with http(s))."""
+
+    allowed_domains: list[Annotated[str, Field(pattern=MEDIA_DOMAIN_PATTERN, max_length=253)]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Fetch media URLs only from these hosts: an exact name (media.example.com) or the "
+        "names below a domain (*.example.com). Empty: any public host. Builtin runtime only "
+        "(--allowed-media-domain).",
+    )
+    allow_private_addresses: bool = Field(
+        default=False,
+        description="Let media URLs reach loopback, private (RFC 1918, fc00::/7) and 100.64/10 addresses, "
+        "for media served inside your network; link-local (the cloud metadata address) stays refused. The "
+        "stage pods' egress NetworkPolicy still blocks those ranges: add a NetworkPolicy that allows your "
+        "media servers. Builtin runtime only (--allow-private-media-addresses).",
+    )
+    denied_networks: list[Annotated[str, Field(pattern=r"^[0-9a-fA-F:.]+(/[0-9]{1,3})?$")]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="More address ranges (CIDR) workers never fetch media from and stage pods never "
+        "reach: the cluster's pod and Service ranges where they lie outside the private ranges "
+        "(--deny-media-network, and the exceptions of the stage pods' egress NetworkPolicy).",
+    )
+
+    @model_validator(mode="after")
+    def _networks_parse(self) -> MediaSpec:
+        for text in self.denied_networks:
+            try:
+                ipaddress.ip_network(text, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"deniedNetworks: {text!r} is not an address or CIDR range; write e.g. 10.96.0.0/12"
+                ) from None
+        return self
+
+
 class OmniDeploymentSpec(SpecModel):
     """Desired state of an omni model deployment."""
 
@@ -326,6 +368,7 @@ class OmniDeploymentSpec(SpecModel):
     rollout: RolloutSpec = Field(
         default_factory=RolloutSpec, description="Worker-by-worker rollout strategy."
     )
+    media: MediaSpec = Field(default_factory=MediaSpec, description="Remote media URLs the workers fetch.")
 
 
 class ObjectMeta(BaseModel):

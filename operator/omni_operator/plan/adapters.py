@@ -72,7 +72,19 @@ def builtin_serve(
     argv = ["omni", "serve", *_model_flags(spec), *_bind(ctx, port), "--device", "cpu", *_identity(ctx)]
     for stage, address in remote.items():
         argv += ["--remote-stage", f"{stage.value}={address}"]
-    return (*argv, *spec.runtime.extra_args)
+    return (*argv, *_media_flags(spec), *spec.runtime.extra_args)
+
+
+def _media_flags(spec: OmniDeploymentSpec) -> list[str]:
+    """spec.media as `omni serve` flags: the worker API process is the one that fetches media URLs."""
+    flags: list[str] = []
+    for domain in spec.media.allowed_domains:
+        flags += ["--allowed-media-domain", domain]
+    if spec.media.allow_private_addresses:
+        flags.append("--allow-private-media-addresses")
+    for cidr in spec.media.denied_networks:
+        flags += ["--deny-media-network", cidr]
+    return flags
 
 
 def builtin_stage(

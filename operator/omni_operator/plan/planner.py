@@ -7,6 +7,7 @@ adapters (adapters.py) how each runtime spells it, layout.py lays out each worke
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import PurePosixPath
 
 from omni_operator.api.spec import GpuTier, OmniDeployment, RuntimeSpec, RuntimeType, SourceType
@@ -121,6 +122,7 @@ def plan_deployment(
             sub_path=spec.model.source.sub_path,
             host_path=spec.model.source.host_path,
         ),
+        denied_networks=tuple(str(ipaddress.ip_network(n, strict=False)) for n in spec.media.denied_networks),
         image_pull_policy=spec.runtime.image_pull_policy,
     )
 

@@ -1,7 +1,7 @@
 """Revisions: short hashes of worker and pod templates.
 
 A worker's revision changes when anything that shapes it changes (model, runtime, pipeline, stages,
-GPUs) and never when only the worker count, router or rollout settings do; a pod's revision
+GPUs, media) and never when only the worker count, router or rollout settings do; a pod's revision
 changes only when that pod's own template does, so a rollout can tell which roles really changed.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from omni_operator.api.spec import OmniDeploymentSpec
+from omni_operator.api.spec import MediaSpec, OmniDeploymentSpec
 from omni_operator.plan.types import StagePod
 
 
@@ -20,10 +20,15 @@ def _digest(payload: object) -> str:
 
 
 def worker_revision(spec: OmniDeploymentSpec) -> str:
-    """Hash of everything that shapes a worker; workers count, router and rollout are left out."""
-    return _digest(
-        spec.model_dump(mode="json", by_alias=True, include={"model", "runtime", "pipeline", "stages", "gpu"})
-    )
+    """Hash of everything that shapes a worker; workers count, router and rollout are left out.
+
+    spec.media counts only when it is set, so a deployment that leaves it alone keeps the
+    revision it had before the field existed (an operator upgrade does not roll its workers).
+    """
+    shaping = {"model", "runtime", "pipeline", "stages", "gpu"}
+    if spec.media != MediaSpec():
+        shaping.add("media")
+    return _digest(spec.model_dump(mode="json", by_alias=True, include=shaping))
 
 
 def pod_revision(pod: StagePod, *, worker: str, revision: str) -> str:

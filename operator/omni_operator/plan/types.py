@@ -126,6 +126,11 @@ class Plan(Frozen):
     scheduling: Scheduling = Field(default_factory=Scheduling)
     model_volume: ModelVolume | None = None
     image_pull_policy: str = "IfNotPresent"
+    denied_networks: tuple[str, ...] = Field(
+        default=(),
+        description="Ranges stage pods never reach (spec.media.deniedNetworks), normalized CIDRs: the "
+        "egress policy's exceptions beside the private ones.",
+    )
 
 
 class PlanError(ValueError):

@@ -1,10 +1,13 @@
-"""Builders for one worker's objects: its stage pods, its headless Service, its NetworkPolicy.
+"""Builders for one worker's objects: its stage pods, its headless Service, its NetworkPolicy
+(who may connect to the stage pods, and where they may connect: see `worker_network_policy`).
 
 Stage pods are bare Pods owned by the OmniDeployment: the operator replaces a worker whole and
 drains it first, which a Deployment or StatefulSet would not let it do.
 """
 
 from __future__ import annotations
+
+import ipaddress
 
 from omni_operator.api import labels
 from omni_operator.plan.types import Plan, StagePod, WorkerPlan
@@ -153,22 +156,79 @@ def worker_service(plan: Plan, worker: WorkerPlan, *, owner: Owner | None = None
     }
 
 
+# Addresses stage pods never reach over the internet rule: RFC 1918, shared (CGNAT), loopback,
+# link-local (the cloud metadata address), "this network", multicast and reserved space; for IPv6
+# unique-local, link-local, multicast and IPv4-mapped addresses. The cluster's own pods and
+# Services lie in these ranges (or in spec.media.deniedNetworks), so the internet rule does not
+# reach them; the rules above it name what a worker does reach inside the cluster.
+PRIVATE_V4 = (
+    "0.0.0.0/8",
+    "10.0.0.0/8",
+    "100.64.0.0/10",
+    "127.0.0.0/8",
+    "169.254.0.0/16",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "224.0.0.0/4",
+    "240.0.0.0/4",
+)
+PRIVATE_V6 = ("::ffff:0:0/96", "fc00::/7", "fe80::/10", "ff00::/8")
+
+
+def kube_dns() -> Manifest:
+    """The cluster DNS pods (a fresh object each time: rendered manifests share no nested objects)."""
+    return {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+        "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+    }
+
+
+WEB_PORTS = (80, 443)  # media URLs (http, https) and model hubs
+
+
 def worker_network_policy(plan: Plan, worker: WorkerPlan, *, owner: Owner | None = None) -> Manifest:
-    """Stage pods take traffic only from their own worker and from the router."""
+    """Stage pods take traffic only from their own worker and from the router, and open connections
+    only to DNS, their own worker's pods and the internet's web ports.
+
+    Egress, rule by rule: DNS to kube-dns (53, UDP and TCP); any port to the worker's own pods
+    (stage links, the tensor-parallel rendezvous and NCCL between a thinker's nodes; the worker's
+    headless Service resolves to these pods); TCP 80 and 443 to every address outside the private
+    ranges and spec.media.deniedNetworks (media URLs, model hubs). Router and worker talk only over
+    connections the router opens, which the ingress rule admits and whose replies need no egress
+    rule; a worker opens no connection to the router, to other workers or to the API server.
+    """
+    selector = worker_selector(plan, worker.name)
+    denied = [ipaddress.ip_network(cidr) for cidr in plan.denied_networks]
+    except_v4 = [*PRIVATE_V4, *(str(n) for n in denied if n.version == 4)]
+    except_v6 = [*PRIVATE_V6, *(str(n) for n in denied if n.version == 6)]
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": metadata(worker.name, plan, labels_=worker_labels(plan, worker), owner=owner),
         "spec": {
-            "podSelector": {"matchLabels": worker_selector(plan, worker.name)},
-            "policyTypes": ["Ingress"],
+            "podSelector": {"matchLabels": selector},
+            "policyTypes": ["Ingress", "Egress"],
             "ingress": [
                 {
                     "from": [
-                        {"podSelector": {"matchLabels": worker_selector(plan, worker.name)}},
+                        {"podSelector": {"matchLabels": selector}},
                         {"podSelector": {"matchLabels": router_selector(plan)}},
                     ]
                 }
+            ],
+            "egress": [
+                {
+                    "to": [kube_dns()],
+                    "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+                },
+                {"to": [{"podSelector": {"matchLabels": selector}}]},
+                {
+                    "to": [
+                        {"ipBlock": {"cidr": "0.0.0.0/0", "except": except_v4}},
+                        {"ipBlock": {"cidr": "::/0", "except": except_v6}},
+                    ],
+                    "ports": [{"protocol": "TCP", "port": port} for port in WEB_PORTS],
+                },
             ],
         },
     }

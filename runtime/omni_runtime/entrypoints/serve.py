@@ -181,6 +181,29 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument("--media-fetch-timeout", type=_positive_float, default=defaults.fetch_timeout_s)
     limits.add_argument("--no-remote-media", action="store_true", help="refuse http(s) media URLs")
     limits.add_argument(
+        "--allowed-media-domain",
+        action="append",
+        default=[],
+        metavar="DOMAIN",
+        help="fetch media URLs only from this host (exact name) or the names below it (*.example.com);"
+        " repeatable; default: any public host",
+    )
+    limits.add_argument(
+        "--allow-private-media-addresses",
+        action="store_true",
+        help="let media URLs reach loopback, private (10/8, 172.16/12, 192.168/16, fc00::/7) and 100.64/10"
+        " addresses, for media served inside your network (link-local, including the cloud metadata"
+        " address, stays refused)",
+    )
+    limits.add_argument(
+        "--deny-media-network",
+        action="append",
+        default=[],
+        metavar="CIDR",
+        help="refuse media URLs whose host resolves into this range, always (e.g. the cluster's pod and"
+        " Service ranges where they are public addresses); repeatable",
+    )
+    limits.add_argument(
         "--allowed-local-media-path",
         default=None,
         help="allow local media paths (and file:// URLs) below this directory",
@@ -252,16 +275,22 @@ def parse_args(argv: list[str]) -> ServeConfig:
         worker_id=args.worker_id,
         revision=args.revision,
     )
-    limits = MediaLimits(
-        max_bytes=args.max_media_bytes,
-        max_audio_seconds=args.max_audio_seconds,
-        max_video_seconds=args.max_video_seconds,
-        max_video_frames=args.max_video_frames,
-        max_image_pixels=args.max_image_pixels,
-        fetch_timeout_s=args.media_fetch_timeout,
-        allow_remote_urls=not args.no_remote_media,
-        allowed_local_media_path=args.allowed_local_media_path,
-    )
+    try:  # MediaLimits checks the domains and ranges; its message names the flag
+        limits = MediaLimits(
+            max_bytes=args.max_media_bytes,
+            max_audio_seconds=args.max_audio_seconds,
+            max_video_seconds=args.max_video_seconds,
+            max_video_frames=args.max_video_frames,
+            max_image_pixels=args.max_image_pixels,
+            fetch_timeout_s=args.media_fetch_timeout,
+            allow_remote_urls=not args.no_remote_media,
+            allowed_domains=tuple(args.allowed_media_domain),
+            allow_private_addresses=args.allow_private_media_addresses,
+            denied_networks=tuple(args.deny_media_network),
+            allowed_local_media_path=args.allowed_local_media_path,
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
     return ServeConfig(options=options, limits=limits, args=args)
 
 

@@ -1,9 +1,10 @@
 """Where media bytes come from: data: URIs, base64 strings, http(s) URLs and (opt-in) local paths.
 
 Every source is size-capped while it is read: base64 by its encoded length, downloads by
-Content-Length and again while streaming, files by their size on disk. Local paths are a way to
-read the worker's own files, so they are refused unless the operator named a directory they must
-stay under (``--allowed-local-media-path``), like vLLM's flag of the same name.
+Content-Length and again while streaming, files by their size on disk. URLs are fetched by
+`omni_runtime.media.remote`, which checks every hop's addresses before it connects. Local paths
+are a way to read the worker's own files, so they are refused unless the operator named a
+directory they must stay under (``--allowed-local-media-path``), like vLLM's flag of the same name.
 """
 
 from __future__ import annotations
@@ -16,23 +17,9 @@ from pathlib import Path
 
 import httpx
 
-from omni_runtime.media.errors import (
-    INVALID_MEDIA,
-    MEDIA_FETCH_FAILED,
-    MEDIA_SOURCE_FORBIDDEN,
-    MEDIA_TOO_LARGE,
-    MediaError,
-)
-from omni_runtime.media.limits import MediaLimits
-
-
-def too_large(size: int, limits: MediaLimits) -> MediaError:
-    return MediaError(
-        f"the media is {size} bytes; this worker accepts at most {limits.max_bytes} bytes per item "
-        "(send a smaller file, or raise --max-media-bytes)",
-        code=MEDIA_TOO_LARGE,
-        status=413,
-    )
+from omni_runtime.media.errors import INVALID_MEDIA, MEDIA_SOURCE_FORBIDDEN, MediaError
+from omni_runtime.media.limits import MediaLimits, too_large
+from omni_runtime.media.remote import Resolver, fetch_url, system_resolver
 
 
 def decode_base64(text: str, *, limits: MediaLimits) -> bytes:
@@ -63,41 +50,6 @@ def decode_data_uri(uri: str, *, limits: MediaLimits) -> bytes:
     return raw
 
 
-async def fetch_url(url: str, *, limits: MediaLimits, client: httpx.AsyncClient | None = None) -> bytes:
-    """Download an http(s) URL with the byte cap and timeout; a failure is the client's MediaError."""
-    if not limits.allow_remote_urls:
-        raise MediaError(
-            "remote media URLs are disabled on this worker; send the media inline as a data: URI",
-            code=MEDIA_SOURCE_FORBIDDEN,
-        )
-    own_client = client is None
-    http = client or httpx.AsyncClient(timeout=limits.fetch_timeout_s, follow_redirects=True, max_redirects=3)
-    try:
-        async with http.stream("GET", url, timeout=limits.fetch_timeout_s) as response:
-            if response.status_code >= 400:
-                raise MediaError(
-                    f"fetching {url} failed: HTTP {response.status_code}", code=MEDIA_FETCH_FAILED
-                )
-            declared = response.headers.get("content-length")
-            if declared is not None and declared.isdigit() and int(declared) > limits.max_bytes:
-                raise too_large(int(declared), limits)
-            body = bytearray()
-            async for piece in response.aiter_bytes():
-                body += piece
-                if len(body) > limits.max_bytes:
-                    raise too_large(len(body), limits)
-            return bytes(body)
-    except httpx.TimeoutException as exc:
-        raise MediaError(
-            f"fetching {url} timed out after {limits.fetch_timeout_s:g} s", code=MEDIA_FETCH_FAILED
-        ) from exc
-    except httpx.HTTPError as exc:
-        raise MediaError(f"fetching {url} failed: {exc}", code=MEDIA_FETCH_FAILED) from exc
-    finally:
-        if own_client:
-            await http.aclose()
-
-
 def read_local(path_text: str, *, limits: MediaLimits) -> bytes:
     """Read a local file that lies below the allowed media directory."""
     if limits.allowed_local_media_path is None:
@@ -120,16 +72,32 @@ def read_local(path_text: str, *, limits: MediaLimits) -> bytes:
     return path.read_bytes()
 
 
-async def load_source(source: str, *, limits: MediaLimits, client: httpx.AsyncClient | None = None) -> bytes:
+def scheme_of(source: str) -> str:
+    """The URL scheme of a media reference, lower case; "" for a plain path."""
+    text = source.strip()
+    return text.split(":", 1)[0].lower() if ":" in text else ""
+
+
+def is_remote(source: str) -> bool:
+    return scheme_of(source) in {"http", "https"}
+
+
+async def load_source(
+    source: str,
+    *,
+    limits: MediaLimits,
+    client: httpx.AsyncClient | None = None,
+    resolver: Resolver = system_resolver,
+) -> bytes:
     """Bytes of a media reference: data: URI, http(s) URL, file:// URL or local path."""
     text = source.strip()
     if not text:
         raise MediaError("the media reference is empty", code=INVALID_MEDIA)
-    scheme = text.split(":", 1)[0].lower() if ":" in text else ""
+    scheme = scheme_of(text)
     if scheme == "data":
         return decode_data_uri(text, limits=limits)
     if scheme in {"http", "https"}:
-        return await fetch_url(text, limits=limits, client=client)
+        return await fetch_url(text, limits=limits, client=client, resolver=resolver)
     if scheme == "file":
         return read_local(urllib.parse.unquote(urllib.parse.urlparse(text).path), limits=limits)
     if scheme and len(scheme) > 1:  # "c:" style drive letters are paths, anything else is not ours

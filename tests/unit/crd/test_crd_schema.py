@@ -145,6 +145,8 @@ BROKEN = [
     pytest.param(("spec", "router"), {"sessionHeader": "bad header"}, "does not match", id="pattern"),
     pytest.param(("spec", "model"), {"path": "/m"}, "'name' is a required property", id="missing-required"),
     pytest.param(("spec", "model", "name"), "", "should be non-empty", id="empty-name"),
+    pytest.param(("spec", "media"), {"allowedDomains": ["https://x.com"]}, "does not match", id="media-domain"),
+    pytest.param(("spec", "media"), {"deniedNetworks": ["ten/8"]}, "does not match", id="media-network"),
 ]  # fmt: skip
 
 

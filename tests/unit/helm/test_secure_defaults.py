@@ -89,7 +89,7 @@ def test_every_worker_is_fenced_by_its_network_policy(
         own = {labels.DEPLOYMENT: pod["metadata"]["labels"][labels.DEPLOYMENT], labels.WORKER: worker}
         assert policy["podSelector"] == {"matchLabels": own}
         assert own.items() <= pod["metadata"]["labels"].items()  # the policy selects this pod
-        assert policy["policyTypes"] == ["Ingress"]
+        assert policy["policyTypes"] == ["Ingress", "Egress"]  # egress: render tests check its rules
         (rule,) = policy["ingress"]
         assert "ports" not in rule
         sources = [peer["podSelector"]["matchLabels"] for peer in rule["from"]]

@@ -96,6 +96,18 @@ POD_SECURITY = {
     "fsGroup": 10001,
     "seccompProfile": {"type": "RuntimeDefault"},
 }
+PRIVATE_V4 = [
+    "0.0.0.0/8",
+    "10.0.0.0/8",
+    "100.64.0.0/10",
+    "127.0.0.0/8",
+    "169.254.0.0/16",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "224.0.0.0/4",
+    "240.0.0.0/4",
+]
+PRIVATE_V6 = ["::ffff:0:0/96", "fc00::/7", "fe80::/10", "ff00::/8"]
 OWNER_REFS = [
     {
         "apiVersion": "omni.dev/v1alpha1",
@@ -245,7 +257,7 @@ def test_tiny_services_policy_and_router_exact() -> None:
     }
     assert objs[("NetworkPolicy", "tiny-omni-w0")]["spec"] == {
         "podSelector": {"matchLabels": selector},
-        "policyTypes": ["Ingress"],
+        "policyTypes": ["Ingress", "Egress"],
         "ingress": [
             {
                 "from": [
@@ -253,6 +265,25 @@ def test_tiny_services_policy_and_router_exact() -> None:
                     {"podSelector": {"matchLabels": router_selector}},
                 ]
             }
+        ],
+        "egress": [
+            {
+                "to": [
+                    {
+                        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                        "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+                    }
+                ],
+                "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+            },
+            {"to": [{"podSelector": {"matchLabels": selector}}]},
+            {
+                "to": [
+                    {"ipBlock": {"cidr": "0.0.0.0/0", "except": PRIVATE_V4}},
+                    {"ipBlock": {"cidr": "::/0", "except": PRIVATE_V6}},
+                ],
+                "ports": [{"protocol": "TCP", "port": 80}, {"protocol": "TCP", "port": 443}],
+            },
         ],
     }
     assert objs[("Service", "tiny-omni")]["spec"] == {
@@ -431,3 +462,49 @@ def test_local_plans_are_not_rendered() -> None:
 def test_cpu_thread_env(cpu, gpus, env, expected) -> None:
     container = Container(image="i", command=("omni",), cpu=cpu, gpus=gpus, env=env)
     assert cpu_thread_env(container) == expected
+
+
+def _media_plan(**media: object):
+    from omni_operator.api.spec import OmniDeployment
+
+    spec = {"model": {"name": "m"}, "gpu": {"tier": "cpu"}, "media": media}
+    return plan_deployment(OmniDeployment.model_validate({"metadata": {"name": "med"}, "spec": spec}))
+
+
+def test_egress_keeps_the_denied_networks_out_of_the_internet_rule() -> None:
+    plan = _media_plan(deniedNetworks=["34.118.224.0/20", "2600:1900:4000::1/44", "10.96.0.0/12"])
+    manifests = render_manifests(plan)
+    for manifest in manifests:
+        kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+    policy = _by_kind_name(manifests)[("NetworkPolicy", "med-w0")]
+    internet = policy["spec"]["egress"][2]["to"]
+    assert internet == [
+        {"ipBlock": {"cidr": "0.0.0.0/0", "except": [*PRIVATE_V4, "34.118.224.0/20", "10.96.0.0/12"]}},
+        {"ipBlock": {"cidr": "::/0", "except": [*PRIVATE_V6, "2600:1900:4000::/44"]}},
+    ]
+
+
+def test_media_settings_reach_the_serve_command() -> None:
+    plan = _media_plan(
+        allowedDomains=["media.example.com", "*.cdn.example.net"], deniedNetworks=["34.118.224.0/20"]
+    )
+    pod = _by_kind_name(render_manifests(plan))[("Pod", "med-w0-worker")]
+    command = pod["spec"]["containers"][0]["command"]
+    assert command[command.index("--allowed-media-domain") :][:6] == [
+        "--allowed-media-domain",
+        "media.example.com",
+        "--allowed-media-domain",
+        "*.cdn.example.net",
+        "--deny-media-network",
+        "34.118.224.0/20",
+    ]
+
+
+def test_every_example_gets_the_egress_policy() -> None:
+    for path in EXAMPLES:
+        (dep,) = load_deployments(path)
+        plan = plan_deployment(dep)
+        policies = [m for m in render_manifests(plan) if m["kind"] == "NetworkPolicy"]
+        assert len(policies) == len(plan.workers), path.name
+        for policy in policies:
+            assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"], path.name
