@@ -55,9 +55,13 @@ class RealtimeSettings:
     session_timeout_s: float = 300.0  # idle streaming-input sessions are released after this
     max_payload_per_session: int = 64 * 1024 * 1024  # decoded bytes of all chunks of one session
     max_chunks_per_session: int = 4096
+    # A chunk may run at most this many ids ahead of the next one expected: gaps are counted, never
+    # listed, and a far-off id is refused at once instead of promising millions of missing chunks.
+    sequence_window: int = 4096
     start_policy: str = "on_end_only"  # default when a session does not choose
     min_length_bytes: int = 32 * 1024  # on_min_length starts once this many payload bytes are in order
     result_wait_s: float = 60.0  # GET .../result waits this long for a running generation
+    max_result_wait_s: float = 300.0  # the most a client may ask for with ?wait=
 
     media_limits: MediaLimits = field(default_factory=MediaLimits)
 
