@@ -40,11 +40,13 @@ from omni_runtime.realtime.errors import (
     PAYLOAD_TOO_LARGE,
     SEQUENCE_OUT_OF_WINDOW,
     SESSION_FINISHED,
+    TOO_MANY_MESSAGES,
     ProtocolError,
     invalid,
 )
-from omni_runtime.realtime.protocol import close_quietly
-from omni_runtime.realtime.settings import RealtimeSettings
+from omni_runtime.realtime.protocol import close_quietly, engine_voice
+from omni_runtime.realtime.request_types import too_long
+from omni_runtime.realtime.settings import RealtimeSettings, prompt_limits
 from omni_runtime.realtime.streaming_input import chat_format
 from omni_runtime.realtime.streaming_input.models import Chunk, Modality, StreamingInputParams
 
@@ -97,9 +99,34 @@ class StreamingInputSession:
         self.failure: ProtocolError | None = None
         self._task: asyncio.Task[None] | None = None
         self.want_audio = "audio" in params.modalities
-        self.audio_format = "pcm16" if (params.audio or {}).get("format") == "pcm16" else "wav"
+        self.audio_format = params.audio.format if params.audio is not None else "wav"
         if self.want_audio and not engine.supports_audio_output:
             raise invalid("modalities", "this worker serves text only; use ['text']")
+        self.max_chars, max_messages = prompt_limits(
+            engine.max_model_len,
+            max_chars=settings.max_prompt_chars,
+            max_messages=settings.max_prompt_messages,
+        )
+        earlier = params.messages or []
+        if len(earlier) + 1 > max_messages:
+            raise ProtocolError(
+                f"messages holds {len(earlier)} earlier turns; with the streamed one this worker takes at most "
+                f"{max_messages} messages",
+                code=TOO_MANY_MESSAGES,
+                param="messages",
+            )
+        # Text of the turn so far (instructions and earlier messages included), bounded by max_chars.
+        self.text_chars = len(params.instructions or "")
+        for index, message in enumerate(earlier):
+            self._count_text(len(message.content), param=f"messages[{index}].content")
+        self.voice = engine_voice(
+            params.requested_voice, engine=engine, param="voice" if params.voice else "audio.voice"
+        )
+
+    def _count_text(self, chars: int, *, param: str) -> None:
+        if self.text_chars + chars > self.max_chars:
+            raise too_long(param, chars=self.text_chars + chars, max_chars=self.max_chars)
+        self.text_chars += chars
 
     def touch(self) -> None:
         self.last_activity = time.monotonic()
@@ -161,9 +188,12 @@ class StreamingInputSession:
         # Cheap checks now, so the client hears about a bad chunk on the chunk's own response.
         if chunk.modality == "text":
             try:
-                raw.decode("utf-8")
+                text = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
                 raise invalid(param, "a text chunk must be UTF-8") from exc
+            self._count_text(
+                len(text), param=f"chunks[{chunk.sequence_id}].text" if chunk.payload is None else param
+            )
         elif chunk.modality == "audio" and len(raw) % 2:
             raise invalid(param, "audio chunks are PCM16: an even number of bytes")
         return raw
@@ -300,7 +330,6 @@ class StreamingInputSession:
         turns.extend(ChatTurn(role=m.role, text=m.content) for m in params.messages or [])
         turns.append(ChatTurn(role="user", text="".join(asm.text), media=tuple(media)))
         stop = (params.stop,) if isinstance(params.stop, str) else tuple(params.stop or ())
-        voice = params.voice or (params.audio or {}).get("voice")
         return GenerationRequest(
             request_id=self.completion,
             turns=tuple(turns),
@@ -315,7 +344,7 @@ class StreamingInputSession:
                 seed=params.seed,
             ),
             want_audio=self.want_audio,
-            voice=voice if isinstance(voice, str) else None,
+            voice=self.voice,
         )
 
     def _begin(self) -> None:
