@@ -12,7 +12,7 @@ from collections.abc import Callable
 from fastapi import FastAPI
 
 from omni_runtime.api.chat.routes import router as chat_router
-from omni_runtime.api.errors import install_error_handlers
+from omni_runtime.api.errors import document_errors_as_served, install_error_handlers
 from omni_runtime.api.lifespan import engine_lifespan
 from omni_runtime.api.metrics import RequestCounter
 from omni_runtime.api.model_list.routes import router as models_router
@@ -40,6 +40,7 @@ def build_app(
     state = AppState(engine=engine, settings=settings, on_startup_failure=on_startup_failure)
     app.state.omni = state
     install_error_handlers(app)
+    document_errors_as_served(app)
     app.include_router(chat_router)
     app.include_router(models_router)
     app.include_router(ops_router)

@@ -41,6 +41,26 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for a route: each status with the OpenAI error JSON body."""
+    return {
+        status: {"model": ErrorResponse, "description": _DESCRIPTIONS.get(status, "Error")}
+        for status in statuses
+    }
+
+
+_DESCRIPTIONS = {
+    400: "Invalid request",
+    404: "Not found",
+    409: "Conflict with the session's state",
+    413: "Request too large",
+    429: "Too many sessions",
+    499: "Client closed the request",
+    500: "Worker fault",
+    503: "Not ready",
+}
+
+
 class ApiError(Exception):
     """A request the API refuses, with everything the OpenAI error JSON needs."""
 
@@ -100,6 +120,7 @@ def internal_error(request_id: str | None = None) -> ApiError:
 # Segments pydantic adds for union members ("str", "list[...]") are not field names.
 _TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none", "bytes"}
 _TYPE_ERRORS_SUFFIXES = ("_type", "_parsing")
+_LOCATIONS = {"body", "query", "path", "header"}  # where FastAPI found the value, not a field name
 
 
 def _is_type_tag(segment: str) -> bool:
@@ -107,12 +128,13 @@ def _is_type_tag(segment: str) -> bool:
 
 
 def field_path(loc: Sequence[int | str]) -> str:
-    """``("body", "messages", 0, "content", "list[...]", 1, "image_url")`` -> ``messages[0].content[1].image_url``."""
+    """``("body", "messages", 0, "content", "list[...]", 1, "image_url")`` -> ``messages[0].content[1].image_url``;
+    ``("query", "wait")`` -> ``wait``."""
     path = ""
     for segment in loc:
         if isinstance(segment, int):
             path += f"[{segment}]"
-        elif segment == "body" and not path:
+        elif segment in _LOCATIONS and not path:
             continue
         elif not _is_type_tag(segment):
             path += f".{segment}" if path else segment
@@ -171,6 +193,26 @@ def from_validation_errors(errors: Sequence[Any]) -> ApiError:
     if code == "missing_required_parameter":
         return ApiError(f"Missing required parameter: '{param}'.", param=param, code=code)
     return ApiError(f"Invalid value for '{param}': {'; or '.join(reasons)}.", param=param, code=code)
+
+
+def document_errors_as_served(app: FastAPI) -> None:
+    """FastAPI documents a 422 for every route with parameters; this API answers 400 instead
+    (`from_validation_errors`), so the OpenAPI document drops the 422s and their schemas."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            doc = build()
+            for operations in doc.get("paths", {}).values():
+                for operation in operations.values():
+                    operation.get("responses", {}).pop("422", None)
+            schemas = doc.get("components", {}).get("schemas", {})
+            for name in ("HTTPValidationError", "ValidationError"):
+                schemas.pop(name, None)
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def install_error_handlers(app: FastAPI) -> None:

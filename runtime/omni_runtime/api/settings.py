@@ -24,6 +24,9 @@ class ApiSettings:
     # (omni_runtime.support.gc_pauses). `omni serve` turns it on; apps built in tests leave it off.
     gc_freeze: bool = False
     audio_expiry_s: int = 3600  # `expires_at` of audio replies (we keep nothing; clients expect the field)
+    # Checked before tokenizing; None: derived from the model's context (realtime.settings.prompt_limits).
+    max_prompt_chars: int | None = None
+    max_prompt_messages: int | None = None
 
 
 @dataclass(frozen=True)
@@ -35,3 +38,5 @@ class ServingLimits:
     default_max_tokens: int
     supports_audio_output: bool
     max_video_frames: int
+    max_prompt_chars: int | None = None  # None: no cap
+    max_prompt_messages: int | None = None

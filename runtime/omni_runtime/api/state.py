@@ -11,6 +11,7 @@ from fastapi import Request
 from omni_runtime.api.metrics import ApiMetrics
 from omni_runtime.api.settings import ApiSettings, ServingLimits
 from omni_runtime.contract.engine import Engine
+from omni_runtime.realtime.settings import prompt_limits
 
 
 @dataclass
@@ -42,12 +43,19 @@ class AppState:
         return bool(getattr(self.engine, "random_weights", False))
 
     def serving_limits(self) -> ServingLimits:
+        max_chars, max_messages = prompt_limits(
+            self.engine.max_model_len,
+            max_chars=self.settings.max_prompt_chars,
+            max_messages=self.settings.max_prompt_messages,
+        )
         return ServingLimits(
             model_name=self.model_name,
             max_tokens_limit=self.settings.max_tokens_limit or self.engine.max_model_len,
             default_max_tokens=self.settings.default_max_tokens,
             supports_audio_output=self.engine.supports_audio_output,
             max_video_frames=self.settings.media.max_video_frames,
+            max_prompt_chars=max_chars,
+            max_prompt_messages=max_messages,
         )
 
 

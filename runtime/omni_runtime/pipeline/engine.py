@@ -69,6 +69,14 @@ class PipelineEngine:
     def ready(self) -> bool:
         return self._ready
 
+    @property
+    def voices(self) -> tuple[str, ...]:
+        return self.adapter.voices if self.adapter is not None and self.supports_audio_output else ()
+
+    @property
+    def default_voice(self) -> str | None:
+        return self.adapter.default_voice if self.adapter is not None else None
+
     async def start(self) -> None:
         from omni_runtime.models.registry import load_adapter  # torch and transformers: only now
 

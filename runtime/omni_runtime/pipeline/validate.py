@@ -6,6 +6,7 @@ from typing import Any, Protocol
 
 from omni_runtime.contract.adapter import OmniAdapter, RowSampling
 from omni_runtime.contract.engine import EngineError, GenerationRequest, SamplingParams
+from omni_runtime.contract.voices import UnknownVoice, resolve_voice
 
 DEFAULT_TALKER_MAX_TOKENS = 4096
 DEFAULT_CODES_PER_TEXT_TOKEN = 30
@@ -49,13 +50,14 @@ def validate_request(request: GenerationRequest, *, engine: ServingEngine) -> st
             param="modalities",
         )
     adapter = engine.adapter
-    voices = adapter.voices if adapter is not None else ()
-    voice = request.voice or (adapter.default_voice if adapter is not None else None)
-    if voices and voice not in voices:
-        raise EngineError(
-            f"unknown voice {request.voice!r}; available: {', '.join(voices)}", param="audio.voice"
+    try:
+        return resolve_voice(
+            request.voice,
+            voices=adapter.voices if adapter is not None else (),
+            default=adapter.default_voice if adapter is not None else None,
         )
-    return voice
+    except UnknownVoice as exc:
+        raise EngineError(str(exc), param="audio.voice") from exc
 
 
 def row_sampling(sp: SamplingParams) -> RowSampling:

@@ -1,8 +1,8 @@
 """What every session protocol shares: ids of protocol objects, engine voices, closing engine streams.
 
 Realtime sockets, video sockets and streaming-input sessions all name items and responses with
-`new_id`, ask the engine for a speaker with `engine_voice` (stock OpenAI voice names mean the
-model's default) and close an engine stream with `close_quietly` when a reply ends or is cancelled.
+`new_id`, ask the engine for a speaker with `engine_voice` (OpenAI voice names mapped onto the
+model's speakers by `omni_runtime.contract.voices`) and close an engine stream with `close_quietly` when a reply ends or is cancelled.
 """
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ import itertools
 import secrets
 from typing import Any
 
-# Stock OpenAI voice names mean "the model's default speaker" here.
-OPENAI_VOICES = frozenset(
-    {"alloy", "ash", "ballad", "coral", "echo", "sage", "shimmer", "verse", "marin", "cedar"}
-)
+from omni_runtime.contract.engine import Engine
+from omni_runtime.contract.voices import UnknownVoice, resolve_voice
+from omni_runtime.realtime.errors import invalid
 
 _ids = itertools.count(1)
 
@@ -25,9 +24,13 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{next(_ids):06d}{secrets.token_hex(4)}"
 
 
-def engine_voice(voice: str | None) -> str | None:
-    """The speaker to ask the engine for: stock OpenAI names mean the model's default."""
-    return None if voice is None or voice in OPENAI_VOICES else voice
+def engine_voice(voice: str | None, *, engine: Engine, param: str) -> str | None:
+    """The model speaker for ``voice`` (OpenAI names mapped, `contract.voices`); ProtocolError naming
+    ``param`` for a voice the model lacks."""
+    try:
+        return resolve_voice(voice, voices=engine.voices, default=engine.default_voice)
+    except UnknownVoice as exc:
+        raise invalid(param, str(exc)) from exc
 
 
 async def close_quietly(stream: Any) -> None:

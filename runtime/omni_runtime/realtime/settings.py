@@ -14,6 +14,22 @@ from omni_runtime.media.limits import MediaLimits
 
 START_POLICIES = ("on_end_only", "on_first_chunk", "on_min_length")
 
+# Prompt text is bounded before it is tokenized. A token is rarely longer than a few characters and
+# every chat message costs at least four template tokens, so past these derived caps a prompt
+# cannot fit the model's context anyway; refusing early saves seconds of tokenizer time.
+CHARS_PER_CONTEXT_TOKEN = 32
+TOKENS_PER_MESSAGE = 4
+
+
+def prompt_limits(
+    max_model_len: int, *, max_chars: int | None = None, max_messages: int | None = None
+) -> tuple[int, int]:
+    """(most characters of prompt text, most messages) for a model context; None: derived from it."""
+    return (
+        max_chars if max_chars is not None else CHARS_PER_CONTEXT_TOKEN * max_model_len,
+        max_messages if max_messages is not None else max(1, max_model_len // TOKENS_PER_MESSAGE),
+    )
+
 
 @dataclass(frozen=True)
 class RealtimeSettings:
@@ -30,6 +46,10 @@ class RealtimeSettings:
     default_voice: str | None = None
     default_instructions: str = ""
     default_max_output_tokens: int = 1024
+    # Prompt text of one request (instructions, messages, text items and chunks); None: derived
+    # from the model's context (`prompt_limits`).
+    max_prompt_chars: int | None = None
+    max_prompt_messages: int | None = None
 
     # Server VAD defaults (the OpenAI defaults).
     vad_threshold: float = 0.5
@@ -55,9 +75,13 @@ class RealtimeSettings:
     session_timeout_s: float = 300.0  # idle streaming-input sessions are released after this
     max_payload_per_session: int = 64 * 1024 * 1024  # decoded bytes of all chunks of one session
     max_chunks_per_session: int = 4096
+    # A chunk may run at most this many ids ahead of the next one expected: gaps are counted, never
+    # listed, and a far-off id is refused at once instead of promising millions of missing chunks.
+    sequence_window: int = 4096
     start_policy: str = "on_end_only"  # default when a session does not choose
     min_length_bytes: int = 32 * 1024  # on_min_length starts once this many payload bytes are in order
     result_wait_s: float = 60.0  # GET .../result waits this long for a running generation
+    max_result_wait_s: float = 300.0  # the most a client may ask for with ?wait=
 
     media_limits: MediaLimits = field(default_factory=MediaLimits)
 

@@ -72,7 +72,7 @@ def test_unknown_model_is_404(limited: Worker) -> None:
         (
             {"messages": HELLO, "temperature": "hot"},
             _error(
-                "Invalid value for 'temperature': Input should be a valid number, unable to parse string as a number.",
+                "Invalid value for 'temperature': Input should be a valid number.",
                 "temperature",
                 "invalid_type",
             ),

@@ -31,6 +31,8 @@ class ScriptedEngine:
     output_sample_rate: int = 24_000
     supports_audio_output: bool = True
     max_model_len: int = 4096
+    voices: tuple[str, ...] = ("Chelsie", "Ethan")
+    default_voice: str | None = "Chelsie"
     words: int = 4
     step_s: float = 0.0
     chunk_ms: int = 200

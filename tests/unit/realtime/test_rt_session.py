@@ -73,7 +73,7 @@ async def test_audio_in_and_audio_out_at_the_client_rate(make_driver, engine) ->
     (user,) = request.turns
     assert user.media[0].kind == "audio" and user.media[0].sample_rate == 16_000
     assert user.media[0].data.size == 8000
-    assert request.want_audio and request.voice is None  # stock OpenAI voice -> model default
+    assert request.want_audio and request.voice == "Chelsie"  # OpenAI "alloy" -> the model's Chelsie
     audio = b"".join(
         base64.b64decode(e["delta"]) for e in drv.events if e["type"] == "response.output_audio.delta"
     )

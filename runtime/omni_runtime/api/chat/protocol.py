@@ -18,6 +18,7 @@ from omni_runtime.api.settings import ServingLimits
 from omni_runtime.contract.engine import ChatTurn, GenerationRequest, MediaInput, MediaKind, SamplingParams
 from omni_runtime.contract.stages import STAGES
 from omni_runtime.media.video import VideoOptions
+from omni_runtime.realtime.request_types import Flag, Int, Number, Text
 
 
 class _Model(BaseModel):
@@ -26,8 +27,8 @@ class _Model(BaseModel):
 
 
 class MediaURL(_Model):
-    url: str
-    detail: str | None = None  # OpenAI's image detail hint; the processor decides resolution
+    url: Text
+    detail: Text | None = None  # OpenAI's image detail hint; the processor decides resolution
 
 
 def _url_object(value: Any) -> Any:
@@ -36,7 +37,7 @@ def _url_object(value: Any) -> Any:
 
 class TextPart(_Model):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ImagePart(_Model):
@@ -50,8 +51,8 @@ class ImagePart(_Model):
 
 
 class InputAudio(_Model):
-    data: str = Field(description="base64-encoded audio file (wav, mp3, flac, ogg, m4a)")
-    format: str | None = None  # a hint only: the container is sniffed from the bytes
+    data: Text = Field(description="base64-encoded audio file (wav, mp3, flac, ogg, m4a)")
+    format: Text | None = None  # a hint only: the container is sniffed from the bytes
 
 
 class InputAudioPart(_Model):
@@ -96,17 +97,24 @@ ContentPart = Annotated[
 
 class ChatMessage(_Model):
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
+    content: Text | list[ContentPart] | None = None
+    name: Text | None = None
 
 
 class AudioOutput(_Model):
     format: Literal["wav", "pcm16"] = "wav"
-    voice: str | None = None  # a speaker of the checkpoint; None: the talker's default
+    voice: Text | None = None  # a speaker of the checkpoint; None: the talker's default
+
+
+class ResponseFormat(_Model):
+    """OpenAI's ``response_format``: only plain text is served (no constrained JSON decoding)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
 
 
 class StreamOptions(_Model):
-    include_usage: bool | None = None
+    include_usage: Flag | None = None
 
 
 @dataclass(frozen=True)
@@ -121,37 +129,38 @@ class MediaRef:
 
 
 class ChatCompletionRequest(_Model):
-    model: str | None = None  # optional: a worker serves one model
+    model: Text | None = None  # optional: a worker serves one model
     messages: list[ChatMessage]
     modalities: list[Literal["text", "audio"]] | None = None
     audio: AudioOutput | None = None
-    images: list[str] | None = None
-    audios: list[str] | None = None
-    videos: list[str] | None = None
-    video_fps: float | None = Field(default=None, gt=0, le=60)
-    video_max_frames: int | None = Field(default=None, ge=1)
-    video_min_pixels: int | None = Field(default=None, ge=1)
-    video_max_pixels: int | None = Field(default=None, ge=1)
-    video_total_pixels: int | None = Field(default=None, ge=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=-1, ge=-1)
-    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
-    repetition_penalty: float = Field(default=1.0, gt=0.0, le=2.0)
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    stream: bool = False
+    images: list[Text] | None = None
+    audios: list[Text] | None = None
+    videos: list[Text] | None = None
+    video_fps: Number | None = Field(default=None, gt=0, le=60)
+    video_max_frames: Int | None = Field(default=None, ge=1)
+    video_min_pixels: Int | None = Field(default=None, ge=1)
+    video_max_pixels: Int | None = Field(default=None, ge=1)
+    video_total_pixels: Int | None = Field(default=None, ge=1)
+    max_tokens: Int | None = Field(default=None, ge=1)
+    max_completion_tokens: Int | None = Field(default=None, ge=1)
+    temperature: Number = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: Number = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: Int = Field(default=-1, ge=-1)
+    min_p: Number = Field(default=0.0, ge=0.0, le=1.0)
+    repetition_penalty: Number = Field(default=1.0, gt=0.0, le=2.0)
+    stop: Text | list[Text] | None = None
+    seed: Int | None = None
+    stream: Flag = False
     stream_options: StreamOptions | None = None
     stage_params: dict[str, dict[str, Any]] | None = None
     # vLLM's extension, used by `omni bench`: generate exactly max_tokens, ignoring end-of-sequence.
-    ignore_eos: bool = False
+    ignore_eos: Flag = False
     # Standard fields with only one supported value: refused with a clear message otherwise.
-    n: int = Field(default=1, ge=1)
+    n: Int = Field(default=1, ge=1)
     tools: list[dict[str, Any]] | None = None
-    logprobs: bool | None = None
-    user: str | None = None
+    logprobs: Flag | None = None
+    user: Text | None = None
+    response_format: ResponseFormat | None = None
 
     @field_validator("messages")
     @classmethod
@@ -201,10 +210,18 @@ class ChatCompletionRequest(_Model):
             raise ApiError(
                 "Tool calling is not supported by this worker.", param="tools", code="unsupported_value"
             )
+        if self.response_format is not None and self.response_format.type != "text":
+            raise ApiError(
+                f"response_format {self.response_format.type!r} is not supported: this worker cannot "
+                'constrain its output to JSON; leave response_format out or send {"type": "text"}.',
+                param="response_format",
+                code="unsupported_value",
+            )
         if self.logprobs:
             raise ApiError(
                 "logprobs are not supported by this worker.", param="logprobs", code="unsupported_value"
             )
+        self._check_prompt_size(limits)
         requested, field = self.requested_max_tokens
         if requested is not None and requested > limits.max_tokens_limit:
             raise ApiError(
@@ -238,6 +255,31 @@ class ChatCompletionRequest(_Model):
                 param="messages",
                 code="invalid_value",
             )
+
+    def _check_prompt_size(self, limits: ServingLimits) -> None:
+        """Refuse prompts that cannot fit the context before any tokenizer sees them."""
+        if limits.max_prompt_messages is not None and len(self.messages) > limits.max_prompt_messages:
+            raise ApiError(
+                f"messages holds {len(self.messages)} messages; this worker takes at most "
+                f"{limits.max_prompt_messages} (its context is too short for more).",
+                param="messages",
+                code="too_many_messages",
+            )
+        if limits.max_prompt_chars is None:
+            return
+        total = 0
+        for i, message in enumerate(self.messages):
+            if isinstance(message.content, str):
+                total += len(message.content)
+            elif message.content is not None:
+                total += sum(len(part.text) for part in message.content if isinstance(part, TextPart))
+            if total > limits.max_prompt_chars:
+                raise ApiError(
+                    f"The messages up to messages[{i}] hold more than {limits.max_prompt_chars} characters of "
+                    "text, more than this worker's context can take; send less text.",
+                    param=f"messages[{i}].content",
+                    code="prompt_too_long",
+                )
 
     def video_options(self) -> VideoOptions:
         return VideoOptions(

@@ -14,9 +14,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
 
-from omni_runtime.api.chat.protocol import ChatCompletionRequest
+from omni_runtime.api.chat.protocol import ChatCompletionRequest, ChatCompletionResponse
 from omni_runtime.api.chat.serving import ChatServing
-from omni_runtime.api.errors import ErrorResponse
+from omni_runtime.api.errors import error_responses
 from omni_runtime.api.state import get_state
 from omni_runtime.api.streaming_input import routes as streaming_input
 
@@ -39,9 +39,16 @@ class ChatCompletionsRoute(APIRoute):
 
 router = APIRouter(route_class=ChatCompletionsRoute)
 
-_ERRORS = {status: {"model": ErrorResponse} for status in (400, 404, 413, 500, 503)}
+_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **error_responses(400, 404, 413, 500, 503),
+    200: {
+        "description": "A chat completion (JSON), or with stream=true chat.completion.chunk events (SSE)",
+        "model": ChatCompletionResponse,
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    },
+}
 
 
-@router.post("/v1/chat/completions", responses=_ERRORS)  # type: ignore[arg-type]
+@router.post("/v1/chat/completions", response_model=None, responses=_RESPONSES)
 async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> Response:
     return await ChatServing(get_state(raw)).create(body, raw)

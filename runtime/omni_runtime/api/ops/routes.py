@@ -11,7 +11,7 @@ from omni_runtime.api.state import get_state
 router = APIRouter()
 
 
-@router.get("/health")
+@router.get("/health", responses={503: {"description": "The worker failed to start"}})
 async def health(raw: Request) -> JSONResponse:
     state = get_state(raw)
     # Alive while loading, so Kubernetes does not restart a worker that is still loading weights;
@@ -21,7 +21,7 @@ async def health(raw: Request) -> JSONResponse:
     return JSONResponse({"status": "ok"})
 
 
-@router.get("/ready")
+@router.get("/ready", responses={503: {"description": "Still loading or warming up, or failed to start"}})
 async def ready(raw: Request) -> JSONResponse:
     state = get_state(raw)
     if state.ready:
@@ -30,6 +30,15 @@ async def ready(raw: Request) -> JSONResponse:
     return JSONResponse({"status": status, "model": state.model_name}, status_code=503)
 
 
-@router.get("/metrics")
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={
+        200: {
+            "description": "Prometheus text exposition",
+            "content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}},
+        }
+    },
+)
 async def metrics(raw: Request) -> Response:
     return Response(get_state(raw).metrics.render(), media_type=CONTENT_TYPE_LATEST)

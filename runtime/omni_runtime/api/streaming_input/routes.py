@@ -18,10 +18,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from omni_runtime.api.errors import from_protocol_error
+from omni_runtime.api.errors import error_responses, from_protocol_error
 from omni_runtime.api.streaming_input.parsing import body_limit, feed_ndjson, parse_body, read_body
 from omni_runtime.realtime.errors import INPUT_NOT_FINISHED, ProtocolError
 from omni_runtime.realtime.streaming_input.manager import StreamingInputManager
@@ -52,7 +52,7 @@ def streaming_input_router(manager: StreamingInputManager) -> APIRouter:
         except ProtocolError as exc:
             return error_response(exc, manager=manager)
 
-    @router.post(base)
+    @router.post(base, responses=error_responses(400, 404, 413, 429))
     async def create(request: Request) -> Response:
         async def work() -> Response:
             params = parse_body(StreamingInputParams, await read_body(request, limit=limit))
@@ -65,7 +65,14 @@ def streaming_input_router(manager: StreamingInputManager) -> APIRouter:
 
         return await guarded(work)
 
-    @router.post(base + "/{session_id}/chunks")
+    @router.post(
+        base + "/{session_id}/chunks",
+        status_code=202,
+        responses={
+            **error_responses(400, 404, 409, 413),
+            200: {"description": "A duplicate, acknowledged and ignored"},
+        },
+    )
     async def add_chunk(session_id: str, request: Request) -> Response:
         async def work() -> Response:
             session = manager.get(session_id)
@@ -77,21 +84,21 @@ def streaming_input_router(manager: StreamingInputManager) -> APIRouter:
 
         return await guarded(work)
 
-    @router.post(base + "/{session_id}/finish")
+    @router.post(base + "/{session_id}/finish", responses=error_responses(404))
     async def finish(session_id: str) -> Response:
         async def work() -> Response:
             return JSONResponse(await manager.get(session_id).finish())
 
         return await guarded(work)
 
-    @router.get(base + "/{session_id}")
+    @router.get(base + "/{session_id}", responses=error_responses(404))
     async def status(session_id: str) -> Response:
         async def work() -> Response:
             return JSONResponse(manager.get(session_id).status())
 
         return await guarded(work)
 
-    @router.delete(base + "/{session_id}")
+    @router.delete(base + "/{session_id}", responses=error_responses(404))
     async def delete(session_id: str) -> Response:
         async def work() -> Response:
             manager.get(session_id)
@@ -100,8 +107,23 @@ def streaming_input_router(manager: StreamingInputManager) -> APIRouter:
 
         return await guarded(work)
 
-    @router.get(base + "/{session_id}/result")
-    async def result(session_id: str, wait: float | None = None) -> Response:
+    @router.get(
+        base + "/{session_id}/result",
+        responses={
+            **error_responses(400, 404, 409, 500),
+            202: {"description": "Still generating: the session's status"},
+        },
+    )
+    async def result(
+        session_id: str,
+        wait: float | None = Query(
+            default=None,
+            ge=0.0,
+            le=manager.settings.max_result_wait_s,
+            allow_inf_nan=False,
+            description="seconds to wait for a running generation",
+        ),
+    ) -> Response:
         async def work() -> Response:
             session = manager.get(session_id)
             return await result_response(
@@ -110,7 +132,17 @@ def streaming_input_router(manager: StreamingInputManager) -> APIRouter:
 
         return await guarded(work)
 
-    @router.get(base + "/{session_id}/stream")
+    @router.get(
+        base + "/{session_id}/stream",
+        response_class=StreamingResponse,
+        responses={
+            **error_responses(404),
+            200: {
+                "description": "chat.completion.chunk events, then data: [DONE]",
+                "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            },
+        },
+    )
     async def stream(session_id: str) -> Response:
         async def work() -> Response:
             return sse_response(manager.get(session_id))

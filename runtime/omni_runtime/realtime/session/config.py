@@ -14,7 +14,6 @@ from typing import Any
 
 from omni_runtime.realtime.audio import SUPPORTED_RATES
 from omni_runtime.realtime.errors import invalid
-from omni_runtime.realtime.protocol import engine_voice
 from omni_runtime.realtime.settings import RealtimeSettings
 
 
@@ -74,9 +73,6 @@ class SessionConfig:
 
     def modalities(self) -> list[str]:
         return ["audio"] if self.want_audio else ["text"]
-
-    def engine_voice(self) -> str | None:
-        return engine_voice(self.voice)
 
     def to_json(self, *, session_id: str, beta: bool, duplex: bool) -> dict[str, Any]:
         vad = self.turn_detection.to_json() if self.turn_detection else None

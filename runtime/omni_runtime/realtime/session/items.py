@@ -20,6 +20,7 @@ from omni_runtime.media.sources import decode_data_uri
 from omni_runtime.realtime.audio import MODEL_RATE, decode_b64, pcm16_to_float
 from omni_runtime.realtime.errors import INVALID_MEDIA, ProtocolError, invalid
 from omni_runtime.realtime.protocol import new_id
+from omni_runtime.realtime.request_types import check_text
 from omni_runtime.realtime.session.conversation import Item, Part
 
 _TEXT_TYPES = {
@@ -29,15 +30,21 @@ _TEXT_TYPES = {
 }
 
 
-def _text_of(part: dict[str, Any], param: str) -> str:
+def _text_of(part: dict[str, Any], param: str, max_chars: int) -> str:
     text = part.get("text", part.get("transcript"))
     if not isinstance(text, str):
         raise invalid(f"{param}.text", "expected a string")
-    return text
+    return check_text(text, param=f"{param}.text", max_chars=max_chars)
 
 
 async def parse_item(
-    body: Any, *, input_rate: int, max_bytes: int, media_limits: MediaLimits, existing: set[str]
+    body: Any,
+    *,
+    input_rate: int,
+    max_bytes: int,
+    max_text_chars: int,
+    media_limits: MediaLimits,
+    existing: set[str],
 ) -> Item:
     if not isinstance(body, dict):
         raise invalid("item", "expected an object")
@@ -62,11 +69,15 @@ async def parse_item(
             raise invalid(param, "expected an object")
         part_type = raw.get("type")
         if part_type in _TEXT_TYPES[role]:
-            parts.append(Part(type=_TEXT_TYPES[role][0], text=_text_of(raw, param)))
+            parts.append(Part(type=_TEXT_TYPES[role][0], text=_text_of(raw, param, max_text_chars)))
         elif role == "assistant" and part_type in ("output_audio", "audio"):
-            parts.append(Part(type="output_text", text=_text_of(raw, param)))
+            parts.append(Part(type="output_text", text=_text_of(raw, param, max_text_chars)))
         elif role == "user" and part_type == "input_audio":
-            parts.append(_audio_part(raw, param=param, input_rate=input_rate, max_bytes=max_bytes))
+            parts.append(
+                _audio_part(
+                    raw, param=param, input_rate=input_rate, max_bytes=max_bytes, max_chars=max_text_chars
+                )
+            )
         elif role == "user" and part_type == "input_image":
             parts.append(await _image_part(raw, param=param, limits=media_limits))
         else:
@@ -74,8 +85,11 @@ async def parse_item(
     return Item(id=item_id, role=role, content=parts)
 
 
-def _audio_part(raw: dict[str, Any], *, param: str, input_rate: int, max_bytes: int) -> Part:
+def _audio_part(raw: dict[str, Any], *, param: str, input_rate: int, max_bytes: int, max_chars: int) -> Part:
     transcript = raw.get("transcript") or ""
+    if not isinstance(transcript, str):
+        raise invalid(f"{param}.transcript", "expected a string")
+    check_text(transcript, param=f"{param}.transcript", max_chars=max_chars)
     if "audio" not in raw or raw["audio"] is None:
         if not transcript:
             raise invalid(f"{param}.audio", "input_audio needs base64 PCM16 audio (or a transcript)")

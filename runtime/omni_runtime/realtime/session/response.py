@@ -33,9 +33,10 @@ from omni_runtime.realtime.audio import StreamingResampler, float_to_b64_pcm16
 from omni_runtime.realtime.errors import ENGINE_ERROR, SERVER_ERROR, invalid
 from omni_runtime.realtime.outbox import Outbox
 from omni_runtime.realtime.protocol import close_quietly, engine_voice, new_id
+from omni_runtime.realtime.request_types import check_text
 from omni_runtime.realtime.session.config import SessionConfig, parse_modalities
 from omni_runtime.realtime.session.conversation import Conversation, Item, Part
-from omni_runtime.realtime.settings import RealtimeSettings
+from omni_runtime.realtime.settings import RealtimeSettings, prompt_limits
 
 log = logging.getLogger("omni.realtime")
 
@@ -69,6 +70,9 @@ def plan_response(
     instructions = body.get("instructions", config.instructions)
     if not isinstance(instructions, str):
         raise invalid("response.instructions", "expected a string")
+    if "instructions" in body:
+        max_chars, _ = prompt_limits(engine.max_model_len, max_chars=settings.max_prompt_chars)
+        check_text(instructions, param="response.instructions", max_chars=max_chars)
     voice = ((body.get("audio") or {}).get("output") or {}).get("voice", body.get("voice", config.voice))
     if voice is not None and not isinstance(voice, str):
         raise invalid("response.voice", "expected a voice name")
@@ -86,7 +90,7 @@ def plan_response(
             instructions=instructions, token_budget=max(256, engine.max_model_len - max_tokens)
         ),
         want_audio=want_audio,
-        voice=engine_voice(voice),
+        voice=engine_voice(voice, engine=engine, param="response.voice"),
         output_rate=config.output_rate,
         max_tokens=max_tokens,
         temperature=float(temperature),

@@ -45,7 +45,8 @@ from omni_runtime.realtime.errors import (
 )
 from omni_runtime.realtime.metrics import RealtimeMetrics
 from omni_runtime.realtime.outbox import Outbox
-from omni_runtime.realtime.protocol import new_id
+from omni_runtime.realtime.protocol import engine_voice, new_id
+from omni_runtime.realtime.request_types import check_text
 from omni_runtime.realtime.session.config import SessionConfig, apply_update
 from omni_runtime.realtime.session.conversation import Conversation, Item, Part
 from omni_runtime.realtime.session.input_audio import InputAudio
@@ -60,7 +61,7 @@ from omni_runtime.realtime.session.turn_detection import (
     SpeechStopped,
     TurnDetector,
 )
-from omni_runtime.realtime.settings import RealtimeSettings
+from omni_runtime.realtime.settings import RealtimeSettings, prompt_limits
 
 MIN_COMMIT_MS = 100  # the OpenAI API refuses shorter commits with the same code
 Handler = Callable[[dict[str, Any]], Awaitable[None]]
@@ -93,6 +94,7 @@ class RealtimeSession:
             on_stale=metrics.stale_dropped.inc,
         )
         self.conversation = Conversation(max_items=settings.max_conversation_items)
+        self.max_prompt_chars, _ = prompt_limits(engine.max_model_len, max_chars=settings.max_prompt_chars)
         self.input = InputAudio(
             input_rate=self.config.input_rate, max_seconds=settings.max_input_buffer_seconds
         )
@@ -180,9 +182,14 @@ class RealtimeSession:
         if "session" not in event:
             raise missing("session", where="session.update")
         old = self.config
-        self.config = apply_update(
+        new = apply_update(
             old, event["session"], audio_out=self.engine.supports_audio_output, duplex=self.duplex
         )
+        if new.voice != old.voice:
+            engine_voice(new.voice, engine=self.engine, param="session.audio.output.voice")
+        if new.instructions != old.instructions:
+            check_text(new.instructions, param="session.instructions", max_chars=self.max_prompt_chars)
+        self.config = new
         if self.config.input_rate != old.input_rate:
             await self._listen(self.input.set_rate(self.config.input_rate))
         if (self.config.turn_detection, self.config.backchannel_max_ms) != (
@@ -270,6 +277,7 @@ class RealtimeSession:
             event["item"],
             input_rate=self.config.input_rate,
             max_bytes=self.settings.max_event_bytes,
+            max_text_chars=self.max_prompt_chars,
             media_limits=self.settings.media_limits,
             existing={existing.id for existing in self.conversation.items},
         )

@@ -6,9 +6,11 @@ NDJSON body; they mirror the chat-completions fields that apply to one streamed 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+
+from omni_runtime.realtime.request_types import Flag, Int, Number, Text
 
 Modality = Literal["text", "audio", "image", "video"]
 
@@ -16,16 +18,31 @@ Modality = Literal["text", "audio", "image", "video"]
 class Chunk(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    sequence_id: int = Field(ge=0, le=1_000_000_000)
+    sequence_id: Int = Field(ge=0, le=1_000_000_000)
     modality: Modality
-    payload: str | None = None  # base64 (text: UTF-8 bytes)
-    text: str | None = None  # text chunks may send plain text instead of a payload
-    end_of_input: bool = False
+    payload: Text | None = None  # base64 (text: UTF-8 bytes)
+    text: Text | None = None  # text chunks may send plain text instead of a payload
+    end_of_input: Flag = False
+
+    @model_validator(mode="after")
+    def _one_body(self) -> Chunk:
+        if self.payload is not None and self.text is not None:
+            raise ValueError("a chunk carries either text or a base64 payload, not both")
+        return self
 
 
 class Message(BaseModel):
     role: Literal["system", "user", "assistant"]
-    content: str
+    content: Text
+
+
+class AudioOutput(BaseModel):
+    """Chat-API style ``audio`` object: the voice and the format of streamed audio."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    voice: Text | None = None
+    format: Literal["wav", "pcm16"] = "wav"
 
 
 class StreamingInputParams(BaseModel):
@@ -33,26 +50,30 @@ class StreamingInputParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    model: str | None = None
-    stream: bool = False
+    model: Text | None = None
+    stream: Flag = False
     modalities: list[Literal["text", "audio"]] = ["text"]
-    max_tokens: int | None = Field(
+    max_tokens: Int | None = Field(
         default=None, ge=1, validation_alias=AliasChoices("max_tokens", "max_completion_tokens")
     )
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = -1
-    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
-    repetition_penalty: float = Field(default=1.0, gt=0.0)
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    instructions: str | None = None
+    temperature: Number = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: Number = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: Int = -1
+    min_p: Number = Field(default=0.0, ge=0.0, le=1.0)
+    repetition_penalty: Number = Field(default=1.0, gt=0.0)
+    seed: Int | None = None
+    stop: Text | list[Text] | None = None
+    instructions: Text | None = None
     messages: list[Message] | None = None  # earlier turns (text) before the streamed one
     start_policy: Literal["on_end_only", "on_first_chunk", "on_min_length"] | None = None
-    min_length: int | None = Field(default=None, ge=1)  # bytes of in-order payload for on_min_length
+    min_length: Int | None = Field(default=None, ge=1)  # bytes of in-order payload for on_min_length
     audio_format: Literal["pcm16"] = "pcm16"
     audio_sample_rate: Literal[8000, 16000, 22050, 24000, 44100, 48000] = 16000
-    video_fps: float = Field(default=2.0, gt=0, le=60)
-    voice: str | None = None
-    audio: dict[str, Any] | None = None  # chat-API style {"voice": ..., "format": ...}
+    video_fps: Number = Field(default=2.0, gt=0, le=60)
+    voice: Text | None = None
+    audio: AudioOutput | None = None
     first_chunk: Chunk | None = Field(default=None, validation_alias=AliasChoices("first_chunk", "chunk"))
+
+    @property
+    def requested_voice(self) -> str | None:
+        return self.voice or (self.audio.voice if self.audio is not None else None)

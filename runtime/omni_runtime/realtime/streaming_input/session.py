@@ -38,12 +38,15 @@ from omni_runtime.realtime.audio import MODEL_RATE, StreamingResampler, decode_b
 from omni_runtime.realtime.errors import (
     INVALID_MEDIA,
     PAYLOAD_TOO_LARGE,
+    SEQUENCE_OUT_OF_WINDOW,
     SESSION_FINISHED,
+    TOO_MANY_MESSAGES,
     ProtocolError,
     invalid,
 )
-from omni_runtime.realtime.protocol import close_quietly
-from omni_runtime.realtime.settings import RealtimeSettings
+from omni_runtime.realtime.protocol import close_quietly, engine_voice
+from omni_runtime.realtime.request_types import too_long
+from omni_runtime.realtime.settings import RealtimeSettings, prompt_limits
 from omni_runtime.realtime.streaming_input import chat_format
 from omni_runtime.realtime.streaming_input.models import Chunk, Modality, StreamingInputParams
 
@@ -84,6 +87,8 @@ class StreamingInputSession:
         self.in_order_bytes = 0
         self._pending: dict[int, tuple[Modality, bytes]] = {}
         self._seen: set[int] = set()
+        self._max_seen: int | None = None
+        self._first_gap = 0  # the lowest sequence id not received yet
         self.next_seq = 0
         self.end_seq: int | None = None
         self._assembly = _Assembly(audio_rate=params.audio_sample_rate)
@@ -94,15 +99,57 @@ class StreamingInputSession:
         self.failure: ProtocolError | None = None
         self._task: asyncio.Task[None] | None = None
         self.want_audio = "audio" in params.modalities
-        self.audio_format = "pcm16" if (params.audio or {}).get("format") == "pcm16" else "wav"
+        self.audio_format = params.audio.format if params.audio is not None else "wav"
         if self.want_audio and not engine.supports_audio_output:
             raise invalid("modalities", "this worker serves text only; use ['text']")
+        self.max_chars, max_messages = prompt_limits(
+            engine.max_model_len,
+            max_chars=settings.max_prompt_chars,
+            max_messages=settings.max_prompt_messages,
+        )
+        earlier = params.messages or []
+        if len(earlier) + 1 > max_messages:
+            raise ProtocolError(
+                f"messages holds {len(earlier)} earlier turns; with the streamed one this worker takes at most "
+                f"{max_messages} messages",
+                code=TOO_MANY_MESSAGES,
+                param="messages",
+            )
+        # Text of the turn so far (instructions and earlier messages included), bounded by max_chars.
+        self.text_chars = len(params.instructions or "")
+        for index, message in enumerate(earlier):
+            self._count_text(len(message.content), param=f"messages[{index}].content")
+        self.voice = engine_voice(
+            params.requested_voice, engine=engine, param="voice" if params.voice else "audio.voice"
+        )
+
+    def _count_text(self, chars: int, *, param: str) -> None:
+        if self.text_chars + chars > self.max_chars:
+            raise too_long(param, chars=self.text_chars + chars, max_chars=self.max_chars)
+        self.text_chars += chars
 
     def touch(self) -> None:
         self.last_activity = time.monotonic()
 
+    def missing_count(self) -> int:
+        """Chunks still missing before the end of input (0 while the end is unknown): counted, not listed."""
+        if self.end_seq is None:
+            return 0
+        return max(0, self.end_seq + 1 - self.next_seq - len(self._pending))
+
+    def first_missing(self, limit: int = 100) -> list[int]:
+        """The first ``limit`` missing sequence ids; the loop ends after ``limit + len(pending)`` steps."""
+        out: list[int] = []
+        if self.end_seq is None:
+            return out
+        seq = self._first_gap
+        while seq <= self.end_seq and len(out) < limit:
+            if seq not in self._pending:
+                out.append(seq)
+            seq += 1
+        return out
+
     def status(self) -> dict[str, Any]:
-        missing = [seq for seq in range(self.next_seq, (self.end_seq or -1) + 1) if seq not in self._seen]
         return {
             "id": self.id,
             "session_id": self.id,
@@ -113,7 +160,8 @@ class StreamingInputSession:
             "chunks_received": len(self._seen),
             "next_expected": self.next_seq,
             "end_sequence_id": self.end_seq,
-            "missing": missing[:100],
+            "missing": self.first_missing(),
+            "missing_count": self.missing_count(),
             "expires_in": int(self.settings.session_timeout_s),
         }
 
@@ -140,9 +188,12 @@ class StreamingInputSession:
         # Cheap checks now, so the client hears about a bad chunk on the chunk's own response.
         if chunk.modality == "text":
             try:
-                raw.decode("utf-8")
+                text = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
                 raise invalid(param, "a text chunk must be UTF-8") from exc
+            self._count_text(
+                len(text), param=f"chunks[{chunk.sequence_id}].text" if chunk.payload is None else param
+            )
         elif chunk.modality == "audio" and len(raw) % 2:
             raise invalid(param, "audio chunks are PCM16: an even number of bytes")
         return raw
@@ -160,6 +211,15 @@ class StreamingInputSession:
                 param="sequence_id",
                 status=409,
             )
+        window = self.settings.sequence_window
+        if seq >= self._first_gap + window:
+            raise ProtocolError(
+                f"sequence_id {seq} is {seq - self._first_gap} ahead of the first id not yet received "
+                f"({self._first_gap}); a chunk may run at most {window} ahead (the sequence window): "
+                "send the chunks in between first",
+                code=SEQUENCE_OUT_OF_WINDOW,
+                param="sequence_id",
+            )
         if len(self._seen) >= self.settings.max_chunks_per_session:
             raise ProtocolError(
                 f"a session may carry at most {self.settings.max_chunks_per_session} chunks",
@@ -167,12 +227,15 @@ class StreamingInputSession:
                 param="sequence_id",
                 status=413,
             )
-        if chunk.end_of_input and self._seen and seq < max(self._seen):
+        if chunk.end_of_input and self._max_seen is not None and seq < self._max_seen:
             raise invalid(
-                "sequence_id", f"end_of_input on {seq}, but chunk {max(self._seen)} was already sent"
+                "sequence_id", f"end_of_input on {seq}, but chunk {self._max_seen} was already sent"
             )
         raw = self._payload(chunk)
         self._seen.add(seq)
+        self._max_seen = seq if self._max_seen is None else max(self._max_seen, seq)
+        while self._first_gap in self._seen:  # each id is stepped over once in a session
+            self._first_gap += 1
         self._pending[seq] = (chunk.modality, raw)
         self.received_bytes += len(raw)
         if chunk.end_of_input:
@@ -184,7 +247,7 @@ class StreamingInputSession:
         """End of input (idempotent): the last chunk is the highest sequence id received."""
         self.touch()
         if self.end_seq is None and self.state == "collecting":
-            self.end_seq = max(self._seen) if self._seen else -1
+            self.end_seq = -1 if self._max_seen is None else self._max_seen
         await self._advance()
         return self.status()
 
@@ -196,9 +259,8 @@ class StreamingInputSession:
             or (self.policy == "on_min_length" and self._in_order_bytes() >= self.min_length)
         ):
             self.started = True
-        complete = self.end_seq is not None and all(
-            seq in self._seen for seq in range(self.next_seq, self.end_seq + 1)
-        )
+        # Every pending id lies in [next_seq, end_seq], so the input is complete when they fill it.
+        complete = self.end_seq is not None and len(self._pending) == self.end_seq + 1 - self.next_seq
         if complete:
             self.started = True
         if self.started:
@@ -268,7 +330,6 @@ class StreamingInputSession:
         turns.extend(ChatTurn(role=m.role, text=m.content) for m in params.messages or [])
         turns.append(ChatTurn(role="user", text="".join(asm.text), media=tuple(media)))
         stop = (params.stop,) if isinstance(params.stop, str) else tuple(params.stop or ())
-        voice = params.voice or (params.audio or {}).get("voice")
         return GenerationRequest(
             request_id=self.completion,
             turns=tuple(turns),
@@ -283,7 +344,7 @@ class StreamingInputSession:
                 seed=params.seed,
             ),
             want_audio=self.want_audio,
-            voice=voice if isinstance(voice, str) else None,
+            voice=self.voice,
         )
 
     def _begin(self) -> None:

@@ -133,6 +133,7 @@ class VideoSession:
             raise invalid("max_frames", f"this worker allows at most {self.settings.max_video_frames}")
         if config.modalities and "audio" in config.modalities and not self.engine.supports_audio_output:
             raise invalid("modalities", "this worker serves text only; use ['text']")
+        engine_voice(config.voice, engine=self.engine, param="voice")
         self.config = config
         evicted = self.buffer.trim_frames(config.max_frames)
         if evicted:
@@ -202,7 +203,7 @@ class VideoSession:
             turns=tuple(turns),
             sampling=self._sampling(),
             want_audio=want_audio,
-            voice=engine_voice(self.config.voice),
+            voice=engine_voice(self.config.voice, engine=self.engine, param="voice"),
         )
         self.outbox.emit("response.start", response_id=response_id, stats=self.buffer.stats())
         text, status, usage = "", "failed", None
