@@ -45,7 +45,7 @@ class RealtimeSettings:
     audio_delta_ms: int = 100  # output audio is split into deltas of at most this length
     default_voice: str | None = None
     default_instructions: str = ""
-    default_max_output_tokens: int = 1024
+    default_max_output_tokens: int = 1024  # capped by the model's context (default_max_tokens)
     # Prompt text of one request (instructions, messages, text items and chunks); None: derived
     # from the model's context (`prompt_limits`).
     max_prompt_chars: int | None = None
@@ -103,3 +103,8 @@ class RealtimeSettings:
             if item.name.startswith(("max_", "session_", "resume_", "backchannel_"))
             and isinstance(getattr(self, item.name), int | float)
         }
+
+
+def default_max_tokens(settings: RealtimeSettings, *, max_model_len: int) -> int:
+    """The output budget of a response that names none: the setting, within the model's context."""
+    return max(1, min(settings.default_max_output_tokens, max_model_len))

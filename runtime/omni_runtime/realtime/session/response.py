@@ -36,7 +36,7 @@ from omni_runtime.realtime.protocol import close_quietly, engine_voice, new_id
 from omni_runtime.realtime.request_types import check_text
 from omni_runtime.realtime.session.config import SessionConfig, parse_modalities
 from omni_runtime.realtime.session.conversation import Conversation, Item, Part
-from omni_runtime.realtime.settings import RealtimeSettings, prompt_limits
+from omni_runtime.realtime.settings import RealtimeSettings, default_max_tokens, prompt_limits
 
 log = logging.getLogger("omni.realtime")
 
@@ -78,7 +78,9 @@ def plan_response(
         raise invalid("response.voice", "expected a voice name")
     max_tokens: Any = body.get("max_output_tokens", body.get("max_response_output_tokens"))
     if max_tokens is None or max_tokens == "inf":
-        max_tokens = config.max_output_tokens or settings.default_max_output_tokens
+        max_tokens = config.max_output_tokens or default_max_tokens(
+            settings, max_model_len=engine.max_model_len
+        )
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise invalid("response.max_output_tokens", "expected a positive integer or 'inf'")
     temperature = body.get("temperature", config.temperature)

@@ -46,7 +46,7 @@ from omni_runtime.realtime.errors import (
 )
 from omni_runtime.realtime.protocol import close_quietly, engine_voice
 from omni_runtime.realtime.request_types import too_long
-from omni_runtime.realtime.settings import RealtimeSettings, prompt_limits
+from omni_runtime.realtime.settings import RealtimeSettings, default_max_tokens, prompt_limits
 from omni_runtime.realtime.streaming_input import chat_format
 from omni_runtime.realtime.streaming_input.models import Chunk, Modality, StreamingInputParams
 
@@ -334,7 +334,8 @@ class StreamingInputSession:
             request_id=self.completion,
             turns=tuple(turns),
             sampling=SamplingParams(
-                max_tokens=params.max_tokens or self.settings.default_max_output_tokens,
+                max_tokens=params.max_tokens
+                or default_max_tokens(self.settings, max_model_len=self.engine.max_model_len),
                 temperature=params.temperature,
                 top_p=params.top_p,
                 top_k=params.top_k,

@@ -47,7 +47,7 @@ from omni_runtime.realtime.errors import (
 from omni_runtime.realtime.metrics import RealtimeMetrics
 from omni_runtime.realtime.outbox import Outbox
 from omni_runtime.realtime.protocol import close_quietly, engine_voice, new_id
-from omni_runtime.realtime.settings import RealtimeSettings
+from omni_runtime.realtime.settings import RealtimeSettings, default_max_tokens
 from omni_runtime.realtime.video.state import VideoBuffer, VideoConfig
 
 log = logging.getLogger("omni.realtime")
@@ -174,7 +174,10 @@ class VideoSession:
         params = (self.config.sampling_params_list or [{}])[0]
         known = {key: params[key] for key in _SAMPLING_KEYS if key in params}
         max_tokens = params.get(
-            "max_new_tokens", params.get("max_tokens", self.settings.default_max_output_tokens)
+            "max_new_tokens",
+            params.get(
+                "max_tokens", default_max_tokens(self.settings, max_model_len=self.engine.max_model_len)
+            ),
         )
         try:
             return SamplingParams(max_tokens=int(max_tokens), **known)
