@@ -17,9 +17,19 @@ from typing import Any
 
 import yaml
 
-from omni_operator.api.spec import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION, OmniDeploymentSpec
+from omni_operator.api.spec import (
+    GROUP,
+    KIND,
+    PLURAL,
+    SHORT_NAMES,
+    SINGULAR,
+    VERSION,
+    OmniDeploymentSpec,
+    RuntimeType,
+)
 from omni_operator.api.status import OmniDeploymentStatus
 from omni_operator.plan import rules
+from omni_operator.plan.catalogue import PEER_VERSIONS, SGLANG_OMNI
 
 CRD_FILE = f"{GROUP}_{PLURAL}.yaml"
 Schema = dict[str, Any]
@@ -106,7 +116,6 @@ def cel_rules() -> list[Schema]:
             f"!({pipeline} != 'text' && {talker_set} && self.stages.talker.enabled == false)",
             rules.SPEECH_WITHOUT_TALKER,
         ),
-        (f"!({pipeline} == 'duplex' && {runtime} == 'sglang-omni')", rules.SGLANG_NO_DUPLEX),
         (
             f"{runtime} != 'builtin' || !({_set('stages.thinker.quantization')})",
             rules.BUILTIN_NO_QUANTIZATION,
@@ -115,17 +124,48 @@ def cel_rules() -> list[Schema]:
             f"{runtime} != 'builtin' || {_val('stages.thinker.cpuOffloadGb', '0')} == 0",
             rules.BUILTIN_NO_OFFLOAD,
         ),
-        (f"{runtime} != 'vllm-omni' || {pipeline} in ['text', 'speech']", rules.VLLM_TEXT_SPEECH_ONLY),
-        (
-            f"{runtime} != 'vllm-omni' || {_val('model.architecture', chr(39) + 'auto' + chr(39))} != 'ming_omni'",
-            rules.VLLM_NO_MING,
-        ),
         (f"{runtime} != 'vllm-omni' || {placement} != 'dedicated'", rules.VLLM_VISION_DEDICATED),
         (f"{runtime} != 'vllm-omni' || {vision_tp} == 1", rules.VLLM_VISION_TP),
         (f"16 % {vision_tp} == 0", rules.VISION_TP_DIVIDES_HEADS),
         (f"{placement} != 'withThinker' || {vision_tp} <= {thinker_tp}", rules.VISION_TP_LE_THINKER),
     ]
+    pairs += _peer_rules(runtime, pipeline)
     return [{"rule": rule, "message": r.message} for rule, r in pairs]
+
+
+def _peer_rules(runtime: str, pipeline: str) -> list[tuple[str, rules.Rule]]:
+    """Versions, families and variants of the peer runtimes' support tables (explicit architectures)."""
+    architecture = _val("model.architecture", "'auto'")
+    version_set = _set("runtime.version")
+    pairs = [(f"{runtime} != 'builtin' || !({version_set})", rules.BUILTIN_NO_VERSION)]
+    for peer, versions in PEER_VERSIONS.items():
+        listed = ", ".join(f"'{v}'" for v in versions)
+        pairs.append(
+            (
+                f"{runtime} != '{peer.value}' || !({version_set}) || self.runtime.version in [{listed}]",
+                rules.version_rule(peer),
+            )
+        )
+    for peer, version, family, variant, rule in rules.peer_refusals():
+        release = _val("runtime.version", f"'{PEER_VERSIONS[peer][-1]}'")
+        when = (
+            f"{runtime} == '{peer.value}' && {release} == '{version}' && {architecture} == '{family.value}'"
+        )
+        if variant is not None:
+            when += f" && {pipeline} == '{variant.value}'"
+        pairs.append((f"!({when})", rule))
+    for version, families in SGLANG_OMNI.items():
+        release = _val("runtime.version", f"'{PEER_VERSIONS[RuntimeType.sglang_omni][-1]}'")
+        for family, info in families.items():
+            if info.vision_tp:
+                continue
+            when = (
+                f"{runtime} == 'sglang-omni' && {release} == '{version}' && {architecture} == '{family.value}'"
+                f" && ({_val('stages.imageEncoder.placement', chr(39) + 'withThinker' + chr(39))} == 'dedicated'"
+                f" || {_val('stages.imageEncoder.tensorParallelSize', '1')} != 1)"
+            )
+            pairs.append((f"!({when})", rules.sglang_vision_rule(version, family)))
+    return pairs
 
 
 def openapi_schema() -> Schema:

@@ -160,6 +160,13 @@ class RuntimeSpec(SpecModel):
     """Which serving runtime runs in the pods."""
 
     type: RuntimeType = Field(default=RuntimeType.builtin, description="builtin, sglang-omni or vllm-omni.")
+    version: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Release of a peer runtime (sglang-omni: 0.1.9; vllm-omni: 0.30.0); selects its command-line "
+        "and config dialect and must match the image. Unset: the newest supported release. The builtin runtime "
+        "is versioned by its image and takes none.",
+    )
     image: str = Field(
         default="ghcr.io/omni-dev/omni-runtime:0.1.0",
         description="Container image for stage pods, the worker API and the router.",

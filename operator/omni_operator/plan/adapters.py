@@ -3,7 +3,8 @@
 The planner decides placement once; these functions only spell it in each runtime's flags. GPU
 ids here are always pod-local (0..n-1 of the devices the process sees). The builtin flags follow
 the contract in the project notes (`omni serve`, `omni stage`); sglang-omni and vllm-omni follow
-their published launch flags and stage-config format.
+the released versions' own CLIs and deploy-config format (catalogue.SGLANG_OMNI / VLLM_OMNI name
+what each release serves; tests/unit/peers checks the output with the releases' own parsers).
 """
 
 from __future__ import annotations
@@ -16,23 +17,13 @@ from omni_operator.api.spec import (
     Architecture,
     LoadFormat,
     OmniDeploymentSpec,
-    PipelineVariant,
     RuntimeType,
     SourceType,
 )
-from omni_operator.plan.catalogue import ARCHITECTURES
+from omni_operator.plan.catalogue import SGLANG_OMNI, VLLM_OMNI
 from omni_operator.plan.types import Stage
 
-VLLM_STAGE_CONFIG = "stage_configs.yaml"
-
-# vLLM-Omni's per-family input processors between stages (module under stage_input_processors).
-_VLLM_PROCESSORS: dict[Architecture, tuple[str, bool]] = {
-    # family -> (module, has a talker2code2wav processor)
-    Architecture.qwen2_5_omni: ("qwen2_5_omni", False),
-    Architecture.qwen3_omni: ("qwen3_omni", True),
-    Architecture.minicpm_o: ("minicpmo4_5", True),
-}
-_VLLM_PROCESSOR_PACKAGE = "vllm_omni.model_executor.stage_input_processors"
+VLLM_DEPLOY_CONFIG = "deploy_config.yaml"
 
 
 @dataclass(frozen=True)
@@ -129,6 +120,8 @@ def thinker_placement(
 def sglang_serve(
     spec: OmniDeploymentSpec,
     *,
+    version: str,
+    architecture: Architecture,
     host: str,
     port: int,
     thinker: tuple[int, ...],
@@ -137,134 +130,120 @@ def sglang_serve(
     vision_dedicated: bool,
     mem_fraction: float,
 ) -> tuple[str, ...]:
-    """`sgl-omni serve`: one process holding the whole worker, GPUs by logical id."""
+    """`sgl-omni serve` (0.1.9): one process holding the whole worker, GPUs by logical id.
+
+    Placement is written as the release's dotted per-stage options (`--thinker.tp_size 4
+    --thinker.gpu [0,1,2,3] --talker.gpu 4`), GPU lists as JSON lists, stage names as the
+    family's config names them (catalogue.SGLANG_OMNI); the variant picks the stage graph.
+    """
+    family = SGLANG_OMNI[version][architecture]
+    variant = family.variants[spec.pipeline]
     thinker_spec = spec.stages.thinker
     argv = ["sgl-omni", "serve", "--model-path", spec.model.path, "--model-name", spec.model.name]
-    # sglang servers bind 127.0.0.1 unless told otherwise, which a Service cannot reach.
-    argv += ["--host", host, "--port", str(port)]
-    if spec.pipeline is PipelineVariant.text:
-        argv.append("--text-only")
-    argv += ["--thinker-tp-size", str(len(thinker)), "--thinker-gpus", gpu_list(thinker)]
-    if talker:
-        argv += ["--talker-gpu", str(talker[0])]
+    # The server binds 0.0.0.0 by default; spelled out so local mode can bind 127.0.0.1.
+    argv += ["--host", host, "--port", str(port), "--variant", variant.name]
+    if variant.realtime:
+        argv.append("--enable-realtime")
+    argv += ["--thinker.tp_size", str(len(thinker)), "--thinker.gpu", _json_gpus(thinker)]
+    if variant.shared_thinker_process and len(thinker) > 1:
+        argv += ["--thinker.process", "thinker"]
+    for stage in variant.talker_stages:
+        argv += [f"--{stage}.gpu", str(talker[0])]
     # The vision encoder defaults to GPU 0 with the thinker; spell it out only when it differs.
-    if vision_dedicated or len(vision) > 1:
-        argv += ["--image-encoder-tp-size", str(len(vision)), "--image-encoder-gpus", gpu_list(vision)]
-    argv += ["--mem-fraction-static", f"{mem_fraction:g}"]
+    if family.vision_tp and (vision_dedicated or len(vision) > 1):
+        argv += ["--image_encoder.tp_size", str(len(vision)), "--image_encoder.gpu", _json_gpus(vision)]
+    argv += ["--thinker.engine.mem_fraction_static", f"{mem_fraction:g}"]
     if thinker_spec.cpu_offload_gb:
-        argv += ["--cpu-offload-gb", str(thinker_spec.cpu_offload_gb)]
+        argv += ["--thinker.engine.cpu_offload_gb", str(thinker_spec.cpu_offload_gb)]
     if thinker_spec.quantization is not None:
-        argv += ["--quantization", thinker_spec.quantization.value]
+        argv += ["--thinker.engine.quantization", thinker_spec.quantization.value]
     if spec.model.load_format is LoadFormat.dummy:
-        argv += ["--load-format", "dummy"]
-    if spec.model.trust_remote_code:
-        argv.append("--trust-remote-code")
+        argv += ["--thinker.engine.load_format", "dummy"]
     return (*argv, *_third_party_extra(spec))
+
+
+def _json_gpus(ids: tuple[int, ...]) -> str:
+    return "[" + ",".join(str(i) for i in ids) + "]"
+
+
+# vllm-omni reads --deploy-config with OmegaConf, which resolves ${oc.env:...}; the overlay's
+# base_config names the release's shipped per-model file through this variable, which the
+# container's first step sets to the installed package's deploy directory.
+VLLM_DEPLOY_DIR_ENV = "OMNI_VLLM_OMNI_DEPLOY_DIR"
+VLLM_PRELUDE = (
+    f'export {VLLM_DEPLOY_DIR_ENV}="$(python3 -c '
+    "'import importlib.util as u; print(u.find_spec(\"vllm_omni\").submodule_search_locations[0])'"
+    ')/deploy" && exec "$0" "$@"'
+)
 
 
 def vllm_serve(
-    spec: OmniDeploymentSpec, *, host: str | None, port: int, stage_config_path: str
+    spec: OmniDeploymentSpec, *, host: str | None, port: int, deploy_config_path: str
 ) -> tuple[str, ...]:
-    """`vllm serve --omni`: placement lives in the stage config file, not in flags."""
-    argv = ["vllm", "serve", spec.model.path, "--omni"]
+    """`vllm-omni serve MODEL --omni` (0.30.0): placement lives in the deploy config, not in flags.
+
+    The command starts with a one-line shell step (VLLM_PRELUDE) that points the deploy
+    config's base_config at the image's own vllm_omni/deploy directory, then execs vllm-omni.
+    """
+    argv = ["vllm-omni", "serve", spec.model.path, "--omni"]
     argv += (["--host", host] if host else []) + ["--port", str(port)]
-    argv += ["--served-model-name", spec.model.name, "--stage-configs-path", stage_config_path]
-    if spec.model.trust_remote_code:
-        argv.append("--trust-remote-code")
-    return (*argv, *_third_party_extra(spec))
+    argv += ["--served-model-name", spec.model.name, "--deploy-config", deploy_config_path]
+    return ("sh", "-c", VLLM_PRELUDE, *argv, *_third_party_extra(spec))
 
 
 def _third_party_extra(spec: OmniDeploymentSpec) -> list[str]:
     return [*spec.runtime.extra_args, *spec.stages.thinker.args, *spec.stages.talker.args]
 
 
-def vllm_stage_config(
+def vllm_deploy_config(
     spec: OmniDeploymentSpec,
     *,
+    version: str,
     deployment: str,
     architecture: Architecture,
     thinker: tuple[int, ...],
     talker: tuple[int, ...],
     mem_fraction: float,
 ) -> str:
-    """vLLM-Omni's stage config (stage_args: thinker, then talker and code2wav for speech).
+    """vllm-omni's deploy config: an overlay on the release's shipped per-model file.
 
-    Format as in vllm_omni/model_executor/stage_configs/*.yaml: each stage has runtime.devices
-    (pod-local ids), engine_args for its engine, engine_input_source naming upstream stage ids, and
-    final_output/final_output_type on stages whose output reaches the client.
+    `base_config` layers it on vllm_omni/deploy/<file> (so connectors, sampling defaults and
+    platform sections stay the release's); the overlay writes only what the plan decides: each
+    stage's devices (pod-local ids), the thinker's tensor parallelism and memory fraction, the
+    pipeline for thinker-only variants, the session mode, and the engine options from the spec.
     """
-    model_arch = ARCHITECTURES[architecture].vllm_model_arch
-    talker_config = ARCHITECTURES[architecture].vllm_talker_config
-    module, has_code2wav_processor = _VLLM_PROCESSORS[architecture]
-    speech = spec.pipeline is PipelineVariant.speech
+    variant = VLLM_OMNI[version][architecture][spec.pipeline]
     thinker_spec = spec.stages.thinker
-    thinker_args: dict[str, object] = {
-        "model_stage": "thinker",
-        "model_arch": model_arch,
+    config: dict[str, object] = {"base_config": f"${{oc.env:{VLLM_DEPLOY_DIR_ENV}}}/{variant.deploy_file}"}
+    if variant.pipeline is not None:
+        config["pipeline"] = variant.pipeline
+    if variant.session_mode is not None:
+        config["session_mode"] = variant.session_mode
+    if spec.model.trust_remote_code:
+        config["trust_remote_code"] = True
+    thinker_stage: dict[str, object] = {
+        "stage_id": 0,
+        "devices": gpu_list(thinker),
         "tensor_parallel_size": len(thinker),
         "gpu_memory_utilization": mem_fraction,
-        "trust_remote_code": spec.model.trust_remote_code,
-        "engine_output_type": "latent" if speech else "text",
-        "hf_config_name": "thinker_config",
-        "distributed_executor_backend": "mp",
     }
     if thinker_spec.quantization is not None:
-        thinker_args["quantization"] = thinker_spec.quantization.value
+        thinker_stage["quantization"] = thinker_spec.quantization.value
     if thinker_spec.cpu_offload_gb:
-        thinker_args["cpu_offload_gb"] = thinker_spec.cpu_offload_gb
+        thinker_stage["cpu_offload_gb"] = thinker_spec.cpu_offload_gb
+    stages = [thinker_stage]
+    # The talker and its vocoder share the talker GPU, at the shipped memory fractions.
+    stages += [{"stage_id": i, "devices": gpu_list(talker)} for i in range(1, variant.stages)]
     if spec.model.load_format is LoadFormat.dummy:
-        thinker_args["load_format"] = "dummy"
-    stage_args: list[dict[str, object]] = [
-        {
-            "stage_id": 0,
-            "runtime": {"devices": gpu_list(thinker)},
-            "engine_args": thinker_args,
-            "is_comprehension": True,
-            "final_output": True,
-            "final_output_type": "text",
-        }
-    ]
-    if speech:
-        common = {"model_arch": model_arch, "trust_remote_code": spec.model.trust_remote_code}
-        common |= {"hf_config_name": talker_config, "distributed_executor_backend": "mp"}
-        if spec.model.load_format is LoadFormat.dummy:
-            common["load_format"] = "dummy"
-        talker_stage: dict[str, object] = {
-            "stage_id": 1,
-            "runtime": {"devices": gpu_list(talker)},
-            # talker and code2wav share the talker GPU: 0.6 + 0.1 of it.
-            "engine_args": {
-                "model_stage": "talker",
-                **common,
-                "gpu_memory_utilization": 0.6,
-                "engine_output_type": "latent",
-            },
-            "engine_input_source": [0],
-            "custom_process_input_func": f"{_VLLM_PROCESSOR_PACKAGE}.{module}.thinker2talker",
-        }
-        code2wav_stage: dict[str, object] = {
-            "stage_id": 2,
-            "runtime": {"devices": gpu_list(talker)},
-            "engine_args": {
-                "model_stage": "code2wav",
-                **common,
-                "gpu_memory_utilization": 0.1,
-                "engine_output_type": "audio",
-            },
-            "engine_input_source": [1],
-            "final_output": True,
-            "final_output_type": "audio",
-        }
-        if has_code2wav_processor:
-            code2wav_stage["custom_process_input_func"] = (
-                f"{_VLLM_PROCESSOR_PACKAGE}.{module}.talker2code2wav"
-            )
-        stage_args += [talker_stage, code2wav_stage]
+        for stage in stages:
+            stage["load_format"] = "dummy"
+    config["stages"] = stages
     header = (
-        f"# vLLM-Omni stage config for {deployment} ({architecture.value}, pipeline {spec.pipeline.value}),\n"
-        "# generated by the omni planner. Devices are pod-local GPU ids: thinker ranks first, then the talker.\n"
+        f"# vllm-omni {version} deploy config for {deployment} ({architecture.value}, pipeline "
+        f"{spec.pipeline.value}),\n# generated by the omni planner: an overlay on the release's "
+        f"{variant.deploy_file}. Devices are pod-local GPU ids: thinker ranks first, then the talker.\n"
     )
-    return header + yaml.safe_dump({"stage_args": stage_args}, sort_keys=False)
+    return header + yaml.safe_dump(config, sort_keys=False)
 
 
 def router_image(spec: OmniDeploymentSpec, default_image: str) -> str:

@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from omni_operator.api.spec import Architecture, GpuTier, ModelSpec, PipelineVariant, Quantization
+from omni_operator.api.spec import (
+    Architecture,
+    GpuTier,
+    ModelSpec,
+    PipelineVariant,
+    Quantization,
+    RuntimeType,
+)
 
 VISION_HEADS = 16  # every supported family's vision tower has 16 attention heads
 
@@ -21,28 +28,20 @@ class ArchitectureInfo:
     talker_params_billions: float
     vision_heads: int
     pipelines: frozenset[PipelineVariant]
-    vllm_model_arch: str | None  # the class vLLM-Omni's stage config names, None when unsupported
-    vllm_talker_config: str  # hf_config_name vLLM-Omni uses for the talker/code2wav stages
 
 
 _SPEECH = frozenset({PipelineVariant.text, PipelineVariant.speech, PipelineVariant.streaming_speech})
 
 ARCHITECTURES: dict[Architecture, ArchitectureInfo] = {
-    Architecture.qwen2_5_omni: ArchitectureInfo(
-        7.6, 0.7, VISION_HEADS, _SPEECH, "Qwen2_5OmniForConditionalGeneration", "talker_config"
-    ),
-    Architecture.qwen3_omni: ArchitectureInfo(
-        30.5, 3.0, VISION_HEADS, _SPEECH, "Qwen3OmniMoeForConditionalGeneration", "talker_config"
-    ),
+    Architecture.qwen2_5_omni: ArchitectureInfo(7.6, 0.7, VISION_HEADS, _SPEECH),
+    Architecture.qwen3_omni: ArchitectureInfo(30.5, 3.0, VISION_HEADS, _SPEECH),
     # Ming-flash-omni: a 100B-class MoE thinker; the field runs it at TP4 on 80 GB parts.
-    Architecture.ming_omni: ArchitectureInfo(103.0, 0.5, VISION_HEADS, _SPEECH, None, "talker_config"),
+    Architecture.ming_omni: ArchitectureInfo(103.0, 0.5, VISION_HEADS, _SPEECH),
     Architecture.minicpm_o: ArchitectureInfo(
         8.2,
         0.5,
         VISION_HEADS,
         _SPEECH | {PipelineVariant.duplex},
-        "MiniCPMO4_5ForConditionalGeneration",
-        "tts_config",
     ),
 }
 
@@ -98,3 +97,126 @@ def default_mem_fraction(tier: GpuTier) -> float:
 
 def tier_memory_gb(tier: GpuTier, override: float | None) -> float:
     return override if override is not None else TIER_MEMORY_GB[tier]
+
+
+# --- Peer runtimes: what each supported release serves, read from its own registries ---
+#
+# sglang-omni: sglang_omni/models/<family>/config.py (`architecture`, `Variants`, stage names).
+# vllm-omni: vllm_omni/config/pipeline_registry.py (OMNI_PIPELINES) and the shipped deploy files
+# under vllm_omni/deploy/ that each pipeline names. tests/unit/peers checks every rendered command
+# and deploy config against the released wheels' own parsers and loaders.
+
+
+@dataclass(frozen=True)
+class SglangVariant:
+    """One `sgl-omni serve --variant` of one family: its name and the stage names placement writes."""
+
+    name: str
+    talker_stages: tuple[str, ...] = ()  # the stages that sit on the talker GPU
+    realtime: bool = False  # serves only /v1/realtime: needs --enable-realtime
+    # The variant runs the thinker in a process shared with CPU stages, which a TP thinker cannot
+    # share: with TP > 1 the thinker gets its own process (`--thinker.process thinker`).
+    shared_thinker_process: bool = False
+
+
+@dataclass(frozen=True)
+class SglangFamily:
+    architecture: str  # the HF architecture its registry resolves the checkpoint by
+    variants: dict[PipelineVariant, SglangVariant]
+    vision_tp: bool  # the image_encoder stage takes tp_size and GPU lists
+
+
+@dataclass(frozen=True)
+class VllmVariant:
+    """One vllm-omni pipeline of one family: the shipped deploy file the overlay layers on."""
+
+    deploy_file: str  # under vllm_omni/deploy/ in the release
+    pipeline: str | None  # `pipeline:` registry key when the file's default is not the one wanted
+    stages: int  # stage 0 is the thinker; stages 1.. sit on the talker GPU
+    session_mode: str | None = None  # `session_mode:` to write when the file's differs
+
+
+SGLANG_OMNI: dict[str, dict[Architecture, SglangFamily]] = {
+    "0.1.9": {
+        Architecture.ming_omni: SglangFamily(
+            "BailingMM2NativeForConditionalGeneration",
+            {
+                PipelineVariant.text: SglangVariant("text"),
+                PipelineVariant.speech: SglangVariant("speech", ("talker",)),
+                PipelineVariant.streaming_speech: SglangVariant("streaming_speech", ("talker_stream",)),
+            },
+            vision_tp=True,
+        ),
+        Architecture.qwen3_omni: SglangFamily(
+            "Qwen3OmniMoeForConditionalGeneration",
+            {
+                PipelineVariant.text: SglangVariant("text", shared_thinker_process=True),
+                PipelineVariant.speech: SglangVariant("speech", ("talker_ar",)),
+            },
+            vision_tp=False,
+        ),
+        Architecture.minicpm_o: SglangFamily(
+            "MiniCPMO",
+            {
+                PipelineVariant.text: SglangVariant("text", shared_thinker_process=True),
+                PipelineVariant.speech: SglangVariant(
+                    "speech", ("talker", "code2wav"), shared_thinker_process=True
+                ),
+                PipelineVariant.duplex: SglangVariant("session", ("talker", "speech"), realtime=True),
+            },
+            vision_tp=False,
+        ),
+    },
+}
+
+VLLM_OMNI: dict[str, dict[Architecture, dict[PipelineVariant, VllmVariant]]] = {
+    "0.30.0": {
+        Architecture.qwen2_5_omni: {
+            PipelineVariant.text: VllmVariant("qwen2_5_omni.yaml", "qwen2_5_omni_thinker_only", 1),
+            PipelineVariant.speech: VllmVariant("qwen2_5_omni.yaml", "qwen2_5_omni", 3),
+        },
+        Architecture.qwen3_omni: {
+            PipelineVariant.text: VllmVariant("qwen3_omni_moe.yaml", "qwen3_omni_moe_thinker_only", 1),
+            PipelineVariant.speech: VllmVariant("qwen3_omni_moe.yaml", None, 3),
+            PipelineVariant.duplex: VllmVariant("qwen3_omni_duplex.yaml", None, 3),
+        },
+        Architecture.minicpm_o: {
+            PipelineVariant.speech: VllmVariant("minicpmo_4_5_turn.yaml", None, 3),
+            PipelineVariant.duplex: VllmVariant("minicpmo_4_5.yaml", None, 3),
+        },
+        Architecture.ming_omni: {
+            PipelineVariant.text: VllmVariant("ming_flash_omni_thinker_only.yaml", None, 1),
+            PipelineVariant.speech: VllmVariant("ming_flash_omni.yaml", None, 2),
+        },
+    },
+}
+
+# Supported releases per peer runtime, newest last: an unset spec.runtime.version means the newest.
+PEER_VERSIONS: dict[RuntimeType, tuple[str, ...]] = {
+    RuntimeType.sglang_omni: tuple(SGLANG_OMNI),
+    RuntimeType.vllm_omni: tuple(VLLM_OMNI),
+}
+
+
+def runtime_version(runtime: RuntimeType, version: str | None) -> str | None:
+    """The release a peer runtime deployment runs: the spec's, else the newest supported."""
+    if runtime is RuntimeType.builtin:
+        return None
+    return version if version is not None else PEER_VERSIONS[runtime][-1]
+
+
+def peer_variants(
+    runtime: RuntimeType, version: str, architecture: Architecture
+) -> tuple[PipelineVariant, ...]:
+    """The pipeline variants one release serves for one family, in the spec's order (empty: none)."""
+    if runtime is RuntimeType.sglang_omni:
+        family = SGLANG_OMNI.get(version, {}).get(architecture)
+        served = set(family.variants) if family else set()
+    else:
+        served = set(VLLM_OMNI.get(version, {}).get(architecture, {}))
+    return tuple(v for v in PipelineVariant if v in served)
+
+
+def peer_families(runtime: RuntimeType, version: str) -> tuple[Architecture, ...]:
+    table = SGLANG_OMNI.get(version, {}) if runtime is RuntimeType.sglang_omni else VLLM_OMNI.get(version, {})
+    return tuple(a for a in Architecture if a in table)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from omni_operator.api.spec import Architecture, GpuTier, OmniDeployment, OmniDeploymentSpec, RuntimeType
 from omni_operator.plan import adapters, rules
+from omni_operator.plan.catalogue import runtime_version
 from omni_operator.plan.revisions import pod_revision
 from omni_operator.plan.types import Container, Role, Stage, StagePod, Target, WorkerPlan
 from omni_runtime.contract.stages import REMOTABLE, with_colocated
@@ -166,6 +167,8 @@ class WorkerLayout:
         if spec.runtime.type is RuntimeType.sglang_omni:
             command = adapters.sglang_serve(
                 spec,
+                version=runtime_version(spec.runtime.type, spec.runtime.version) or "",
+                architecture=self.architecture,
                 host=host,
                 port=port,
                 thinker=alloc.thinker,
@@ -179,7 +182,7 @@ class WorkerLayout:
                 spec,
                 host="127.0.0.1" if self.local else None,
                 port=port,
-                stage_config_path=f"{self.config_dir}/{adapters.VLLM_STAGE_CONFIG}",
+                deploy_config_path=f"{self.config_dir}/{adapters.VLLM_DEPLOY_CONFIG}",
             )
         logical = tuple(range(alloc.total))
         resources = spec.stages.thinker.resources

@@ -16,6 +16,7 @@ from omni_operator.plan.catalogue import (
     ARCHITECTURES,
     default_mem_fraction,
     resolve_architecture,
+    runtime_version,
     tier_memory_gb,
 )
 from omni_operator.plan.graph import pipeline_edges, pipeline_stages
@@ -83,8 +84,9 @@ def plan_deployment(
     )
     config_files: dict[str, str] = {}
     if spec.runtime.type is RuntimeType.vllm_omni:
-        config_files[adapters.VLLM_STAGE_CONFIG] = adapters.vllm_stage_config(
+        config_files[adapters.VLLM_DEPLOY_CONFIG] = adapters.vllm_deploy_config(
             spec,
+            version=runtime_version(spec.runtime.type, spec.runtime.version) or "",
             deployment=name,
             architecture=architecture,
             thinker=allocation.thinker,
@@ -98,6 +100,7 @@ def plan_deployment(
         model_name=spec.model.name,
         architecture=architecture.value,
         runtime=spec.runtime.type.value,
+        runtime_version=runtime_version(spec.runtime.type, spec.runtime.version),
         pipeline=spec.pipeline.value,
         stages=stages,
         edges=pipeline_edges(stages),

@@ -20,7 +20,15 @@ from omni_operator.api.spec import (
     RuntimeType,
     SourceType,
 )
-from omni_operator.plan.catalogue import ARCHITECTURES, BYTES_PER_PARAM, VISION_HEADS
+from omni_operator.plan.catalogue import (
+    ARCHITECTURES,
+    BYTES_PER_PARAM,
+    PEER_VERSIONS,
+    SGLANG_OMNI,
+    VISION_HEADS,
+    peer_families,
+    peer_variants,
+)
 from omni_operator.plan.types import PlanError
 
 
@@ -76,16 +84,6 @@ SPEECH_WITHOUT_TALKER = Rule(
     "the speech, streaming-speech and duplex pipelines need the talker",
     "use pipeline: text, or remove stages.talker.enabled",
 )
-SGLANG_NO_DUPLEX = Rule(
-    "spec.pipeline",
-    "sglang-omni does not support duplex",
-    "use runtime.type: builtin for duplex, or pipeline: streaming-speech",
-)
-VLLM_TEXT_SPEECH_ONLY = Rule(
-    "spec.pipeline",
-    "vllm-omni supports the text and speech pipelines only",
-    "use pipeline: text or speech, or runtime.type: builtin",
-)
 BUILTIN_NO_QUANTIZATION = Rule(
     "spec.stages.thinker.quantization",
     "the builtin runtime does not load quantized weights",
@@ -117,21 +115,106 @@ VISION_TP_LE_THINKER = Rule(
     "cannot exceed stages.thinker.tensorParallelSize",
     "lower it, or use placement: dedicated",
 )
-VLLM_NEEDS_ARCHITECTURE = Rule(
-    "spec.model.architecture",
-    "vllm-omni needs the model family to pick its stage config, and none was found in the model name or path",
-    "set model.architecture: qwen2_5_omni, qwen3_omni or minicpm_o",
-)
-VLLM_NO_MING = Rule(
-    "spec.model.architecture",
-    "vllm-omni has no ming_omni support",
-    "use runtime.type: sglang-omni or builtin",
-)
 DUPLEX_NEEDS_DUPLEX_MODEL = Rule(
     "spec.pipeline",
     "duplex needs a model that decides per unit whether to listen or speak, and only minicpm_o has that mode",
     "use pipeline: streaming-speech, or a MiniCPM-o model",
 )
+
+
+BUILTIN_NO_VERSION = Rule(
+    "spec.runtime.version",
+    "the builtin runtime is versioned by runtime.image",
+    "remove runtime.version",
+)
+
+
+def _names(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]
+
+
+def version_rule(runtime: RuntimeType) -> Rule:
+    versions = list(PEER_VERSIONS[runtime])
+    return Rule(
+        "spec.runtime.version",
+        f"{runtime.value} supports release{'s' if len(versions) > 1 else ''} {_names(versions)}",
+        f"use version: {_names(versions)}, or leave it unset for {versions[-1]}",
+    )
+
+
+def needs_architecture_rule(runtime: RuntimeType) -> Rule:
+    families = [a.value for a in peer_families(runtime, PEER_VERSIONS[runtime][-1])]
+    return Rule(
+        "spec.model.architecture",
+        f"{runtime.value} needs the model family to pick its pipeline, and none was found in the model name or path",
+        f"set model.architecture: {_names(families)}",
+    )
+
+
+def _serving(architecture: Architecture, variant: PipelineVariant, other_than: RuntimeType) -> list[str]:
+    """Runtimes (at their newest release) that serve this family with this variant."""
+    served = []
+    if variant in ARCHITECTURES[architecture].pipelines:
+        served.append(RuntimeType.builtin.value)
+    for runtime, versions in PEER_VERSIONS.items():
+        if runtime is not other_than and variant in peer_variants(runtime, versions[-1], architecture):
+            served.append(runtime.value)
+    return served
+
+
+def family_rule(runtime: RuntimeType, version: str, architecture: Architecture) -> Rule:
+    others = _serving(architecture, PipelineVariant.speech, runtime)
+    return Rule(
+        "spec.model.architecture",
+        f"{runtime.value} {version} does not serve {architecture.value}",
+        f"use runtime.type: {_names(others)}",
+    )
+
+
+def variant_rule(
+    runtime: RuntimeType, version: str, architecture: Architecture, variant: PipelineVariant
+) -> Rule:
+    served = [v.value for v in peer_variants(runtime, version, architecture)]
+    others = _serving(architecture, variant, runtime)
+    fix = f"use pipeline: {_names(served)}"
+    if others:
+        fix += f", or runtime.type: {_names(others)} for {variant.value}"
+    return Rule(
+        "spec.pipeline",
+        f"{runtime.value} {version} has no {variant.value} pipeline for {architecture.value}",
+        fix,
+    )
+
+
+def sglang_vision_rule(version: str, architecture: Architecture) -> Rule:
+    return Rule(
+        "spec.stages.imageEncoder",
+        f"sglang-omni {version} runs the {architecture.value} vision encoder with the thinker on one GPU",
+        "use placement: withThinker and tensorParallelSize: 1",
+    )
+
+
+def peer_refusals() -> list[tuple[RuntimeType, str, Architecture, PipelineVariant | None, Rule]]:
+    """Every static refusal the support tables imply: (runtime, version, family, variant or None, rule).
+
+    variant None: the release does not serve the family at all. crdgen turns each into a CEL rule.
+    """
+    found: list[tuple[RuntimeType, str, Architecture, PipelineVariant | None, Rule]] = []
+    for runtime, versions in PEER_VERSIONS.items():
+        for version in versions:
+            served_families = peer_families(runtime, version)
+            for architecture in ARCHITECTURES:
+                if architecture not in served_families:
+                    found.append(
+                        (runtime, version, architecture, None, family_rule(runtime, version, architecture))
+                    )
+                    continue
+                served = peer_variants(runtime, version, architecture)
+                for variant in PipelineVariant:
+                    if variant not in served:
+                        rule = variant_rule(runtime, version, architecture, variant)
+                        found.append((runtime, version, architecture, variant, rule))
+    return found
 
 
 def talker_enabled(spec: OmniDeploymentSpec) -> bool:
@@ -170,28 +253,37 @@ def check_spec(spec: OmniDeploymentSpec, architecture: Architecture) -> None:
 
 def _check_runtime(spec: OmniDeploymentSpec, architecture: Architecture) -> None:
     runtime, thinker, vision = spec.runtime.type, spec.stages.thinker, spec.stages.image_encoder
-    if spec.pipeline is PipelineVariant.duplex:
-        if runtime is RuntimeType.sglang_omni:
-            raise SGLANG_NO_DUPLEX.error()
+    if runtime is RuntimeType.builtin:
+        if spec.runtime.version is not None:
+            raise BUILTIN_NO_VERSION.error()
         known = ARCHITECTURES.get(architecture)
         if (
-            runtime is RuntimeType.builtin
+            spec.pipeline is PipelineVariant.duplex
             and known is not None
             and PipelineVariant.duplex not in known.pipelines
         ):
             raise DUPLEX_NEEDS_DUPLEX_MODEL.error()
-    if runtime is RuntimeType.builtin:
         if thinker.quantization is not None:
             raise BUILTIN_NO_QUANTIZATION.error()
         if thinker.cpu_offload_gb:
             raise BUILTIN_NO_OFFLOAD.error()
+        return
+    version = spec.runtime.version or PEER_VERSIONS[runtime][-1]
+    if version not in PEER_VERSIONS[runtime]:
+        raise version_rule(runtime).error()
+    if architecture is Architecture.auto:
+        raise needs_architecture_rule(runtime).error()
+    if architecture not in peer_families(runtime, version):
+        raise family_rule(runtime, version, architecture).error()
+    if spec.pipeline not in peer_variants(runtime, version, architecture):
+        raise variant_rule(runtime, version, architecture, spec.pipeline).error()
+    if runtime is RuntimeType.sglang_omni:
+        dedicated = vision.placement is ImageEncoderPlacement.dedicated
+        if not SGLANG_OMNI[version][architecture].vision_tp and (
+            dedicated or vision.tensor_parallel_size != 1
+        ):
+            raise sglang_vision_rule(version, architecture).error()
     if runtime is RuntimeType.vllm_omni:
-        if spec.pipeline not in (PipelineVariant.text, PipelineVariant.speech):
-            raise VLLM_TEXT_SPEECH_ONLY.error()
-        if architecture is Architecture.auto:
-            raise VLLM_NEEDS_ARCHITECTURE.error()
-        if ARCHITECTURES[architecture].vllm_model_arch is None:
-            raise VLLM_NO_MING.error()
         if vision.placement is ImageEncoderPlacement.dedicated:
             raise VLLM_VISION_DEDICATED.error()
         if vision.tensor_parallel_size != 1:

@@ -110,6 +110,9 @@ class Plan(Frozen):
     model_name: str
     architecture: str = Field(description="Resolved architecture (never 'auto' when it could be resolved).")
     runtime: str
+    runtime_version: str | None = Field(
+        default=None, description="Release of a peer runtime (its dialect); None for the builtin runtime."
+    )
     pipeline: str
     stages: tuple[Stage, ...] = Field(description="Stages of the pipeline variant in graph order.")
     edges: tuple[tuple[Stage, Stage], ...]
@@ -121,7 +124,8 @@ class Plan(Frozen):
     workers: tuple[WorkerPlan, ...]
     router: RouterPlan
     config_files: dict[str, str] = Field(
-        default_factory=dict, description="Files for the deployment's ConfigMap (e.g. a stage config)."
+        default_factory=dict,
+        description="Files for the deployment's ConfigMap (e.g. a vllm-omni deploy config).",
     )
     scheduling: Scheduling = Field(default_factory=Scheduling)
     model_volume: ModelVolume | None = None

@@ -167,7 +167,10 @@ def test_readiness_url_follows_the_runtime() -> None:
     sglang = OmniDeployment.model_validate(
         {
             "metadata": {"name": "d"},
-            "spec": {"model": {"name": "Qwen/Qwen2.5-Omni-7B"}, "runtime": {"type": "sglang-omni"}},
+            "spec": {
+                "model": {"name": "Qwen/Qwen3-Omni-30B-A3B-Instruct"},
+                "runtime": {"type": "sglang-omni"},
+            },
         }
     )
     third_party = LocalWorker(plan=plan_worker(sglang, SETTINGS, index=0), processes=[])

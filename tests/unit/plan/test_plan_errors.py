@@ -110,34 +110,76 @@ CASES = [
         "dedicate; use placement: withThinker",
         id="cpu-dedicated-vision",
     ),
+    # Peer runtimes: the support tables of the released versions (plan/catalogue.py).
     pytest.param(
-        {"runtime.type": "sglang-omni", "pipeline": "duplex"},
-        "spec.pipeline: sglang-omni does not support duplex; use runtime.type: builtin for duplex, or pipeline: "
-        "streaming-speech",
-        id="sglang-duplex",
+        {"runtime.type": "sglang-omni", "model.architecture": "qwen3_omni", "pipeline": "duplex"},
+        "spec.pipeline: sglang-omni 0.1.9 has no duplex pipeline for qwen3_omni; use pipeline: text or speech, or "
+        "runtime.type: vllm-omni for duplex",
+        id="sglang-qwen3-duplex",
     ),
     pytest.param(
-        {"runtime.type": "vllm-omni", "model.architecture": "qwen3_omni", "pipeline": "duplex"},
-        "spec.pipeline: vllm-omni supports the text and speech pipelines only; use pipeline: text or speech, or "
-        "runtime.type: builtin",
-        id="vllm-duplex",
+        {"runtime.type": "sglang-omni", "model.architecture": "ming_omni", "pipeline": "duplex"},
+        "spec.pipeline: sglang-omni 0.1.9 has no duplex pipeline for ming_omni; use pipeline: text, speech or "
+        "streaming-speech",
+        id="sglang-ming-duplex",
+    ),
+    pytest.param(
+        {"runtime.type": "sglang-omni", "model.name": "Qwen2.5-Omni-7B"},
+        "spec.model.architecture: sglang-omni 0.1.9 does not serve qwen2_5_omni; use runtime.type: builtin or "
+        "vllm-omni",
+        id="sglang-qwen25-detected-from-name",
+    ),
+    pytest.param(
+        {"runtime.type": "sglang-omni", "model.architecture": "qwen3_omni", "stages.thinker.tensorParallelSize": 2,
+         "stages.imageEncoder.tensorParallelSize": 2},
+        "spec.stages.imageEncoder: sglang-omni 0.1.9 runs the qwen3_omni vision encoder with the thinker on one "
+        "GPU; use placement: withThinker and tensorParallelSize: 1",
+        id="sglang-qwen3-vision-tp",
+    ),
+    pytest.param(
+        {"runtime.type": "sglang-omni"},
+        "spec.model.architecture: sglang-omni needs the model family to pick its pipeline, and none was found in "
+        "the model name or path; set model.architecture: qwen3_omni, ming_omni or minicpm_o",
+        id="sglang-unknown-family",
+    ),
+    pytest.param(
+        {"runtime.type": "sglang-omni", "runtime.version": "0.1.8", "model.architecture": "ming_omni"},
+        "spec.runtime.version: sglang-omni supports release 0.1.9; use version: 0.1.9, or leave it unset for 0.1.9",
+        id="sglang-unknown-version",
+    ),
+    pytest.param(
+        {"runtime.version": "0.1.9"},
+        "spec.runtime.version: the builtin runtime is versioned by runtime.image; remove runtime.version",
+        id="builtin-version",
     ),
     pytest.param(
         {"runtime.type": "vllm-omni", "model.architecture": "qwen3_omni", "pipeline": "streaming-speech"},
-        "spec.pipeline: vllm-omni supports the text and speech pipelines only; use pipeline: text or speech, or "
-        "runtime.type: builtin",
+        "spec.pipeline: vllm-omni 0.30.0 has no streaming-speech pipeline for qwen3_omni; use pipeline: text, "
+        "speech or duplex, or runtime.type: builtin for streaming-speech",
         id="vllm-streaming",
     ),
     pytest.param(
+        {"runtime.type": "vllm-omni", "model.architecture": "minicpm_o", "pipeline": "text"},
+        "spec.pipeline: vllm-omni 0.30.0 has no text pipeline for minicpm_o; use pipeline: speech or duplex, or "
+        "runtime.type: builtin or sglang-omni for text",
+        id="vllm-minicpm-text",
+    ),
+    pytest.param(
+        {"runtime.type": "vllm-omni", "model.path": "/models/Ming-flash-omni-2.0", "pipeline": "duplex",
+         "stages.thinker.tensorParallelSize": 4},
+        "spec.pipeline: vllm-omni 0.30.0 has no duplex pipeline for ming_omni; use pipeline: text or speech",
+        id="vllm-ming-duplex-detected-from-path",
+    ),
+    pytest.param(
         {"runtime.type": "vllm-omni"},
-        "spec.model.architecture: vllm-omni needs the model family to pick its stage config, and none was found "
-        "in the model name or path; set model.architecture: qwen2_5_omni, qwen3_omni or minicpm_o",
+        "spec.model.architecture: vllm-omni needs the model family to pick its pipeline, and none was found in the "
+        "model name or path; set model.architecture: qwen2_5_omni, qwen3_omni, ming_omni or minicpm_o",
         id="vllm-unknown-family",
     ),
     pytest.param(
-        {"runtime.type": "vllm-omni", "model.path": "/models/Ming-flash-omni-2.0", "stages.thinker.tensorParallelSize": 4},
-        "spec.model.architecture: vllm-omni has no ming_omni support; use runtime.type: sglang-omni or builtin",
-        id="vllm-ming-detected-from-path",
+        {"runtime.type": "vllm-omni", "runtime.version": "0.29.0", "model.architecture": "qwen3_omni"},
+        "spec.runtime.version: vllm-omni supports release 0.30.0; use version: 0.30.0, or leave it unset for 0.30.0",
+        id="vllm-unknown-version",
     ),
     pytest.param(
         {"runtime.type": "vllm-omni", "model.architecture": "qwen2_5_omni", "stages.imageEncoder.placement": "dedicated"},
@@ -177,7 +219,7 @@ CASES = [
         id="uneven-multi-node",
     ),
     pytest.param(
-        {"runtime.type": "sglang-omni", "stages.thinker.tensorParallelSize": 8},
+        {"runtime.type": "sglang-omni", "model.architecture": "ming_omni", "stages.thinker.tensorParallelSize": 8},
         "spec.gpu.gpusPerNode: sglang-omni runs a worker in one pod, which needs 9 GPUs, but a node has 8; lower "
         "the tensor-parallel sizes, or use runtime.type: builtin, whose thinker spans nodes",
         id="third-party-worker-larger-than-node",

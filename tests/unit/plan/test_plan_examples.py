@@ -6,6 +6,7 @@ import pytest
 from spec_builders import example
 
 from omni_operator.plan import plan_deployment, pod_revision, worker_revision
+from omni_operator.plan.adapters import VLLM_PRELUDE
 from omni_operator.plan.types import (
     Container,
     ModelVolume,
@@ -139,8 +140,8 @@ def test_ming_speech_full_plan() -> None:
     rev = worker_revision(dep.spec)
     command = (
         "sgl-omni", "serve", "--model-path", "/models/Ming-flash-omni-2.0", "--model-name", "Ming-flash-omni-2.0",
-        "--host", "0.0.0.0", "--port", "8000", "--thinker-tp-size", "4", "--thinker-gpus", "0,1,2,3",
-        "--talker-gpu", "4", "--mem-fraction-static", "0.8", "--trust-remote-code",
+        "--host", "0.0.0.0", "--port", "8000", "--variant", "speech", "--thinker.tp_size", "4",
+        "--thinker.gpu", "[0,1,2,3]", "--talker.gpu", "4", "--thinker.engine.mem_fraction_static", "0.8",
     )  # fmt: skip
     pod = StagePod(
         role=Role.worker,
@@ -176,6 +177,7 @@ def test_ming_speech_full_plan() -> None:
         model_name="Ming-flash-omni-2.0",
         architecture="ming_omni",
         runtime="sglang-omni",
+        runtime_version="0.1.9",
         pipeline="speech",
         stages=SPEECH_STAGES,
         edges=SPEECH_EDGES,
@@ -231,8 +233,8 @@ EXAMPLE_TABLE = [
                 Role.worker,
                 (S.preprocessing, S.audio_encoder, S.image_encoder, S.mm_aggregate, S.thinker, S.decode),
                 (0, 1, 2, 3),
-                ("sgl-omni", "serve", *MING, "--port", "8000", "--text-only", "--thinker-tp-size", "4",
-                 "--thinker-gpus", "0,1,2,3", "--mem-fraction-static", "0.8", "--trust-remote-code"),
+                ("sgl-omni", "serve", *MING, "--port", "8000", "--variant", "text", "--thinker.tp_size", "4",
+                 "--thinker.gpu", "[0,1,2,3]", "--thinker.engine.mem_fraction_static", "0.8"),
             )
         ],
     ),
@@ -247,9 +249,9 @@ EXAMPLE_TABLE = [
                 Role.worker,
                 SPEECH_STAGES,
                 (0, 1, 2, 3, 4),
-                ("sgl-omni", "serve", *MING, "--port", "8000", "--thinker-tp-size", "2", "--thinker-gpus", "0,1",
-                 "--talker-gpu", "2", "--image-encoder-tp-size", "2", "--image-encoder-gpus", "3,4",
-                 "--mem-fraction-static", "0.9", "--trust-remote-code"),
+                ("sgl-omni", "serve", *MING, "--port", "8000", "--variant", "speech", "--thinker.tp_size", "2",
+                 "--thinker.gpu", "[0,1]", "--talker.gpu", "2", "--image_encoder.tp_size", "2",
+                 "--image_encoder.gpu", "[3,4]", "--thinker.engine.mem_fraction_static", "0.9"),
             )
         ],
     ),
@@ -264,9 +266,9 @@ EXAMPLE_TABLE = [
                 Role.worker,
                 SPEECH_STAGES,
                 (0, 1, 2),
-                ("vllm", "serve", "/models/Qwen3-Omni-30B-A3B-Instruct", "--omni", "--port", "8000",
-                 "--served-model-name", "Qwen3-Omni-30B-A3B-Instruct",
-                 "--stage-configs-path", "/etc/omni/stage_configs.yaml", "--trust-remote-code"),
+                ("sh", "-c", VLLM_PRELUDE, "vllm-omni", "serve", "/models/Qwen3-Omni-30B-A3B-Instruct", "--omni",
+                 "--port", "8000", "--served-model-name", "Qwen3-Omni-30B-A3B-Instruct",
+                 "--deploy-config", "/etc/omni/deploy_config.yaml"),
             )
             for i in range(2)
         ],
@@ -385,19 +387,21 @@ def test_builtin_gpu_pods_request_their_own_gpus_only() -> None:
     }
 
 
-def test_vllm_stage_config_places_thinker_then_talker() -> None:
+def test_vllm_deploy_config_layers_on_the_shipped_file_and_places_thinker_then_talker() -> None:
     plan = plan_deployment(example("qwen3-omni-vllm.yaml"))
     import yaml
 
-    config = yaml.safe_load(plan.config_files["stage_configs.yaml"])
-    stages = config["stage_args"]
-    assert [s["engine_args"]["model_stage"] for s in stages] == ["thinker", "talker", "code2wav"]
-    assert [s["runtime"]["devices"] for s in stages] == ["0,1", "2", "2"]
-    assert stages[0]["engine_args"]["tensor_parallel_size"] == 2
-    assert stages[0]["engine_args"]["gpu_memory_utilization"] == 0.8
-    assert stages[0]["engine_args"]["model_arch"] == "Qwen3OmniMoeForConditionalGeneration"
-    assert [s.get("engine_input_source") for s in stages] == [None, [0], [1]]
-    assert [s.get("final_output_type") for s in stages] == ["text", None, "audio"]
+    config = yaml.safe_load(plan.config_files["deploy_config.yaml"])
+    assert config == {
+        "base_config": "${oc.env:OMNI_VLLM_OMNI_DEPLOY_DIR}/qwen3_omni_moe.yaml",
+        "trust_remote_code": True,
+        "stages": [
+            {"stage_id": 0, "devices": "0,1", "tensor_parallel_size": 2, "gpu_memory_utilization": 0.8},
+            {"stage_id": 1, "devices": "2"},
+            {"stage_id": 2, "devices": "2"},
+        ],
+    }
+    assert plan.runtime_version == "0.30.0"
     assert plan.router.replicas == 2
 
 

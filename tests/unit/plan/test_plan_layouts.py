@@ -45,12 +45,12 @@ def test_local_gpu_workers_get_host_gpus_after_the_offset() -> None:
     assert plan.router.container.command[7] == "/run/w.json"
 
 
-def test_local_vllm_reads_its_stage_config_next_to_the_workers_file() -> None:
+def test_local_vllm_reads_its_deploy_config_next_to_the_workers_file() -> None:
     plan = plan_deployment(
         example("qwen3-omni-vllm.yaml"), target=Target.local, workers_file="/run/q/workers.json"
     )
     command = plan.workers[0].pods[0].container.command
-    assert command[command.index("--stage-configs-path") + 1] == "/run/q/stage_configs.yaml"
+    assert command[command.index("--deploy-config") + 1] == "/run/q/deploy_config.yaml"
     assert plan.workers[0].pods[0].container.env == {"CUDA_VISIBLE_DEVICES": "0,1,2"}
     assert plan.workers[1].pods[0].container.env == {"CUDA_VISIBLE_DEVICES": "3,4,5"}
 

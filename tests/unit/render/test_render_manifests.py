@@ -374,12 +374,12 @@ def test_pvc_model_and_node_selector() -> None:
     assert pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-L40S"}
 
 
-def test_vllm_worker_mounts_its_stage_config() -> None:
+def test_vllm_worker_mounts_its_deploy_config() -> None:
     plan = _plan("qwen3-omni-vllm.yaml")
     objs = _by_kind_name(render_manifests(plan))
     config = objs[("ConfigMap", "qwen3-omni-config")]
-    assert sorted(config["data"]) == ["plan.json", "stage_configs.yaml"]
-    assert config["data"]["stage_configs.yaml"] == plan.config_files["stage_configs.yaml"]
+    assert sorted(config["data"]) == ["deploy_config.yaml", "plan.json"]
+    assert config["data"]["deploy_config.yaml"] == plan.config_files["deploy_config.yaml"]
     pod = objs[("Pod", "qwen3-omni-w0-worker")]
     assert {"name": "config", "configMap": {"name": "qwen3-omni-config"}} in pod["spec"]["volumes"]
     assert {"name": "config", "mountPath": "/etc/omni", "readOnly": True} in pod["spec"]["containers"][0][
