@@ -164,3 +164,19 @@ def _status(url: str) -> int | None:
         return httpx.get(url, timeout=2.0, trust_env=False).status_code
     except httpx.HTTPError:
         return None
+
+
+def test_probes_leave_no_log_line_while_requests_do(cluster: Cluster):
+    (w0,) = cluster.upstreams("w0", wait=False)
+    router = cluster.router(cluster.write_workers([w0.entry()]), wait=False)
+    router.wait_rotation({"w0"}, timeout=40)
+    with httpx.Client(base_url=router.url, trust_env=False, timeout=5) as client:
+        for _ in range(5):
+            assert client.get("/health").status_code == 200
+            assert client.get("/ready").status_code == 200
+        assert client.get("/whoami").status_code == 200
+    router.stop()  # flushes the log
+    lines = [json.loads(line) for line in router.log.read_text().splitlines() if line.startswith("{")]
+    paths = [line.get("path") for line in lines if line.get("event") == "request"]
+    assert paths == ["/whoami"]
+    assert not [line for line in lines if "/health" in line["msg"] or "/ready" in line["msg"]]
