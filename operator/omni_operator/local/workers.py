@@ -25,6 +25,48 @@ OnExit = Callable[["ManagedProcess", int], None]
 
 # A process that ran this long before crashing starts its backoff from the beginning again.
 STABLE_AFTER_S = 60.0
+READ_CHUNK = 64 * 1024  # bytes read from a child's output at a time; lines may be any length
+MAX_LINE_BYTES = 8 * 1024  # a longer output line is shown cut, with how much was left out
+STOP_GRACE_S = 10.0
+
+
+class LineSplitter:
+    """Splits a child's output into display lines, whatever their length.
+
+    `StreamReader`'s own line reading fails on a line over its 64 KiB limit, and a reader that
+    stops reading leaves the child blocked on a full pipe. This keeps the first `limit` bytes of
+    each line and counts the rest, so memory stays bounded and every line is shown.
+    """
+
+    def __init__(self, limit: int = MAX_LINE_BYTES) -> None:
+        self.limit = limit
+        self._kept = bytearray()
+        self._dropped = 0
+
+    def feed(self, chunk: bytes) -> list[str]:
+        lines: list[str] = []
+        start = 0
+        while True:
+            end = chunk.find(b"\n", start)
+            piece = chunk[start:] if end < 0 else chunk[start:end]
+            room = max(0, self.limit - len(self._kept))
+            self._kept += piece[:room]
+            self._dropped += max(0, len(piece) - room)
+            if end < 0:
+                return lines
+            lines.append(self._line())
+            start = end + 1
+
+    def close(self) -> list[str]:
+        """The last line, when the output ended without a newline."""
+        return [self._line()] if self._kept or self._dropped else []
+
+    def _line(self) -> str:
+        text = self._kept.decode(errors="replace").rstrip()
+        if self._dropped:
+            text += f" ...[{self._dropped} more bytes]"
+        self._kept, self._dropped = bytearray(), 0
+        return text
 
 
 @dataclass
@@ -58,22 +100,51 @@ class ManagedProcess:
 
     async def _pump(self, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
-        async for raw in proc.stdout:
-            self.emit(self.spec.name, self.color, raw.decode(errors="replace").rstrip())
+        lines = LineSplitter()
+        while chunk := await proc.stdout.read(READ_CHUNK):
+            for line in lines.feed(chunk):
+                self.emit(self.spec.name, self.color, line)
+        for line in lines.close():
+            self.emit(self.spec.name, self.color, line)
 
     async def start(self) -> None:
         """Start the process now and keep it running (restarts with backoff) until `stop`."""
         await self._spawn()
         self._task = asyncio.create_task(self._supervise(), name=f"watch {self.spec.name}")
 
+    async def _wait_and_read(self, proc: asyncio.subprocess.Process) -> int:
+        """Wait for the process to exit while its output is read. When the reading fails, nobody
+        would drain the pipe and the process would block on its next write: say so and stop it
+        (SIGTERM, then SIGKILL), so it restarts like a crashed process."""
+        pump = asyncio.create_task(self._pump(proc), name=f"read {self.spec.name}")
+        exited = asyncio.create_task(proc.wait(), name=f"wait {self.spec.name}")
+        await asyncio.wait({pump, exited}, return_when=asyncio.FIRST_COMPLETED)
+        failure = pump.exception() if pump.done() and not pump.cancelled() else None
+        if failure is not None:
+            with contextlib.suppress(Exception):  # the failure may be in our own output
+                self.emit(
+                    "omni up",
+                    "",
+                    f"error: reading the output of {self.spec.name} failed "
+                    f"({type(failure).__name__}: {failure}); stopping it so it restarts",
+                )
+        if failure is not None and not exited.done() and not self.stopping:
+            self.signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(asyncio.shield(exited), timeout=STOP_GRACE_S)
+            except TimeoutError:
+                self.signal(signal.SIGKILL)
+        code = await exited
+        if failure is None:
+            await pump
+        return code
+
     async def _supervise(self) -> None:
         while True:
             proc = self.proc
             assert proc is not None
             started = time.monotonic()
-            pump = asyncio.create_task(self._pump(proc))
-            code = await proc.wait()
-            await pump
+            code = await self._wait_and_read(proc)
             if self.stopping:
                 return
             if time.monotonic() - started >= STABLE_AFTER_S:

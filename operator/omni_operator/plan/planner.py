@@ -160,7 +160,8 @@ def _router(dep: OmniDeployment, *, target: Target, router_port: int, workers_fi
         service_port = router_port
     else:
         port = K8S_PORTS[Role.api]
-        command = ["omni", "router", "--port", str(port), "--source", "kubernetes"]
+        # `omni router` listens on loopback unless told otherwise; a pod listens on its own IP.
+        command = ["omni", "router", "--host", "0.0.0.0", "--port", str(port), "--source", "kubernetes"]
         command += ["--namespace", dep.metadata.namespace, "--deployment", name, *limits]
         if router.auth is not None:
             command += ["--api-keys-file", f"{AUTH_DIR}/{router.auth.key}"]

@@ -329,6 +329,7 @@ def main(argv: list[str]) -> int:
 
     from omni_runtime.api import ApiSettings, build_app
     from omni_runtime.contract.engine import EngineError
+    from omni_runtime.entrypoints.console import end_process, quiet_probes
     from omni_runtime.models.qwen2_5_omni.tiny import ensure_tiny_checkpoint, is_tiny_checkpoint
     from omni_runtime.pipeline import build_engine
     from omni_runtime.support.cpu_threads import apply_cpu_threads
@@ -367,6 +368,7 @@ def main(argv: list[str]) -> int:
 
     app = build_app(engine=engine, settings=settings, on_startup_failure=on_startup_failure)
     server = server_class(uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=10))
+    quiet_probes()  # after uvicorn.Config set up its loggers: no access line per successful probe
     log.info(
         "omni serve: %s (model %s, pipeline %s, ready at /ready)",
         curl_example(host=args.host, port=args.port),
@@ -381,7 +383,7 @@ def main(argv: list[str]) -> int:
     from omni_runtime.executor.tp_group import end_process_if_nccl
 
     end_process_if_nccl(code)  # thinker TP on GPUs: end without the NCCL teardown
-    return code
+    end_process(code)  # stopped in order: skip the teardown of the frozen heap (entrypoints.console)
 
 
 def _graceful_server_class() -> type:

@@ -172,7 +172,9 @@ def main(argv: list[str]) -> int:
     from omni_runtime.executor.tp_group import end_process_if_nccl
 
     end_process_if_nccl(0)  # an image-encoder or thinker TP group on GPUs: no NCCL teardown
-    return 0
+    from omni_runtime.entrypoints.console import end_process
+
+    end_process(0)  # stopped in order: skip the teardown of the frozen heap (entrypoints.console)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from omni_runtime.router import logs
-from omni_runtime.router.auth import EXEMPT_PATHS, authorized
+from omni_runtime.router.auth import EXEMPT_PATHS, admin_refusal, authorized, is_admin_path
 from omni_runtime.router.context import RouterConfig, RouterContext
 from omni_runtime.router.errors import RouterError
 from omni_runtime.router.health import HealthChecker
@@ -95,6 +95,7 @@ class RouterApp:
         self.ctx: RouterContext | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._http: HttpProxy | None = None
+        self._session_header = config.session_header.lower().encode()
         self._ws: WebSocketRelay | None = None
         self._control = Starlette(
             routes=[
@@ -205,25 +206,54 @@ class RouterApp:
     def _authorized(self, scope: Scope) -> bool:
         if not self.config.api_keys:
             return True
-        header = next((value for name, value in scope["headers"] if name == b"authorization"), None)
-        return authorized(header, self.config.api_keys)
+        return authorized(_authorization(scope), self.config.api_keys)
+
+    def _refusal(self, scope: Scope) -> RouterError | None:
+        """Why the router answers this request or WebSocket itself before anything else, if it does:
+        a head over --max-header-bytes or a session key over its limit (431), the admin API without
+        its credential (401/403), a missing client API key (401)."""
+        config = self.config
+        size = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
+        too_long_key = False
+        for name, value in scope["headers"]:
+            size += len(name) + len(value) + 4
+            if name == self._session_header and len(value) > config.max_session_key_bytes:
+                too_long_key = True
+        if size > config.max_header_bytes:
+            return RouterError.headers_too_large(limit=config.max_header_bytes)
+        if too_long_key:
+            return RouterError.session_key_too_long(
+                header=config.session_header, limit=config.max_session_key_bytes
+            )
+        path = scope["path"]
+        if is_admin_path(path):
+            return admin_refusal(
+                client=scope.get("client"),
+                authorization=_authorization(scope),
+                admin_keys=config.admin_keys,
+                api_keys=config.api_keys,
+            )
+        exempt = scope["type"] == "http" and path in EXEMPT_PATHS
+        if not exempt and not self._authorized(scope):
+            return RouterError.unauthorized()
+        return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
-            path = scope["path"]
-            if path not in EXEMPT_PATHS and not self._authorized(scope):
-                await send_error(send, RouterError.unauthorized())
+            if (refusal := self._refusal(scope)) is not None:
+                await send_error(send, refusal)
                 return
-            if path in EXEMPT_PATHS or path.startswith("/admin/"):
+            path = scope["path"]
+            if path in EXEMPT_PATHS or is_admin_path(path):
                 await self._control(scope, receive, send)
                 return
             assert self._http is not None, "router used before its lifespan started"
             await self._http(scope, receive, send)
         elif kind == "websocket":
-            if not self._authorized(scope):
+            if (refusal := self._refusal(scope)) is not None:
                 await receive()
-                await deny_websocket(send, scope, RouterError.unauthorized())
+                await deny_websocket(send, scope, refusal)
                 return
             assert self._ws is not None, "router used before its lifespan started"
             await self._ws(scope, receive, send)
@@ -306,6 +336,10 @@ class RouterApp:
 
 
 __all__ = ["RouterApp", "RouterConfig", "WorkerState", "worker_json"]
+
+
+def _authorization(scope: Scope) -> bytes | None:
+    return next((value for name, value in scope["headers"] if name == b"authorization"), None)
 
 
 async def _replica_metrics(directory: str, index: int) -> str | None:

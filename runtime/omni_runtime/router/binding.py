@@ -27,6 +27,9 @@ from omni_runtime.router.errors import RouterError
 from omni_runtime.router.table import Worker, WorkerTable
 
 SESSION_QUERY_PARAM = "session_id"
+# Session ids the router makes are about 40 characters; a longer value is never one of them (and
+# the session-key header is refused above RouterConfig.max_session_key_bytes before binding).
+MAX_SESSION_ID_CHARS = 256
 
 
 class BindKind(StrEnum):
@@ -52,6 +55,8 @@ def session_id_in(*, path: str, query: Mapping[str, str], header_value: str | No
     if "." in path:  # every session id has a dot; most paths have none
         values.extend(segment for segment in path.split("/") if segment)
     for value in values:
+        if len(value) > MAX_SESSION_ID_CHARS:
+            continue
         worker_id = worker_of(value)
         if worker_id is not None:
             return value, worker_id

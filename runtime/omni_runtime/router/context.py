@@ -44,6 +44,9 @@ class RouterConfig:
     connect_timeout: float = 5.0
     health_interval: float = 1.0
     api_keys: tuple[bytes, ...] = ()  # empty: no client authentication
+    admin_keys: tuple[bytes, ...] = ()  # empty: the admin API answers on loopback only
+    max_header_bytes: int = 64 * 1024  # request line plus headers; more is answered 431
+    max_session_key_bytes: int = 256  # the session-key header; longer is answered 431
     ws_ping_interval: float = 20.0  # keepalive pings on the router-to-worker WebSocket
     log_requests: bool = True  # one JSON line per proxied request
     processes: int = 1  # router replicas sharing the port (--processes); admin drains need 1

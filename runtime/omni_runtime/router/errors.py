@@ -59,6 +59,44 @@ class RouterError(Exception):
         )
 
     @classmethod
+    def admin_forbidden(cls, *, reason: str) -> RouterError:
+        return cls(
+            status=403,
+            code="admin_forbidden",
+            error_type="invalid_request_error",
+            message=reason,
+        )
+
+    @classmethod
+    def admin_unauthorized(cls) -> RouterError:
+        return cls(
+            status=401,
+            code="invalid_admin_key",
+            error_type="invalid_request_error",
+            message="Missing or invalid admin key: the admin API needs `Authorization: Bearer <key>` "
+            "with a key from the router's --admin-keys-file (client API keys are not admin keys).",
+        )
+
+    @classmethod
+    def headers_too_large(cls, *, limit: int) -> RouterError:
+        return cls(
+            status=431,
+            code="request_headers_too_large",
+            error_type="invalid_request_error",
+            message=f"The request line and headers are larger than the router's limit of {limit} bytes "
+            "(--max-header-bytes); send smaller headers.",
+        )
+
+    @classmethod
+    def session_key_too_long(cls, *, header: str, limit: int) -> RouterError:
+        return cls(
+            status=431,
+            code="session_key_too_long",
+            error_type="invalid_request_error",
+            message=f"The {header} header is longer than {limit} bytes; use a shorter session key.",
+        )
+
+    @classmethod
     def too_large(cls, *, limit: int) -> RouterError:
         return cls(
             status=413,

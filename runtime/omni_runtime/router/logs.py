@@ -19,6 +19,25 @@ from typing import Any
 
 _second: tuple[int, str] = (-1, "")  # the last whole second formatted, and its text
 
+# A field or message longer than this is cut: a client controls paths and session keys, and one
+# huge log line must not cost the log reader (`omni up`, a terminal, a collector) more than a line.
+MAX_FIELD_CHARS = 512
+MAX_MESSAGE_CHARS = 4096
+
+
+def clip(text: str, limit: int = MAX_FIELD_CHARS) -> str:
+    """`text`, cut to `limit` characters with a note of how many were left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}...[{len(text) - limit} more chars]"
+
+
+def clip_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    """The fields with every string value clipped; the same dict when none needs it."""
+    if not any(isinstance(value, str) and len(value) > MAX_FIELD_CHARS for value in fields.values()):
+        return fields
+    return {key: clip(value) if isinstance(value, str) else value for key, value in fields.items()}
+
 
 def timestamp(created: float) -> str:
     """ISO 8601 UTC with milliseconds; the seconds part is formatted once per second."""
@@ -35,11 +54,11 @@ class JsonFormatter(logging.Formatter):
             "ts": timestamp(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": clip(record.getMessage(), MAX_MESSAGE_CHARS),
         }
         fields = getattr(record, "fields", None)
         if isinstance(fields, dict):
-            line.update(fields)
+            line.update(clip_fields(fields))
         if record.exc_info:
             line["exc"] = self.formatException(record.exc_info)
         return json.dumps(line, default=str)
@@ -107,9 +126,15 @@ def event(logger: logging.Logger, msg: str, fields: dict[str, Any]) -> None:
         return
     handler = _line_handler(logger)
     if handler is None:  # not set up by configure(): the standard way
-        logger.info(msg, extra={"fields": fields})
+        logger.info(msg, extra={"fields": clip_fields(fields)})
         return
-    line = {"ts": timestamp(time.time()), "level": "info", "logger": logger.name, "msg": msg, **fields}
+    line = {
+        "ts": timestamp(time.time()),
+        "level": "info",
+        "logger": logger.name,
+        "msg": msg,
+        **clip_fields(fields),
+    }
     handler.acquire()
     try:
         try:

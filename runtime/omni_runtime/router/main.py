@@ -19,6 +19,7 @@ from typing import Any
 from omni_runtime.router import logs
 from omni_runtime.router.auth import load_api_keys
 from omni_runtime.router.context import RouterConfig
+from omni_runtime.router.head_limit import DEFAULT_MAX_HEADER_BYTES, head_limited_protocol
 from omni_runtime.router.sources import FileSource, WorkerSource, WorkerTableError
 
 log = logging.getLogger("omni.router")
@@ -41,7 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="omni router", description="Run the session router in front of workers."
     )
-    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1, this machine only; 0.0.0.0 for every interface, "
+        "as the router's pods do)",
+    )
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     parser.add_argument(
         "--source",
@@ -98,6 +104,19 @@ def build_parser() -> argparse.ArgumentParser:
         "`Authorization: Bearer <key>` (/health, /ready, /metrics stay open)",
     )
     parser.add_argument(
+        "--admin-keys-file",
+        help="file of admin keys, one per line: the admin API (/admin/...) then needs "
+        "`Authorization: Bearer <admin key>` (client API keys are refused); without it the admin "
+        "API answers only on loopback",
+    )
+    parser.add_argument(
+        "--max-header-bytes",
+        type=_positive(int),
+        default=DEFAULT_MAX_HEADER_BYTES,
+        help="largest request line plus headers accepted; larger heads are answered 431 "
+        f"(default {DEFAULT_MAX_HEADER_BYTES // 1024} KiB)",
+    )
+    parser.add_argument(
         "--processes",
         type=_positive(int),
         default=1,
@@ -149,6 +168,9 @@ def main(argv: list[str]) -> int:
         source = build_source(args)
         initial = source.load()
         api_keys = load_api_keys(args.api_keys_file) if args.api_keys_file else ()
+        admin_keys = (
+            load_api_keys(args.admin_keys_file, flag="--admin-keys-file") if args.admin_keys_file else ()
+        )
     except WorkerTableError as exc:
         print(f"omni router: error: {exc}", file=sys.stderr)
         return 2
@@ -176,6 +198,8 @@ def main(argv: list[str]) -> int:
         connect_timeout=args.connect_timeout,
         health_interval=args.health_interval,
         api_keys=api_keys,
+        admin_keys=admin_keys,
+        max_header_bytes=args.max_header_bytes,
         log_requests=not args.no_request_log,
         gc_freeze=True,
     )
@@ -205,6 +229,7 @@ def main(argv: list[str]) -> int:
             date_header=False,
             lifespan="on",
             ws_max_size=args.max_body_bytes,
+            http=head_limited_protocol(args.max_header_bytes),  # 431 for heads over the limit
             timeout_graceful_shutdown=10,
         )
     )

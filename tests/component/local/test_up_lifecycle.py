@@ -124,6 +124,23 @@ def test_killed_worker_leaves_rotation_restarts_and_returns(up: OmniUp) -> None:
     assert up.table()["tiny-omni-w1"]["state"] == "ready"
 
 
+def test_a_1_mb_header_is_refused_and_everything_keeps_serving(up: OmniUp) -> None:
+    with httpx.Client(base_url=up.url, timeout=60, trust_env=False) as client:
+        refused = client.get("/v1/models", headers={"X-Session-Id": "s" * (1 << 20)})
+        assert refused.status_code == 431
+        assert refused.json()["error"]["code"] == "request_headers_too_large"
+        assert client.get("/health").status_code == 200
+        response = client.post(
+            "/v1/chat/completions",
+            json={"model": "tiny-omni", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+            headers={"X-Session-Id": "after-the-big-one"},
+        )
+        assert response.status_code == 200, response.text
+    # omni up still reads the router (its admin API on loopback) and still prints its output.
+    assert all(w["in_rotation"] for w in up.router_workers().values())
+    assert not [line for line in up.lines if "error: reading the output" in line]
+
+
 def test_ctrl_c_stops_everything_cleanly(up: OmniUp) -> None:
     assert up.popen is not None
     pids = children(up.popen.pid)
@@ -138,3 +155,7 @@ def test_ctrl_c_stops_everything_cleanly(up: OmniUp) -> None:
     assert [row["state"] for row in up.table().values()] == ["gone", "gone"]
     assert not (up.state_dir / "control.sock").exists()
     assert not any("Traceback" in line for line in up.lines if line.lstrip().startswith("omni up |"))
+    # Quiet consoles: no access line per probe (omni up probes /ready twice a second), and no
+    # "nanobind: leaked ..." lines from the workers at Ctrl-C.
+    assert not [line for line in up.lines if re.search(r'"GET /(ready|health) HTTP/1.1" 200', line)]
+    assert not [line for line in up.lines if "leaked" in line]

@@ -45,7 +45,7 @@ ROUTER_IMAGE = "ghcr.io/omni-dev/omni-runtime:0.1.0"
 
 def _router(deployment: str) -> RouterPlan:
     command = (
-        "omni", "router", "--port", "8000", "--source", "kubernetes", "--namespace", "default",
+        "omni", "router", "--host", "0.0.0.0", "--port", "8000", "--source", "kubernetes", "--namespace", "default",
         "--deployment", deployment, "--session-header", "X-Session-Id", "--max-sessions-per-worker", "256",
         "--max-body-bytes", "67108864", "--upstream-timeout", "600",
     )  # fmt: skip

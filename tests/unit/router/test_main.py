@@ -36,14 +36,15 @@ def test_flag_errors(argv, message, capsys):
     assert capsys.readouterr().err.strip() == message
 
 
-def test_a_bad_keys_file_stops_before_serving(tmp_path, capsys):
+@pytest.mark.parametrize("flag", ["--api-keys-file", "--admin-keys-file"])
+def test_a_bad_keys_file_stops_before_serving(tmp_path, capsys, flag):
     workers = tmp_path / "w.json"
     workers.write_text(json.dumps({"workers": []}))
     keys = tmp_path / "keys"
     keys.write_text("\n")
-    assert main(["--workers-file", str(workers), "--api-keys-file", str(keys)]) == 2
+    assert main(["--workers-file", str(workers), flag, str(keys)]) == 2
     assert capsys.readouterr().err.strip() == (
-        f"omni router: error: --api-keys-file {keys}: no keys in the file; write one key per line"
+        f"omni router: error: {flag} {keys}: no keys in the file; write one key per line"
     )
 
 

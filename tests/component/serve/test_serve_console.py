@@ -1,0 +1,82 @@
+"""A real `omni serve` (tiny checkpoint, CPU) on a console: probes leave no access-log line while
+requests do, and Ctrl-C (SIGINT) ends it with exit code 0 and no "nanobind: leaked" noise."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+REPO = Path(__file__).resolve().parents[3]
+READY_S = 300.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/ready", timeout=2, trust_env=False).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_probes_are_quiet_and_ctrl_c_is_clean(tmp_path: Path) -> None:
+    from omni_runtime.models.qwen2_5_omni.tiny import ensure_tiny_checkpoint
+
+    ensure_tiny_checkpoint(progress=False)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    argv = [sys.executable, "-m", "omni_operator.cli", "serve", "--pipeline", "text", "--device", "cpu",
+            "--host", "127.0.0.1", "--port", str(port), "--max-batch-size", "2"]  # fmt: skip
+    with out.open("wb") as stdout, err.open("wb") as stderr:
+        popen = subprocess.Popen(argv, stdout=stdout, stderr=stderr, cwd=REPO, env={**os.environ})
+    try:
+        deadline = time.monotonic() + READY_S
+        while not _ready(url):
+            assert popen.poll() is None, err.read_text()[-3000:]
+            assert time.monotonic() < deadline, err.read_text()[-3000:]
+            time.sleep(0.5)
+        with httpx.Client(base_url=url, trust_env=False, timeout=60) as client:
+            for _ in range(5):
+                assert client.get("/ready").status_code == 200
+                assert client.get("/health").status_code == 200
+            chat = client.post(
+                "/v1/chat/completions",
+                json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+            )
+            assert chat.status_code == 200, chat.text
+            assert client.get("/no-such-path").status_code == 404
+        time.sleep(0.5)  # let the access lines reach the file
+        popen.send_signal(signal.SIGINT)
+        code = popen.wait(timeout=60)
+    finally:
+        if popen.poll() is None:
+            popen.kill()
+            popen.wait(timeout=10)
+    console = out.read_text() + err.read_text()
+    access = [line.split(" - ", 1)[1] for line in console.splitlines() if " HTTP/1.1" in line]
+    # Probes answered 503 while the worker loaded are still logged; successful ones are not.
+    assert [
+        line for line in access if line.startswith(('"GET /ready', '"GET /health')) and "503" not in line
+    ] == []
+    assert [line for line in access if not line.startswith(('"GET /ready', '"GET /health'))] == [
+        '"POST /v1/chat/completions HTTP/1.1" 200 OK',
+        '"GET /no-such-path HTTP/1.1" 404 Not Found',
+    ]
+    assert code == 0, console[-3000:]  # `omni serve` ends a Ctrl-C or SIGTERM stop with 0
+    assert "leaked" not in console, [line for line in console.splitlines() if "leaked" in line][:5]
+    assert "Traceback" not in console
