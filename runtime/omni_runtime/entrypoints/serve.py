@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from omni_runtime.contract.options import EngineOptions
 from omni_runtime.contract.stages import STAGES
 from omni_runtime.media.limits import MediaLimits
+from omni_runtime.router.head_limit import DEFAULT_MAX_HEADER_BYTES, head_limited_protocol
 from omni_runtime.support.cli_types import positive_int
 
 log = logging.getLogger("omni.serve")
@@ -173,6 +174,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="largest max_tokens a request may ask for (default: --max-model-len)",
     )
     limits.add_argument("--default-max-tokens", type=positive_int, default=2048)
+    limits.add_argument(
+        "--max-header-bytes",
+        type=positive_int,
+        default=DEFAULT_MAX_HEADER_BYTES,
+        help="largest request head (request line and headers) in bytes; larger ones get 431",
+    )
     limits.add_argument("--max-media-bytes", type=positive_int, default=defaults.max_bytes)
     limits.add_argument("--max-audio-seconds", type=_positive_float, default=defaults.max_audio_seconds)
     limits.add_argument("--max-video-seconds", type=_positive_float, default=defaults.max_video_seconds)
@@ -367,7 +374,13 @@ def main(argv: list[str]) -> int:
             server.should_exit = True
 
     app = build_app(engine=engine, settings=settings, on_startup_failure=on_startup_failure)
-    server = server_class(uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=10))
+    uvicorn_config = uvicorn.Config(
+        app,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=10,
+        http=head_limited_protocol(args.max_header_bytes),  # 431 for heads over the limit
+    )
+    server = server_class(uvicorn_config)
     quiet_probes()  # after uvicorn.Config set up its loggers: no access line per successful probe
     log.info(
         "omni serve: %s (model %s, pipeline %s, ready at /ready)",

@@ -1,5 +1,6 @@
 """A real `omni serve` (tiny checkpoint, CPU) on a console: probes leave no access-log line while
-requests do, and Ctrl-C (SIGINT) ends it with exit code 0 and no "nanobind: leaked" noise."""
+requests do, a 1 MB header is answered 431 without harm, and Ctrl-C (SIGINT) ends it with exit
+code 0 and no "nanobind: leaked" noise."""
 
 from __future__ import annotations
 
@@ -50,6 +51,10 @@ def test_probes_are_quiet_and_ctrl_c_is_clean(tmp_path: Path) -> None:
             assert popen.poll() is None, err.read_text()[-3000:]
             assert time.monotonic() < deadline, err.read_text()[-3000:]
             time.sleep(0.5)
+        with httpx.Client(base_url=url, trust_env=False, timeout=60) as client:
+            huge = client.post("/v1/chat/completions", headers={"X-Session-Id": "x" * (1 << 20)}, json={})
+            assert huge.status_code == 431, huge.text
+            assert huge.json()["error"]["code"] == "request_headers_too_large", huge.text
         with httpx.Client(base_url=url, trust_env=False, timeout=60) as client:
             for _ in range(5):
                 assert client.get("/ready").status_code == 200
