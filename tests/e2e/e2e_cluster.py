@@ -83,7 +83,7 @@ _LIBC = ctypes.CDLL("libc.so.6", use_errno=True)  # loaded here: a forked child 
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent(parent: int) -> Callable[[], None]:
+def die_with_parent(parent: int) -> Callable[[], None]:
     """A preexec hook: a killed parent (pytest, or this script) must not leave an apiserver behind.
 
     The kernel sends the child SIGKILL when its parent goes away (PR_SET_PDEATHSIG): SIGTERM is
@@ -154,7 +154,7 @@ class ControlPlane:
                 stdin=subprocess.DEVNULL,
                 cwd=self.workdir,
                 env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.workdir)},
-                preexec_fn=_die_with_parent(os.getpid()),
+                preexec_fn=die_with_parent(os.getpid()),
             )
         component = Component(name=name, proc=proc, log_path=log_path)
         self.components[name] = component

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
-from e2e_cluster import ControlPlane, free_port, wait_for
+from e2e_cluster import ControlPlane, die_with_parent, free_port, wait_for
 
 from omni_operator.api import labels
 from omni_operator.crdgen import crd_manifest
@@ -68,7 +68,12 @@ class OperatorProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                preexec_fn=die_with_parent(os.getpid()),  # a killed pytest takes it along
             )
 
     def log(self) -> str:

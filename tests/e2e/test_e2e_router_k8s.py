@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from e2e_cluster import ControlPlane, free_port, wait_for
+from e2e_cluster import ControlPlane, die_with_parent, free_port, wait_for
 from e2e_operator import Api, OperatorProcess, running_operator
 
 from omni_operator.api import labels
@@ -71,7 +71,12 @@ class RouterProcess:
         env = {**os.environ, "KUBECONFIG": str(cp.kubeconfig), "POD_NAME": REPLICA, "PYTHONUNBUFFERED": "1"}
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                preexec_fn=die_with_parent(os.getpid()),  # a killed pytest takes it along
             )
 
     def log(self) -> str:

@@ -172,7 +172,9 @@ PRIVATE_V4 = (
     "224.0.0.0/4",
     "240.0.0.0/4",
 )
-PRIVATE_V6 = ("::ffff:0:0/96", "fc00::/7", "fe80::/10", "ff00::/8")
+# No ::ffff:0:0/96 here: the API server refuses an IPv4-mapped except ("must not have an IPv4-mapped
+# IPv6 address"), and a connection to a mapped address leaves as IPv4, where the IPv4 rule applies.
+PRIVATE_V6 = ("fc00::/7", "fe80::/10", "ff00::/8")
 
 
 def kube_dns() -> Manifest:

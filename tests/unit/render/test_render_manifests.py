@@ -107,7 +107,7 @@ PRIVATE_V4 = [
     "224.0.0.0/4",
     "240.0.0.0/4",
 ]
-PRIVATE_V6 = ["::ffff:0:0/96", "fc00::/7", "fe80::/10", "ff00::/8"]
+PRIVATE_V6 = ["fc00::/7", "fe80::/10", "ff00::/8"]
 OWNER_REFS = [
     {
         "apiVersion": "omni.dev/v1alpha1",
