@@ -5,6 +5,7 @@ spec show up as condition reasons, never as a silent Pending."""
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import yaml
@@ -12,6 +13,15 @@ from e2e_cluster import ControlPlane
 from e2e_operator import Api, condition, deployment, gpu_request, running_operator
 
 pytestmark = pytest.mark.e2e
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_every_example_is_admitted(crds: ControlPlane, namespace: str, example: Path) -> None:
+    """Every example passes the CRD's schema and CEL rules on a real API server (server dry run)."""
+    result = crds.kubectl("apply", "-n", namespace, "--dry-run=server", "-f", str(example), check=False)
+    assert result.returncode == 0, result.stderr
 
 
 def test_impossible_spec_is_rejected_at_apply_with_the_planners_message(

@@ -8,6 +8,7 @@ towers that sit with it), rounded to a tenth of a billion.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from omni_operator.api.spec import (
@@ -220,3 +221,48 @@ def peer_variants(
 def peer_families(runtime: RuntimeType, version: str) -> tuple[Architecture, ...]:
     table = SGLANG_OMNI.get(version, {}) if runtime is RuntimeType.sglang_omni else VLLM_OMNI.get(version, {})
     return tuple(a for a in Architecture if a in table)
+
+
+# --- Peer-runtime worker pods: host resources and the startup window, from the parameter counts ---
+#
+# One sglang-omni / vllm-omni worker pod runs every stage. The checkpoint is read through host
+# memory while it loads (bf16 safetensors: 2 bytes per parameter, whatever the serving precision),
+# CPU offload keeps its gigabytes per thinker rank in host RAM, and each GPU process holds a CUDA
+# context, pinned buffers and its share of /dev/shm (NCCL, the inter-stage connectors).
+# spec.stages.thinker.resources.cpu / .memory override either default.
+PEER_CHECKPOINT_BYTES_PER_PARAM = 2.0
+PEER_HOST_BASE_GB = 16  # the API server, tokenizers, preprocessing and CPU stages
+PEER_HOST_GB_PER_GPU = 8
+PEER_CPU_BASE = 4
+PEER_CPU_PER_GPU = 4
+# Neither server answers /health with 200 before its engines are loaded (and, for sglang-omni,
+# warmed up): 30 minutes for start-up and warm-up plus a minute per 10 GB of checkpoint to read.
+PEER_STARTUP_BASE_S = 30 * 60
+PEER_STARTUP_S_PER_GB = 6
+
+
+@dataclass(frozen=True)
+class PeerPodSize:
+    cpu: str
+    memory: str
+    startup_s: int
+
+
+def peer_pod_size(
+    architecture: Architecture, *, gpus: int, cpu_offload_gb: int, tp: int
+) -> PeerPodSize | None:
+    """Default CPU and memory requests and startup window of a peer-runtime worker (None: unknown family)."""
+    info = ARCHITECTURES.get(architecture)
+    if info is None:
+        return None
+    checkpoint_gb = (
+        info.thinker_params_billions + info.talker_params_billions
+    ) * PEER_CHECKPOINT_BYTES_PER_PARAM
+    memory_gb = (
+        math.ceil(checkpoint_gb) + cpu_offload_gb * tp + PEER_HOST_BASE_GB + PEER_HOST_GB_PER_GPU * gpus
+    )
+    return PeerPodSize(
+        cpu=str(PEER_CPU_BASE + PEER_CPU_PER_GPU * gpus),
+        memory=f"{memory_gb}Gi",
+        startup_s=PEER_STARTUP_BASE_S + math.ceil(checkpoint_gb) * PEER_STARTUP_S_PER_GB,
+    )

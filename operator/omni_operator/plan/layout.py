@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from omni_operator.api.spec import Architecture, GpuTier, OmniDeployment, OmniDeploymentSpec, RuntimeType
 from omni_operator.plan import adapters, rules
-from omni_operator.plan.catalogue import runtime_version
+from omni_operator.plan.catalogue import peer_pod_size, runtime_version
 from omni_operator.plan.revisions import pod_revision
 from omni_operator.plan.types import Container, Role, Stage, StagePod, Target, WorkerPlan
 from omni_runtime.contract.stages import REMOTABLE, with_colocated
@@ -38,6 +38,7 @@ LOCAL_OFFSETS: dict[Role, int] = {
     Role.image_encoder: 4,
 }
 K8S_DIST_PORT = 29500
+PEER_PROBE_TIMEOUT_S = 5
 PORT_NAMES: dict[Role, str] = {
     Role.worker: "http",
     Role.api: "http",
@@ -185,18 +186,32 @@ class WorkerLayout:
                 deploy_config_path=f"{self.config_dir}/{adapters.VLLM_DEPLOY_CONFIG}",
             )
         logical = tuple(range(alloc.total))
-        resources = spec.stages.thinker.resources
+        thinker = spec.stages.thinker
+        resources = thinker.resources
+        size = peer_pod_size(
+            self.architecture,
+            gpus=alloc.total,
+            cpu_offload_gb=thinker.cpu_offload_gb or 0,
+            tp=len(alloc.thinker),
+        )
         container = Container(
             image=self.image(Role.worker),
             command=command,
             env=self.gpu_env(index, logical),
             ports={PORT_NAMES[Role.worker]: port},
-            cpu=resources.cpu,
-            memory=resources.memory,
+            # Host RAM to read the checkpoint through and CPUs for the API and CPU stages, from
+            # the catalogue; spec.stages.thinker.resources overrides each.
+            cpu=resources.cpu or (size.cpu if size else None),
+            memory=resources.memory or (size.memory if size else None),
             gpus=alloc.total,
-            # Neither third-party server has /ready; /health answers once the engine is up.
+            # Neither server has /ready. sglang-omni 0.1.9 listens only once its stages are loaded
+            # and answers /health 503 ("starting") until warm-up ends, then 200 (503 when a stage
+            # dies); vllm-omni 0.30.0 serves HTTP only once its engines are built, /health 200 or
+            # 503 when an engine is dead. Both check their engines on /health: 5 s to answer.
             readiness_path="/health",
             liveness_path="/health",
+            startup_s=size.startup_s if size else None,
+            probe_timeout_s=PEER_PROBE_TIMEOUT_S,
         )
         return self._pod(index, worker, Role.worker, stages=self.stages, logical=logical, container=container)
 

@@ -42,13 +42,17 @@ def pod_revision(pod: StagePod, *, worker: str, revision: str) -> str:
         return text.replace(revision, "{revision}").replace(worker, "{worker}")
 
     container = pod.container
+    dumped = container.model_dump(mode="json")
+    for key in ("startup_s", "probe_timeout_s"):  # unset: the pod keeps the revision it had before them
+        if dumped[key] is None:
+            del dumped[key]
     payload = {
         "role": pod.role.value,
         "stages": [s.value for s in pod.stages],
         "logical_gpus": list(pod.logical_gpus),
         "node_rank": pod.node_rank,
         "nnodes": pod.nnodes,
-        "container": container.model_dump(mode="json")
+        "container": dumped
         | {
             "command": [mask(a) for a in container.command],
             "env": {k: mask(v) for k, v in container.env.items()},

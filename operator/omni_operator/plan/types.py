@@ -48,6 +48,12 @@ class Container(Frozen):
     liveness_path: str | None = Field(
         default=None, description="HTTP liveness path on the main port; None probes the main port over TCP."
     )
+    startup_s: int | None = Field(
+        default=None, description="Start-up window before liveness counts; None: the renderer's default."
+    )
+    probe_timeout_s: int | None = Field(
+        default=None, description="Seconds each probe may take; None: the Kubernetes default (1 s)."
+    )
 
 
 class StagePod(Frozen):

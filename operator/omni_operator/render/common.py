@@ -100,16 +100,32 @@ def _probe_action(path: str | None, port_name: str) -> Manifest:
 
 
 def probes(container: Container, port_name: str) -> Manifest:
-    """Readiness on the readiness path (or TCP); a long startup window before liveness counts."""
+    """Readiness on the readiness path (or TCP); a long startup window before liveness counts
+    (the container's own window where it sets one, else STARTUP_FAILURES periods)."""
     ready, alive = container.readiness_path, container.liveness_path
+    failures = STARTUP_FAILURES
+    if container.startup_s is not None:
+        failures = math.ceil(container.startup_s / STARTUP_PERIOD_S)
+    timeout = {"timeoutSeconds": container.probe_timeout_s} if container.probe_timeout_s else {}
     return {
-        "readinessProbe": {**_probe_action(ready, port_name), "periodSeconds": 5, "failureThreshold": 3},
+        "readinessProbe": {
+            **_probe_action(ready, port_name),
+            "periodSeconds": 5,
+            "failureThreshold": 3,
+            **timeout,
+        },
         "startupProbe": {
             **_probe_action(alive, port_name),
             "periodSeconds": STARTUP_PERIOD_S,
-            "failureThreshold": STARTUP_FAILURES,
+            "failureThreshold": failures,
+            **timeout,
         },
-        "livenessProbe": {**_probe_action(alive, port_name), "periodSeconds": 10, "failureThreshold": 6},
+        "livenessProbe": {
+            **_probe_action(alive, port_name),
+            "periodSeconds": 10,
+            "failureThreshold": 6,
+            **timeout,
+        },
     }
 
 
@@ -138,6 +154,20 @@ def cpu_thread_env(container: Container) -> dict[str, str]:
     except ValueError:  # a quantity form this does not read (e.g. "2k"): leave the pools alone
         return {}
     return {"OMP_NUM_THREADS": str(max(1, math.ceil(cores)))}
+
+
+def peer_cache_env() -> dict[str, str]:
+    """Where sglang-omni and vllm-omni write, under a read-only root filesystem: every cache in the
+    cache emptyDir (kept across container restarts, so a restart reuses compiled kernels). HOME
+    (/tmp) already covers ~/.cache (sglang-omni's uploaded speakers, FlashInfer); XDG_CACHE_HOME
+    moves vLLM's cache root (torch.compile artifacts) there too; Triton and TorchInductor get their
+    own (Inductor's default needs the user's name, which uid 10001 has none of); sglang-omni's IPC
+    sockets go to /tmp/sglang_omni, HF downloads and trust_remote_code modules to HF_HOME."""
+    return {
+        "XDG_CACHE_HOME": f"{CACHE_DIR}/xdg",
+        "TRITON_CACHE_DIR": f"{CACHE_DIR}/triton",
+        "TORCHINDUCTOR_CACHE_DIR": f"{CACHE_DIR}/inductor",
+    }
 
 
 def env_list(env: dict[str, str]) -> list[Manifest]:

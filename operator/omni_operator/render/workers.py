@@ -22,6 +22,7 @@ from omni_operator.render.common import (
     cpu_thread_env,
     env_list,
     metadata,
+    peer_cache_env,
     pod_security_context,
     probes,
     resources,
@@ -66,6 +67,8 @@ def stage_pod(plan: Plan, worker: WorkerPlan, pod: StagePod, *, owner: Owner | N
         "HF_HOME": f"{CACHE_DIR}/hf",
         "HOME": TMP_DIR,
     }
+    if plan.runtime_version is not None:
+        env |= peer_cache_env()
     spec: Manifest = {
         "hostname": pod.hostname,
         "subdomain": worker.name,

@@ -182,14 +182,20 @@ def test_missing_file(tmp_path: Path) -> None:
 
 def test_examples_all_load() -> None:
     examples = sorted((Path(__file__).resolve().parents[3] / "examples").glob("*.yaml"))
-    assert len(examples) == 7
     names = [load_deployments(p)[0].metadata.name for p in examples]
     assert names == [
         "ming-speech",
+        "ming-streaming",
         "ming-text",
         "ming-vision",
+        "ming-vllm",
+        "minicpm-duplex-sglang",
+        "minicpm-duplex-vllm",
         "minicpm-duplex",
         "qwen25-omni",
+        "qwen25-omni-vllm",
+        "qwen3-omni-sglang",
+        "qwen3-omni-duplex",
         "qwen3-omni",
         "tiny-omni",
     ]

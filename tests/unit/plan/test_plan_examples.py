@@ -155,9 +155,15 @@ def test_ming_speech_full_plan() -> None:
             image="lmsysorg/sglang-omni:latest",
             command=command,
             ports={"http": 8000},
+            # From the catalogue: 4 + 4 x 5 GPUs; 207 GB bf16 checkpoint + 16 + 8 x 5 GB;
+            # 30 minutes + 6 s per checkpoint GB.
+            cpu="24",
+            memory="263Gi",
             gpus=5,
             readiness_path="/health",
             liveness_path="/health",
+            startup_s=3042,
+            probe_timeout_s=5,
         ),
     )
     worker = _with_pod_revisions(
