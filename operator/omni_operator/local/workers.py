@@ -120,7 +120,11 @@ class ManagedProcess:
         exited = asyncio.create_task(proc.wait(), name=f"wait {self.spec.name}")
         await asyncio.wait({pump, exited}, return_when=asyncio.FIRST_COMPLETED)
         failure = pump.exception() if pump.done() and not pump.cancelled() else None
+        drain: asyncio.Task[None] | None = None
         if failure is not None:
+            # Keep the pipe flowing (output discarded): a full, unread pipe blocks the process, and
+            # asyncio sees it exit only once its pipe reaches end of file.
+            drain = asyncio.create_task(self._discard(proc), name=f"drain {self.spec.name}")
             with contextlib.suppress(Exception):  # the failure may be in our own output
                 self.emit(
                     "omni up",
@@ -128,16 +132,24 @@ class ManagedProcess:
                     f"error: reading the output of {self.spec.name} failed "
                     f"({type(failure).__name__}: {failure}); stopping it so it restarts",
                 )
-        if failure is not None and not exited.done() and not self.stopping:
+        if failure is not None and not exited.done():
             self.signal(signal.SIGTERM)
             try:
                 await asyncio.wait_for(asyncio.shield(exited), timeout=STOP_GRACE_S)
             except TimeoutError:
                 self.signal(signal.SIGKILL)
         code = await exited
-        if failure is None:
+        if drain is not None:
+            await drain
+        else:
             await pump
         return code
+
+    @staticmethod
+    async def _discard(proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        while await proc.stdout.read(READ_CHUNK):
+            pass
 
     async def _supervise(self) -> None:
         while True:
@@ -162,6 +174,8 @@ class ManagedProcess:
             if self.stopping:
                 return
             await self._spawn()
+            if self.stopping:  # stop() came while it was spawning: this process got no signal yet
+                self.signal(signal.SIGTERM)
 
     def signal(self, sig: signal.Signals) -> None:
         """Send `sig` to the process group (no-op once it has exited)."""

@@ -60,6 +60,7 @@ async def _until(check, timeout: float, what: str) -> None:  # type: ignore[no-u
         await asyncio.sleep(0.02)
 
 
+@pytest.mark.timeout(120)
 async def test_a_child_printing_a_1_mb_line_is_not_blocked() -> None:
     emitted: list[tuple[str, str]] = []
     exits: list[int] = []
@@ -77,6 +78,7 @@ async def test_a_child_printing_a_1_mb_line_is_not_blocked() -> None:
     assert exits == [0]
 
 
+@pytest.mark.timeout(120)
 async def test_a_failing_reader_stops_the_child_loudly_and_it_restarts() -> None:
     emitted: list[tuple[str, str]] = []
     exits: list[int] = []
