@@ -210,7 +210,8 @@ def vllm_deploy_config(
     `base_config` layers it on vllm_omni/deploy/<file> (so connectors, sampling defaults and
     platform sections stay the release's); the overlay writes only what the plan decides: each
     stage's devices (pod-local ids), the thinker's tensor parallelism and memory fraction, the
-    pipeline for thinker-only variants, the session mode, and the engine options from the spec.
+    pipeline for thinker-only variants, the session mode, chunked streaming for streaming-speech,
+    and the engine options from the spec.
     """
     variant = VLLM_OMNI[version][architecture][spec.pipeline]
     thinker_spec = spec.stages.thinker
@@ -219,6 +220,8 @@ def vllm_deploy_config(
         config["pipeline"] = variant.pipeline
     if variant.session_mode is not None:
         config["session_mode"] = variant.session_mode
+    if variant.async_chunk is not None:
+        config["async_chunk"] = variant.async_chunk
     if spec.model.trust_remote_code:
         config["trust_remote_code"] = True
     thinker_stage: dict[str, object] = {

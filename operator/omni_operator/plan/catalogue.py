@@ -135,6 +135,7 @@ class VllmVariant:
     pipeline: str | None  # `pipeline:` registry key when the file's default is not the one wanted
     stages: int  # stage 0 is the thinker; stages 1.. sit on the talker GPU
     session_mode: str | None = None  # `session_mode:` to write when the file's differs
+    async_chunk: bool | None = None  # `async_chunk:` to write (chunked streaming between stages)
 
 
 SGLANG_OMNI: dict[str, dict[Architecture, SglangFamily]] = {
@@ -179,6 +180,8 @@ VLLM_OMNI: dict[str, dict[Architecture, dict[PipelineVariant, VllmVariant]]] = {
         Architecture.qwen3_omni: {
             PipelineVariant.text: VllmVariant("qwen3_omni_moe.yaml", "qwen3_omni_moe_thinker_only", 1),
             PipelineVariant.speech: VllmVariant("qwen3_omni_moe.yaml", None, 3),
+            # The release's Qwen3-Omni pipeline hands chunks thinker -> talker -> code2wav.
+            PipelineVariant.streaming_speech: VllmVariant("qwen3_omni_moe.yaml", None, 3, async_chunk=True),
             PipelineVariant.duplex: VllmVariant("qwen3_omni_duplex.yaml", None, 3),
         },
         Architecture.minicpm_o: {

@@ -48,7 +48,7 @@ CEL_CASES = [
     {"model": {"name": "m", "architecture": "minicpm_o"}, "runtime": {"type": "vllm-omni"}, "pipeline": "text"},
     {"model": {"name": "m"}, "stages": {"thinker": {"quantization": "fp8"}}},
     {"model": {"name": "m"}, "stages": {"thinker": {"cpuOffloadGb": 4}}},
-    {"model": {"name": "m", "architecture": "qwen3_omni"}, "runtime": {"type": "vllm-omni"}, "pipeline": "streaming-speech"},
+    {"model": {"name": "m", "architecture": "ming_omni"}, "runtime": {"type": "vllm-omni"}, "pipeline": "streaming-speech", "stages": {"thinker": {"tensorParallelSize": 4}}},
     {"model": {"name": "m", "architecture": "ming_omni"}, "runtime": {"type": "vllm-omni"}, "pipeline": "duplex", "stages": {"thinker": {"tensorParallelSize": 4}}},
     {"model": {"name": "m", "architecture": "qwen3_omni"}, "runtime": {"type": "vllm-omni"}, "stages": {"imageEncoder": {"placement": "dedicated"}}},
     {"model": {"name": "m"}, "stages": {"thinker": {"tensorParallelSize": 4}, "imageEncoder": {"tensorParallelSize": 3}}},

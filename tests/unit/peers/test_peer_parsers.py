@@ -219,6 +219,8 @@ def test_vllm_omni_accepts_the_command_and_deploy_config_with_its_placement(
         assert all(stage["default_sampling_params"] for stage in stages)
         expected_mode = "duplex" if dep.spec.pipeline is PipelineVariant.duplex else "turn"
         assert result["session_mode"] == expected_mode
+        if dep.spec.pipeline is PipelineVariant.streaming_speech:
+            assert result["async_chunk"] is True
 
 
 def test_the_old_spellings_are_refused_by_the_releases(sglang_site: str, vllm_site: str) -> None:

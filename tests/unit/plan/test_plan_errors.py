@@ -153,9 +153,10 @@ CASES = [
         id="builtin-version",
     ),
     pytest.param(
-        {"runtime.type": "vllm-omni", "model.architecture": "qwen3_omni", "pipeline": "streaming-speech"},
-        "spec.pipeline: vllm-omni 0.30.0 has no streaming-speech pipeline for qwen3_omni; use pipeline: text, "
-        "speech or duplex, or runtime.type: builtin for streaming-speech",
+        {"runtime.type": "vllm-omni", "model.architecture": "ming_omni", "pipeline": "streaming-speech",
+         "stages.thinker.tensorParallelSize": 4},
+        "spec.pipeline: vllm-omni 0.30.0 has no streaming-speech pipeline for ming_omni; use pipeline: text or "
+        "speech, or runtime.type: builtin or sglang-omni for streaming-speech",
         id="vllm-streaming",
     ),
     pytest.param(
