@@ -196,6 +196,7 @@ def test_examples_all_load() -> None:
         "qwen25-omni-vllm",
         "qwen3-omni-sglang",
         "qwen3-omni-duplex",
+        "qwen3-omni-streaming",
         "qwen3-omni",
         "tiny-omni",
     ]
