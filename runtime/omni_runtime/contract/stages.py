@@ -78,10 +78,6 @@ def with_colocated(stages: set[Stage] | frozenset[Stage]) -> frozenset[Stage]:
     return frozenset(out)
 
 
-def in_graph_order(stages: set[Stage] | frozenset[Stage]) -> tuple[Stage, ...]:
-    return tuple(s for s in STAGES if s in stages)
-
-
 def edges_among(stages: tuple[Stage, ...] | frozenset[Stage] | set[Stage]) -> tuple[tuple[Stage, Stage], ...]:
     """The graph's edges whose two ends are both in ``stages``, in graph order."""
     present = set(stages)

@@ -97,6 +97,31 @@ def _worker_id(text: str) -> str:
     return text
 
 
+def engine_options(args: argparse.Namespace, *, remote_stages: dict[str, str]) -> EngineOptions:
+    """The engine options of parsed `omni serve` flags (`omni stage` shares them)."""
+    pipeline = "text" if args.text_only else (args.pipeline or "speech")
+    return EngineOptions(
+        model_path=args.model_path,
+        model_name=args.model_name,
+        pipeline=pipeline,
+        text_only=pipeline == "text",
+        load_format=args.load_format,
+        device=args.device,
+        dtype=args.dtype,
+        thinker_tp_size=args.thinker_tp_size,
+        thinker_gpus=tuple(args.thinker_gpus),
+        talker_gpu=args.talker_gpu,
+        image_encoder_tp_size=args.image_encoder_tp_size,
+        image_encoder_gpus=tuple(args.image_encoder_gpus),
+        mem_fraction_static=args.mem_fraction_static,
+        max_batch_size=args.max_batch_size,
+        max_model_len=args.max_model_len,
+        remote_stages=remote_stages,
+        worker_id=args.worker_id,
+        revision=args.revision,
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="omni serve", description="Run one worker: every stage behind the OpenAI API."
@@ -231,7 +256,6 @@ def parse_args(argv: list[str]) -> ServeConfig:
     args = parser.parse_args(argv)
     if args.text_only and args.pipeline not in (None, "text"):
         parser.error(f"--text-only contradicts --pipeline {args.pipeline}; use one of them")
-    pipeline = "text" if args.text_only else (args.pipeline or "speech")
     if args.thinker_gpus and len(args.thinker_gpus) != args.thinker_tp_size:
         parser.error(
             f"--thinker-gpus lists {len(args.thinker_gpus)} GPUs but --thinker-tp-size is {args.thinker_tp_size}; "
@@ -262,26 +286,7 @@ def parse_args(argv: list[str]) -> ServeConfig:
     stages = [stage for stage, _ in args.remote_stage]
     if len(set(stages)) != len(stages):
         parser.error("--remote-stage names the same stage twice")
-    options = EngineOptions(
-        model_path=args.model_path,
-        model_name=args.model_name,
-        pipeline=pipeline,
-        text_only=pipeline == "text",
-        load_format=args.load_format,
-        device=args.device,
-        dtype=args.dtype,
-        thinker_tp_size=args.thinker_tp_size,
-        thinker_gpus=args.thinker_gpus,
-        talker_gpu=args.talker_gpu,
-        image_encoder_tp_size=args.image_encoder_tp_size,
-        image_encoder_gpus=args.image_encoder_gpus,
-        mem_fraction_static=args.mem_fraction_static,
-        max_batch_size=args.max_batch_size,
-        max_model_len=args.max_model_len,
-        remote_stages=dict(args.remote_stage),
-        worker_id=args.worker_id,
-        revision=args.revision,
-    )
+    options = engine_options(args, remote_stages=dict(args.remote_stage))
     try:  # MediaLimits checks the domains and ranges; its message names the flag
         limits = MediaLimits(
             max_bytes=args.max_media_bytes,

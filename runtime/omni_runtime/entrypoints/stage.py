@@ -58,29 +58,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def options_from_args(args: argparse.Namespace) -> EngineOptions:
-    pipeline = "text" if args.text_only else (args.pipeline or "speech")
-    return EngineOptions(
-        model_path=args.model_path,
-        model_name=args.model_name,
-        pipeline=pipeline,
-        text_only=pipeline == "text",
-        load_format=args.load_format,
-        device=args.device,
-        dtype=args.dtype,
-        thinker_tp_size=args.thinker_tp_size,
-        thinker_gpus=tuple(args.thinker_gpus),
-        talker_gpu=args.talker_gpu,
-        image_encoder_tp_size=args.image_encoder_tp_size,
-        image_encoder_gpus=tuple(args.image_encoder_gpus),
-        mem_fraction_static=args.mem_fraction_static,
-        max_batch_size=args.max_batch_size,
-        max_model_len=args.max_model_len,
-        worker_id=args.worker_id,
-        revision=args.revision,
-    )
-
-
 @dataclass
 class StageProcess:
     server: object
@@ -151,7 +128,9 @@ def main(argv: list[str]) -> int:
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    options = options_from_args(args)
+    from omni_runtime.entrypoints.serve import engine_options
+
+    options = engine_options(args, remote_stages={})
     from omni_runtime.support.cpu_threads import apply_cpu_threads
 
     apply_cpu_threads(device=options.device, requested=args.cpu_threads)
