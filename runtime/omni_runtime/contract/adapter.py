@@ -143,6 +143,10 @@ class Vocoder(Protocol):
         ``window`` (start/end/ctx_start/ctx_end), ``voice``, ``seed`` and ``reusable``."""
         ...
 
+    def warmup(self, sizes: frozenset[int]) -> None:
+        """Prepare every batch shape of these recurring window sizes (CUDA graphs); may do nothing."""
+        ...
+
 
 class OmniAdapter(ABC):
     """One loaded model family, with the modules of the stages this process hosts."""

@@ -90,11 +90,27 @@ EngineEvent = TextDelta | AudioChunk | Finished
 
 
 @dataclass(frozen=True)
+class StageLoad:
+    """How much one stage thread of this process has worked since start (counters).
+
+    ``busy_s`` is wall time inside the stage's calls (GPU waits included): its rate over a load is
+    the stage's utilisation. ``items`` counts what the calls carried (rows stepped by a scheduler,
+    requests or windows in a batch), so ``items / calls`` is the mean batch.
+    """
+
+    stage: str
+    busy_s: float = 0.0
+    calls: int = 0
+    items: int = 0
+
+
+@dataclass(frozen=True)
 class EngineStats:
     queue_depth: int = 0
     running_batch: int = 0
     max_running_batch: int = 0  # largest batch seen since start (observability and tests)
     active_requests: int = 0
+    stages: tuple[StageLoad, ...] = ()  # the stage threads of this process
 
 
 class EngineError(Exception):

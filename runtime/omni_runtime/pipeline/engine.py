@@ -33,7 +33,7 @@ from omni_runtime.contract.options import EngineOptions
 from omni_runtime.pipeline.detokenize import IncrementalDetokenizer, StopMatcher
 from omni_runtime.pipeline.graph import local_stages, pipeline_variant
 from omni_runtime.pipeline.scheduler import FinishReason, ThinkerDone, ThinkerJob, ThinkerToken
-from omni_runtime.pipeline.segmenter import CodecSegmenter, SegmenterConfig
+from omni_runtime.pipeline.segmenter import CodecSegmenter, SegmenterConfig, widen_to_recurring
 from omni_runtime.pipeline.service import TalkerService
 from omni_runtime.pipeline.services import LocalStages, gather_encoders
 from omni_runtime.pipeline.stage_set import StageSet, attach_remote_stages
@@ -127,6 +127,7 @@ class PipelineEngine:
             running_batch=thinker.running_count if thinker is not None else 0,
             max_running_batch=thinker.max_running_batch if thinker is not None else 0,
             active_requests=self._active,
+            stages=self.stages.local.load() if self.stages is not None else (),
         )
 
     # -- one request ------------------------------------------------------------------------------
@@ -331,7 +332,8 @@ class PipelineEngine:
                         raise RuntimeError(event.error or "talker failed")
                 else:
                     codes.extend(event)
-            for window in segmenter.push(len(codes), done=done):
+            for pushed in segmenter.push(len(codes), done=done):
+                window = widen_to_recurring(pushed, standard) if streaming else pushed
                 item = {
                     "codes": list(codes),
                     "window": {

@@ -12,17 +12,19 @@ import logging
 from typing import Any
 
 from omni_runtime.contract.adapter import OmniAdapter, Prompt, ThinkerPrompt, Vocoder
-from omni_runtime.contract.engine import GenerationRequest
+from omni_runtime.contract.engine import GenerationRequest, StageLoad
 from omni_runtime.contract.options import EngineOptions
 from omni_runtime.pipeline.remote import LinkedStages
 from omni_runtime.pipeline.scheduler import ThinkerScheduler
+from omni_runtime.pipeline.segmenter import CodecSegmenter, SegmenterConfig
 from omni_runtime.pipeline.service import StageCalls
 from omni_runtime.pipeline.talker import TalkerScheduler
 from omni_runtime.pipeline.workers import BatchingWorker, StageThread
 
 log = logging.getLogger(__name__)
 
-TALKER_SLOTS = 16
+TALKER_SLOTS = 32  # talker rows: every speech stream of a full worker decodes in one batch
+VOCODER_BATCH = 16  # windows per vocoder call: its cost is mostly fixed, so more streams share it
 
 
 class LocalStages:
@@ -84,7 +86,10 @@ class LocalStages:
             self.talker.start()
             self.vocoder = await self._thread("vocoder").run(adapter.vocoder)
             self.vocoder_worker = BatchingWorker(
-                "talker_stream", self._synthesize_batch, thread=self._thread("vocoder"), max_batch=4
+                "talker_stream",
+                self._synthesize_batch,
+                thread=self._thread("vocoder"),
+                max_batch=VOCODER_BATCH,
             )
             self.vocoder_worker.start()
         if self.vision_link is not None:  # it loaded while the stages above did
@@ -96,6 +101,9 @@ class LocalStages:
             await self.thinker.thread.run(self.thinker.runner.warmup)
         if self.talker is not None:
             await self.talker.thread.run(self.talker.runner.warmup)
+        if self.vocoder is not None:
+            sizes = CodecSegmenter(SegmenterConfig()).recurring_sizes()
+            await self._thread("vocoder").run(self.vocoder.warmup, sizes)
 
     async def stop(self) -> None:
         for component in (self.thinker, self.talker, self.audio, self.vision, self.vocoder_worker):
@@ -137,6 +145,21 @@ class LocalStages:
     def _synthesize_batch(self, items: list[dict[str, Any]]) -> list[Any]:
         assert self.vocoder is not None  # the worker starts once the vocoder is loaded
         return self.vocoder.synthesize_many(items)
+
+    def load(self) -> tuple[StageLoad, ...]:
+        """Busy time, calls and items of each stage thread (``omni_stage_*`` metrics)."""
+        items: dict[str, int] = {}
+        for worker in (self.audio, self.vision, self.vocoder_worker):
+            if worker is not None:
+                items[worker.thread.name] = items.get(worker.thread.name, 0) + worker.items
+        for scheduler in (self.thinker, self.talker):
+            if scheduler is not None:
+                items[scheduler.thread.name] = scheduler.rows_stepped
+        threads = [self._pre_pool, *self.threads.values()]
+        return tuple(
+            StageLoad(stage=t.name, busy_s=t.busy_s, calls=t.calls, items=items.get(t.name, t.calls))
+            for t in threads
+        )
 
     def queue_depth(self) -> int:
         depth = 0
