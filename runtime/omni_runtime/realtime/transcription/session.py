@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,7 @@ from omni_runtime.contract.engine import (
     ChatTurn,
     Engine,
     EngineError,
+    EngineEvent,
     Finished,
     GenerationRequest,
     MediaInput,
@@ -256,8 +258,9 @@ class TranscriptionSession:
         self.steps += 1
         text = ""
         finished: Finished | None = None
-        stream = self.engine.generate(request)
+        stream: AsyncIterator[EngineEvent] | None = None
         try:
+            stream = self.engine.generate(request)
             async for event in stream:
                 if isinstance(event, TextDelta) and event.text:
                     text += event.text
@@ -281,7 +284,8 @@ class TranscriptionSession:
             log.exception("transcription step of session %s failed", self.id)
             finished = Finished(reason="error")
         finally:
-            await close_quietly(stream)
+            if stream is not None:
+                await close_quietly(stream)
         if finished is None or finished.reason == "error":
             self.error(
                 ProtocolError(
