@@ -171,7 +171,7 @@ class TranscriptionSession:
             await asyncio.wait([self._runner])
         self.outbox.close()
 
-    def error(self, exc: ProtocolError, *, event_id: str | None = None) -> None:
+    def error(self, exc: ProtocolError) -> None:
         self.metrics.errors.labels(kind="realtime", code=exc.code).inc()
         self.outbox.emit("error", error=exc.message, code=exc.code, param=exc.param)
 
@@ -254,7 +254,11 @@ class TranscriptionSession:
     async def _step(self, audio: np.ndarray) -> None:
         """One engine request on the new audio; its text and audio stream out as they come."""
         utterance = self.utterance
-        request = self._request(audio)
+        try:
+            request = self._request(audio)
+        except ProtocolError as exc:  # a voice the engine lost since the session.update chose it
+            self.error(exc)
+            return
         self.steps += 1
         text = ""
         finished: Finished | None = None
@@ -287,6 +291,10 @@ class TranscriptionSession:
             if stream is not None:
                 await close_quietly(stream)
         if finished is None or finished.reason == "error":
+            if finished is not None and finished.error:
+                log.error(
+                    "transcription step of session %s failed in the engine: %s", self.id, finished.error
+                )
             self.error(
                 ProtocolError(
                     "the engine failed on this audio; the details are in the worker log",
