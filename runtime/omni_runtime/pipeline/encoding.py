@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from functools import partial
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from omni_runtime.contract.adapter import OmniAdapter, Prompt
