@@ -13,6 +13,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 from omni_runtime.realtime.request_types import Flag, Int, Number, Text
 
 Modality = Literal["text", "audio", "image", "video"]
+State = Literal["collecting", "generating", "done", "failed", "cancelled"]
 
 
 class Chunk(BaseModel):

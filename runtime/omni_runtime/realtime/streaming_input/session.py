@@ -17,21 +17,13 @@ import time
 from functools import partial
 from typing import Any, Literal
 
-import numpy as np
-
 from omni_runtime.contract.engine import (
-    AudioChunk,
     ChatTurn,
     Engine,
-    EngineError,
-    Finished,
     GenerationRequest,
     SamplingParams,
-    TextDelta,
-    Usage,
 )
 from omni_runtime.media.errors import MediaError
-from omni_runtime.realtime.audio import decode_b64
 from omni_runtime.realtime.errors import (
     INVALID_MEDIA,
     PAYLOAD_TOO_LARGE,
@@ -41,14 +33,13 @@ from omni_runtime.realtime.errors import (
     ProtocolError,
     invalid,
 )
-from omni_runtime.realtime.protocol import close_quietly, engine_voice
+from omni_runtime.realtime.protocol import engine_voice
 from omni_runtime.realtime.request_types import too_long
 from omni_runtime.realtime.settings import RealtimeSettings, default_max_tokens, prompt_limits
-from omni_runtime.realtime.streaming_input import chat_format
+from omni_runtime.realtime.streaming_input import answer, chat_format
 from omni_runtime.realtime.streaming_input.assembly import Assembly
-from omni_runtime.realtime.streaming_input.models import Chunk, Modality, StreamingInputParams, infer_modality
-
-State = Literal["collecting", "generating", "done", "failed", "cancelled"]
+from omni_runtime.realtime.streaming_input.chunks import chunk_bytes
+from omni_runtime.realtime.streaming_input.models import Chunk, Modality, State, StreamingInputParams
 
 
 class StreamingInputSession:
@@ -166,40 +157,14 @@ class StreamingInputSession:
     # --- input ------------------------------------------------------------------------------
 
     def _payload(self, chunk: Chunk) -> tuple[Modality, bytes]:
-        param = f"{chunk.place}.payload"
-        room = self.settings.max_payload_per_session - self.received_bytes
-        if chunk.payload is None:
-            if chunk.modality not in (None, "text") or chunk.text is None:
-                raise invalid(param, f"a {chunk.modality} chunk needs a base64 payload")
-            raw = chunk.text.encode()
-        else:
-            # Past the cap by its base64 length alone (within padding): refused before decoding.
-            if (len(chunk.payload) * 3 // 4) - 2 > room:
-                raise self._over_cap(param, len(chunk.payload) * 3 // 4)
-            raw = decode_b64(chunk.payload, param=param, max_bytes=self.settings.max_payload_per_session + 3)
-        if len(raw) > room:
-            raise self._over_cap(param, len(raw))
-        modality = infer_modality(chunk, raw)
-        # Cheap checks now, so the client hears about a bad chunk on the chunk's own response.
-        if modality == "text":
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise invalid(param, "a text chunk must be UTF-8") from exc
-            self._count_text(len(text), param=f"{chunk.place}.text" if chunk.payload is None else param)
-        elif modality == "audio" and len(raw) % 2:
-            raise invalid(param, "audio chunks are PCM16: an even number of bytes")
-        return modality, raw
-
-    def _over_cap(self, param: str, size: int) -> ProtocolError:
-        return ProtocolError(
-            f"this chunk would bring the session to {self.received_bytes + size} bytes; a session may carry at "
-            f"most {self.settings.max_payload_per_session}, so the session is closed (send less, or split the "
-            "input into sessions)",
-            code=PAYLOAD_TOO_LARGE,
-            param=param,
-            status=413,
+        modality, raw, chars = chunk_bytes(
+            chunk, received=self.received_bytes, cap=self.settings.max_payload_per_session
         )
+        if chars is not None:
+            self._count_text(
+                chars, param=f"{chunk.place}.text" if chunk.payload is None else f"{chunk.place}.payload"
+            )
+        return modality, raw
 
     def _address(self, mode: Literal["sequence_id", "offset"]) -> None:
         if self.addressing not in (None, mode):
@@ -288,6 +253,12 @@ class StreamingInputSession:
         modality, raw = self._payload(chunk)
         if not raw:
             raise invalid(f"{chunk.place}.payload", "a chunk placed by offset needs a non-empty payload")
+        for start, (_, data) in self._by_offset.items():
+            if offset < start + len(data) and start < offset + len(raw):
+                raise invalid(
+                    "offset",
+                    f"bytes {offset}..{offset + len(raw)} overlap the chunk at offset {start} ({len(data)} bytes)",
+                )
         self._offsets_seen.add(offset)
         self._by_offset[offset] = (chunk.model_copy(update={"modality": modality}), raw)
         self.received_bytes += len(raw)
@@ -352,7 +323,7 @@ class StreamingInputSession:
             try:
                 await self._assembly.add(modality, raw)
             except MediaError as exc:
-                self._fail(
+                self.fail(
                     ProtocolError(
                         f"chunks[{seq}].payload: {exc.message} (image and video chunks are JPEG/PNG frames)",
                         code=INVALID_MEDIA,
@@ -396,18 +367,18 @@ class StreamingInputSession:
         try:
             request = self.request()
         except ValueError as exc:
-            self._fail(invalid("chunks", str(exc)))
+            self.fail(invalid("chunks", str(exc)))
             return
         self.state = "generating"
         self.started = True  # the request itself is submitted now
-        self._task = asyncio.create_task(self._generate(request))
+        self._task = asyncio.create_task(answer.generate(self, request))
 
-    async def _publish(self, event: dict[str, Any] | str) -> None:
+    async def publish(self, event: dict[str, Any] | str) -> None:
         async with self._changed:
             self.events.append(chat_format.sse(event))
             self._changed.notify_all()
 
-    def _fail(self, error: ProtocolError) -> None:
+    def fail(self, error: ProtocolError) -> None:
         self.failure = error
         self.state = "failed"
         self.events.append(chat_format.sse({"error": error.error_body()}))
@@ -417,69 +388,6 @@ class StreamingInputSession:
     async def _notify(self) -> None:
         async with self._changed:
             self._changed.notify_all()
-
-    async def _generate(self, request: GenerationRequest) -> None:
-        model = self.params.model or self.engine.model_name
-
-        def chunk(
-            delta: dict[str, Any], reason: str | None = None, usage: Usage | None = None
-        ) -> dict[str, Any]:
-            return chat_format.chunk_json(
-                completion=self.completion,
-                model=model,
-                created=self.created,
-                delta=delta,
-                reason=reason,
-                usage=usage,
-            )
-
-        text, audio, rate, reason, usage = "", [], self.engine.output_sample_rate, "stop", Usage()
-        await self._publish(chunk({"role": "assistant", "content": ""}))
-        stream = self.engine.generate(request)
-        try:
-            async for event in stream:
-                self.touch()
-                if isinstance(event, TextDelta) and event.text:
-                    text += event.text
-                    await self._publish(chunk({"content": event.text}))
-                elif isinstance(event, AudioChunk) and event.pcm.size:
-                    audio.append(np.asarray(event.pcm, dtype=np.float32))
-                    rate = event.sample_rate
-                    delta = chat_format.audio_delta(
-                        event.pcm, sample_rate=rate, completion=self.completion, fmt=self.audio_format
-                    )
-                    await self._publish(chunk(delta))
-                elif isinstance(event, Finished):
-                    reason, usage = event.reason, event.usage
-        except EngineError as exc:
-            self._fail(ProtocolError(str(exc), code="engine_error", param=exc.param, status=exc.status))
-            return
-        finally:
-            await close_quietly(stream)
-        if reason == "error":
-            self._fail(
-                ProtocolError(
-                    "the engine failed on this request; see the worker log",
-                    code="engine_error",
-                    status=500,
-                    type="server_error",
-                )
-            )
-            return
-        pcm = np.concatenate(audio) if audio else None
-        self.result = chat_format.completion_json(
-            completion=self.completion,
-            model=model,
-            created=self.created,
-            text=text,
-            audio=pcm if self.want_audio else None,
-            sample_rate=rate,
-            reason=reason,
-            usage=usage,
-        )
-        await self._publish(chunk({}, reason=reason, usage=usage))
-        self.state = "done"
-        await self._publish("[DONE]")
 
     async def wait_result(self, timeout: float) -> None:
         async with self._changed:
