@@ -100,10 +100,21 @@ def unit_key(unit: Unit) -> str:
     """A digest of the unit's kind and tensors (shape, dtype and bytes): equal only for equal input."""
     digest = hashlib.blake2b(unit.kind.encode(), digest_size=20)
     for name in sorted(unit.inputs):
-        array = unit.inputs[name].detach().cpu().numpy()
-        digest.update(f"{name}:{array.dtype}:{array.shape};".encode())
-        digest.update(array.tobytes())
+        tensor = unit.inputs[name].detach().cpu().contiguous()
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
+        digest.update(_raw_bytes(tensor))
     return digest.hexdigest()
+
+
+def _raw_bytes(tensor: Any) -> bytes:
+    try:
+        return bytes(tensor.numpy().tobytes())
+    except TypeError:  # a dtype numpy lacks (bfloat16): its bits, through a same-width integer view
+        import torch
+
+        return bytes(
+            tensor.view(torch.int16 if tensor.element_size() == 2 else torch.uint8).numpy().tobytes()
+        )
 
 
 def join_outputs(units: list[Unit], outputs: list[Any], cat: Callable[[list[Any]], Any]) -> dict[str, Any]:

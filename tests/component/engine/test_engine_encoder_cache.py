@@ -47,10 +47,7 @@ def test_units_encode_exactly_as_the_whole_prompt(speech_engine: Harness) -> Non
 def test_prefetched_media_is_a_hit_and_the_answer_is_the_same(speech_engine: Harness) -> None:
     engine = speech_engine.engine
 
-    async def clear() -> None:
-        engine.encoders.cache.clear()
-
-    speech_engine.run(clear())
+    speech_engine.forget_encodings()
     cold_before = engine.stats()
     cold = text(speech_engine.collect(request("Describe all of it.", media=MEDIA, max_tokens=12)))
     cold_after = engine.stats()

@@ -77,6 +77,11 @@ def test_keys_are_equal_only_for_equal_input() -> None:
     changed.images["pixel_values"][0, 0] += 0.5  # one value of the first image
     assert unit_key(split_units(changed, video_groups=True)[2]) != keys[2]
     assert unit_key(split_units(changed, video_groups=True)[3]) == keys[3]
+    # Half-precision inputs key by their bits; a dtype change is another key.
+    half = prompt()
+    half.images["pixel_values"] = half.images["pixel_values"].to(torch.bfloat16)
+    bf16 = unit_key(split_units(half, video_groups=True)[2])
+    assert bf16 == unit_key(split_units(half, video_groups=True)[2]) != keys[2]
 
 
 def test_join_outputs_concatenates_in_prompt_order() -> None:

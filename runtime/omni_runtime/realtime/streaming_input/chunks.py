@@ -47,3 +47,40 @@ def chunk_bytes(chunk: Chunk, *, received: int, cap: int) -> tuple[Modality, byt
     if modality == "audio" and len(raw) % 2:
         raise invalid(param, "audio chunks are PCM16: an even number of bytes")
     return modality, raw, None
+
+
+class OffsetOrder:
+    """Chunks placed by byte ``offset``: each waits until the bytes before it are in, then leaves
+    (in order) to take the session's next sequence id. Overlaps and offsets inside what was already
+    taken are refused, naming ``offset``; a repeated offset is a duplicate."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[int, tuple[Modality, bytes, bool]] = {}
+        self.seen: set[int] = set()
+        self.next_offset = 0
+        self.end_requested = False  # finish() came while bytes were missing
+
+    def check(self, offset: int) -> None:
+        if offset < self.next_offset:
+            raise invalid(
+                "offset", f"offset {offset} falls inside input already received (next: {self.next_offset})"
+            )
+
+    def add(self, offset: int, modality: Modality, raw: bytes, *, end: bool, place: str) -> None:
+        if not raw:
+            raise invalid(f"{place}.payload", "a chunk placed by offset needs a non-empty payload")
+        for start, (_, data, _) in self.waiting.items():
+            if offset < start + len(data) and start < offset + len(raw):
+                raise invalid(
+                    "offset",
+                    f"bytes {offset}..{offset + len(raw)} overlap the chunk at offset {start} ({len(data)} bytes)",
+                )
+        self.seen.add(offset)
+        self.waiting[offset] = (modality, raw, end)
+
+    def pop_ready(self) -> tuple[Modality, bytes, bool] | None:
+        """The chunk at the next offset, if it is in."""
+        ready = self.waiting.pop(self.next_offset, None)
+        if ready is not None:
+            self.next_offset += len(ready[1])
+        return ready

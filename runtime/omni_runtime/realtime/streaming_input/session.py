@@ -1,13 +1,16 @@
-"""Streaming-input sessions: input arrives in numbered chunks, the answer comes once input ends.
+"""Streaming-input sessions: input arrives in chunks, the answer comes once input ends.
 
-Chunks may arrive out of order and more than once (client retries): they are kept by
-``sequence_id``, duplicates are acknowledged and ignored, and they are assembled strictly in
-sequence order, so any arrival order gives the request one whole upload would have made. The start
-policy decides when assembly (decoding images, frames and audio) begins: ``on_end_only`` waits for
-the end of input, ``on_first_chunk`` decodes each chunk as soon as the chunks before it are in,
-``on_min_length`` once enough payload has arrived in order. Generation starts when the input is
-complete (``end_of_input`` or ``finish``) and streams into a replayable event list (SSE) and a
-final chat completion (``result``).
+Chunks may arrive out of order and more than once (client retries): they are placed by
+``sequence_id`` (or by byte ``offset``, translated to the next id once the bytes before them are
+in), duplicates are acknowledged and ignored, and they are assembled strictly in order, so any
+arrival order gives the request one whole upload would have made. The start policy decides when
+work begins: ``on_end_only`` waits for the end of input; ``on_first_chunk`` (at once) and
+``on_min_length`` (once enough payload is in order) decode each chunk when the chunks before it
+are in and send images and video frame pairs to the engine's encoders ahead of the request
+(`assembly`); ``started`` turns true when work was submitted (that, or the request itself).
+Generation starts when the input is complete (``end_of_input``, an end marker, or ``finish``) and
+streams into a replayable event list (SSE) and a final chat completion (``result``, `answer`).
+A 413 (past the payload or chunk cap) closes the session.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from omni_runtime.realtime.request_types import too_long
 from omni_runtime.realtime.settings import RealtimeSettings, default_max_tokens, prompt_limits
 from omni_runtime.realtime.streaming_input import answer, chat_format
 from omni_runtime.realtime.streaming_input.assembly import Assembly
-from omni_runtime.realtime.streaming_input.chunks import chunk_bytes
+from omni_runtime.realtime.streaming_input.chunks import OffsetOrder, chunk_bytes
 from omni_runtime.realtime.streaming_input.models import Chunk, Modality, State, StreamingInputParams
 
 
@@ -68,10 +71,7 @@ class StreamingInputSession:
         # Offset-addressed chunks (``offset`` instead of ``sequence_id``) wait here until the bytes
         # before them are in, then take the next sequence id.
         self.addressing: Literal["sequence_id", "offset"] | None = None
-        self._by_offset: dict[int, tuple[Chunk, bytes]] = {}
-        self._offsets_seen: set[int] = set()
-        self.next_offset = 0
-        self._end_requested = False
+        self.offsets = OffsetOrder()
         self.completion = chat_format.completion_id()
         self.events: list[str] = []  # SSE payloads, replayable from the start
         self._changed = asyncio.Condition()
@@ -149,7 +149,7 @@ class StreamingInputSession:
             "end_sequence_id": self.end_seq,
             "missing": self.first_missing(),
             "missing_count": self.missing_count(),
-            "next_offset": self.next_offset if self.addressing == "offset" else None,
+            "next_offset": self.offsets.next_offset if self.addressing == "offset" else None,
             "prefetched": self._assembly.prefetched,
             "expires_in": int(self.settings.session_timeout_s),
         }
@@ -209,7 +209,7 @@ class StreamingInputSession:
                 code=SEQUENCE_OUT_OF_WINDOW,
                 param="sequence_id",
             )
-        if len(self._seen) + len(self._by_offset) >= self.settings.max_chunks_per_session:
+        if len(self._seen) + len(self.offsets.waiting) >= self.settings.max_chunks_per_session:
             raise ProtocolError(
                 f"a session may carry at most {self.settings.max_chunks_per_session} chunks, so the session is closed",
                 code=PAYLOAD_TOO_LARGE,
@@ -235,8 +235,8 @@ class StreamingInputSession:
     async def _add_at_offset(self, chunk: Chunk, offset: int) -> dict[str, Any]:
         """Offset addressing: a chunk waits until the bytes before it are in, then takes the next id."""
         self._address("offset")
-        ack = {"session_id": self.id, "offset": offset}
-        if offset in self._offsets_seen:
+        order, ack = self.offsets, {"session_id": self.id, "offset": offset}
+        if offset in order.seen:
             return {**ack, "accepted": False, "duplicate": True, "started": self.started}
         if self.state != "collecting" or self.end_seq is not None:
             raise ProtocolError(
@@ -245,36 +245,21 @@ class StreamingInputSession:
                 param="offset",
                 status=409,
             )
-        if offset < self.next_offset:
-            raise invalid(
-                "offset", f"offset {offset} falls inside input already received (next: {self.next_offset})"
-            )
+        order.check(offset)
         self._check_place(self._first_gap, end=False)
         modality, raw = self._payload(chunk)
-        if not raw:
-            raise invalid(f"{chunk.place}.payload", "a chunk placed by offset needs a non-empty payload")
-        for start, (_, data) in self._by_offset.items():
-            if offset < start + len(data) and start < offset + len(raw):
-                raise invalid(
-                    "offset",
-                    f"bytes {offset}..{offset + len(raw)} overlap the chunk at offset {start} ({len(data)} bytes)",
-                )
-        self._offsets_seen.add(offset)
-        self._by_offset[offset] = (chunk.model_copy(update={"modality": modality}), raw)
+        order.add(offset, modality, raw, end=chunk.end_of_input, place=chunk.place)
         self.received_bytes += len(raw)
-        while self.next_offset in self._by_offset and self.state == "collecting":
-            ready, data = self._by_offset.pop(self.next_offset)
-            self.next_offset += len(data)
-            self.received_bytes -= len(data)  # counted again by _accept
-            assert ready.modality is not None
-            await self._accept(self._first_gap, ready.modality, data, end=ready.end_of_input)
-        if self._end_requested and not self._by_offset:
+        while self.state == "collecting" and (ready := order.pop_ready()) is not None:
+            self.received_bytes -= len(ready[1])  # counted again by _accept
+            await self._accept(self._first_gap, ready[0], ready[1], end=ready[2])
+        if order.end_requested and not order.waiting:
             await self.finish()
         return {
             **ack,
             "accepted": True,
             "duplicate": False,
-            "next_offset": self.next_offset,
+            "next_offset": order.next_offset,
             "started": self.started,
             "status": self.state,
         }
@@ -283,8 +268,8 @@ class StreamingInputSession:
         """End of input (idempotent): the last chunk is the highest sequence id received (with
         offsets: the input ends at the first byte not received)."""
         self.touch()
-        if self._by_offset:  # bytes still missing before these: the end comes once they are in
-            self._end_requested = True
+        if self.offsets.waiting:  # bytes still missing before these: the end comes once they are in
+            self.offsets.end_requested = True
         elif self.end_seq is None and self.state == "collecting":
             self.end_seq = -1 if self._max_seen is None else self._max_seen
         await self._advance()
