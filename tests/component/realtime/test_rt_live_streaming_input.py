@@ -151,38 +151,54 @@ async def test_mode_a_upload_is_encoded_while_it_arrives(live) -> None:
     assert after.encoder_cache_hits - early.encoder_cache_hits == 2
 
 
-async def test_protocol_spellings_offsets_end_markers_and_the_413(live) -> None:
+async def new_session(client: httpx.AsyncClient, **params: Any) -> str:
+    return (await client.post(BASE, json={"temperature": 0, "max_tokens": 4, **params})).json()["session_id"]
+
+
+async def test_offsets_in_place_of_sequence_ids_by_patch_and_append(live) -> None:
     async with httpx.AsyncClient(base_url=f"http://{live.router_host}", timeout=300) as client:
-        session = (await client.post(BASE, json={"temperature": 0, "max_tokens": 4})).json()["session_id"]
-        # offset instead of sequence_id, out of order; PATCH and POST .../append as well as /chunks.
-        parts = [b"Say ", b"hello ", b"now."]
-        offsets = [0, 4, 10]
-        later = await client.patch(f"{BASE}/{session}", json={"offset": offsets[2], "text": "now."})
-        assert later.status_code == 202 and later.json()["next_offset"] == 0
-        middle = await client.post(f"{BASE}/{session}/append", json={"offset": 4, "payload": b64(parts[1])})
+        session = await new_session(client)
+        later = await client.patch(f"{BASE}/{session}", json={"offset": 10, "text": "now."})
+        assert later.status_code == 202 and later.json()["next_offset"] == 0  # waits for bytes 0..9
+        middle = await client.post(f"{BASE}/{session}/append", json={"offset": 4, "text": "hello "})
         assert middle.json()["next_offset"] == 0
-        again = await client.post(f"{BASE}/{session}/chunks", json={"offset": 4, "payload": b64(parts[1])})
+        again = await client.post(f"{BASE}/{session}/chunks", json={"offset": 4, "text": "hello "})
         assert again.status_code == 200 and again.json()["duplicate"] is True
         first = await client.post(f"{BASE}/{session}/chunks", json={"offset": 0, "text": "Say "})
-        assert first.json()["next_offset"] == sum(map(len, parts))
+        assert first.json()["next_offset"] == 14
         mixed = await client.post(f"{BASE}/{session}/chunks", json={"sequence_id": 9, "text": "x"})
         assert mixed.status_code == 400 and mixed.json()["error"]["param"] == "sequence_id"
-        # end_of_input alone ends the input; repeated, it answers the same.
-        ends = [await client.post(f"{BASE}/{session}/chunks", json={"end_of_input": True}) for _ in range(2)]
-        assert [e.status_code for e in ends] == [200, 200]
-        assert ends[1].json()["status"] in ("generating", "done")
+        assert (await client.post(f"{BASE}/{session}/finish")).json()["status"] in ("generating", "done")
         result = await client.get(f"{BASE}/{session}/result", params={"wait": 120})
         assert result.status_code == 200 and result.json()["choices"][0]["message"]["content"]
-        assert (await client.post(f"{BASE}/{session}/chunks", json={"end_of_input": True})).status_code == 200
 
-        # Past the payload cap (2 MiB on this worker): 413 naming the field, and the session is gone.
-        session = (await client.post(BASE, json={})).json()["session_id"]
-        live_before = live.realtime.metrics.sessions.labels(kind="streaming_input")._value.get()
-        big = await client.post(
+
+async def test_a_repeated_end_of_input_is_idempotent(live) -> None:
+    async with httpx.AsyncClient(base_url=f"http://{live.router_host}", timeout=300) as client:
+        session = await new_session(client)
+        last = {"sequence_id": 0, "text": "Say hello.", "end_of_input": True}  # modality left out: text
+        assert (await client.post(f"{BASE}/{session}/chunks", json=last)).status_code == 202
+        # The same end again (a retry), and a bare end marker, twice: each a 200, none a conflict.
+        assert (await client.post(f"{BASE}/{session}/chunks", json=last)).json()["duplicate"] is True
+        ends = [await client.post(f"{BASE}/{session}/chunks", json={"end_of_input": True}) for _ in range(2)]
+        assert [e.status_code for e in ends] == [200, 200]
+        result = await client.get(f"{BASE}/{session}/result", params={"wait": 120})
+        assert result.status_code == 200
+        after = await client.post(f"{BASE}/{session}/chunks", json={"end_of_input": True})
+        assert after.status_code == 200 and after.json()["status"] == "done"
+
+
+async def test_a_413_closes_the_session(live) -> None:
+    async with httpx.AsyncClient(base_url=f"http://{live.router_host}", timeout=300) as client:
+        session = await new_session(client)
+        gauge = live.realtime.metrics.sessions.labels(kind="streaming_input")
+        before = gauge._value.get()
+        big = await client.post(  # past the payload cap (2 MiB on this worker)
             f"{BASE}/{session}/chunks",
             json={"sequence_id": 0, "modality": "audio", "payload": b64(bytes(2 * 1024 * 1024 + 2))},
         )
         assert big.status_code == 413
         assert big.json()["error"]["param"] == "chunks[0].payload"
+        assert "session is closed" in big.json()["error"]["message"]
         assert (await client.get(f"{BASE}/{session}")).status_code == 404
-        assert live.realtime.metrics.sessions.labels(kind="streaming_input")._value.get() == live_before - 1
+        assert gauge._value.get() == before - 1
