@@ -8,12 +8,21 @@ the rest of the flags and calls `add_streaming_input_flags` and `realtime_settin
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from omni_runtime.media.limits import MediaLimits
 from omni_runtime.realtime.settings import START_POLICIES, RealtimeSettings
 from omni_runtime.support.cli_types import positive_int
 
 _DEFAULTS = RealtimeSettings()
+
+
+def _policy(text: str) -> str:
+    if text not in START_POLICIES:
+        raise argparse.ArgumentTypeError(
+            f"invalid choice: {text!r} (choose from {', '.join(START_POLICIES)})"
+        )
+    return text
 
 
 def _seconds(text: str) -> float:
@@ -26,6 +35,42 @@ def _seconds(text: str) -> float:
     return value
 
 
+# (flag, the RealtimeSettings field it sets, how its text parses, help); defaults are the settings'.
+_VALUED: tuple[tuple[str, str, Callable[[str], object], str], ...] = (
+    (
+        "--streaming-input-session-timeout-sec",
+        "session_timeout_s",
+        _seconds,
+        "an idle session is released after this many seconds",
+    ),
+    (
+        "--streaming-input-max-payload-per-session",
+        "max_payload_per_session",
+        positive_int,
+        "decoded bytes one session may carry; past it: 413, and the session closes",
+    ),
+    (
+        "--streaming-input-start-policy",
+        "start_policy",
+        _policy,
+        f"when work starts for sessions that do not choose: {', '.join(START_POLICIES)} (the last two send "
+        "images and video frame pairs to the encoders as they arrive)",
+    ),
+    (
+        "--streaming-input-min-length",
+        "min_length_bytes",
+        positive_int,
+        "in-order payload bytes after which on_min_length starts",
+    ),
+    (
+        "--streaming-input-max-sessions",
+        "max_streaming_input_sessions",
+        positive_int,
+        "streaming-input sessions this worker holds at once",
+    ),
+)
+
+
 def add_streaming_input_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("streaming input (streaming_input.*)")
     group.add_argument(
@@ -33,48 +78,16 @@ def add_streaming_input_flags(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="refuse streaming-input sessions (streaming_input.enabled)",
     )
-    group.add_argument(
-        "--streaming-input-session-timeout-sec",
-        type=_seconds,
-        default=_DEFAULTS.session_timeout_s,
-        help="an idle session is released after this many seconds",
-    )
-    group.add_argument(
-        "--streaming-input-max-payload-per-session",
-        type=positive_int,
-        default=_DEFAULTS.max_payload_per_session,
-        help="decoded bytes one session may carry; past it: 413, and the session closes",
-    )
-    group.add_argument(
-        "--streaming-input-start-policy",
-        choices=START_POLICIES,
-        default=_DEFAULTS.start_policy,
-        help="when work starts for sessions that do not choose (on_first_chunk, on_min_length: images "
-        "and video frame pairs are encoded as they arrive)",
-    )
-    group.add_argument(
-        "--streaming-input-min-length",
-        type=positive_int,
-        default=_DEFAULTS.min_length_bytes,
-        help="in-order payload bytes after which on_min_length starts",
-    )
-    group.add_argument(
-        "--streaming-input-max-sessions",
-        type=positive_int,
-        default=_DEFAULTS.max_streaming_input_sessions,
-        help="streaming-input sessions this worker holds at once",
-    )
+    for flag, name, parse, help_text in _VALUED:
+        group.add_argument(flag, type=parse, default=getattr(_DEFAULTS, name), help=help_text)
 
 
 def realtime_settings(args: argparse.Namespace, *, limits: MediaLimits) -> RealtimeSettings:
     """The session settings of parsed `omni serve` flags."""
+    valued = {name: getattr(args, flag[2:].replace("-", "_")) for flag, name, _, _ in _VALUED}
     return RealtimeSettings(
         worker_id=args.worker_id,
         streaming_input_enabled=not args.no_streaming_input,
-        session_timeout_s=args.streaming_input_session_timeout_sec,
-        max_payload_per_session=args.streaming_input_max_payload_per_session,
-        start_policy=args.streaming_input_start_policy,
-        min_length_bytes=args.streaming_input_min_length,
-        max_streaming_input_sessions=args.streaming_input_max_sessions,
         media_limits=limits,
+        **valued,  # type: ignore[arg-type]
     )
