@@ -69,6 +69,34 @@ class _EngineCollector(Collector):
         yield GaugeMetricFamily(
             "omni_active_sessions", "Client requests and sessions open on the API.", value=self._in_flight()
         )
+        for name, help_text, value in (
+            (
+                "omni_encoder_cache_hits",
+                "Encoder units served from the encoder cache.",
+                stats.encoder_cache_hits,
+            ),
+            ("omni_encoder_cache_misses", "Encoder units sent to an encoder.", stats.encoder_cache_misses),
+            (
+                "omni_encoder_cache_evictions",
+                "Encoder cache entries dropped for room.",
+                stats.encoder_cache_evictions,
+            ),
+            (
+                "omni_media_prefetch_submitted",
+                "Media submitted for encoding ahead of its request.",
+                stats.prefetch_submitted,
+            ),
+            ("omni_media_prefetch_done", "Media encoded ahead of its request.", stats.prefetch_done),
+            (
+                "omni_media_prefetch_failed",
+                "Media refused while encoded ahead of its request.",
+                stats.prefetch_failed,
+            ),
+        ):
+            yield CounterMetricFamily(name, help_text, value=value)
+        yield GaugeMetricFamily(
+            "omni_encoder_cache_bytes", "Bytes of encoder outputs kept.", value=stats.encoder_cache_bytes
+        )
 
 
 class ApiMetrics:

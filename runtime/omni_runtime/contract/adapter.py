@@ -214,6 +214,12 @@ class OmniAdapter(ABC):
         """host:port of the image encoder's own stage process, when it runs in one."""
         return None
 
+    @property
+    def video_groups_independent(self) -> bool:
+        """Whether the vision tower encodes each temporal patch group of a video on its own (its
+        attention never crosses groups), so a video's groups may be encoded apart and joined."""
+        return False
+
     def close_vision(self) -> None:
         """Stop the image encoder's own processes, if any (idempotent)."""
         return None

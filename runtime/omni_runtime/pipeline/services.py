@@ -17,7 +17,6 @@ from omni_runtime.contract.options import EngineOptions
 from omni_runtime.pipeline.remote import LinkedStages
 from omni_runtime.pipeline.scheduler import ThinkerScheduler
 from omni_runtime.pipeline.segmenter import CodecSegmenter, SegmenterConfig
-from omni_runtime.pipeline.service import StageCalls
 from omni_runtime.pipeline.talker import TalkerScheduler
 from omni_runtime.pipeline.workers import BatchingWorker, StageThread
 
@@ -169,20 +168,3 @@ class LocalStages:
         if self.thinker is not None:
             depth += len(self.thinker.waiting)
         return depth
-
-
-async def gather_encoders(stages: StageCalls, prompt: Prompt) -> tuple[Any, Any, Any]:
-    """Run the audio and vision encoders of one request concurrently."""
-    audio_task = stages.encode_audio(prompt.audio) if prompt.audio is not None else None
-    vision_input: dict[str, Any] = {}
-    if prompt.images is not None:
-        vision_input.update(prompt.images)
-    if prompt.videos is not None:
-        vision_input.update(prompt.videos)
-    vision_task = stages.encode_vision(vision_input) if vision_input else None
-    tasks = [t for t in (audio_task, vision_task) if t is not None]
-    results = await asyncio.gather(*tasks) if tasks else []
-    it = iter(results)
-    audio = next(it) if audio_task is not None else None
-    vision = next(it) if vision_task is not None else {"image": None, "video": None}
-    return audio, vision.get("image"), vision.get("video")

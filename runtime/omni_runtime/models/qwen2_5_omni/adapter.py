@@ -207,6 +207,12 @@ class Qwen25OmniAdapter(OmniAdapter):
         child = self.loaded.vision_stage
         return None if child is None else str(child.address)
 
+    @property
+    def video_groups_independent(self) -> bool:
+        """Qwen2.5's vision tower attends within each temporal patch group (its cu_seqlens split
+        per grid t, its rotary positions are spatial), so a video's groups encode apart exactly."""
+        return True
+
     def close_vision(self) -> None:
         """Stop the image-encoder TP followers or stage process, if any (idempotent)."""
         for part in (self.loaded.vision_tp, self.loaded.vision_stage):
