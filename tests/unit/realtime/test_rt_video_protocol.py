@@ -5,48 +5,19 @@ from __future__ import annotations
 
 import base64
 import io
-import json
 import wave
 from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
 import pytest
-from fastapi import FastAPI
-from fastapi.testclient import TestClient
-from PIL import Image
 from rt_scripted_engine import ScriptedEngine
+from video_helpers import errors_of as _errors
+from video_helpers import png_b64 as _png
+from video_helpers import run_video as _run
 
 from omni_runtime.contract.engine import EngineEvent, GenerationRequest, SamplingParams
-from omni_runtime.realtime import RealtimeServer, RealtimeSettings
 from omni_runtime.realtime.errors import ProtocolError
-
-
-def _png(seed: int) -> str:
-    pixels = np.random.default_rng(seed).integers(0, 256, size=(48, 64, 3), dtype=np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format="PNG")
-    return base64.b64encode(buffer.getvalue()).decode()
-
-
-def _run(engine: Any, events: list[dict[str, Any]], **settings: Any) -> list[dict[str, Any]]:
-    """Send ``events`` then video.done on a real socket; every server event until session.done."""
-    server = RealtimeServer(engine=engine, settings=RealtimeSettings(worker_id="w0", **settings))
-    app = FastAPI()
-    app.include_router(server.router())
-    received: list[dict[str, Any]] = []
-    with TestClient(app) as client, client.websocket_connect("/v1/video/chat/stream") as ws:
-        for event in [*events, {"type": "video.done"}]:
-            ws.send_json(event)
-        while not received or received[-1]["type"] != "session.done":
-            received.append(json.loads(ws.receive_text()))
-    assert not server.videos  # the slot is released
-    return received
-
-
-def _errors(events: list[dict[str, Any]]) -> list[tuple[str, str | None]]:
-    return [(e["error"]["code"], e["error"]["param"]) for e in events if e["type"] == "error"]
-
 
 CONFIG_CASES = [
     ({"modalities": "text"}, "modalities"),

@@ -2,8 +2,9 @@
 
 Client events (vLLM-Omni 0.30's protocol): ``session.config``, ``video.frame`` {data},
 ``audio.chunk`` {data: PCM16 16 kHz}, ``video.query`` {text, audio_data?}, ``video.done``, ``ping``.
-Server events: ``response.start``, ``response.text.delta``/``.done``, audio deltas (see
-`query`), ``response.done``, ``session.done``, ``pong``, ``error`` {message, error}. Every value a
+Server events: ``video.frame.ack`` (for a frame with a ``frame_id``), ``response.start``,
+``response.text.delta``/``.done``, audio deltas (see `query`), ``response.done``,
+``session.done``, ``pong``, ``error`` {message, error}. Every value a
 client sends is checked when its event arrives, so a fault is an ``error`` event naming the field
 and the session goes on. Queries are frozen when asked and answered one after another in arrival
 order by one worker task (back-to-back queries never race); the session keeps earlier questions
@@ -101,7 +102,7 @@ class VideoSession:
                 )
             try:
                 event = json.loads(text)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:  # RecursionError: nesting too deep to parse
                 raise ProtocolError(f"the message is not valid JSON: {exc}", code=INVALID_JSON) from exc
             if not isinstance(event, dict) or not isinstance(event.get("type"), str):
                 raise ProtocolError(
@@ -184,6 +185,19 @@ class VideoSession:
         self.metrics.video_frames.labels(outcome=result.outcome).inc()
         if result.evicted:
             self.metrics.video_frames.labels(outcome="evicted").inc(result.evicted)
+        frame_id = event.get("frame_id")
+        if isinstance(frame_id, str) and frame_id:  # vLLM-Omni acknowledges frames that carry an id
+            ack: dict[str, Any] = {
+                "frame_id": frame_id,
+                "accepted": result.outcome == "kept",
+                "buffered_frames": len(self.buffer.frames),
+            }
+            ack.update(
+                {k: event[k] for k in ("pts_ms", "capture_ts_ms") if type(event.get(k)) in (int, float)}
+            )
+            if result.outcome == "filtered":
+                ack["reason"] = "filtered"
+            self.outbox.emit("video.frame.ack", **ack)
 
     def _audio(self, data: Any, *, param: str, rate: Any) -> None:
         if type(rate) is not int or rate not in (16_000, 24_000, 48_000):
