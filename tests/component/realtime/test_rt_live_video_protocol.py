@@ -172,3 +172,18 @@ async def test_back_to_back_queries_are_answered_in_order_each_with_its_own_resp
         assert [e["type"] for e in response.events][-2:] == ["response.text.done", "response.done"]
         assert response.of("response.text.done")[0]["text"] == response.text
         assert response.of("response.done")[0]["status"] == "completed"
+
+
+async def test_a_session_outgrowing_the_context_keeps_answering_on_its_recent_turns(live) -> None:
+    tokens_per_word = len(live.engine.adapter.tokenizer(" apple").input_ids)
+    words = int(0.6 * live.engine.max_model_len / tokens_per_word)  # two such questions do not fit
+    video = await _client(live)
+    await video.config(modalities=["text"], sampling_params_list=[{"max_tokens": 2, "temperature": 0.0}])
+    for index in range(3):
+        await video.query(f"Question {index}:" + " apple" * words)
+    done = await video.collect("response.done", count=3, timeout=300)
+    await video.finish()
+    assert not video.errors(), video.errors()
+    assert [d["status"] for d in done] == ["completed"] * 3
+    prompts = [d["usage"]["prompt_tokens"] for d in done]
+    assert max(prompts) < live.engine.max_model_len and prompts[1] == prompts[2], prompts

@@ -16,7 +16,7 @@ from video_helpers import errors_of as _errors
 from video_helpers import png_b64 as _png
 from video_helpers import run_video as _run
 
-from omni_runtime.contract.engine import EngineEvent, GenerationRequest, SamplingParams
+from omni_runtime.contract.engine import EngineError, EngineEvent, GenerationRequest, SamplingParams
 from omni_runtime.realtime.errors import ProtocolError
 
 CONFIG_CASES = [
@@ -234,3 +234,36 @@ def test_audio_overflow_is_an_error_that_clears_the_buffer(engine: ScriptedEngin
     (audio,) = [m for m in engine.requests[0].turns[-1].media if m.kind == "audio"]
     assert audio.data.size == 6_000
     assert "pong" in [e["type"] for e in events]
+
+
+class ShortContextEngine(ScriptedEngine):
+    """Refuses ``messages`` (before any output) when the prompt holds more than 3 turns."""
+
+    async def _run(self, request: GenerationRequest) -> AsyncIterator[EngineEvent]:
+        if len(request.turns) > 3:
+            raise EngineError("the prompt is longer than this model's context", param="messages")
+        async for item in super()._run(request):
+            yield item
+
+
+def test_when_the_history_outgrows_the_context_the_oldest_turns_leave_it() -> None:
+    engine = ShortContextEngine()
+    events = _run(
+        engine,
+        [
+            {"type": "session.config", "modalities": ["text"]},
+            *({"type": "video.query", "text": f"q{i}"} for i in range(1, 5)),
+        ],
+    )
+    assert _errors(events) == []
+    assert [e["text"] for e in events if e["type"] == "response.text.done"] == [
+        "turns1 w1 w2 w3",
+        "turns3 w1 w2 w3",
+        "turns3 w1 w2 w3",  # q1 and its answer left: q2, a2, q3
+        "turns3 w1 w2 w3",
+    ]
+    asked = [[t.text for t in r.turns] for r in engine.requests]
+    assert asked[2:4] == [
+        ["q1", "turns1 w1 w2 w3", "q2", "turns3 w1 w2 w3", "q3"],
+        ["q2", "turns3 w1 w2 w3", "q3"],
+    ]

@@ -59,6 +59,67 @@ def wav_b64(pcm: np.ndarray, *, sample_rate: int) -> str:
     return base64.b64encode(encode_wav(pcm, sample_rate=sample_rate)).decode("ascii")
 
 
+@dataclass
+class _Reply:
+    response_id: str
+    text: str = ""
+    status: str = "failed"
+    usage: dict[str, int] | None = None
+
+
+def _request(
+    query: Query, *, response_id: str, system_prompt: str | None, history: list[ChatTurn]
+) -> GenerationRequest:
+    turns: list[ChatTurn] = [ChatTurn(role="system", text=system_prompt)] if system_prompt else []
+    turns.extend(history)
+    turns.append(query.turn)
+    return GenerationRequest(
+        request_id=response_id,
+        turns=tuple(turns),
+        sampling=query.sampling.sampling,
+        want_audio=query.want_audio,
+        voice=query.voice,
+        stage_params={stage: dict(params) for stage, params in query.sampling.stage_params.items()},
+    )
+
+
+async def _stream(
+    engine: Engine,
+    request: GenerationRequest,
+    *,
+    outbox: Outbox,
+    reply: _Reply,
+    report: Callable[[ProtocolError], None],
+) -> None:
+    stream = engine.generate(request)
+    try:
+        async for item in stream:
+            if isinstance(item, TextDelta) and item.text:
+                reply.text += item.text
+                outbox.emit("response.text.delta", response_id=reply.response_id, delta=item.text)
+            elif isinstance(item, AudioChunk) and item.pcm.size:
+                data = wav_b64(np.asarray(item.pcm), sample_rate=item.sample_rate)
+                for name in AUDIO_DELTA_NAMES:
+                    outbox.emit(
+                        name,
+                        response_id=reply.response_id,
+                        data=data,
+                        format="wav",
+                        sample_rate=item.sample_rate,
+                    )
+            elif isinstance(item, Finished):
+                reply.status = "completed" if item.reason in ("stop", "length") else item.reason
+                reply.usage = {
+                    "prompt_tokens": item.usage.prompt_tokens,
+                    "completion_tokens": item.usage.completion_tokens,
+                    "total_tokens": item.usage.prompt_tokens + item.usage.completion_tokens,
+                }
+                if item.reason == "error":
+                    report(ProtocolError(item.error or "the engine failed this query", code=ENGINE_ERROR))
+    finally:
+        await close_quietly(stream)
+
+
 async def answer(
     query: Query,
     *,
@@ -68,47 +129,33 @@ async def answer(
     system_prompt: str | None,
     report: Callable[[ProtocolError], None],
 ) -> None:
-    """Run one query and stream its response; ``history`` gains the question and the answer."""
-    response_id = new_id("resp")
-    turns: list[ChatTurn] = [ChatTurn(role="system", text=system_prompt)] if system_prompt else []
-    turns.extend(history)
-    turns.append(query.turn)
-    request = GenerationRequest(
-        request_id=response_id,
-        turns=tuple(turns),
-        sampling=query.sampling.sampling,
-        want_audio=query.want_audio,
-        voice=query.voice,
-        stage_params={stage: dict(params) for stage, params in query.sampling.stage_params.items()},
-    )
-    outbox.emit("response.start", response_id=response_id, stats=query.stats)
-    text, status, usage = "", "failed", None
-    stream = None
+    """Run one query and stream its response; ``history`` gains the question and the answer.
+
+    When the prompt no longer fits the model's context (the engine refuses ``messages`` before
+    any output), the oldest question and answer leave the history and the query is asked again,
+    so a long session keeps working on its recent turns instead of failing every query.
+    """
+    reply = _Reply(response_id=new_id("resp"))
+    outbox.emit("response.start", response_id=reply.response_id, stats=query.stats)
     try:
-        stream = engine.generate(request)
-        async for item in stream:
-            if isinstance(item, TextDelta) and item.text:
-                text += item.text
-                outbox.emit("response.text.delta", response_id=response_id, delta=item.text)
-            elif isinstance(item, AudioChunk) and item.pcm.size:
-                data = wav_b64(np.asarray(item.pcm), sample_rate=item.sample_rate)
-                for name in AUDIO_DELTA_NAMES:
-                    outbox.emit(
-                        name, response_id=response_id, data=data, format="wav", sample_rate=item.sample_rate
-                    )
-            elif isinstance(item, Finished):
-                status = "completed" if item.reason in ("stop", "length") else item.reason
-                usage = {
-                    "prompt_tokens": item.usage.prompt_tokens,
-                    "completion_tokens": item.usage.completion_tokens,
-                    "total_tokens": item.usage.prompt_tokens + item.usage.completion_tokens,
-                }
-                if item.reason == "error":
-                    report(ProtocolError(item.error or "the engine failed this query", code=ENGINE_ERROR))
+        while True:
+            request = _request(
+                query, response_id=reply.response_id, system_prompt=system_prompt, history=history
+            )
+            try:
+                await _stream(engine, request, outbox=outbox, reply=reply, report=report)
+                break
+            except EngineError as exc:
+                if exc.param != "messages" or reply.text or len(history) < 2:
+                    raise
+                del history[:2]
+                log.info(
+                    "video query %s: prompt too long, the oldest turn leaves the history", reply.response_id
+                )
     except EngineError as exc:
         report(ProtocolError(str(exc), code=ENGINE_ERROR, param=exc.param))
     except Exception as exc:  # any fault ends this response with an error event; the session goes on
-        log.exception("video query %s failed", response_id)
+        log.exception("video query %s failed", reply.response_id)
         report(
             ProtocolError(
                 f"the query failed inside the worker ({type(exc).__name__}); the session goes on, "
@@ -117,15 +164,13 @@ async def answer(
                 type=SERVER_ERROR,
             )
         )
-        status = "failed"
+        reply.status = "failed"
     finally:
-        if stream is not None:
-            await close_quietly(stream)
-        outbox.emit("response.text.done", response_id=response_id, text=text)
+        outbox.emit("response.text.done", response_id=reply.response_id, text=reply.text)
         if query.want_audio:
             for name in AUDIO_DONE_NAMES:
-                outbox.emit(name, response_id=response_id)
-        outbox.emit("response.done", response_id=response_id, status=status, usage=usage)
-    if status == "completed":  # a failed answer is not history the next query should build on
+                outbox.emit(name, response_id=reply.response_id)
+        outbox.emit("response.done", response_id=reply.response_id, status=reply.status, usage=reply.usage)
+    if reply.status == "completed":  # a failed answer is not history the next query should build on
         history.append(ChatTurn(role="user", text=query.text))
-        history.append(ChatTurn(role="assistant", text=text))
+        history.append(ChatTurn(role="assistant", text=reply.text))
