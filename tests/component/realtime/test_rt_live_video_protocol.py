@@ -175,8 +175,8 @@ async def test_back_to_back_queries_are_answered_in_order_each_with_its_own_resp
 
 
 async def test_a_session_outgrowing_the_context_keeps_answering_on_its_recent_turns(live) -> None:
-    tokens_per_word = len(live.engine.adapter.tokenizer(" apple").input_ids)
-    words = int(0.6 * live.engine.max_model_len / tokens_per_word)  # two such questions do not fit
+    tokens_per_100 = len(live.engine.adapter.tokenizer(" apple" * 100).input_ids)
+    words = int(0.55 * live.engine.max_model_len * 100 / tokens_per_100)  # two such questions do not fit
     video = await _client(live)
     await video.config(modalities=["text"], sampling_params_list=[{"max_tokens": 2, "temperature": 0.0}])
     for index in range(3):

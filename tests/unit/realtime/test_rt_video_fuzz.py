@@ -45,8 +45,6 @@ FUZZ_CASES: list[tuple[dict[str, Any] | str, str, str | None]] = [
     ({"type": "audio.chunk", "data": "AAAA", "sample_rate": "16000"}, "invalid_value", "sample_rate"),
     ({"type": "audio.chunk", "data": "AAAA", "sample_rate": 16000.0}, "invalid_value", "sample_rate"),
     ({"type": "audio.chunk", "data": "AAAA", "sample_rate": 8000}, "invalid_value", "sample_rate"),
-    ({"type": "video.query"}, "missing_required_parameter", "text"),
-    ({"type": "video.query", "text": "   "}, "missing_required_parameter", "text"),
     ({"type": "video.query", "text": 42}, "invalid_value", "text"),
     ({"type": "video.query", "text": ["what"]}, "invalid_value", "text"),
     ({"type": "video.query", "text": "\ud800"}, "invalid_value", "text"),
@@ -145,3 +143,20 @@ def test_a_silent_session_is_closed_with_an_error_but_not_while_it_is_answered()
     assert events[-1]["error"]["code"] == "session_idle_timeout"
     assert not server.videos
     assert server.metrics.registry.get_sample_value("omni_realtime_sessions", {"kind": "video"}) == 0
+
+
+def test_a_query_without_text_is_about_the_buffered_media(engine: ScriptedEngine) -> None:
+    events = run_video(
+        engine,
+        [
+            {"type": "session.config", "modalities": ["text"]},
+            {"type": "video.query"},  # nothing to answer about yet
+            {"type": "video.query", "text": "   "},
+            {"type": "video.frame", "data": png_b64(1)},
+            {"type": "video.query"},  # as vLLM-Omni: the frames are the question
+        ],
+    )
+    assert errors_of(events) == [("missing_required_parameter", "text")] * 2
+    assert [e["status"] for e in events if e["type"] == "response.done"] == ["completed"]
+    (turn,) = engine.requests[0].turns
+    assert turn.text == "" and [m.kind for m in turn.media] == ["video"]

@@ -221,18 +221,19 @@ def test_audio_overflow_is_an_error_that_clears_the_buffer(engine: ScriptedEngin
             {"type": "audio.chunk", "data": half_second},  # 1.5 s > 1 s: overflow
             {"type": "audio.chunk", "data": _pcm(4_000)},
             {"type": "video.query", "text": "", "audio_data": _pcm(2_000)},
-            {"type": "video.query", "text": ""},  # no text and no audio left
+            {"type": "video.query", "text": ""},  # no audio left: a question about the frames alone
             {"type": "ping"},
         ],
         max_video_audio_seconds=1.0,
     )
-    assert _errors(events) == [("audio_buffer_full", "data"), ("missing_required_parameter", "text")]
+    assert _errors(events) == [("audio_buffer_full", "data")]
     overflow = next(e for e in events if e["type"] == "error")
     assert "the buffered audio and this chunk were dropped" in overflow["message"]
     start = next(e for e in events if e["type"] == "response.start")
     assert start["stats"]["audio_buffered_s"] == 0.375  # only what came after the overflow
     (audio,) = [m for m in engine.requests[0].turns[-1].media if m.kind == "audio"]
     assert audio.data.size == 6_000
+    assert [m.kind for m in engine.requests[1].turns[-1].media] == ["video"]  # the first query took it
     assert "pong" in [e["type"] for e in events]
 
 

@@ -226,8 +226,9 @@ class VideoSession:
             sampling = self._resolve(fields.sampling_params_list, fields.stage_params, where="video.query")
         if fields.audio_data is not None:
             self._audio(fields.audio_data, param="audio_data", rate=MODEL_RATE)
-        if not text.strip() and not self.buffer.audio.size:
-            raise missing("text", where="video.query (or send audio before it)")
+        if not text.strip() and not self.buffer.audio.size and not self.buffer.frames:
+            # vLLM-Omni answers a query without text about the buffered frames and audio
+            raise missing("text", where="video.query (or send frames or audio before it)")
         stats = self.buffer.stats()
         return Query(
             text=text,
