@@ -1,16 +1,19 @@
 """The /v1/video/chat/stream WebSocket: frames and audio stream in, queries are answered from them.
 
-Client events (vLLM-Omni 0.30's protocol): ``session.config``, ``video.frame`` {data},
+Client events (vLLM-Omni 0.30's protocol): ``session.config``, ``video.frame`` {data, frame_id?},
 ``audio.chunk`` {data: PCM16 16 kHz}, ``video.query`` {text, audio_data?}, ``video.done``, ``ping``.
 Server events: ``video.frame.ack`` (for a frame with a ``frame_id``), ``response.start``,
 ``response.text.delta``/``.done``, audio deltas (see `query`), ``response.done``,
-``session.done``, ``pong``, ``error`` {message, error}. Every value a
-client sends is checked when its event arrives, so a fault is an ``error`` event naming the field
-and the session goes on. Queries are frozen when asked and answered one after another in arrival
-order by one worker task (back-to-back queries never race); the session keeps earlier questions
-and answers as conversation history. Whatever fails inside a query ends that response with an
-``error`` event; the worker always finishes, so ``video.done`` always gets ``session.done`` and
-the session's slot is always released.
+``session.done``, ``pong``, ``error`` {message, error}.
+
+Every value a client sends is checked when its event arrives, so a fault is an ``error`` event
+naming the field and the session goes on. Queries are frozen when asked (the frames sampled then,
+the audio sent since the previous query) and answered one after another in arrival order by one
+worker task, so back-to-back queries never race; the session keeps earlier questions and answers
+as conversation history. Whatever fails inside a query ends that response with an ``error``
+event; the worker always finishes, so ``video.done`` always gets ``session.done`` and the
+session's slot is always released. A session silent for ``session_idle_timeout_s`` while no
+query is being answered is closed with an error.
 """
 
 from __future__ import annotations
