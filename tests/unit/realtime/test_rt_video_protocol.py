@@ -268,3 +268,29 @@ def test_when_the_history_outgrows_the_context_the_oldest_turns_leave_it() -> No
         ["q1", "turns1 w1 w2 w3", "q2", "turns3 w1 w2 w3", "q3"],
         ["q2", "turns3 w1 w2 w3", "q3"],
     ]
+
+
+def test_vllm_omnis_own_stage_defaults_are_accepted_as_a_list() -> None:
+    """The three default_sampling_params of vLLM-Omni's deploy/qwen2_5_omni.yaml, copied by a client."""
+    from omni_runtime.realtime.video.sampling import resolve_sampling
+
+    thinker = {
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "top_k": -1,
+        "max_tokens": 2048,
+        "seed": 42,
+        "repetition_penalty": 1.1,
+    }
+    talker = {
+        "temperature": 0.9,
+        "top_p": 0.8,
+        "top_k": 40,
+        "max_tokens": 2048,
+        "seed": 42,
+        "repetition_penalty": 1.05,
+    }
+    plan = resolve_sampling([thinker, talker, dict(thinker)], default_max_tokens=100, max_model_len=8192)
+    assert plan.sampling == SamplingParams(**thinker)
+    assert plan.stage_params["talker"] == {k: v for k, v in talker.items() if k != "seed"}
+    assert plan.stage_params["talker_stream"] == thinker
