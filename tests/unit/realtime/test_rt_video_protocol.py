@@ -294,3 +294,15 @@ def test_vllm_omnis_own_stage_defaults_are_accepted_as_a_list() -> None:
     assert plan.sampling == SamplingParams(**thinker)
     assert plan.stage_params["talker"] == {k: v for k, v in talker.items() if k != "seed"}
     assert plan.stage_params["talker_stream"] == thinker
+
+
+def test_a_query_may_override_the_sessions_sampling_for_itself_only(engine: ScriptedEngine) -> None:
+    _run(
+        engine,
+        [
+            {"type": "session.config", "modalities": ["text"], "sampling_params_list": [{"max_tokens": 3}]},
+            {"type": "video.query", "text": "q1", "stage_params": {"thinker": {"max_tokens": 1, "seed": 5}}},
+            {"type": "video.query", "text": "q2"},
+        ],
+    )
+    assert [(r.sampling.max_tokens, r.sampling.seed) for r in engine.requests] == [(1, 5), (3, None)]
