@@ -81,6 +81,8 @@ SAMPLING_CASES = [
     ({"seed": "7"}, "seed"),
     ({"stop": 5}, "stop"),
     ({"stop": [1]}, "stop[0]"),
+    ({"stop": ""}, "stop"),
+    ({"stop": ["END", ""]}, "stop"),
     ({"ignore_eos": "yes"}, "ignore_eos"),
     ({"codes_per_text_token": 0}, "codes_per_text_token"),
     ({"detokenize": "no"}, "detokenize"),

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from omni_runtime.contract.engine import SamplingParams
 from omni_runtime.contract.stages import Stage
@@ -59,6 +59,13 @@ class StageSampling(BaseModel):
     detokenize: Flag | None = None
     skip_special_tokens: Flag | None = None
     stop_token_ids: list[Int] | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_not_empty(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        if stop == "" or (isinstance(stop, list) and "" in stop):
+            raise ValueError("stop strings must not be empty (an empty one would end every reply at once)")
+        return stop
 
 
 ACCEPTED_KEYS = ", ".join(sorted({*StageSampling.model_fields, "max_new_tokens"}))
