@@ -61,15 +61,22 @@ def test_eviction_past_max_frames_and_byte_cap() -> None:
     assert full.value.code == "video_buffer_full"
 
 
-def test_frames_are_scaled_to_the_first_frame_size_and_audio_slides() -> None:
+def test_frames_are_scaled_to_the_first_frame_size_and_audio_overflow_clears() -> None:
     buffer = VideoBuffer(limits=MediaLimits(), max_bytes=1 << 30, max_audio_seconds=1.0)
     config = VideoConfig(enable_frame_filter=False)
     buffer.add_frame(frame_png(1, size=(64, 48)), config=config)
     buffer.add_frame(frame_png(2, size=(128, 96)), config=config)
     assert {frame.shape for frame in buffer.frames} == {(48, 64, 3)}
-    assert buffer.add_audio(np.zeros(12_000, np.float32)) == 0.0
-    assert buffer.add_audio(np.zeros(8_000, np.float32)) == 0.25  # the oldest 0.25 s leave, not all of it
-    assert buffer.audio.size == 16_000
+    buffer.add_audio(np.zeros(12_000, np.float32))
+    buffer.add_audio(np.zeros(4_000, np.float32))  # exactly the cap: still fits
+    with pytest.raises(ProtocolError) as overflow:
+        buffer.add_audio(np.zeros(1, np.float32))
+    assert (overflow.value.code, overflow.value.param) == ("audio_buffer_full", "data")
+    assert buffer.audio.size == 0  # cleared, as vLLM-Omni does: the next query hears nothing older
+    buffer.add_audio(np.ones(800, np.float32))
+    turn = buffer.query_turn("q", config=config)
+    assert [m.kind for m in turn.media] == ["video", "audio"] and turn.media[1].data.size == 800
+    assert buffer.audio.size == 0  # the query took the audio
 
 
 def _b64(data: bytes) -> str:

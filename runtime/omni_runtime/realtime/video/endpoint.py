@@ -1,12 +1,19 @@
 """The /v1/video/chat/stream WebSocket: frames and audio stream in, queries are answered from them.
 
-Client events: ``session.config``, ``video.frame`` {data}, ``audio.chunk`` {data}, ``video.query``
-{text}, ``video.done``. Server events: ``response.start``, ``response.text.delta``/``.done``,
-``response.audio.delta``/``.done``, ``response.done``, ``session.done``, ``error``. Queries are
-answered one after another in arrival order by one worker task (back-to-back queries never race),
-each from the frames buffered when it is asked, and the session keeps the earlier questions and
-answers as conversation history. Every fault a client can cause is an ``error`` event; the socket
-stays open.
+Client events (vLLM-Omni 0.30's protocol): ``session.config``, ``video.frame`` {data, frame_id?},
+``audio.chunk`` {data: PCM16 16 kHz}, ``video.query`` {text, audio_data?}, ``video.done``, ``ping``.
+Server events: ``video.frame.ack`` (for a frame with a ``frame_id``), ``response.start``,
+``response.text.delta``/``.done``, audio deltas (see `query`), ``response.done``,
+``session.done``, ``pong``, ``error`` {message, error}.
+
+Every value a client sends is checked when its event arrives, so a fault is an ``error`` event
+naming the field and the session goes on. Queries are frozen when asked (the frames sampled then,
+the audio sent since the previous query) and answered one after another in arrival order by one
+worker task, so back-to-back queries never race; the session keeps earlier questions and answers
+as conversation history. Whatever fails inside a query ends that response with an ``error``
+event; the worker always finishes, so ``video.done`` always gets ``session.done`` and the
+session's slot is always released. A session silent for ``session_idle_timeout_s`` while no
+query is being answered is closed with an error.
 """
 
 from __future__ import annotations
@@ -17,27 +24,18 @@ import json
 import logging
 from typing import Any
 
-import numpy as np
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from omni_runtime.contract.engine import (
-    AudioChunk,
-    ChatTurn,
-    Engine,
-    EngineError,
-    Finished,
-    GenerationRequest,
-    SamplingParams,
-    TextDelta,
-)
+from omni_runtime.contract.engine import ChatTurn, Engine
 from omni_runtime.media.errors import MediaError
 from omni_runtime.media.resample import resample
-from omni_runtime.realtime.audio import MODEL_RATE, decode_b64, float_to_b64_pcm16, pcm16_to_float
+from omni_runtime.realtime.audio import MODEL_RATE, decode_b64, pcm16_to_float
 from omni_runtime.realtime.errors import (
     INVALID_EVENT,
     INVALID_JSON,
     INVALID_MEDIA,
+    SERVER_ERROR,
     SESSION_LIMIT,
     UNKNOWN_EVENT,
     ProtocolError,
@@ -46,12 +44,28 @@ from omni_runtime.realtime.errors import (
 )
 from omni_runtime.realtime.metrics import RealtimeMetrics
 from omni_runtime.realtime.outbox import Outbox
-from omni_runtime.realtime.protocol import close_quietly, engine_voice, new_id
-from omni_runtime.realtime.settings import RealtimeSettings, default_max_tokens
+from omni_runtime.realtime.protocol import engine_voice
+from omni_runtime.realtime.request_types import Text, check_text
+from omni_runtime.realtime.settings import RealtimeSettings, default_max_tokens, prompt_limits
+from omni_runtime.realtime.video.query import Query, answer
+from omni_runtime.realtime.video.sampling import VideoSampling, resolve_sampling, validation_error
 from omni_runtime.realtime.video.state import VideoBuffer, VideoConfig
 
 log = logging.getLogger("omni.realtime")
-_SAMPLING_KEYS = {"temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed"}
+EVENTS = "session.config, video.frame, audio.chunk, video.query, video.done, ping"
+
+
+class QueryEvent(BaseModel):
+    """The fields of ``video.query``; ``sampling_params_list`` / ``stage_params`` override the
+    session's for this query only."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    text: Text | None = None
+    query: Text | None = None  # an older spelling of text
+    audio_data: Text | None = None  # base64 PCM16 16 kHz, appended before the query
+    sampling_params_list: Any = None
+    stage_params: Any = None
 
 
 class VideoSession:
@@ -61,15 +75,22 @@ class VideoSession:
         self.metrics = metrics
         self.outbox = Outbox(beta=False, keep_log=False, max_log_events=0, max_log_bytes=0)
         self.config = VideoConfig.model_validate({})
+        self.sampling = self._resolve(None, None, where="session.config")
         self.buffer = VideoBuffer(
             limits=settings.media_limits,
             max_bytes=settings.max_video_buffer_bytes,
             max_audio_seconds=settings.max_video_audio_seconds,
         )
         self.history: list[ChatTurn] = []
-        self._queries: asyncio.Queue[str | None] = asyncio.Queue()
+        self._queries: asyncio.Queue[Query | None] = asyncio.Queue()
+        self.answering = False
         self.worker = asyncio.create_task(self._answer_queries())
         self.done = False
+
+    @property
+    def busy(self) -> bool:
+        """Whether a query is waiting or being answered (the client may be silent meanwhile)."""
+        return self.answering or not self._queries.empty()
 
     def error(self, exc: ProtocolError) -> None:
         self.metrics.errors.labels(kind="video", code=exc.code).inc()
@@ -84,7 +105,7 @@ class VideoSession:
                 )
             try:
                 event = json.loads(text)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:  # RecursionError: nesting too deep to parse
                 raise ProtocolError(f"the message is not valid JSON: {exc}", code=INVALID_JSON) from exc
             if not isinstance(event, dict) or not isinstance(event.get("type"), str):
                 raise ProtocolError(
@@ -105,39 +126,54 @@ class VideoSession:
         elif kind == "video.frame":
             await self._frame(event)
         elif kind == "audio.chunk":
-            self._audio(event)
+            if "data" not in event:
+                raise missing("data", where="audio.chunk")
+            self._audio(event["data"], param="data", rate=event.get("sample_rate", MODEL_RATE))
         elif kind == "video.query":
-            query = event.get("text", event.get("query"))
-            if not isinstance(query, str) or not query.strip():
-                raise missing("text", where="video.query")
-            self._queries.put_nowait(query)
+            self._queries.put_nowait(self._query(event))
         elif kind == "video.done":
             self.done = True
             self._queries.put_nowait(None)
+        elif kind == "ping":
+            self.outbox.emit("pong")
         else:
             raise ProtocolError(
-                f"unknown event type {kind!r}; supported: session.config, video.frame, audio.chunk, video.query, video.done",
-                code=UNKNOWN_EVENT,
-                param="type",
+                f"unknown event type {kind!r}; supported: {EVENTS}", code=UNKNOWN_EVENT, param="type"
             )
+
+    def _resolve(self, sampling_params_list: Any, stage_params: Any, *, where: str) -> VideoSampling:
+        return resolve_sampling(
+            sampling_params_list,
+            stage_params,
+            default_max_tokens=default_max_tokens(self.settings, max_model_len=self.engine.max_model_len),
+            max_model_len=self.engine.max_model_len,
+            where=where,
+        )
 
     def _configure(self, event: dict[str, Any]) -> None:
         body = event.get("config", event.get("session", {k: v for k, v in event.items() if k != "type"}))
+        if not isinstance(body, dict):
+            raise invalid("config", "expected an object of session settings")
         try:
             config = VideoConfig.model_validate(body)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            field = ".".join(str(part) for part in first["loc"]) or "config"
-            raise invalid(field, first["msg"]) from exc
+            raise validation_error(exc) from exc
         if config.max_frames > self.settings.max_video_frames:
             raise invalid("max_frames", f"this worker allows at most {self.settings.max_video_frames}")
         if config.modalities and "audio" in config.modalities and not self.engine.supports_audio_output:
             raise invalid("modalities", "this worker serves text only; use ['text']")
+        if config.system_prompt is not None:
+            check_text(config.system_prompt, param="system_prompt", max_chars=self._max_chars)
         engine_voice(config.voice, engine=self.engine, param="voice")
-        self.config = config
+        sampling = self._resolve(config.sampling_params_list, config.stage_params, where="session.config")
+        self.config, self.sampling = config, sampling
         evicted = self.buffer.trim_frames(config.max_frames)
         if evicted:
             self.metrics.video_frames.labels(outcome="evicted").inc(evicted)
+
+    @property
+    def _max_chars(self) -> int:
+        return prompt_limits(self.engine.max_model_len, max_chars=self.settings.max_prompt_chars)[0]
 
     async def _frame(self, event: dict[str, Any]) -> None:
         if "data" not in event:
@@ -152,17 +188,27 @@ class VideoSession:
         self.metrics.video_frames.labels(outcome=result.outcome).inc()
         if result.evicted:
             self.metrics.video_frames.labels(outcome="evicted").inc(result.evicted)
+        frame_id = event.get("frame_id")
+        if isinstance(frame_id, str) and frame_id:  # vLLM-Omni acknowledges frames that carry an id
+            ack: dict[str, Any] = {
+                "frame_id": frame_id,
+                "accepted": result.outcome == "kept",
+                "buffered_frames": len(self.buffer.frames),
+            }
+            ack.update(
+                {k: event[k] for k in ("pts_ms", "capture_ts_ms") if type(event.get(k)) in (int, float)}
+            )
+            if result.outcome == "filtered":
+                ack["reason"] = "filtered"
+            self.outbox.emit("video.frame.ack", **ack)
 
-    def _audio(self, event: dict[str, Any]) -> None:
-        if "data" not in event:
-            raise missing("data", where="audio.chunk")
-        pcm = pcm16_to_float(
-            decode_b64(event["data"], param="data", max_bytes=self.settings.max_event_bytes), param="data"
-        )
-        rate = event.get("sample_rate", MODEL_RATE)
-        if rate not in (16_000, 24_000, 48_000):
+    def _audio(self, data: Any, *, param: str, rate: Any) -> None:
+        if type(rate) is not int or rate not in (16_000, 24_000, 48_000):
             raise invalid("sample_rate", "expected 16000 (or 24000 / 48000)")
-        self.buffer.add_audio(resample(pcm, orig_sr=rate, target_sr=MODEL_RATE))
+        pcm = pcm16_to_float(
+            decode_b64(data, param=param, max_bytes=self.settings.max_event_bytes), param=param
+        )
+        self.buffer.add_audio(resample(pcm, orig_sr=rate, target_sr=MODEL_RATE), param=param)
 
     def _want_audio(self) -> bool:
         modalities = self.config.modalities
@@ -170,76 +216,53 @@ class VideoSession:
             return self.engine.supports_audio_output
         return "audio" in modalities
 
-    def _sampling(self) -> SamplingParams:
-        params = (self.config.sampling_params_list or [{}])[0]
-        known = {key: params[key] for key in _SAMPLING_KEYS if key in params}
-        max_tokens = params.get(
-            "max_new_tokens",
-            params.get(
-                "max_tokens", default_max_tokens(self.settings, max_model_len=self.engine.max_model_len)
-            ),
-        )
+    def _query(self, event: dict[str, Any]) -> Query:
+        """Check a video.query and freeze it: sampling, frames and audio as they are now."""
         try:
-            return SamplingParams(max_tokens=int(max_tokens), **known)
-        except TypeError as exc:
-            raise invalid("sampling_params_list", str(exc)) from exc
+            fields = QueryEvent.model_validate(event)
+        except ValidationError as exc:
+            raise validation_error(exc) from exc
+        text = fields.text if fields.text is not None else (fields.query or "")
+        check_text(text, param="text", max_chars=self._max_chars)
+        sampling = self.sampling
+        if fields.sampling_params_list is not None or fields.stage_params is not None:
+            sampling = self._resolve(fields.sampling_params_list, fields.stage_params, where="video.query")
+        if fields.audio_data is not None:
+            self._audio(fields.audio_data, param="audio_data", rate=MODEL_RATE)
+        if not text.strip() and not self.buffer.audio.size and not self.buffer.frames:
+            # vLLM-Omni answers a query without text about the buffered frames and audio
+            raise missing("text", where="video.query (or send frames or audio before it)")
+        stats = self.buffer.stats()
+        return Query(
+            text=text,
+            turn=self.buffer.query_turn(text, config=self.config),
+            sampling=sampling,
+            want_audio=self._want_audio(),
+            voice=engine_voice(self.config.voice, engine=self.engine, param="voice"),
+            stats=stats,
+        )
 
     async def _answer_queries(self) -> None:
-        while (query := await self._queries.get()) is not None:
-            try:
-                await self._answer(query)
-            except ProtocolError as exc:
-                self.error(exc)
-        self.outbox.emit("session.done", stats=self.buffer.stats())
-        self.outbox.close()
-
-    async def _answer(self, query: str) -> None:
-        response_id = new_id("resp")
-        turns: list[ChatTurn] = []
-        if self.config.system_prompt:
-            turns.append(ChatTurn(role="system", text=self.config.system_prompt))
-        turns.extend(self.history)
-        turns.append(self.buffer.query_turn(query, config=self.config))
-        want_audio = self._want_audio()
-        request = GenerationRequest(
-            request_id=response_id,
-            turns=tuple(turns),
-            sampling=self._sampling(),
-            want_audio=want_audio,
-            voice=engine_voice(self.config.voice, engine=self.engine, param="voice"),
-        )
-        self.outbox.emit("response.start", response_id=response_id, stats=self.buffer.stats())
-        text, status, usage = "", "failed", None
-        stream = self.engine.generate(request)
         try:
-            async for item in stream:
-                if isinstance(item, TextDelta) and item.text:
-                    text += item.text
-                    self.outbox.emit("response.text.delta", response_id=response_id, delta=item.text)
-                elif isinstance(item, AudioChunk) and item.pcm.size:
-                    self.outbox.emit(
-                        "response.audio.delta",
-                        response_id=response_id,
-                        data=float_to_b64_pcm16(np.asarray(item.pcm)),
-                        format="pcm16",
-                        sample_rate=item.sample_rate,
+            while (query := await self._queries.get()) is not None:
+                self.answering = True
+                try:
+                    await answer(
+                        query,
+                        engine=self.engine,
+                        outbox=self.outbox,
+                        history=self.history,
+                        system_prompt=self.config.system_prompt,
+                        report=self.error,
                     )
-                elif isinstance(item, Finished):
-                    status = "completed" if item.reason in ("stop", "length") else item.reason
-                    usage = {
-                        "prompt_tokens": item.usage.prompt_tokens,
-                        "completion_tokens": item.usage.completion_tokens,
-                    }
-        except EngineError as exc:
-            self.error(ProtocolError(str(exc), code="engine_error", param=exc.param))
+                except Exception:  # `answer` reports its own faults: this is the last line
+                    log.exception("video query failed")
+                    self.error(ProtocolError("the query failed inside the worker", code=SERVER_ERROR))
+                finally:
+                    self.answering = False
+            self.outbox.emit("session.done", stats=self.buffer.stats())
         finally:
-            await close_quietly(stream)
-        self.outbox.emit("response.text.done", response_id=response_id, text=text)
-        if want_audio:
-            self.outbox.emit("response.audio.done", response_id=response_id)
-        self.outbox.emit("response.done", response_id=response_id, status=status, usage=usage)
-        self.history.append(ChatTurn(role="user", text=query))
-        self.history.append(ChatTurn(role="assistant", text=text))
+            self.outbox.close()  # the sender always ends, so the socket (and its slot) is released
 
     async def close(self) -> None:
         self.worker.cancel()
@@ -280,7 +303,21 @@ async def serve_video(
     sender = asyncio.create_task(_send(ws, session))
     try:
         while not session.done:
-            message = await ws.receive()
+            try:
+                message = await asyncio.wait_for(ws.receive(), timeout=settings.session_idle_timeout_s)
+            except TimeoutError:
+                if session.busy:
+                    continue  # the client is waiting for an answer, not idle
+                session.error(
+                    ProtocolError(
+                        f"no event for {settings.session_idle_timeout_s:g} s; the session is closed",
+                        code="session_idle_timeout",
+                    )
+                )
+                await session.close()  # closes the outbox: the sender sends the error and ends
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(sender, timeout=5)
+                break
             if message["type"] == "websocket.disconnect":
                 break
             if message.get("text") is None:

@@ -5,7 +5,9 @@ size of the session's first frame (the model takes a video as one T x H x W arra
 a frame whose similarity to the last kept frame reaches ``frame_filter_threshold`` is a near
 duplicate and is dropped (a higher threshold keeps more frames). Past ``max_frames`` the oldest
 frame is evicted; past the byte cap a frame is refused with an error event. Audio (PCM16 16 kHz)
-is a sliding window: past its cap the oldest audio is dropped, never the whole buffer.
+accumulates until a query takes it (each query answers the audio sent since the previous one, as
+in vLLM-Omni); a chunk that would pass the cap is an error that clears the buffered audio, so the
+client knows exactly what the next query will hear (nothing older than the error).
 """
 
 from __future__ import annotations
@@ -23,32 +25,39 @@ from omni_runtime.media.image import decode_image
 from omni_runtime.media.limits import MediaLimits
 from omni_runtime.media.video import plan_frame_size
 from omni_runtime.realtime.audio import MODEL_RATE
-from omni_runtime.realtime.errors import VIDEO_BUFFER_FULL, ProtocolError
+from omni_runtime.realtime.errors import AUDIO_BUFFER_FULL, VIDEO_BUFFER_FULL, ProtocolError
+from omni_runtime.realtime.request_types import Flag, Int, Number, Text
 
 _SIGNATURE_SIDE = 64  # frames are compared as 64 x 64 grayscale thumbnails
 
 
 class VideoConfig(BaseModel):
-    """The ``session.config`` body; legacy names are accepted as aliases."""
+    """The ``session.config`` body, strictly typed; legacy names are accepted as aliases.
+
+    ``sampling_params_list`` / ``stage_params`` are checked by `sampling.resolve_sampling`, which
+    names the stage and key of a bad value.
+    """
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
+    model: Text | None = None
     modalities: list[Literal["text", "audio"]] | None = None  # None: audio too when the worker speaks
-    num_frames: int = Field(
+    num_frames: Int = Field(
         default=4, ge=1, le=128, validation_alias=AliasChoices("num_frames", "num_sample_frames")
     )
-    max_frames: int = Field(default=50, ge=1, le=256)
-    system_prompt: str | None = None
-    use_audio_in_video: bool = True
-    sampling_params_list: list[dict[str, Any]] | None = None
-    enable_frame_filter: bool = Field(
+    max_frames: Int = Field(default=50, ge=1, le=256)
+    system_prompt: Text | None = None
+    use_audio_in_video: Flag = True
+    sampling_params_list: Any = None
+    stage_params: Any = None
+    enable_frame_filter: Flag = Field(
         True, validation_alias=AliasChoices("enable_frame_filter", "evs_enabled")
     )
-    frame_filter_threshold: float = Field(
+    frame_filter_threshold: Number = Field(
         default=0.95, ge=0.0, le=1.0, validation_alias=AliasChoices("frame_filter_threshold", "evs_threshold")
     )
-    video_fps: float = Field(default=2.0, gt=0, le=60)  # the rate the sampled frames are presented at
-    voice: str | None = None
+    video_fps: Number = Field(default=2.0, gt=0, le=60)  # the rate the sampled frames are presented at
+    voice: Text | None = None
 
 
 def signature(frame: np.ndarray) -> np.ndarray:
@@ -141,15 +150,24 @@ class VideoBuffer:
         self.evicted += evicted
         return evicted
 
-    def add_audio(self, pcm: np.ndarray) -> float:
-        """Append 16 kHz audio; returns seconds of old audio dropped to stay under the cap."""
+    def add_audio(self, pcm: np.ndarray, *, param: str = "data") -> None:
+        """Append 16 kHz audio; past the cap the buffered audio is cleared and an error raised."""
+        if self.audio.size + pcm.size > self.max_audio:
+            dropped = self.audio.size + pcm.size
+            self.audio_dropped_s += dropped / MODEL_RATE
+            self.audio = np.zeros(0, dtype=np.float32)
+            raise ProtocolError(
+                f"audio buffer overflow: {dropped / MODEL_RATE:.1f} s of audio would pass the limit of "
+                f"{self.max_audio / MODEL_RATE:.1f} s; the buffered audio and this chunk were dropped "
+                "(send a video.query sooner: each query takes the audio sent before it)",
+                code=AUDIO_BUFFER_FULL,
+                param=param,
+            )
         self.audio = np.concatenate([self.audio, pcm.astype(np.float32)])
-        over = self.audio.size - self.max_audio
-        if over <= 0:
-            return 0.0
-        self.audio = self.audio[over:]
-        self.audio_dropped_s += over / MODEL_RATE
-        return over / MODEL_RATE
+
+    def take_audio(self) -> np.ndarray:
+        audio, self.audio = self.audio, np.zeros(0, dtype=np.float32)
+        return audio
 
     def sample_frames(self, count: int) -> np.ndarray | None:
         """``count`` frames spread evenly over the buffer (an even number when 2 or more)."""
@@ -164,10 +182,12 @@ class VideoBuffer:
         return np.stack([frames[i] for i in picks])
 
     def query_turn(self, text: str, *, config: VideoConfig) -> ChatTurn:
+        """The user turn of a query: frames sampled now, and the audio buffered so far (taken)."""
         media: list[MediaInput] = []
         video = self.sample_frames(config.num_frames)
         if video is not None:
             media.append(MediaInput(kind="video", data=video, fps=config.video_fps))
-        if config.use_audio_in_video and self.audio.size:
-            media.append(MediaInput(kind="audio", data=self.audio.copy(), sample_rate=MODEL_RATE))
+        audio = self.take_audio()
+        if config.use_audio_in_video and audio.size:
+            media.append(MediaInput(kind="audio", data=audio, sample_rate=MODEL_RATE))
         return ChatTurn(role="user", text=text, media=tuple(media))
