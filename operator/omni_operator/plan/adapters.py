@@ -63,7 +63,13 @@ def builtin_serve(
     argv = ["omni", "serve", *_model_flags(spec), *_bind(ctx, port), "--device", "cpu", *_identity(ctx)]
     for stage, address in remote.items():
         argv += ["--remote-stage", f"{stage.value}={address}"]
-    return (*argv, *_media_flags(spec), *spec.runtime.extra_args)
+    return (*argv, *_media_flags(spec), *_speech_flags(spec), *spec.runtime.extra_args)
+
+
+def _speech_flags(spec: OmniDeploymentSpec) -> list[str]:
+    """spec.speech as `omni serve` flags: the worker API process admits speech streams."""
+    limit = spec.speech.max_streams
+    return [] if limit is None else ["--max-speech-streams", str(limit)]
 
 
 def _media_flags(spec: OmniDeploymentSpec) -> list[str]:

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 
 from omni_runtime.contract.options import EngineOptions
 from omni_runtime.contract.stages import STAGES
+from omni_runtime.contract.workers import DEFAULT_MAX_SPEECH_STREAMS
 from omni_runtime.media.limits import MediaLimits
 from omni_runtime.router.head_limit import DEFAULT_MAX_HEADER_BYTES, head_limited_protocol
-from omni_runtime.support.cli_types import positive_int
+from omni_runtime.support.cli_types import non_negative_int, positive_int
 
 log = logging.getLogger("omni.serve")
 
@@ -200,6 +201,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     limits.add_argument("--default-max-tokens", type=positive_int, default=2048)
     limits.add_argument(
+        "--max-speech-streams",
+        type=non_negative_int,
+        default=DEFAULT_MAX_SPEECH_STREAMS,
+        help="concurrent speech streams (chat with audio out, realtime and video sessions) this worker"
+        " admits; past it new ones get 429 / close 1013 and the router tries another worker; 0: no limit"
+        f" (default {DEFAULT_MAX_SPEECH_STREAMS})",
+    )
+    limits.add_argument(
         "--max-header-bytes",
         type=positive_int,
         default=DEFAULT_MAX_HEADER_BYTES,
@@ -344,6 +353,7 @@ def main(argv: list[str]) -> int:
     from omni_runtime.entrypoints.console import end_process, quiet_probes
     from omni_runtime.models.qwen2_5_omni.tiny import ensure_tiny_checkpoint, is_tiny_checkpoint
     from omni_runtime.pipeline import build_engine
+    from omni_runtime.realtime import RealtimeSettings
     from omni_runtime.support.cpu_threads import apply_cpu_threads
 
     options = config.options
@@ -378,7 +388,13 @@ def main(argv: list[str]) -> int:
         if server is not None:
             server.should_exit = True
 
-    app = build_app(engine=engine, settings=settings, on_startup_failure=on_startup_failure)
+    realtime_settings = RealtimeSettings(worker_id=args.worker_id, max_speech_streams=args.max_speech_streams)
+    app = build_app(
+        engine=engine,
+        settings=settings,
+        on_startup_failure=on_startup_failure,
+        realtime_settings=realtime_settings,
+    )
     uvicorn_config = uvicorn.Config(
         app,
         log_level=args.log_level,

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from omni_runtime.contract.engine import Engine
+from omni_runtime.realtime.capacity import SpeechCapacity, SpeechSlot, refusal_headers
 from omni_runtime.realtime.errors import (
     NOT_READY,
     SERVER_ERROR,
@@ -54,6 +55,7 @@ class RealtimeSessions:
         self.settings = settings
         self.metrics = metrics
         self._entries: dict[str, _Entry] = {}
+        self._speech_slots: dict[str, SpeechSlot] = {}  # held from open to close (realtime.capacity)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -62,9 +64,11 @@ class RealtimeSessions:
         entry = self._entries.get(session_id)
         return entry.session if entry else None
 
-    def add(self, session: RealtimeSession) -> _Entry:
+    def add(self, session: RealtimeSession, *, speech_slot: SpeechSlot | None = None) -> _Entry:
         entry = _Entry(session=session)
         self._entries[session.id] = entry
+        if speech_slot is not None:
+            self._speech_slots[session.id] = speech_slot
         self.metrics.sessions.labels(kind="realtime").set(len(self._entries))
         self.metrics.sessions_started.labels(kind="realtime").inc()
         return entry
@@ -94,6 +98,8 @@ class RealtimeSessions:
     async def remove(self, entry: _Entry) -> None:
         if self._entries.get(entry.session.id) is entry:
             del self._entries[entry.session.id]
+            if (slot := self._speech_slots.pop(entry.session.id, None)) is not None:
+                slot.release()
             self.metrics.sessions.labels(kind="realtime").set(len(self._entries))
             await entry.session.close()
 
@@ -104,10 +110,21 @@ class RealtimeSessions:
             await self.remove(entry)
 
 
-async def _refuse(ws: WebSocket, error: ProtocolError, *, code: int, metrics: RealtimeMetrics) -> None:
-    metrics.errors.labels(kind="realtime", code=error.code).inc()
+async def _refuse(
+    ws: WebSocket, error: ProtocolError, *, code: int, metrics: RealtimeMetrics, kind: str = "realtime"
+) -> None:
+    metrics.errors.labels(kind=kind, code=error.code).inc()
     await ws.send_text(json.dumps({"type": "error", "event_id": "event_0", "error": error.error_body()}))
     await ws.close(code=code, reason=error.message[:120])
+
+
+async def refuse_speech(
+    ws: WebSocket, speech: SpeechCapacity, *, metrics: RealtimeMetrics, kind: str, subprotocols: list[str]
+) -> None:
+    """Accept with the capacity header, send the ``error`` event, close with 1013."""
+    headers = [(k.encode(), v.encode()) for k, v in refusal_headers().items()]
+    await ws.accept(subprotocol="realtime" if "realtime" in subprotocols else None, headers=headers)
+    await _refuse(ws, speech.error(), code=TRY_AGAIN_LATER, metrics=metrics, kind=kind)
 
 
 async def serve_realtime(
@@ -118,14 +135,27 @@ async def serve_realtime(
     metrics: RealtimeMetrics,
     sessions: RealtimeSessions,
     scorer_factory: Callable[[], SpeechScorer],
+    speech: SpeechCapacity | None = None,
 ) -> None:
     params = ws.query_params
     duplex = params.get("duplex", "").lower() in ("1", "true", "yes")
     beta = "realtime=v1" in ws.headers.get("openai-beta", "")
     offered = ws.scope.get("subprotocols") or []
-    await ws.accept(subprotocol="realtime" if "realtime" in offered else None)
-
     resume_id = params.get("session_id")
+    # A new session on a worker that speaks takes a speech slot before the handshake, so that a
+    # refusal's accept carries the capacity header the router retries on (realtime.capacity).
+    slot = None
+    if speech is not None and not resume_id and engine.ready and engine.supports_audio_output:
+        slot = speech.acquire("realtime")
+        if slot is None:
+            await refuse_speech(ws, speech, metrics=metrics, kind="realtime", subprotocols=offered)
+            return
+    try:
+        await ws.accept(subprotocol="realtime" if "realtime" in offered else None)
+    except BaseException:
+        if slot is not None:
+            slot.release()
+        raise
     if resume_id:
         entry = sessions.claim(resume_id)
         if entry is None:
@@ -153,6 +183,8 @@ async def serve_realtime(
             await _refuse(ws, error, code=TRY_AGAIN_LATER, metrics=metrics)
             return
         if len(sessions) >= settings.max_realtime_sessions:
+            if slot is not None:
+                slot.release()
             metrics.sessions_refused.labels(kind="realtime").inc()
             error = ProtocolError(
                 f"this worker already serves {settings.max_realtime_sessions} realtime sessions; retry later",
@@ -169,7 +201,7 @@ async def serve_realtime(
             beta=beta,
             scorer_factory=scorer_factory,
         )
-        entry = sessions.add(session)
+        entry = sessions.add(session, speech_slot=slot)
         await session.open()
 
     sender = asyncio.create_task(_send_loop(ws, session))
