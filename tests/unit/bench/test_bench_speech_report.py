@@ -4,6 +4,7 @@ audio delta durations the load generator reads and its seeded Poisson arrivals."
 from __future__ import annotations
 
 import base64
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -82,3 +83,25 @@ def test_poisson_arrivals_are_seeded_sorted_and_bounded() -> None:
     assert 150 < len(a) < 250  # about rate x duration = 200
     with pytest.raises(ValueError):
         poisson_arrivals(0.0, 1.0, seed=0)
+
+
+def test_combine_puts_our_rows_and_the_baseline_in_one_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from omni_runtime.bench.combine import main
+    from omni_runtime.bench.report import write_json
+
+    ours = [_speech_row("omni", 1), _speech_row("omni", 4)]
+    text = replace(_speech_row("omni-text", 1), **dict.fromkeys(("audio_streams", "realtime_streams")))
+    write_json(tmp_path / "bench.json", meta={}, levels=[*ours, text], baselines=[])
+    hf = {"levels": [{"label": "hf", "concurrency": 1, "requests_per_s": 1, "output_tokens_per_s": 2}]}
+    hf["levels"].append({**hf["levels"][0], "label": "hf-speech", "audio_streams": 1, "realtime_streams": 1})
+    (tmp_path / "hf.json").write_text(json.dumps(hf))
+    out = tmp_path / "combined"
+    assert main([str(tmp_path / "bench.json"), str(tmp_path / "hf.json"), "--speech", "--out", str(out)]) == 0
+    labels = [line.split()[0] for line in capsys.readouterr().out.splitlines()[2:]]
+    assert labels == ["omni", "omni", "hf-speech"]  # text rows left out
+    assert (out / "speech.png").exists() and (out / "bench.png").exists()
+    (tmp_path / "bad.json").write_text("[1]")
+    assert main([str(tmp_path / "bad.json")]) == 2
+    assert "row 0 is not an object" in capsys.readouterr().err
