@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from omni_runtime.contract.adapter import OmniAdapter, Prompt, ThinkerPrompt, Vocoder
 from omni_runtime.contract.engine import GenerationRequest
 from omni_runtime.contract.options import EngineOptions
+from omni_runtime.pipeline import deadlines
 from omni_runtime.pipeline.remote import LinkedStages
 from omni_runtime.pipeline.scheduler import ThinkerScheduler
 from omni_runtime.pipeline.service import StageCalls
@@ -84,7 +86,11 @@ class LocalStages:
             self.talker.start()
             self.vocoder = await self._thread("vocoder").run(adapter.vocoder)
             self.vocoder_worker = BatchingWorker(
-                "talker_stream", self._synthesize_batch, thread=self._thread("vocoder"), max_batch=4
+                "talker_stream",
+                self._synthesize_batch,
+                thread=self._thread("vocoder"),
+                max_batch=4,
+                order=window_priority,  # first windows, then the stream closest to an underrun
             )
             self.vocoder_worker.start()
         if self.vision_link is not None:  # it loaded while the stages above did
@@ -163,3 +169,8 @@ async def gather_encoders(stages: StageCalls, prompt: Prompt) -> tuple[Any, Any,
     audio = next(it) if audio_task is not None else None
     vision = next(it) if vision_task is not None else {"image": None, "video": None}
     return audio, vision.get("image"), vision.get("video")
+
+
+def window_priority(item: dict[str, Any], seq: int) -> deadlines.Priority:
+    """A vocoder window's place in line, from the slack its stream had when it was submitted."""
+    return deadlines.priority(slack_s=item.get("slack_s"), now=time.monotonic(), seq=seq)

@@ -122,3 +122,8 @@ def test_full_worker_refuses_speech_with_429_and_1013(one_stream_worker: Worker)
         ok = client.post("/v1/chat/completions", json={"messages": HELLO, "max_tokens": 4, **SPEECH})
         assert ok.status_code == 200, ok.text
     assert _metrics(worker)["omni_speech_streams_in_use"] == 0
+
+
+def test_the_openapi_document_lists_the_429(one_stream_worker: Worker) -> None:
+    doc = httpx.get(f"{one_stream_worker.url}/openapi.json", timeout=30).json()
+    assert "429" in doc["paths"]["/v1/chat/completions"]["post"]["responses"]
