@@ -9,7 +9,8 @@ Three rules, in order (DESIGN.md, "Sessions and the router"):
    hashing over the workers in rotation: when a worker joins or leaves, only the keys that rank it
    first move. The hash is blake2b, not Python's salted `hash()`, so every process agrees.
 3. Everything else goes to the least-loaded worker in rotation; equal loads are broken by fewest
-   sessions ever assigned, then by worker id, so the choice is deterministic.
+   sessions ever assigned, then by worker id, so the choice is deterministic. Workers whose last
+   /ready said every speech stream slot was taken come after all the others.
 
 Rules 2 and 3 give an ordered list of candidates: the second is where a request that could not
 connect is retried once. A worker at `max_sessions_per_worker` is skipped; none left means 503.
@@ -79,8 +80,11 @@ def rank_by_key(key: str, worker_ids: Iterable[str]) -> list[str]:
 
 
 def rank_by_load(workers: Iterable[Worker]) -> list[str]:
-    """Least-loaded order: fewest live sessions, then fewest ever assigned, then id."""
-    ordered = sorted(workers, key=lambda worker: (worker.sessions, worker.assigned, worker.id))
+    """Least-loaded order: workers with free speech streams first, then fewest live sessions, then
+    fewest ever assigned, then id."""
+    ordered = sorted(
+        workers, key=lambda worker: (worker.speech_full, worker.sessions, worker.assigned, worker.id)
+    )
     return [worker.id for worker in ordered]
 
 

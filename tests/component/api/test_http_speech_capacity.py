@@ -63,6 +63,8 @@ def test_full_worker_refuses_speech_with_429_and_1013(one_stream_worker: Worker)
     with connect(ws_url) as holder:
         assert json.loads(holder.recv(timeout=30))["type"] == "session.created"
         assert _metrics(worker)["omni_speech_streams_in_use"] == 1
+        ready = httpx.get(f"{worker.url}/ready", timeout=10).json()
+        assert ready["speech_streams"] == {"limit": 1, "in_use": 1}  # the report the router reads
 
         with worker.client() as client:
             refused = client.post("/v1/chat/completions", json={"messages": HELLO, "max_tokens": 4, **SPEECH})

@@ -33,3 +33,13 @@ def test_speech_limit_goes_to_the_serve_process_only(value: int | None, flags: l
 def test_negative_limit_is_refused_naming_the_field() -> None:
     with pytest.raises(pydantic.ValidationError, match=r"speech\.maxStreams|speech.max_streams"):
         deployment(**{"speech.maxStreams": -1})
+
+
+def test_worker_revision_moves_only_when_the_speech_limit_is_set() -> None:
+    from omni_operator.plan import worker_revision
+
+    base = deployment(**{"model.name": "Qwen2.5-Omni-7B"})
+    limited = deployment(**{"model.name": "Qwen2.5-Omni-7B", "speech.maxStreams": 8})
+    other = deployment(**{"model.name": "Qwen2.5-Omni-7B", "speech.maxStreams": 4})
+    # Unset, the revision is the one from before spec.speech existed: test_plan_media pins that hash.
+    assert len({worker_revision(d.spec) for d in (base, limited, other)}) == 3
