@@ -86,6 +86,7 @@ async def _one_streaming(client: httpx.AsyncClient, spec: LoadSpec) -> RequestSa
                 ok=False,
                 latency_s=time.perf_counter() - began,
                 error=f"HTTP {response.status_code}: {body[:300]}",
+                status=response.status_code,
             )
         async for line in response.aiter_lines():
             if not line.startswith("data: "):
@@ -128,7 +129,10 @@ async def _one_complete(client: httpx.AsyncClient, spec: LoadSpec) -> RequestSam
     latency = time.perf_counter() - began
     if response.status_code != 200:
         return RequestSample(
-            ok=False, latency_s=latency, error=f"HTTP {response.status_code}: {response.text[:300]}"
+            ok=False,
+            latency_s=latency,
+            error=f"HTTP {response.status_code}: {response.text[:300]}",
+            status=response.status_code,
         )
     body = response.json()
     message = body["choices"][0]["message"]

@@ -29,6 +29,7 @@ class RequestSample:
     audio_chunks: int = 0
     error: str | None = None
     audio: tuple[Chunk, ...] = ()  # the audio timeline: each chunk's arrival and duration
+    status: int | None = None  # the HTTP status of a refused request (429: the worker was full)
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class LevelSummary:
     ttfa_mean_s: float | None
     ttfa_p50_s: float | None
     first_error: str | None = None
+    refused: int = 0  # failed requests the worker refused with 429 (at its speech stream limit)
     # Open loop: Poisson arrivals per second (concurrency is then the most requests seen in flight).
     rate_per_s: float | None = None
     # Speech (None for text levels, or rows from tools that do not measure them).
@@ -107,6 +109,7 @@ class LevelSummary:
             concurrency=int(data["concurrency"]),
             requests=int(data.get("requests") or 0),
             failed=int(data.get("failed") or 0),
+            refused=int(data.get("refused") or 0),
             wall_s=float(data.get("wall_s") or 0.0),
             first_error=data.get("first_error"),
         )
@@ -153,6 +156,7 @@ def summarize(
         ttfa_mean_s=_mean(ttfas),
         ttfa_p50_s=_p(ttfas, 50),
         first_error=errors[0] if errors else None,
+        refused=sum(1 for s in samples if not s.ok and s.status == 429),
         rate_per_s=rate_per_s,
         **_speech_fields(ok, wall_s=wall_s),
     )

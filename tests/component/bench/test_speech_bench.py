@@ -1,7 +1,8 @@
 """`omni bench --mode speech` against a real `omni serve` worker (tiny checkpoint, CPU), briefly:
 a closed-loop and an open-loop run, each stream's audio timeline played back into the listener's
 numbers (TTFA percentiles, underrun per stream, RTF, real-time streams, audio seconds per second),
-written to bench.json with the speech plot."""
+written to bench.json with the speech plot. The worker admits two speech streams
+(--max-speech-streams 2): a level past that counts the 429 refusals apart from failures."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ def worker_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log = tmp_path_factory.mktemp("speech-bench") / "serve.log"
     argv = [sys.executable, "-m", "omni_operator.cli", "serve", "--device", "cpu", "--host", "127.0.0.1"]
     argv += ["--port", str(port), "--pipeline", "streaming-speech", "--log-level", "warning"]
+    argv += ["--max-speech-streams", "2"]
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ})
     url = f"http://127.0.0.1:{port}"
@@ -70,8 +72,8 @@ def _bench(url: str, out: Path, *load: str) -> dict[str, object]:
 
 
 def _check_listener_numbers(row: dict[str, float]) -> None:
-    assert row["failed"] == 0
-    assert row["audio_streams"] == row["requests"] > 0
+    assert row["failed"] == row["refused"]
+    assert row["audio_streams"] == row["requests"] - row["refused"] > 0
     assert 0 <= row["realtime_streams"] <= row["audio_streams"]
     assert 0 < row["ttfa_p50_s"] <= row["ttfa_p95_s"] <= row["ttfa_p99_s"] <= row["latency_p95_s"] * 1.0001
     assert 0 <= row["stall_mean_s"] <= row["stall_p95_s"] <= row["stall_max_s"]
@@ -87,6 +89,7 @@ def test_closed_loop_speech_levels(worker_url: str, tmp_path: Path) -> None:
     assert isinstance(levels, list) and [row["concurrency"] for row in levels] == [1, 2]
     for row in levels:
         assert row["rate_per_s"] is None
+        assert row["refused"] == 0  # within the worker's two streams
         _check_listener_numbers(row)
 
 
@@ -100,3 +103,13 @@ def test_open_loop_speech_level(worker_url: str, tmp_path: Path) -> None:
     assert row["concurrency"] >= 1  # the most requests in flight at once
     _check_listener_numbers(row)
     assert result["meta"]["seed"] == 3  # type: ignore[index]
+
+
+def test_refusals_past_the_worker_capacity_are_counted(worker_url: str, tmp_path: Path) -> None:
+    # Four streams sent at once to a worker that admits two: the other two are refused at once.
+    result = _bench(worker_url, tmp_path, "--concurrency", "4", "--requests", "4")
+    (row,) = result["levels"]  # type: ignore[misc]
+    assert row["refused"] >= 1
+    assert row["first_error"].startswith("HTTP 429: ")
+    assert "speech_capacity_reached" in row["first_error"]
+    _check_listener_numbers(row)

@@ -108,10 +108,11 @@ def test_level_summary_carries_the_listener_numbers() -> None:
         RequestSample(
             ok=True, latency_s=6.0, ttfa_s=1.0, audio=tuple(_t((1.0, 1.0), (3.0, 1.0), (5.0, 1.0)))
         ),
-        RequestSample(ok=False, latency_s=0.1, error="HTTP 429: full"),
+        RequestSample(ok=False, latency_s=0.1, error="HTTP 429: full", status=429),
+        RequestSample(ok=False, latency_s=0.1, error="HTTP 500: boom", status=500),
     ]
     row = summarize(samples, concurrency=2, wall_s=6.0, rate_per_s=0.5)
-    assert (row.audio_streams, row.realtime_streams, row.failed) == (2, 1, 1)
+    assert (row.audio_streams, row.realtime_streams, row.failed, row.refused) == (2, 1, 2, 1)
     assert row.stall_mean_s == 1.0 and row.stall_max_s == 2.0
     assert row.audio_s_per_s == 1.0
     assert row.rtf_p50 == pytest.approx((2 / 3 + 5 / 3) / 2)
