@@ -75,7 +75,7 @@ class SpeechCapacity:
     def error(self) -> ProtocolError:
         """The refusal, for error JSON (429) and for an ``error`` event before a 1013 close."""
         return ProtocolError(
-            f"this worker already carries {self.limit} concurrent speech streams, its limit "
+            f"this worker is at its limit of {self.limit} concurrent speech streams "
             f"({FLAG} {self.limit}); retry in {RETRY_AFTER_S} s or on another worker, or ask for "
             'text only (modalities: ["text"])',
             code=SPEECH_CAPACITY,

@@ -26,7 +26,7 @@ from omni_runtime.realtime import RealtimeSettings
 SPEECH = {"modalities": ["text", "audio"], "audio": {"format": "wav"}, "stage_params": SHORT_SPEECH}
 HELLO = [{"role": "user", "content": "Say something."}]
 MESSAGE = (
-    "this worker already carries 1 concurrent speech streams, its limit (--max-speech-streams 1); "
+    "this worker is at its limit of 1 concurrent speech streams (--max-speech-streams 1); "
     'retry in 1 s or on another worker, or ask for text only (modalities: ["text"])'
 )
 
@@ -107,7 +107,16 @@ def test_full_worker_refuses_speech_with_429_and_1013(one_stream_worker: Worker)
             assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
             assert second.response is not None and second.response.headers["x-omni-capacity"] == "speech"
 
+        video_url = worker.url.replace("http://", "ws://") + "/v1/video/chat/stream"
+        with connect(video_url) as video:  # a video session may speak: refused the same way
+            event = json.loads(video.recv(timeout=30))
+            assert (event["type"], event["error"]["code"]) == ("error", "speech_capacity_reached")
+            with pytest.raises(ConnectionClosed) as closed:
+                video.recv(timeout=30)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
+
         metrics = _metrics(worker)
+        assert metrics['omni_speech_streams_refused_total{kind="video"}'] == 1
         assert metrics["omni_speech_streams_limit"] == 1
         assert metrics['omni_speech_streams_refused_total{kind="chat"}'] == 3
         assert metrics['omni_speech_streams_refused_total{kind="realtime"}'] == 1
