@@ -32,7 +32,7 @@ from omni_runtime.bench.load import (
 )
 from omni_runtime.bench.report import format_table, load_baselines, plot, plot_speech, write_json
 from omni_runtime.bench.stats import LevelSummary, summarize
-from omni_runtime.support.cli_types import positive_int
+from omni_runtime.support.cli_types import positive_float, positive_int
 
 
 def _levels(text: str) -> list[int]:
@@ -53,16 +53,6 @@ def _rates(text: str) -> list[float]:
     if not rates or any(not r > 0 for r in rates):
         raise argparse.ArgumentTypeError(f"{text!r}: arrival rates must be numbers > 0 (requests per second)")
     return rates
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from exc
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be > 0 seconds")
-    return value
 
 
 def _json_object(text: str) -> dict[str, object]:
@@ -89,7 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="open loop instead: comma list of Poisson arrival rates (requests/s), one level each",
     )
-    p.add_argument("--duration", type=_seconds, default=60.0, help="open loop: seconds of arrivals per level")
+    p.add_argument(
+        "--duration", type=positive_float, default=60.0, help="open loop: seconds of arrivals per level"
+    )
     p.add_argument("--seed", type=int, default=0, help="open loop: seed of the arrival times")
     p.add_argument("--mode", choices=["text", "speech"], default="text")
     p.add_argument("--stream", action="store_true", help="SSE: measures time to first token / first audio")

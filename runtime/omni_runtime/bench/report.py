@@ -128,18 +128,27 @@ def plot(path: Path, *, rows: Sequence[LevelSummary], title: str) -> None:
             ("ttft_p50_s", ":", "TTFT p50"),
             ("ttfa_p50_s", "-.", "first audio p50"),
         ):
-            points = [(_x(r), getattr(r, field)) for r in series if getattr(r, field) is not None]
-            if points:
-                right.plot(*zip(*points, strict=True), linestyle=style, marker="o", label=f"{label}: {name}")
-    for axis in (left, right):
+            _line(right, series, field, style, f"{label}: {name}")
+    _finish(plt, fig, path, title, left=("output tokens / s", "throughput"), right=("seconds", "latency"))
+
+
+def _line(axis: Any, series: list[LevelSummary], field: str, style: str, name: str) -> None:
+    points = [(_x(r), getattr(r, field)) for r in series if getattr(r, field) is not None]
+    if points:
+        axis.plot(*zip(*points, strict=True), linestyle=style, marker="o", label=name)
+
+
+def _finish(
+    plt: Any, fig: Any, path: Path, title: str, *, left: tuple[str, str], right: tuple[str, str]
+) -> None:
+    """Log-2 x axes, grids, legends, each axis's (y label, title); save and close."""
+    for axis, (ylabel, name) in zip(fig.axes, (left, right), strict=True):
         axis.set_xscale("log", base=2)
         axis.set_xlabel("concurrency (open loop: arrivals/s)")
         axis.grid(True, alpha=0.3)
         axis.legend(fontsize=8)
-    left.set_ylabel("output tokens / s")
-    left.set_title("throughput")
-    right.set_ylabel("seconds")
-    right.set_title("latency")
+        axis.set_ylabel(ylabel)
+        axis.set_title(name)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -151,26 +160,19 @@ def plot_speech(path: Path, *, rows: Sequence[LevelSummary], title: str) -> None
     plt = _pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     for label, series in _series([r for r in rows if r.audio_streams]):
-        for axis, fields in (
-            (left, (("ttfa_p50_s", "-", "p50"), ("ttfa_p95_s", "--", "p95"), ("ttfa_p99_s", ":", "p99"))),
-            (right, (("stall_mean_s", "-", "mean"), ("stall_max_s", "--", "max"))),
+        for field, style, name in (
+            ("ttfa_p50_s", "-", "p50"),
+            ("ttfa_p95_s", "--", "p95"),
+            ("ttfa_p99_s", ":", "p99"),
         ):
-            for field, style, name in fields:
-                points = [(_x(r), getattr(r, field)) for r in series if getattr(r, field) is not None]
-                if points:
-                    axis.plot(
-                        *zip(*points, strict=True), linestyle=style, marker="o", label=f"{label}: {name}"
-                    )
-    for axis in (left, right):
-        axis.set_xscale("log", base=2)
-        axis.set_xlabel("concurrency (open loop: arrivals/s)")
-        axis.grid(True, alpha=0.3)
-        axis.legend(fontsize=8)
-    left.set_ylabel("seconds")
-    left.set_title("time to first audio")
-    right.set_ylabel("underrun seconds per stream")
-    right.set_title("playback stall (playback starts at first audio)")
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+            _line(left, series, field, style, f"{label}: {name}")
+        for field, style, name in (("stall_mean_s", "-", "mean"), ("stall_max_s", "--", "max")):
+            _line(right, series, field, style, f"{label}: {name}")
+    _finish(
+        plt,
+        fig,
+        path,
+        title,
+        left=("seconds", "time to first audio"),
+        right=("underrun seconds per stream", "playback stall (playback starts at first audio)"),
+    )

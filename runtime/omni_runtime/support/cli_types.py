@@ -23,3 +23,14 @@ def positive_int(text: str) -> int:
 def non_negative_int(text: str) -> int:
     """An integer >= 0 (0 usually meaning "no limit"), with an argparse error that names the bad value."""
     return _int_at_least(text, 0, "0 or more")
+
+
+def positive_float(text: str) -> float:
+    """A number > 0, with an argparse error that names the bad value."""
+    try:
+        value = float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from exc
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} must be greater than 0")
+    return value
