@@ -4,6 +4,11 @@
 # runs `omni bench` for text and streaming speech at c=1,4,16, then the plain HF `generate`
 # baseline on the same GPU. Results land in $OUT. SERVE_ARGS adds omni serve flags (placement over
 # several GPUs); PLACEMENT_CHECK=1 then checks with nvidia-smi that each process sits where they say.
+# Speech rows are what a listener hears (TTFA p50/p95/p99, stall per stream, RTF, streams in real
+# time, audio s/s): closed loop at SPEECH_LEVELS, open loop at SPEECH_RATES (arrivals/s, Poisson,
+# SPEECH_DURATION s each) when set; speech-vs-hf/ puts them next to the HF rows of the same run.
+# MAX_SPEECH_STREAMS is the worker's admission limit (default 0: none, so the bench sees the
+# worker past its capacity; set it to see the 429s instead).
 # AFTER_READY runs a command once the server is ready (SERVER holds its pid).
 set -uo pipefail
 OUT=${OUT:-/tmp/omni-bench}; mkdir -p "$OUT"
@@ -34,7 +39,7 @@ released_7b_config(load_processor(None)).save_pretrained(sys.argv[1])
 PY
 if [ "${RUN_OMNI:-1}" = 1 ]; then
 $OMNI_CLI serve --model-path "$DUMMY" --load-format dummy --device cuda --pipeline "$PIPELINE" --model-name qwen2.5-omni-7b-dummy \
-  --port 8000 --max-batch-size 32 ${SERVE_ARGS:-} > "$OUT/serve.log" 2>&1 &
+  --port 8000 --max-batch-size 32 --max-speech-streams "${MAX_SPEECH_STREAMS:-0}" ${SERVE_ARGS:-} > "$OUT/serve.log" 2>&1 &
 SERVER=$!
 for _ in $(seq 1 420); do
   curl -sf localhost:8000/ready >/dev/null && break
@@ -60,6 +65,11 @@ if [ "$PIPELINE" != text ] && [ "${SPEECH:-1}" = 1 ]; then
     --requests "${SPEECH_REQUESTS:-8}" \
     --max-tokens 64 --out "$OUT/speech" --label omni-speech \
     --extra-body '{"stage_params": {"talker": {"max_tokens": 400}}}' 2>&1 | tail -20
+  if [ -n "${SPEECH_RATES:-}" ]; then  # open loop: a steady state instead of one wave
+    $OMNI_CLI bench --url http://127.0.0.1:8000 --rate "$SPEECH_RATES" --duration "${SPEECH_DURATION:-60}" \
+      --mode speech --stream --max-tokens 64 --out "$OUT/speech-open" --label omni-speech \
+      --extra-body '{"stage_params": {"talker": {"max_tokens": 400}}}' 2>&1 | tail -20
+  fi
 fi
 if [ "${REALTIME:-1}" = 1 ]; then
   timeout 120 python3 -m omni_runtime.bench.realtime_latency --url ws://127.0.0.1:8000/v1/realtime \
@@ -72,4 +82,9 @@ if [ "${BASELINE:-1}" = 1 ]; then  # 64 text + 400 codec tokens, as the speech r
   python3 -m omni_runtime.bench.hf_baseline --concurrency "$LEVELS" --max-tokens "$TEXT_TOKENS" --speech \
     --speech-concurrency "${SPEECH_LEVELS:-1,4}" \
     --out "$OUT/hf.json" 2>&1 | grep -v Warning | tail -12
+fi
+SPEECH_FILES=$(ls "$OUT"/speech/bench.json "$OUT"/speech-open/bench.json "$OUT"/hf.json 2>/dev/null)
+if [ -n "$SPEECH_FILES" ]; then  # one table: omni's speech rows and HF's, same run, same GPU
+  python3 -m omni_runtime.bench.combine --speech $SPEECH_FILES --out "$OUT/speech-vs-hf" \
+    --title "speech: 64 text + 400 codec tokens per reply" 2>&1 | tee "$OUT/speech-vs-hf.txt"
 fi

@@ -364,6 +364,20 @@ class MediaSpec(SpecModel):
         return self
 
 
+class SpeechSpec(SpecModel):
+    """Admission by speech capacity: how many speech streams one worker carries at once."""
+
+    max_streams: int | None = Field(
+        default=None,
+        ge=0,
+        le=4096,
+        description="Concurrent speech streams per worker (chat completions with audio out, realtime and "
+        "video sessions). Past it a worker refuses new ones (HTTP 429 with Retry-After, or a WebSocket "
+        "error event and close 1013) and the router sends them to another worker; text is not limited. "
+        "0: no limit. Unset: the runtime's default (16). Builtin runtime only (--max-speech-streams).",
+    )
+
+
 class OmniDeploymentSpec(SpecModel):
     """Desired state of an omni model deployment."""
 
@@ -381,6 +395,9 @@ class OmniDeploymentSpec(SpecModel):
     streaming_input: StreamingInputSpec = Field(
         default_factory=StreamingInputSpec,
         description="Streaming-input sessions of the workers (builtin runtime only).",
+    )
+    speech: SpeechSpec = Field(
+        default_factory=SpeechSpec, description="Speech streams a worker admits at once."
     )
 
 

@@ -68,8 +68,15 @@ def builtin_serve(
         *argv,
         *_media_flags(spec),
         *streaming_input_flags(spec.streaming_input),
+        *_speech_flags(spec),
         *spec.runtime.extra_args,
     )
+
+
+def _speech_flags(spec: OmniDeploymentSpec) -> list[str]:
+    """spec.speech as `omni serve` flags: the worker API process admits speech streams."""
+    limit = spec.speech.max_streams
+    return [] if limit is None else ["--max-speech-streams", str(limit)]
 
 
 def _media_flags(spec: OmniDeploymentSpec) -> list[str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from omni_operator.api.spec import MediaSpec, OmniDeploymentSpec
+from omni_operator.api.spec import MediaSpec, OmniDeploymentSpec, SpeechSpec
 from omni_operator.api.streaming_input import StreamingInputSpec
 from omni_operator.plan.types import StagePod
 
@@ -23,14 +23,17 @@ def _digest(payload: object) -> str:
 def worker_revision(spec: OmniDeploymentSpec) -> str:
     """Hash of everything that shapes a worker; workers count, router and rollout are left out.
 
-    spec.media and spec.streamingInput count only when set, so a deployment that leaves it alone keeps the
-    revision it had before the field existed (an operator upgrade does not roll its workers).
+    spec.media, spec.streamingInput and spec.speech count only when set, so a deployment that leaves
+    them alone keeps the revision it had before the fields existed (an operator upgrade does not roll
+    its workers).
     """
     shaping = {"model", "runtime", "pipeline", "stages", "gpu"}
     if spec.media != MediaSpec():
         shaping.add("media")
     if spec.streaming_input != StreamingInputSpec():
         shaping.add("streaming_input")
+    if spec.speech != SpeechSpec():
+        shaping.add("speech")
     return _digest(spec.model_dump(mode="json", by_alias=True, include=shaping))
 
 

@@ -72,13 +72,17 @@ class ApiError(Exception):
         type: str = INVALID_REQUEST,
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,  # e.g. Retry-After on a 429
     ) -> None:
         super().__init__(message)
         self.detail = ErrorDetail(message=message, type=type, param=param, code=code)
         self.status = status
+        self.headers = headers
 
     def response(self) -> JSONResponse:
-        return JSONResponse(ErrorResponse(error=self.detail).model_dump(), status_code=self.status)
+        return JSONResponse(
+            ErrorResponse(error=self.detail).model_dump(), status_code=self.status, headers=self.headers
+        )
 
 
 def error_type_for(status: int) -> str:
@@ -100,9 +104,12 @@ def from_engine_error(exc: EngineError) -> ApiError:
     return ApiError(str(exc), status=exc.status, param=exc.param, code=getattr(exc, "code", None))
 
 
-def from_protocol_error(exc: ProtocolError) -> ApiError:
-    """A streaming-input session's refusal: its message, status, type, param and code as they are."""
-    return ApiError(exc.message, status=exc.status, type=exc.type, param=exc.param, code=exc.code)
+def from_protocol_error(exc: ProtocolError, *, headers: dict[str, str] | None = None) -> ApiError:
+    """A session layer refusal (streaming input, speech capacity): its message, status, type, param
+    and code as they are."""
+    return ApiError(
+        exc.message, status=exc.status, type=exc.type, param=exc.param, code=exc.code, headers=headers
+    )
 
 
 def internal_error(request_id: str | None = None) -> ApiError:

@@ -11,6 +11,7 @@ from fastapi import Request
 from omni_runtime.api.metrics import ApiMetrics
 from omni_runtime.api.settings import ApiSettings, ServingLimits
 from omni_runtime.contract.engine import Engine
+from omni_runtime.realtime.capacity import SpeechCapacity
 from omni_runtime.realtime.settings import prompt_limits
 
 
@@ -35,6 +36,11 @@ class AppState:
     @property
     def ready(self) -> bool:
         return self.warmed_up and self.startup_error is None and self.engine.ready
+
+    @property
+    def speech(self) -> SpeechCapacity | None:
+        """The worker's speech stream slots (shared with the session endpoints), once built."""
+        return self.realtime.speech if self.realtime is not None else None
 
     @property
     def random_weights(self) -> bool:

@@ -160,15 +160,14 @@ def run(
                 f"per wall s; {result.codes_replaced} out-of-table codes mapped to 0",
                 file=sys.stderr,
             )
-            rows.append(
-                level_row(
-                    label="hf-generate-speech",
-                    concurrency=c,
-                    latency=result.latency_s,
-                    tokens=speech_text_tokens,
-                    ttfa=result.latency_s,
-                )
+            row = level_row(
+                label="hf-generate-speech",
+                concurrency=c,
+                latency=result.latency_s,
+                tokens=speech_text_tokens,
+                ttfa=result.latency_s,
             )
+            rows.append({**row, **result.listener_fields()})
             extras.append(extra)
     meta = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

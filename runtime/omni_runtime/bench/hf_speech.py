@@ -30,6 +30,8 @@ talker samples with ``generate``'s defaults (top-k 40, top-p 0.8, temperature 0.
 Concurrency N is one ``generate`` call with a batch of N prompts: ``generate`` batches the
 thinker and the talker, then runs token2wav once per row, one after another. Every request's
 audio arrives when the call returns, so time to first audio = time to first token = latency.
+Its row carries the same listener numbers as ``omni bench`` (`SpeechRun.listener_fields`): each
+stream is one chunk of all its audio at that moment, so it never stalls once it starts.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from typing import Any
+
+from omni_runtime.bench.playback import Chunk, summarize_speech
 
 SAMPLE_RATE = 24000  # Qwen2.5-Omni's BigVGAN output rate
 
@@ -96,6 +100,11 @@ class SpeechRun:
     latency_s: float
     samples: list[int]  # audio samples per request, at SAMPLE_RATE
     codes_replaced: int
+
+    def listener_fields(self) -> dict[str, Any]:
+        """TTFA percentiles, stall, RTF, real-time streams, audio s/s: ``omni bench``'s speech fields."""
+        timelines = [[Chunk(self.latency_s, n / SAMPLE_RATE)] for n in self.samples]
+        return summarize_speech(timelines, wall_s=self.latency_s).row_fields()
 
     def extras(self, *, text_tokens: int, talker_tokens: int) -> dict[str, Any]:
         """What ``omni bench``'s row format has no field for: audio amounts and rates."""

@@ -1,21 +1,32 @@
-"""The load generator: N chat requests at a fixed concurrency, timed as a client sees them.
+"""The load generator: chat requests timed as a client sees them, in a closed or an open loop.
+
+Closed loop (`run_level`): N requests with a fixed number in flight. Open loop (`run_open_loop`):
+requests arrive as a Poisson process at a given rate for a given time, whatever the server's pace,
+so a level shows a steady state instead of one wave.
 
 Every request asks for exactly ``max_tokens`` tokens (``ignore_eos``), so levels compare equal
-work. Streaming requests time the first text delta and the first audio delta; non-streaming ones
-get both with the whole reply, so their first-token and first-audio times equal their latency.
+work. Streaming requests time the first text delta and every audio delta: each delta is a small
+WAV file (or raw 16-bit PCM), so its arrival and its duration give the stream's audio timeline
+(`omni_runtime.bench.playback` plays it back). Non-streaming replies carry all audio at once, so
+first token, first audio and latency coincide.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
+import io
 import json
+import random
 import time
+import wave
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
 
-from omni_runtime.bench.stats import RequestSample
+from omni_runtime.bench.stats import Chunk, RequestSample
 
 PROMPT = "Tell me a long story about a lighthouse keeper and the sea, in many short sentences."
 
@@ -29,6 +40,22 @@ class LoadSpec:
     max_tokens: int
     timeout_s: float = 600.0
     extra_body: dict[str, object] | None = None  # merged into every request (e.g. stage_params)
+    pcm_rate: int = 24000  # sample rate of raw pcm16 deltas (WAV deltas carry their own)
+
+
+def audio_seconds(data: str, *, pcm_rate: int) -> float:
+    """Seconds of audio in one base64 delta: a WAV file (its header says), else 16-bit mono PCM."""
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError(f"audio delta is not base64: {exc}") from exc
+    if raw[:4] == b"RIFF":
+        try:
+            with wave.open(io.BytesIO(raw)) as wav:
+                return wav.getnframes() / wav.getframerate()
+        except (wave.Error, EOFError) as exc:
+            raise ValueError(f"audio delta is not a readable WAV file: {exc}") from exc
+    return len(raw) / 2 / pcm_rate
 
 
 def request_body(spec: LoadSpec) -> dict[str, object]:
@@ -51,6 +78,7 @@ async def _one_streaming(client: httpx.AsyncClient, spec: LoadSpec) -> RequestSa
     began = time.perf_counter()
     ttft = ttfa = None
     deltas = chunks = tokens = 0
+    audio: list[Chunk] = []
     async with client.stream("POST", "/v1/chat/completions", json=request_body(spec)) as response:
         if response.status_code != 200:
             body = (await response.aread()).decode(errors="replace")
@@ -58,6 +86,7 @@ async def _one_streaming(client: httpx.AsyncClient, spec: LoadSpec) -> RequestSa
                 ok=False,
                 latency_s=time.perf_counter() - began,
                 error=f"HTTP {response.status_code}: {body[:300]}",
+                status=response.status_code,
             )
         async for line in response.aiter_lines():
             if not line.startswith("data: "):
@@ -76,9 +105,10 @@ async def _one_streaming(client: httpx.AsyncClient, spec: LoadSpec) -> RequestSa
                 if delta.get("content"):
                     deltas += 1
                     ttft = now if ttft is None else ttft
-                if (delta.get("audio") or {}).get("data"):
+                if payload := (delta.get("audio") or {}).get("data"):
                     chunks += 1
                     ttfa = now if ttfa is None else ttfa
+                    audio.append(Chunk(now, audio_seconds(payload, pcm_rate=spec.pcm_rate)))
             if event.get("usage"):
                 tokens = int(event["usage"].get("completion_tokens") or 0)
     return RequestSample(
@@ -89,6 +119,7 @@ async def _one_streaming(client: httpx.AsyncClient, spec: LoadSpec) -> RequestSa
         output_tokens=tokens or deltas,
         text_deltas=deltas,
         audio_chunks=chunks,
+        audio=tuple(audio),
     )
 
 
@@ -98,11 +129,15 @@ async def _one_complete(client: httpx.AsyncClient, spec: LoadSpec) -> RequestSam
     latency = time.perf_counter() - began
     if response.status_code != 200:
         return RequestSample(
-            ok=False, latency_s=latency, error=f"HTTP {response.status_code}: {response.text[:300]}"
+            ok=False,
+            latency_s=latency,
+            error=f"HTTP {response.status_code}: {response.text[:300]}",
+            status=response.status_code,
         )
     body = response.json()
     message = body["choices"][0]["message"]
-    has_audio = bool((message.get("audio") or {}).get("data"))
+    data = (message.get("audio") or {}).get("data")
+    has_audio = bool(data)
     return RequestSample(
         ok=True,
         latency_s=latency,
@@ -110,6 +145,7 @@ async def _one_complete(client: httpx.AsyncClient, spec: LoadSpec) -> RequestSam
         ttfa_s=latency if has_audio else None,
         output_tokens=int(body.get("usage", {}).get("completion_tokens") or 0),
         audio_chunks=1 if has_audio else 0,
+        audio=(Chunk(latency, audio_seconds(data, pcm_rate=spec.pcm_rate)),) if data else (),
     )
 
 
@@ -119,7 +155,7 @@ async def one_request(client: httpx.AsyncClient, spec: LoadSpec) -> RequestSampl
         if spec.stream:
             return await _one_streaming(client, spec)
         return await _one_complete(client, spec)
-    except (httpx.HTTPError, json.JSONDecodeError, KeyError, IndexError) as exc:
+    except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:  # JSONDecodeError is a ValueError
         return RequestSample(
             ok=False, latency_s=time.perf_counter() - began, error=f"{type(exc).__name__}: {exc}"
         )
@@ -143,6 +179,49 @@ async def run_level(
         began = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         return samples, time.perf_counter() - began
+
+
+def poisson_arrivals(rate_per_s: float, duration_s: float, *, seed: int) -> list[float]:
+    """Arrival times (seconds from the start) of a Poisson process, reproducible by seed."""
+    if rate_per_s <= 0 or duration_s <= 0:
+        raise ValueError("the arrival rate and the duration must be positive")
+    rng = random.Random(seed)
+    arrivals: list[float] = []
+    t = rng.expovariate(rate_per_s)
+    while t < duration_s:
+        arrivals.append(t)
+        t += rng.expovariate(rate_per_s)
+    return arrivals
+
+
+async def run_open_loop(
+    spec: LoadSpec,
+    *,
+    arrivals: list[float],
+    on_done: Callable[[int], None] | None = None,
+) -> tuple[list[RequestSample], float, int]:
+    """Send one request at each arrival time whatever is still in flight; returns the samples, the
+    wall seconds until the last one finished, and the most requests that were in flight at once."""
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+    async with httpx.AsyncClient(base_url=spec.url, timeout=spec.timeout_s, limits=limits) as client:
+        samples: list[RequestSample] = []
+        in_flight = peak = 0
+        began = time.perf_counter()
+
+        async def arrive(at: float) -> None:
+            nonlocal in_flight, peak
+            await asyncio.sleep(max(0.0, at - (time.perf_counter() - began)))
+            in_flight += 1
+            peak = max(peak, in_flight)
+            try:
+                samples.append(await one_request(client, spec))
+            finally:
+                in_flight -= 1
+            if on_done is not None:
+                on_done(len(samples))
+
+        await asyncio.gather(*(arrive(at) for at in arrivals))
+        return samples, time.perf_counter() - began, peak
 
 
 async def discover_model(url: str, *, timeout_s: float = 30.0) -> str:

@@ -1,7 +1,12 @@
-"""`omni bench`: load-test a worker or router, print a table, write JSON and a PNG plot.
+"""`omni bench`: load-test a worker or router, print a table, write JSON and PNG plots.
 
     omni bench --url http://127.0.0.1:8000 --concurrency 1,4,16 --requests 32 --mode speech --stream \
-        --max-tokens 128 --out bench-out/
+        --max-tokens 128 --out bench-out/                 # closed loop: N in flight
+    omni bench --url http://127.0.0.1:8000 --rate 1,2,4 --duration 60 --mode speech --stream \
+        --out bench-out/                                  # open loop: Poisson arrivals per second
+
+Speech levels report what a listener hears (TTFA percentiles, underrun seconds per stream, RTF,
+streams that stayed real time, audio seconds per second) and plot them in speech.png.
 """
 
 from __future__ import annotations
@@ -17,10 +22,17 @@ from pathlib import Path
 
 import httpx
 
-from omni_runtime.bench.load import LoadSpec, discover_model, one_request, run_level
-from omni_runtime.bench.report import format_table, load_baselines, plot, write_json
+from omni_runtime.bench.load import (
+    LoadSpec,
+    discover_model,
+    one_request,
+    poisson_arrivals,
+    run_level,
+    run_open_loop,
+)
+from omni_runtime.bench.report import format_table, load_baselines, plot, plot_speech, write_json
 from omni_runtime.bench.stats import LevelSummary, summarize
-from omni_runtime.support.cli_types import positive_int
+from omni_runtime.support.cli_types import positive_float, positive_int
 
 
 def _levels(text: str) -> list[int]:
@@ -31,6 +43,16 @@ def _levels(text: str) -> list[int]:
     if not levels or any(c < 1 for c in levels):
         raise argparse.ArgumentTypeError(f"{text!r}: concurrency levels must be integers >= 1")
     return levels
+
+
+def _rates(text: str) -> list[float]:
+    try:
+        rates = [float(p) for p in text.split(",") if p.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of numbers, e.g. 0.5,1,2") from exc
+    if not rates or any(not r > 0 for r in rates):
+        raise argparse.ArgumentTypeError(f"{text!r}: arrival rates must be numbers > 0 (requests per second)")
+    return rates
 
 
 def _json_object(text: str) -> dict[str, object]:
@@ -51,6 +73,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--requests", type=positive_int, default=None, help="requests per level (default 4 x concurrency)"
     )
+    p.add_argument(
+        "--rate",
+        type=_rates,
+        default=None,
+        help="open loop instead: comma list of Poisson arrival rates (requests/s), one level each",
+    )
+    p.add_argument(
+        "--duration", type=positive_float, default=60.0, help="open loop: seconds of arrivals per level"
+    )
+    p.add_argument("--seed", type=int, default=0, help="open loop: seed of the arrival times")
     p.add_argument("--mode", choices=["text", "speech"], default="text")
     p.add_argument("--stream", action="store_true", help="SSE: measures time to first token / first audio")
     p.add_argument("--max-tokens", type=positive_int, default=128, help="fixed output length (ignore_eos)")
@@ -74,10 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _progress(level: int, total: int) -> Callable[[int], None]:
+def _progress(level: str, total: int) -> Callable[[int], None]:
     def show(done: int) -> None:
         end = "\n" if done == total else ""
-        print(f"\r  concurrency {level}: {done}/{total} requests", end=end, file=sys.stderr, flush=True)
+        print(f"\r  {level}: {done}/{total} requests", end=end, file=sys.stderr, flush=True)
 
     return show
 
@@ -100,9 +132,10 @@ async def _run(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         extra_body=args.extra_body,
     )
+    shape = f"rates={args.rate}/s for {args.duration:g}s" if args.rate else f"levels={args.concurrency}"
     print(
         f"omni bench: {args.url} model={model} mode={args.mode} stream={args.stream} "
-        f"max_tokens={args.max_tokens} levels={args.concurrency}",
+        f"max_tokens={args.max_tokens} {shape}",
         file=sys.stderr,
     )
     if args.warmup > 0:
@@ -112,19 +145,14 @@ async def _run(args: argparse.Namespace) -> int:
                 if not sample.ok:
                     print(f"omni bench: warm-up request failed: {sample.error}", file=sys.stderr)
                     return 1
-    levels: list[LevelSummary] = []
-    for concurrency in args.concurrency:
-        total = args.requests or 4 * concurrency
-        samples, wall = await run_level(
-            spec, concurrency=concurrency, requests=total, on_done=_progress(concurrency, total)
-        )
-        levels.append(summarize(samples, concurrency=concurrency, wall_s=wall, label=args.label))
+    levels = await _levels_run(spec, args)
     baselines = [row for path in args.baseline_json for row in load_baselines(path)]
     print(format_table([*levels, *baselines]))
     for row in levels:
         if row.failed:
             print(
-                f"concurrency {row.concurrency}: {row.failed} failed, first error: {row.first_error}",
+                f"load {row.load}: {row.failed} failed ({row.refused} refused with 429 at the worker's "
+                f"capacity), first error: {row.first_error}",
                 file=sys.stderr,
             )
     if args.out is not None:
@@ -136,14 +164,47 @@ async def _run(args: argparse.Namespace) -> int:
             "stream": args.stream,
             "max_tokens": args.max_tokens,
             "requests": args.requests,
-            "concurrency": args.concurrency,
+            "concurrency": None if args.rate else args.concurrency,
+            "rate_per_s": args.rate,
+            "duration_s": args.duration if args.rate else None,
+            "seed": args.seed if args.rate else None,
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         write_json(args.out / "bench.json", meta=meta, levels=levels, baselines=baselines)
         title = f"{model}: {args.mode}{' (stream)' if args.stream else ''}, {args.max_tokens} tokens"
         plot(args.out / "bench.png", rows=[*levels, *baselines], title=title)
-        print(f"wrote {args.out / 'bench.json'} and {args.out / 'bench.png'}", file=sys.stderr)
-    return 0 if all(row.failed == 0 for row in levels) else 1
+        written = [args.out / "bench.json", args.out / "bench.png"]
+        if any(row.audio_streams for row in [*levels, *baselines]):
+            plot_speech(args.out / "speech.png", rows=[*levels, *baselines], title=title)
+            written.append(args.out / "speech.png")
+        print(f"wrote {', '.join(str(p) for p in written)}", file=sys.stderr)
+    # Refusals at capacity are the worker doing its job (admission), not a failed run.
+    return 0 if all(row.failed == row.refused for row in levels) else 1
+
+
+async def _levels_run(spec: LoadSpec, args: argparse.Namespace) -> list[LevelSummary]:
+    """Closed loop at each --concurrency level, or open loop at each --rate."""
+    levels: list[LevelSummary] = []
+    if args.rate:
+        for rate in args.rate:
+            arrivals = poisson_arrivals(rate, args.duration, seed=args.seed)
+            samples, wall, peak = await run_open_loop(
+                spec, arrivals=arrivals, on_done=_progress(f"rate {rate:g}/s", len(arrivals))
+            )
+            levels.append(
+                summarize(samples, concurrency=peak, wall_s=wall, label=args.label, rate_per_s=rate)
+            )
+        return levels
+    for concurrency in args.concurrency:
+        total = args.requests or 4 * concurrency
+        samples, wall = await run_level(
+            spec,
+            concurrency=concurrency,
+            requests=total,
+            on_done=_progress(f"concurrency {concurrency}", total),
+        )
+        levels.append(summarize(samples, concurrency=concurrency, wall_s=wall, label=args.label))
+    return levels
 
 
 def main(argv: list[str]) -> int:

@@ -1,7 +1,9 @@
 """The benchmark report: a table for the terminal, a JSON file and a PNG plot (matplotlib, Agg).
 
 Baseline rows (e.g. plain HF ``generate`` measured by another tool) come from a JSON file and sit
-next to ours in the table and the plot, each with its own label.
+next to ours in the table and the plot, each with its own label. When any row carries speech
+numbers the table grows the listener's columns (TTFA percentiles, underrun per stream, RTF, streams
+in real time, audio seconds per second) and `plot_speech` draws TTFA and stall per level.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from omni_runtime.bench.stats import LevelSummary
 
 _COLUMNS = (
     ("label", "label", "{}"),
-    ("conc", "concurrency", "{}"),
+    ("load", "load", "{}"),
     ("ok/all", None, ""),
     ("req/s", "requests_per_s", "{:.2f}"),
     ("tok/s", "output_tokens_per_s", "{:.1f}"),
@@ -25,21 +27,33 @@ _COLUMNS = (
     ("ttft p50", "ttft_p50_s", "{:.3f}"),
     ("ttfa p50", "ttfa_p50_s", "{:.3f}"),
 )
+_SPEECH_COLUMNS = (
+    ("ttfa p95", "ttfa_p95_s", "{:.3f}"),
+    ("ttfa p99", "ttfa_p99_s", "{:.3f}"),
+    ("stall/str", "stall_mean_s", "{:.3f}"),
+    ("stall max", "stall_max_s", "{:.3f}"),
+    ("rtf p50", "rtf_p50", "{:.3f}"),
+    ("rt/str", None, ""),
+    ("audio s/s", "audio_s_per_s", "{:.2f}"),
+)
+
+
+def _cell(row: LevelSummary, title: str, field: str | None, fmt: str) -> str:
+    if field is not None:
+        value = getattr(row, field)
+        return "-" if value is None else fmt.format(value)
+    if title == "ok/all":
+        return f"{row.requests - row.failed}/{row.requests}" if row.requests else "-"
+    # rt/str: streams that stayed real time out of the streams that got audio
+    return "-" if row.audio_streams is None else f"{row.realtime_streams}/{row.audio_streams}"
 
 
 def format_table(rows: Sequence[LevelSummary]) -> str:
     """A fixed-width table; times in seconds, '-' where a number does not apply."""
-    cells: list[list[str]] = [[title for title, _, _ in _COLUMNS]]
-    for row in rows:
-        line = []
-        for _title, field, fmt in _COLUMNS:
-            if field is None:
-                line.append(f"{row.requests - row.failed}/{row.requests}" if row.requests else "-")
-                continue
-            value = getattr(row, field)
-            line.append("-" if value is None else fmt.format(value))
-        cells.append(line)
-    widths = [max(len(r[i]) for r in cells) for i in range(len(_COLUMNS))]
+    columns = _COLUMNS + (_SPEECH_COLUMNS if any(r.audio_streams is not None for r in rows) else ())
+    cells: list[list[str]] = [[title for title, _, _ in columns]]
+    cells.extend([_cell(row, *column) for column in columns] for row in rows)
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
     lines = [
         "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
         for r in cells
@@ -76,18 +90,37 @@ def write_json(
     path.write_text(json.dumps(payload, indent=2) + "\n")
 
 
-def plot(path: Path, *, rows: Sequence[LevelSummary], title: str) -> None:
-    """Throughput and latency against concurrency, one line per label."""
+def _series(rows: Sequence[LevelSummary]) -> list[tuple[str, list[LevelSummary]]]:
+    """One line per label and load shape, ordered by its x: concurrency, or arrival rate."""
+    keys = list(dict.fromkeys((r.label, r.rate_per_s is not None) for r in rows))
+    out = []
+    for label, open_loop in keys:
+        series = sorted(
+            (r for r in rows if r.label == label and (r.rate_per_s is not None) == open_loop), key=_x
+        )
+        out.append((f"{label} (open loop)" if open_loop else label, series))
+    return out
+
+
+def _x(row: LevelSummary) -> float:
+    return row.rate_per_s if row.rate_per_s is not None else row.concurrency
+
+
+def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = list(dict.fromkeys(r.label for r in rows))
+    return plt
+
+
+def plot(path: Path, *, rows: Sequence[LevelSummary], title: str) -> None:
+    """Throughput and latency against concurrency (or arrival rate), one line per label."""
+    plt = _pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for label in labels:
-        series = sorted((r for r in rows if r.label == label), key=lambda r: r.concurrency)
-        xs = [r.concurrency for r in series]
+    for label, series in _series(rows):
+        xs = [_x(r) for r in series]
         left.plot(xs, [r.output_tokens_per_s for r in series], marker="o", label=label)
         for field, style, name in (
             ("latency_p50_s", "-", "latency p50"),
@@ -95,19 +128,51 @@ def plot(path: Path, *, rows: Sequence[LevelSummary], title: str) -> None:
             ("ttft_p50_s", ":", "TTFT p50"),
             ("ttfa_p50_s", "-.", "first audio p50"),
         ):
-            points = [(r.concurrency, getattr(r, field)) for r in series if getattr(r, field) is not None]
-            if points:
-                right.plot(*zip(*points, strict=True), linestyle=style, marker="o", label=f"{label}: {name}")
-    for axis in (left, right):
+            _line(right, series, field, style, f"{label}: {name}")
+    _finish(plt, fig, path, title, left=("output tokens / s", "throughput"), right=("seconds", "latency"))
+
+
+def _line(axis: Any, series: list[LevelSummary], field: str, style: str, name: str) -> None:
+    points = [(_x(r), getattr(r, field)) for r in series if getattr(r, field) is not None]
+    if points:
+        axis.plot(*zip(*points, strict=True), linestyle=style, marker="o", label=name)
+
+
+def _finish(
+    plt: Any, fig: Any, path: Path, title: str, *, left: tuple[str, str], right: tuple[str, str]
+) -> None:
+    """Log-2 x axes, grids, legends, each axis's (y label, title); save and close."""
+    for axis, (ylabel, name) in zip(fig.axes, (left, right), strict=True):
         axis.set_xscale("log", base=2)
-        axis.set_xlabel("concurrency")
+        axis.set_xlabel("concurrency (open loop: arrivals/s)")
         axis.grid(True, alpha=0.3)
         axis.legend(fontsize=8)
-    left.set_ylabel("output tokens / s")
-    left.set_title("throughput")
-    right.set_ylabel("seconds")
-    right.set_title("latency")
+        axis.set_ylabel(ylabel)
+        axis.set_title(name)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_speech(path: Path, *, rows: Sequence[LevelSummary], title: str) -> None:
+    """What a listener hears, per level: TTFA p50/p95/p99 and underrun seconds per stream."""
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for label, series in _series([r for r in rows if r.audio_streams]):
+        for field, style, name in (
+            ("ttfa_p50_s", "-", "p50"),
+            ("ttfa_p95_s", "--", "p95"),
+            ("ttfa_p99_s", ":", "p99"),
+        ):
+            _line(left, series, field, style, f"{label}: {name}")
+        for field, style, name in (("stall_mean_s", "-", "mean"), ("stall_max_s", "--", "max")):
+            _line(right, series, field, style, f"{label}: {name}")
+    _finish(
+        plt,
+        fig,
+        path,
+        title,
+        left=("seconds", "time to first audio"),
+        right=("underrun seconds per stream", "playback stall (playback starts at first audio)"),
+    )

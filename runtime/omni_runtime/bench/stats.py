@@ -1,10 +1,19 @@
-"""Benchmark statistics: per-request samples in, one summary per concurrency level out (pure)."""
+"""Benchmark statistics: per-request samples in, one summary per load level out (pure).
+
+A level is a closed loop at one concurrency or an open loop at one arrival rate. Speech levels add
+what a listener hears (`omni_runtime.bench.playback`): TTFA percentiles, underrun seconds per
+stream, RTF, the streams that stayed real time and the audio seconds delivered per second.
+"""
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
+
+from omni_runtime.bench.playback import Chunk, summarize_speech
+from omni_runtime.bench.quantile import percentile
+
+__all__ = ["Chunk", "LevelSummary", "RequestSample", "percentile", "summarize"]
 
 
 @dataclass(frozen=True)
@@ -19,6 +28,8 @@ class RequestSample:
     text_deltas: int = 0
     audio_chunks: int = 0
     error: str | None = None
+    audio: tuple[Chunk, ...] = ()  # the audio timeline: each chunk's arrival and duration
+    status: int | None = None  # the HTTP status of a refused request (429: the worker was full)
 
 
 @dataclass(frozen=True)
@@ -38,6 +49,25 @@ class LevelSummary:
     ttfa_mean_s: float | None
     ttfa_p50_s: float | None
     first_error: str | None = None
+    refused: int = 0  # failed requests the worker refused with 429 (at its speech stream limit)
+    # Open loop: Poisson arrivals per second (concurrency is then the most requests seen in flight).
+    rate_per_s: float | None = None
+    # Speech (None for text levels, or rows from tools that do not measure them).
+    ttfa_p95_s: float | None = None
+    ttfa_p99_s: float | None = None
+    stall_mean_s: float | None = None  # underrun seconds per stream, playback starting at first audio
+    stall_p95_s: float | None = None
+    stall_max_s: float | None = None
+    rtf_p50: float | None = None
+    rtf_max: float | None = None
+    audio_streams: int | None = None
+    realtime_streams: int | None = None  # streams with no underrun at all
+    audio_s_per_s: float | None = None
+
+    @property
+    def load(self) -> str:
+        """The level's load, as the table and the plot show it."""
+        return f"{self.rate_per_s:g}/s" if self.rate_per_s is not None else str(self.concurrency)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -45,8 +75,8 @@ class LevelSummary:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> LevelSummary:
         """A row from a JSON file (ours or a baseline's); missing optional numbers become None."""
-        fields = cls.__dataclass_fields__
-        unknown = set(data) - set(fields)
+        names = {f.name for f in fields(cls)}
+        unknown = set(data) - names
         if unknown:
             raise ValueError(f"unknown fields {sorted(unknown)}")
         required = {"label", "concurrency", "requests_per_s", "output_tokens_per_s"}
@@ -62,30 +92,28 @@ class LevelSummary:
                 raise ValueError(f"{name} must be a number, got {value!r}")
             return float(value)
 
+        def count(name: str) -> int | None:
+            value = data.get(name)
+            if value is None:
+                return None
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
+            return value
+
         values: dict[str, Any] = {
-            name: number(name) for name in fields if name.endswith("_s") or name.endswith("_per_s")
+            name: number(name) for name in names if name.endswith("_s") or name.startswith("rtf_")
         }
+        values.update(audio_streams=count("audio_streams"), realtime_streams=count("realtime_streams"))
         values.update(
             label=str(data["label"]),
             concurrency=int(data["concurrency"]),
             requests=int(data.get("requests") or 0),
             failed=int(data.get("failed") or 0),
+            refused=int(data.get("refused") or 0),
             wall_s=float(data.get("wall_s") or 0.0),
             first_error=data.get("first_error"),
         )
         return cls(**values)
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default method), q in [0, 100]."""
-    if not values:
-        raise ValueError("percentile of no values")
-    if not 0 <= q <= 100:
-        raise ValueError(f"q must be in [0, 100], got {q}")
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
-    low, high = math.floor(rank), math.ceil(rank)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 def _mean(values: list[float]) -> float | None:
@@ -97,9 +125,15 @@ def _p(values: list[float], q: float) -> float | None:
 
 
 def summarize(
-    samples: list[RequestSample], *, concurrency: int, wall_s: float, label: str = "omni"
+    samples: list[RequestSample],
+    *,
+    concurrency: int,
+    wall_s: float,
+    label: str = "omni",
+    rate_per_s: float | None = None,
 ) -> LevelSummary:
-    """Throughput over the level's wall time; latencies over successful requests only."""
+    """Throughput over the level's wall time; latencies over successful requests only. The speech
+    fields are filled when any successful request received audio."""
     ok = [s for s in samples if s.ok]
     latencies = [s.latency_s for s in ok]
     ttfts = [s.ttft_s for s in ok if s.ttft_s is not None]
@@ -122,4 +156,13 @@ def summarize(
         ttfa_mean_s=_mean(ttfas),
         ttfa_p50_s=_p(ttfas, 50),
         first_error=errors[0] if errors else None,
+        refused=sum(1 for s in samples if not s.ok and s.status == 429),
+        rate_per_s=rate_per_s,
+        **_speech_fields(ok, wall_s=wall_s),
     )
+
+
+def _speech_fields(ok: list[RequestSample], *, wall_s: float) -> dict[str, Any]:
+    if not any(s.audio for s in ok):
+        return {}
+    return summarize_speech([s.audio for s in ok], wall_s=wall_s).row_fields()

@@ -3,6 +3,11 @@
 The operator publishes each worker's state (OmniDeployment status, the worker Service's
 annotation, `omni up`'s workers.json); the router admits sessions only to ``ready`` workers and
 lets ``draining`` ones finish theirs.
+
+It also names the speech capacity signal a worker gives and the router reads: a worker at its
+``--max-speech-streams`` limit refuses a new speech request or session with the header
+``x-omni-capacity: speech`` (on the 429, or on the WebSocket handshake before its 1013 close), and the
+router then tries another worker (omni_runtime.realtime.capacity, omni_runtime.router.http_proxy).
 """
 
 from __future__ import annotations
@@ -15,3 +20,8 @@ class WorkerState(StrEnum):
     ready = "ready"  # complete, ready and admitted: takes new sessions
     draining = "draining"  # takes no new sessions; live ones finish (or the drain deadline passes)
     gone = "gone"  # removed
+
+
+CAPACITY_HEADER = "x-omni-capacity"
+CAPACITY_SPEECH = "speech"  # the header's value on a refusal at the speech stream limit
+DEFAULT_MAX_SPEECH_STREAMS = 16  # `omni serve --max-speech-streams`, OmniDeployment maxSpeechStreams

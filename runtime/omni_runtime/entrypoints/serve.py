@@ -22,10 +22,11 @@ from dataclasses import dataclass
 
 from omni_runtime.contract.options import EngineOptions
 from omni_runtime.contract.stages import STAGES
+from omni_runtime.contract.workers import DEFAULT_MAX_SPEECH_STREAMS
 from omni_runtime.entrypoints.streaming_input_flags import add_streaming_input_flags, realtime_settings
 from omni_runtime.media.limits import MediaLimits
 from omni_runtime.router.head_limit import DEFAULT_MAX_HEADER_BYTES, head_limited_protocol
-from omni_runtime.support.cli_types import non_negative_int, positive_int
+from omni_runtime.support.cli_types import non_negative_int, positive_float, positive_int
 
 log = logging.getLogger("omni.serve")
 
@@ -46,18 +47,8 @@ def gpu_list(text: str) -> tuple[int, ...]:
     return ids
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from exc
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text} must be greater than 0")
-    return value
-
-
 def _fraction(text: str) -> float:
-    value = _positive_float(text)
+    value = positive_float(text)
     if value > 1:
         raise argparse.ArgumentTypeError(f"{text} must be in (0, 1]")
     return value
@@ -209,17 +200,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     limits.add_argument("--default-max-tokens", type=positive_int, default=2048)
     limits.add_argument(
+        "--max-speech-streams",
+        type=non_negative_int,
+        default=DEFAULT_MAX_SPEECH_STREAMS,
+        help="concurrent speech streams (chat with audio out, realtime and video sessions) this worker"
+        " admits; past it new ones get 429 / close 1013 and the router tries another worker; 0: no limit"
+        f" (default {DEFAULT_MAX_SPEECH_STREAMS})",
+    )
+    limits.add_argument(
         "--max-header-bytes",
         type=positive_int,
         default=DEFAULT_MAX_HEADER_BYTES,
         help="largest request head (request line and headers) in bytes; larger ones get 431",
     )
     limits.add_argument("--max-media-bytes", type=positive_int, default=defaults.max_bytes)
-    limits.add_argument("--max-audio-seconds", type=_positive_float, default=defaults.max_audio_seconds)
-    limits.add_argument("--max-video-seconds", type=_positive_float, default=defaults.max_video_seconds)
+    limits.add_argument("--max-audio-seconds", type=positive_float, default=defaults.max_audio_seconds)
+    limits.add_argument("--max-video-seconds", type=positive_float, default=defaults.max_video_seconds)
     limits.add_argument("--max-video-frames", type=positive_int, default=defaults.max_video_frames)
     limits.add_argument("--max-image-pixels", type=positive_int, default=defaults.max_image_pixels)
-    limits.add_argument("--media-fetch-timeout", type=_positive_float, default=defaults.fetch_timeout_s)
+    limits.add_argument("--media-fetch-timeout", type=positive_float, default=defaults.fetch_timeout_s)
     limits.add_argument("--no-remote-media", action="store_true", help="refuse http(s) media URLs")
     limits.add_argument(
         "--allowed-media-domain",

@@ -87,6 +87,7 @@ def realtime_settings(args: argparse.Namespace, *, limits: MediaLimits) -> Realt
     valued = {name: getattr(args, flag[2:].replace("-", "_")) for flag, name, _, _ in _VALUED}
     return RealtimeSettings(
         worker_id=args.worker_id,
+        max_speech_streams=args.max_speech_streams,
         streaming_input_enabled=not args.no_streaming_input,
         media_limits=limits,
         **valued,  # type: ignore[arg-type]

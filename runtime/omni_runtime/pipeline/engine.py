@@ -32,6 +32,7 @@ from omni_runtime.contract.engine import (
     Usage,
 )
 from omni_runtime.contract.options import EngineOptions
+from omni_runtime.pipeline.deadlines import PlaybackClock
 from omni_runtime.pipeline.detokenize import IncrementalDetokenizer, StopMatcher
 from omni_runtime.pipeline.encoding import MediaEncoders
 from omni_runtime.pipeline.graph import local_stages, pipeline_variant
@@ -341,6 +342,7 @@ class PipelineEngine:
             request.sampling.seed if request.sampling.seed is not None else hash(request.request_id) & 0xFFFF
         )
         samples = 0
+        clock = PlaybackClock()  # the listener's play head: orders this stream's windows (deadlines)
         while True:
             batch = [await job.events.get()]
             while not job.events.empty():
@@ -367,11 +369,15 @@ class PipelineEngine:
                     "seed": seed,
                     # Streaming windows mostly come in two sizes (first, steady): worth a CUDA graph.
                     "reusable": streaming and window.ctx_end - window.ctx_start in standard,
+                    # Seconds until this stream's listener runs dry; None before its first audio.
+                    "slack_s": clock.slack(now=time.monotonic()),
                 }
                 assert self.stages is not None
                 async with self._first_window_hold(streaming and window.start == 0):
                     pcm = await self.stages.synthesize(item)
                 samples += len(pcm)
                 out.put_nowait(AudioChunk(pcm=pcm, sample_rate=self.output_sample_rate))
+                if streaming:
+                    clock.sent(now=time.monotonic(), seconds=len(pcm) / self.output_sample_rate)
             if done:
                 return samples / self.output_sample_rate

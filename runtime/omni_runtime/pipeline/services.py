@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from omni_runtime.contract.adapter import OmniAdapter, Prompt, ThinkerPrompt, Vocoder
 from omni_runtime.contract.engine import GenerationRequest, StageLoad
 from omni_runtime.contract.options import EngineOptions
+from omni_runtime.pipeline import deadlines
 from omni_runtime.pipeline.remote import LinkedStages
 from omni_runtime.pipeline.scheduler import ThinkerScheduler
 from omni_runtime.pipeline.segmenter import CodecSegmenter, SegmenterConfig
@@ -89,6 +91,7 @@ class LocalStages:
                 self._synthesize_batch,
                 thread=self._thread("vocoder"),
                 max_batch=VOCODER_BATCH,
+                order=window_priority,  # first windows, then the stream closest to an underrun
             )
             self.vocoder_worker.start()
         if self.vision_link is not None:  # it loaded while the stages above did
@@ -168,3 +171,8 @@ class LocalStages:
         if self.thinker is not None:
             depth += len(self.thinker.waiting)
         return depth
+
+
+def window_priority(item: dict[str, Any], seq: int) -> deadlines.Priority:
+    """A vocoder window's place in line, from the slack its stream had when it was submitted."""
+    return deadlines.priority(slack_s=item.get("slack_s"), now=time.monotonic(), seq=seq)

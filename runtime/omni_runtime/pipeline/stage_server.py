@@ -154,6 +154,7 @@ class StageHandlers:
                 "voice": payload["voice"],
                 "seed": payload["seed"],
                 "reusable": bool(payload.get("reusable", False)),
+                "slack_s": payload.get("slack_s"),  # relative: no clock is shared across processes
             }
         )
         return {}, {"pcm": np.asarray(pcm, dtype=np.float32)}

@@ -3,19 +3,23 @@
 The event loop must stay free for HTTP while models run, so every heavy call goes to the stage's
 own single thread (a stage's modules are never entered by two threads at once, and CUDA work of
 one stage stays in order). ``BatchingWorker`` collects the requests that arrived while the
-previous call ran and hands them to the model in one call.
+previous call ran and hands them to the model in one call: in arrival order, or, given an
+``order`` (the vocoder's playback deadlines, `pipeline.deadlines`), most urgent first.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
+
+from omni_runtime.pipeline import deadlines
 
 log = logging.getLogger(__name__)
 
@@ -61,13 +65,25 @@ class BatchingWorker(Generic[T, R]):
     """Calls ``fn(items) -> results`` (same length, same order) with whatever is queued, up to ``max_batch``."""
 
     def __init__(
-        self, name: str, fn: Callable[[list[T]], list[R]], *, thread: StageThread, max_batch: int = 16
+        self,
+        name: str,
+        fn: Callable[[list[T]], list[R]],
+        *,
+        thread: StageThread,
+        max_batch: int = 16,
+        order: Callable[[T, int], deadlines.Priority] | None = None,
     ) -> None:
         self.name = name
         self._fn = fn
         self.thread = thread
         self._max_batch = max_batch
-        self._queue: asyncio.Queue[tuple[T, asyncio.Future[R]]] = asyncio.Queue()
+        # order(item, arrival number) -> sort key, taken at submission; None: arrival order.
+        self._order = order
+        self._arrivals = itertools.count()
+        self._queue: asyncio.Queue[tuple[deadlines.Priority | None, tuple[T, asyncio.Future[R]]]] = (
+            asyncio.Queue()
+        )
+        self._waiting: list[tuple[deadlines.Priority, tuple[T, asyncio.Future[R]]]] = []  # ordered only
         self._task: asyncio.Task[None] | None = None
         self.batches = 0
         self.items = 0
@@ -86,18 +102,30 @@ class BatchingWorker(Generic[T, R]):
 
     async def submit(self, item: T) -> R:
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
-        await self._queue.put((item, future))
+        key = self._order(item, next(self._arrivals)) if self._order is not None else None
+        await self._queue.put((key, (item, future)))
         return await future
 
     @property
     def queue_depth(self) -> int:
-        return self._queue.qsize()
+        return self._queue.qsize() + len(self._waiting)
+
+    async def _next_batch(self) -> list[tuple[T, asyncio.Future[R]]]:
+        if self._order is None:  # arrival order
+            batch = [(await self._queue.get())[1]]
+            while len(batch) < self._max_batch and not self._queue.empty():
+                batch.append(self._queue.get_nowait()[1])
+            return batch
+        arrived = [] if self._waiting else [await self._queue.get()]
+        while not self._queue.empty():
+            arrived.append(self._queue.get_nowait())
+        self._waiting.extend((key, entry) for key, entry in arrived if key is not None)  # all keyed
+        batch, self._waiting = deadlines.take(self._waiting, self._max_batch)
+        return batch
 
     async def _loop(self) -> None:
         while True:
-            batch = [await self._queue.get()]
-            while len(batch) < self._max_batch and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
+            batch = await self._next_batch()
             live = [(item, fut) for item, fut in batch if not fut.cancelled()]
             if not live:
                 continue

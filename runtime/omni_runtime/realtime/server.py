@@ -1,7 +1,8 @@
 """Wiring of the realtime endpoints: one object per worker, one APIRouter for the sockets.
 
 `RealtimeServer` holds what the endpoints share on a worker: the engine, the limits, the metrics,
-the live realtime/video sessions, the streaming-input sessions and the VAD factory. The worker app
+the live realtime/video sessions, the streaming-input sessions, the VAD factory and the speech
+capacity (`realtime.capacity`, shared with the chat API). The worker app
 includes ``server.router()`` (the /v1/realtime and /v1/video/chat/stream sockets); streaming input's
 HTTP routes, and its Mode A on ``/v1/chat/completions``, are the api layer's
 (`omni_runtime.api.streaming_input`), serving ``server.streaming``. Torch stays out: the silero VAD
@@ -16,8 +17,9 @@ from fastapi import APIRouter, WebSocket
 from prometheus_client import CollectorRegistry
 
 from omni_runtime.contract.engine import Engine
+from omni_runtime.realtime.capacity import SpeechCapacity, SpeechCapacityCollector
 from omni_runtime.realtime.metrics import RealtimeMetrics
-from omni_runtime.realtime.session.endpoint import RealtimeSessions, serve_realtime
+from omni_runtime.realtime.session.endpoint import RealtimeSessions, refuse_speech, serve_realtime
 from omni_runtime.realtime.session.turn_detection import SpeechScorer
 from omni_runtime.realtime.settings import RealtimeSettings
 from omni_runtime.realtime.streaming_input.manager import StreamingInputManager
@@ -42,6 +44,9 @@ class RealtimeServer:
         self.engine = engine
         self.settings = settings or RealtimeSettings()
         self.metrics = RealtimeMetrics(settings=self.settings, registry=registry)
+        # Speech streams of the whole worker: chat completions with audio take slots here too.
+        self.speech = SpeechCapacity(limit=self.settings.max_speech_streams)
+        self.metrics.registry.register(SpeechCapacityCollector(self.speech))
         self.sessions = RealtimeSessions(settings=self.settings, metrics=self.metrics)
         self.videos: set[VideoSession] = set()
         self.streaming = StreamingInputManager(engine=engine, settings=self.settings, metrics=self.metrics)
@@ -59,13 +64,31 @@ class RealtimeServer:
                 metrics=self.metrics,
                 sessions=self.sessions,
                 scorer_factory=self.scorer_factory,
+                speech=self.speech,
             )
 
         @router.websocket("/v1/video/chat/stream")
         async def video(websocket: WebSocket) -> None:
-            await serve_video(
-                websocket, engine=self.engine, settings=self.settings, metrics=self.metrics, live=self.videos
-            )
+            slot = None
+            if self.engine.ready and self.engine.supports_audio_output:  # the session may speak
+                slot = self.speech.acquire("video")
+                if slot is None:
+                    offered = websocket.scope.get("subprotocols") or []
+                    await refuse_speech(
+                        websocket, self.speech, metrics=self.metrics, kind="video", subprotocols=offered
+                    )
+                    return
+            try:
+                await serve_video(
+                    websocket,
+                    engine=self.engine,
+                    settings=self.settings,
+                    metrics=self.metrics,
+                    live=self.videos,
+                )
+            finally:
+                if slot is not None:
+                    slot.release()
 
         return router
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from omni_runtime.contract.workers import DEFAULT_MAX_SPEECH_STREAMS
 from omni_runtime.media.limits import MediaLimits
 
 START_POLICIES = ("on_end_only", "on_first_chunk", "on_min_length")
@@ -34,6 +35,9 @@ def prompt_limits(
 @dataclass(frozen=True)
 class RealtimeSettings:
     worker_id: str = "worker-0"  # embedded in session ids / resume tokens so the router pins follow-ups
+    # Concurrent speech streams (chat with audio out, speaking realtime and video sessions); past it
+    # new ones are refused (realtime.capacity). 0: no limit. `omni serve --max-speech-streams`.
+    max_speech_streams: int = DEFAULT_MAX_SPEECH_STREAMS
 
     # --- /v1/realtime ------------------------------------------------------------------------
     max_realtime_sessions: int = 64

@@ -50,6 +50,7 @@ def worker_json(worker: Worker) -> dict[str, Any]:
         "in_rotation": worker.in_rotation,
         "sessions": worker.sessions,
         "idle": worker.idle,
+        "speech_full": worker.speech_full,
     }
 
 

@@ -9,10 +9,15 @@ Three rules, in order (DESIGN.md, "Sessions and the router"):
    hashing over the workers in rotation: when a worker joins or leaves, only the keys that rank it
    first move. The hash is blake2b, not Python's salted `hash()`, so every process agrees.
 3. Everything else goes to the least-loaded worker in rotation; equal loads are broken by fewest
-   sessions ever assigned, then by worker id, so the choice is deterministic.
+   sessions ever assigned, then by worker id, so the choice is deterministic. Workers whose last
+   /ready said every speech stream slot was taken come after all the others.
 
 Rules 2 and 3 give an ordered list of candidates: the second is where a request that could not
 connect is retried once. A worker at `max_sessions_per_worker` is skipped; none left means 503.
+A worker that refuses a new request or session at its speech stream limit (`capacity_refused`: a
+429 or a WebSocket handshake with `x-omni-capacity: speech`) is passed over the same way: the
+request goes to the next candidate not yet tried, before any byte reached the client; when every
+candidate refused, the last refusal goes to the client as it is. Pinned sessions never move.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from omni_runtime.contract.sessions import worker_of
+from omni_runtime.contract.workers import CAPACITY_HEADER, CAPACITY_SPEECH
 from omni_runtime.router.errors import RouterError
 from omni_runtime.router.table import Worker, WorkerTable
 
@@ -74,8 +80,11 @@ def rank_by_key(key: str, worker_ids: Iterable[str]) -> list[str]:
 
 
 def rank_by_load(workers: Iterable[Worker]) -> list[str]:
-    """Least-loaded order: fewest live sessions, then fewest ever assigned, then id."""
-    ordered = sorted(workers, key=lambda worker: (worker.sessions, worker.assigned, worker.id))
+    """Least-loaded order: workers with free speech streams first, then fewest live sessions, then
+    fewest ever assigned, then id."""
+    ordered = sorted(
+        workers, key=lambda worker: (worker.speech_full, worker.sessions, worker.assigned, worker.id)
+    )
     return [worker.id for worker in ordered]
 
 
@@ -128,3 +137,16 @@ def retry_candidate(binding: Binding, *, failed: Sequence[str], table: WorkerTab
         if worker.in_rotation and table.has_capacity(worker):
             return worker_id
     return None
+
+
+_CAPACITY_HEADER = CAPACITY_HEADER.encode()
+_CAPACITY_SPEECH = CAPACITY_SPEECH.encode()
+
+
+def capacity_refused(headers: Iterable[tuple[bytes, bytes]], *, status: int | None = None) -> bool:
+    """Whether a worker's answer is a refusal at its speech stream limit: a 429 (HTTP; `status` given)
+    or a WebSocket handshake (no status) carrying `x-omni-capacity: speech`. Header names are lower
+    case, as the upstream client and the WebSocket client give them."""
+    if status is not None and status != 429:
+        return False
+    return any(name == _CAPACITY_HEADER and value.strip() == _CAPACITY_SPEECH for name, value in headers)

@@ -85,6 +85,13 @@ class RouterContext:
     def open_session(self, worker_id: str) -> None:
         self.table.open_session(worker_id)  # /metrics reads live sessions from the table
 
+    def passed_over(self, worker_id: str, *, retry: str, path: str) -> None:
+        """Count and log a new request or session that `worker_id` refused at its speech stream limit
+        and that goes to `retry` instead (http_proxy, ws_relay)."""
+        self.metrics.retries.labels(worker_id).inc()
+        fields = {"event": "capacity_retry", "worker": worker_id, "retry_worker": retry, "path": path}
+        log.info("worker at speech capacity; trying another", extra={"fields": fields})
+
     def close_session(self, worker_id: str) -> None:
         if self.table.close_session(worker_id):
             self.metrics.forget_worker(worker_id)

@@ -1,7 +1,8 @@
 """Active health checks: a worker is in rotation only while its /ready answers 200.
 
 A worker's /ready is 200 only when every stage, local and remote, is loaded and warmed up, so one
-probe covers the whole worker. Each round probes every worker concurrently; a failed probe takes
+probe covers the whole worker. Its body also reports the speech streams in use against the limit;
+a worker with none free is ranked last for new sessions until a later probe says otherwise. Each round probes every worker concurrently; a failed probe takes
 the worker out of rotation at once and the next 200 puts it back. The proxies also report
 connection errors here (`mark_down`), so a dead worker leaves rotation before the next round.
 """
@@ -15,7 +16,7 @@ import time
 
 import httpx
 
-from omni_runtime.router.table import WorkerState, WorkerTable
+from omni_runtime.router.table import WorkerState, WorkerTable, speech_full
 
 log = logging.getLogger("omni.router")
 
@@ -71,7 +72,14 @@ class HealthChecker:
         except httpx.HTTPError as exc:
             self._record(worker_id, False, f"/ready failed: {type(exc).__name__}")
             return
-        self._record(worker_id, response.status_code == 200, f"/ready {response.status_code}")
+        healthy = response.status_code == 200
+        if healthy:
+            try:
+                body = response.json()
+            except ValueError:
+                body = None
+            self.table.set_speech_full(worker_id, speech_full(body))
+        self._record(worker_id, healthy, f"/ready {response.status_code}")
 
     async def check_once(self) -> None:
         probes = [

@@ -8,7 +8,8 @@ as soon as the client goes away, so a worker stops generating for nobody.
 
 A request that fails to reach its worker before any response byte (connect refused, reset) is
 retried once on the next candidate, unless it belongs to a pinned session or its streamed body was
-already partly sent. A worker that fails mid-stream ends an SSE stream with an error event and
+already partly sent. A worker's 429 at its speech stream limit (`binding.capacity_refused`) moves
+an unpinned request with a whole body to the next untried candidate the same way. A worker that fails mid-stream ends an SSE stream with an error event and
 any other stream by closing the connection, so a client never waits on a dead worker.
 """
 
@@ -23,7 +24,7 @@ from typing import Any
 from urllib.parse import parse_qsl, quote
 
 from omni_runtime.router import logs
-from omni_runtime.router.binding import Binding, retry_candidate
+from omni_runtime.router.binding import Binding, BindKind, capacity_refused, retry_candidate
 from omni_runtime.router.context import HOP_BY_HOP, RouterContext
 from omni_runtime.router.errors import RouterError
 from omni_runtime.router.upstream_client import UpstreamError, UpstreamResponse, UpstreamTimeout
@@ -300,6 +301,17 @@ class HttpProxy:
             except ClientGone:
                 ctx.close_session(worker_id)
                 return
+            if (
+                binding.kind is not BindKind.SESSION
+                and isinstance(body, bytes)  # only a body the router holds whole can be sent again
+                and capacity_refused(response.headers, status=response.status)
+            ):
+                failed.append(worker_id)
+                retry = retry_candidate(binding, failed=failed, table=ctx.table)
+                if retry is not None:
+                    await self._pass_over(response, worker_id=worker_id, retry=retry, path=scope["path"])
+                    worker_id = retry
+                    continue
             break
         ctx.metrics.observe_latency(worker_id, time.perf_counter() - sent_at)
         completed_at = 0.0
@@ -314,6 +326,18 @@ class HttpProxy:
             ctx.metrics.overhead.observe((time.perf_counter() - started) - (completed_at - sent_at))
         ctx.metrics.count_request(worker_id, status)
         self._log(scope, status=status, worker=worker_id, binding=binding, started=started)
+
+    async def _pass_over(self, response: UpstreamResponse, *, worker_id: str, retry: str, path: str) -> None:
+        """Drop a worker's refusal at speech capacity; the request goes to `retry` instead."""
+        try:
+            await response.read()  # small JSON: read it so the connection can be reused
+        except UpstreamError:
+            pass
+        finally:
+            response.close()
+            self.ctx.close_session(worker_id)
+        self.ctx.metrics.count_request(worker_id, 429)
+        self.ctx.passed_over(worker_id, retry=retry, path=path)
 
     async def _relay_response(
         self, receive: Receive, send: Send, response: UpstreamResponse, *, worker_id: str

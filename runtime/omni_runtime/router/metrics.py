@@ -90,7 +90,7 @@ class RouterMetrics:
         )
         self.retries = Counter(
             "omni_router_retries",
-            "Requests retried on another worker after a connection error, by the worker that failed.",
+            "Requests retried on another worker after a connection error or a refusal at speech capacity, by the worker that failed or refused.",
             ["worker"],
             registry=self.registry,
         )

@@ -33,6 +33,7 @@ class Worker:
     sessions: int = 0  # live sessions: open WebSockets and in-flight HTTP requests
     assigned: int = 0  # sessions ever bound here: the deterministic tie-break among equal loads
     drained_by_admin: bool = False  # POST /admin/workers/{id}/drain on this router replica
+    speech_full: bool = False  # its last /ready said every speech stream slot was taken
     removed: bool = False  # left the source's snapshot; kept only while sessions are live
 
     @property
@@ -152,6 +153,11 @@ class WorkerTable:
         worker.healthy = healthy
         return True
 
+    def set_speech_full(self, worker_id: str, full: bool) -> None:
+        worker = self._workers.get(worker_id)
+        if worker is not None:
+            worker.speech_full = full
+
     def drain(self, worker_id: str) -> Worker | None:
         worker = self._workers.get(worker_id)
         if worker is not None:
@@ -180,3 +186,17 @@ class WorkerTable:
             self._ordered = None
             return True
         return False
+
+
+def speech_full(ready_body: object) -> bool:
+    """Whether a worker's /ready body says all its speech stream slots are taken (a limit of 0 is
+    no limit; a body without the report, e.g. a text worker's or a peer runtime's, is not full)."""
+    if not isinstance(ready_body, dict):
+        return False
+    report = ready_body.get("speech_streams")
+    if not isinstance(report, dict):
+        return False
+    limit, in_use = report.get("limit"), report.get("in_use")
+    if not isinstance(limit, int) or not isinstance(in_use, int) or isinstance(limit, bool):
+        return False
+    return limit > 0 and in_use >= limit

@@ -3,7 +3,9 @@
 The router opens the worker's WebSocket first and accepts the client only when the worker has
 accepted, so the worker's subprotocol choice and any refusal (its status and body) reach the client
 as they are. Then two pumps copy text and binary frames in each direction until one side closes;
-the close code and reason are passed to the other side. A worker connection that drops without a
+the close code and reason are passed to the other side. A worker whose handshake says it is at its
+speech stream limit (`binding.capacity_refused`; it then sends an error event and closes with 1013)
+is passed over for the next untried candidate of an unpinned session; the last one is relayed. A worker connection that drops without a
 close frame (the worker died) closes the client with 1011 and a reason naming the worker; a worker
 that is removed from the table closes its sessions with 1012. Pings are per hop: ASGI answers the
 client's pings, and the router pings the worker to notice a silent death within two intervals.
@@ -20,7 +22,7 @@ import time
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
-from omni_runtime.router.binding import Binding, retry_candidate
+from omni_runtime.router.binding import Binding, BindKind, capacity_refused, retry_candidate
 from omni_runtime.router.context import HOP_BY_HOP, RouterContext
 from omni_runtime.router.errors import RouterError
 from omni_runtime.router.http_proxy import Receive, Scope, Send, header_map, request_query, request_target
@@ -95,7 +97,14 @@ class WebSocketRelay:
                     compression=None,  # loopback or cluster network: CPU matters more than bytes
                     proxy=None,
                 )
-                return worker_id, upstream
+                retry = self._capacity_retry(
+                    upstream, binding, failed=failed, worker_id=worker_id, path=scope["path"]
+                )
+                if retry is None:
+                    return worker_id, upstream
+                await upstream.close(1000, "router: trying another worker")
+                worker_id = retry
+                continue
             except InvalidStatus as exc:  # the worker refused the upgrade: pass its answer on
                 response = exc.response
                 ctx.metrics.count_request(worker_id, response.status_code)
@@ -145,6 +154,22 @@ class WebSocketRelay:
                 ctx.metrics.errors.labels(worker_id, error.code).inc()
                 await deny_websocket(send, scope, error)
                 return None
+
+    def _capacity_retry(
+        self, upstream: ClientConnection, binding: Binding, *, failed: list[str], worker_id: str, path: str
+    ) -> str | None:
+        """The next candidate when this worker refused the session at speech capacity, else None."""
+        response = upstream.response
+        if binding.kind is BindKind.SESSION or response is None:
+            return None
+        headers = [(k.lower().encode(), v.encode()) for k, v in response.headers.raw_items()]
+        if not capacity_refused(headers):
+            return None
+        failed.append(worker_id)
+        retry = retry_candidate(binding, failed=failed, table=self.ctx.table)
+        if retry is not None:
+            self.ctx.passed_over(worker_id, retry=retry, path=path)
+        return retry
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ctx = self.ctx

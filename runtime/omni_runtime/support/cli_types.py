@@ -5,21 +5,32 @@ from __future__ import annotations
 import argparse
 
 
-def _int_at_least(text: str, minimum: int, rule: str) -> int:
+def _int_at_least(text: str, minimum: int, bound: str) -> int:
     try:
         value = int(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from exc
     if value < minimum:
-        raise argparse.ArgumentTypeError(f"{text} {rule}")
+        raise argparse.ArgumentTypeError(f"{text} must be {bound}")
     return value
 
 
 def positive_int(text: str) -> int:
     """An integer >= 1, with an argparse error that names the bad value."""
-    return _int_at_least(text, 1, "must be at least 1")
+    return _int_at_least(text, 1, "at least 1")
 
 
 def non_negative_int(text: str) -> int:
-    """An integer >= 0 (0 usually meaning off), with an argparse error that names the bad value."""
-    return _int_at_least(text, 0, "must not be negative")
+    """An integer >= 0 (0 usually meaning "no limit"), with an argparse error that names the bad value."""
+    return _int_at_least(text, 0, "0 or more (0: off)")
+
+
+def positive_float(text: str) -> float:
+    """A number > 0, with an argparse error that names the bad value."""
+    try:
+        value = float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from exc
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} must be greater than 0")
+    return value

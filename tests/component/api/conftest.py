@@ -22,6 +22,7 @@ from omni_runtime.api import ApiSettings, build_app
 from omni_runtime.contract.engine import Engine
 from omni_runtime.contract.options import EngineOptions
 from omni_runtime.media.limits import MediaLimits
+from omni_runtime.realtime import RealtimeSettings
 
 READY_TIMEOUT_S = 300.0  # the CPU is shared with other work; loading usually takes seconds
 SHORT_SPEECH = {"talker": {"max_tokens": 60}}  # at most 60 codec tokens: ~1.2 s of audio
@@ -73,9 +74,15 @@ def media_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("media")
 
 
-def start_worker(*, engine: Engine, settings: ApiSettings, media_dir: Path) -> Iterator[Worker]:
+def start_worker(
+    *,
+    engine: Engine,
+    settings: ApiSettings,
+    media_dir: Path,
+    realtime_settings: RealtimeSettings | None = None,
+) -> Iterator[Worker]:
     port = free_port()
-    app = build_app(engine=engine, settings=settings)
+    app = build_app(engine=engine, settings=settings, realtime_settings=realtime_settings)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()

@@ -141,8 +141,11 @@ class Cluster:
         self.procs.append(proc)
         return proc
 
-    def tiny_worker(self, worker_id: str, *, port: int | None = None) -> Upstream:
-        """A real `omni serve` worker on the tiny checkpoint (text pipeline, CPU); not waited for."""
+    def tiny_worker(
+        self, worker_id: str, *, port: int | None = None, pipeline: str = "text", extra: tuple[str, ...] = ()
+    ) -> Upstream:
+        """A real `omni serve` worker on the tiny checkpoint (text pipeline by default, CPU); not
+        waited for. `extra` adds flags."""
         port = port or free_port()
         argv = [
             sys.executable,
@@ -150,7 +153,7 @@ class Cluster:
             "omni_operator.cli",
             "serve",
             "--pipeline",
-            "text",
+            pipeline,
             "--device",
             "cpu",
             "--worker-id",
@@ -165,6 +168,7 @@ class Cluster:
             "4",
             "--log-level",
             "warning",
+            *extra,
         ]
         popen, log = self._spawn(worker_id, argv)
         proc = Upstream(name=worker_id, popen=popen, log=log, worker_id=worker_id, port=port)

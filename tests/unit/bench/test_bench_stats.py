@@ -75,7 +75,7 @@ def _row(label: str, concurrency: int, tokens: float, **extra: float | None) -> 
 def test_table_is_exact() -> None:
     rows = [_row("omni", 1, 123.456, latency_p50_s=0.25, ttft_p50_s=0.0123), _row("hf-generate", 16, 5.0)]
     assert format_table(rows).splitlines() == [
-        "label        conc  ok/all  req/s  tok/s  lat mean  lat p50  lat p95  ttft p50  ttfa p50",
+        "label        load  ok/all  req/s  tok/s  lat mean  lat p50  lat p95  ttft p50  ttfa p50",
         "-----------  ----  ------  -----  -----  --------  -------  -------  --------  --------",
         "omni            1     8/8   4.00  123.5         -    0.250        -     0.012         -",
         "hf-generate    16     8/8   4.00    5.0         -        -        -         -         -",

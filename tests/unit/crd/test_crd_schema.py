@@ -147,6 +147,7 @@ BROKEN = [
     pytest.param(("spec", "model", "name"), "", "should be non-empty", id="empty-name"),
     pytest.param(("spec", "media"), {"allowedDomains": ["https://x.com"]}, "does not match", id="media-domain"),
     pytest.param(("spec", "media"), {"deniedNetworks": ["ten/8"]}, "does not match", id="media-network"),
+    pytest.param(("spec", "speech"), {"maxStreams": -1}, "-1 is less than the minimum of 0", id="speech-limit"),
 ]  # fmt: skip
 
 

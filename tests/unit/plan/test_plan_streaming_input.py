@@ -99,7 +99,7 @@ def test_bad_streaming_input_settings_are_refused(settings: dict[str, object], f
         (["--streaming-input-session-timeout-sec", "0"], "must be a finite number above 0"),
         (["--streaming-input-session-timeout-sec", "inf"], "must be a finite number above 0"),
         (["--streaming-input-max-payload-per-session", "-1"], "must be at least 1"),
-        (["--encoder-cache-mb", "-1"], "must not be negative"),
+        (["--encoder-cache-mb", "-1"], "must be 0 or more"),
     ],
 )
 def test_bad_serve_flags_exit_2_naming_the_flag(argv: list[str], message: str, capsys) -> None:

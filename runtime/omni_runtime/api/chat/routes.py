@@ -38,7 +38,7 @@ class ChatCompletionsRoute(APIRoute):
 router = APIRouter(route_class=ChatCompletionsRoute)
 
 _RESPONSES: dict[int | str, dict[str, Any]] = {
-    **error_responses(400, 404, 413, 500, 503),
+    **error_responses(400, 404, 413, 429, 500, 503),
     200: {
         "description": "A chat completion (JSON), or with stream=true chat.completion.chunk events (SSE)",
         "model": ChatCompletionResponse,

@@ -37,7 +37,13 @@ from omni_runtime.api.chat.transport import (
     join_audio,
     unless_disconnected,
 )
-from omni_runtime.api.errors import SERVICE_UNAVAILABLE, ApiError, from_engine_error, internal_error
+from omni_runtime.api.errors import (
+    SERVICE_UNAVAILABLE,
+    ApiError,
+    from_engine_error,
+    from_protocol_error,
+    internal_error,
+)
 from omni_runtime.api.state import AppState
 from omni_runtime.contract.engine import (
     AudioChunk,
@@ -48,6 +54,7 @@ from omni_runtime.contract.engine import (
     TextDelta,
 )
 from omni_runtime.media.audio import encode_wav, to_pcm16
+from omni_runtime.realtime.capacity import SpeechSlot, refusal_headers
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +102,8 @@ class ChatServing:
         limits = state.serving_limits()
         request.check(limits)
         started = time.perf_counter()
+        slot = self._admit_speech(request)
+        response: Response | None = None
         state.in_flight += 1
         try:
             media = await load_request_media(request, limits=state.settings.media)
@@ -102,10 +111,24 @@ class ChatServing:
                 request_id=f"chatcmpl-{uuid.uuid4().hex}", media=media, limits=limits
             )
             if request.stream:
-                return await self._stream(request, generation, raw, started)
-            return await self._complete(request, generation, raw, started)
+                response = await self._stream(request, generation, raw, started, slot)
+            else:
+                response = await self._complete(request, generation, raw, started)
+            return response
         finally:
             state.in_flight -= 1
+            if slot is not None and not isinstance(response, EventStreamResponse):
+                slot.release()  # a streaming body holds its slot until the stream's cleanup
+
+    def _admit_speech(self, request: ChatCompletionRequest) -> SpeechSlot | None:
+        """A speech stream slot for a request with audio out; 429 when the worker is full."""
+        capacity = self.state.speech
+        if capacity is None or not request.wants_audio:
+            return None
+        slot = capacity.acquire("chat")
+        if slot is None:
+            raise from_protocol_error(capacity.error(), headers=refusal_headers())
+        return slot
 
     # --- non-streaming ----------------------------------------------------------------------
 
@@ -176,7 +199,12 @@ class ChatServing:
     # --- streaming --------------------------------------------------------------------------
 
     async def _stream(
-        self, request: ChatCompletionRequest, generation: GenerationRequest, raw: Request, started: float
+        self,
+        request: ChatCompletionRequest,
+        generation: GenerationRequest,
+        raw: Request,
+        started: float,
+        slot: SpeechSlot | None,
     ) -> Response:
         events = self.state.engine.generate(generation)
         # Wait for the first event before answering 200, so a request the engine refuses still
@@ -201,6 +229,8 @@ class ChatServing:
                 return
             closed = True
             await close_stream(events)
+            if slot is not None:
+                slot.release()
             self._record(result, want_audio=generation.want_audio)
             self.state.in_flight -= 1
 

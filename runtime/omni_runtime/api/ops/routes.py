@@ -1,4 +1,5 @@
-"""GET /health (alive), GET /ready (loaded and warmed up), GET /metrics (Prometheus text)."""
+"""GET /health (alive), GET /ready (loaded and warmed up, with the speech streams in use against the
+limit), GET /metrics (Prometheus text)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,12 @@ async def health(raw: Request) -> JSONResponse:
 async def ready(raw: Request) -> JSONResponse:
     state = get_state(raw)
     if state.ready:
-        return JSONResponse({"status": "ready", "model": state.model_name})
+        body: dict[str, object] = {"status": "ready", "model": state.model_name}
+        speech = state.speech
+        if speech is not None and state.engine.supports_audio_output:
+            # The router reads it on every probe and ranks a full worker last (realtime.capacity).
+            body["speech_streams"] = {"limit": speech.limit, "in_use": speech.in_use}
+        return JSONResponse(body)
     status = "failed" if state.startup_error is not None else "starting"
     return JSONResponse({"status": status, "model": state.model_name}, status_code=503)
 

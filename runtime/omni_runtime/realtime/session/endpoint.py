@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from omni_runtime.contract.engine import Engine
+from omni_runtime.realtime.capacity import SpeechCapacity, SpeechSlot, refusal_headers
 from omni_runtime.realtime.errors import (
     NOT_READY,
     SERVER_ERROR,
@@ -63,6 +64,7 @@ class RealtimeSessions:
         self.settings = settings
         self.metrics = metrics
         self._entries: dict[str, _Entry] = {}
+        self._speech_slots: dict[str, SpeechSlot] = {}  # held from open to close (realtime.capacity)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -71,9 +73,11 @@ class RealtimeSessions:
         entry = self._entries.get(session_id)
         return entry.session if entry else None
 
-    def add(self, session: LiveSession) -> _Entry:
+    def add(self, session: LiveSession, *, speech_slot: SpeechSlot | None = None) -> _Entry:
         entry = _Entry(session=session)
         self._entries[session.id] = entry
+        if speech_slot is not None:
+            self._speech_slots[session.id] = speech_slot
         self.metrics.sessions.labels(kind="realtime").set(len(self._entries))
         self.metrics.sessions_started.labels(kind="realtime").inc()
         return entry
@@ -103,6 +107,8 @@ class RealtimeSessions:
     async def remove(self, entry: _Entry) -> None:
         if self._entries.get(entry.session.id) is entry:
             del self._entries[entry.session.id]
+            if (slot := self._speech_slots.pop(entry.session.id, None)) is not None:
+                slot.release()
             self.metrics.sessions.labels(kind="realtime").set(len(self._entries))
             await entry.session.close()
 
@@ -120,9 +126,10 @@ async def _refuse(
     code: int,
     metrics: RealtimeMetrics,
     dialect: Dialect | None = None,
+    kind: str = "realtime",
 ) -> None:
     """Refuse a socket with an ``error`` event; the dialect is unknown yet unless ``protocol`` named it."""
-    metrics.errors.labels(kind="realtime", code=error.code).inc()
+    metrics.errors.labels(kind=kind, code=error.code).inc()
     event: dict[str, object]
     if dialect == "vllm":
         event = {"type": "error", "error": error.message, "code": error.code, "param": error.param}
@@ -130,6 +137,15 @@ async def _refuse(
         event = {"type": "error", "event_id": "event_0", "error": error.error_body(), "code": error.code}
     await ws.send_text(json.dumps(event))
     await ws.close(code=code, reason=error.message[:120])
+
+
+async def refuse_speech(
+    ws: WebSocket, speech: SpeechCapacity, *, metrics: RealtimeMetrics, kind: str, subprotocols: list[str]
+) -> None:
+    """Accept with the capacity header, send the ``error`` event, close with 1013."""
+    headers = [(k.encode(), v.encode()) for k, v in refusal_headers().items()]
+    await ws.accept(subprotocol="realtime" if "realtime" in subprotocols else None, headers=headers)
+    await _refuse(ws, speech.error(), code=TRY_AGAIN_LATER, metrics=metrics, kind=kind)
 
 
 async def serve_realtime(
@@ -140,17 +156,32 @@ async def serve_realtime(
     metrics: RealtimeMetrics,
     sessions: RealtimeSessions,
     scorer_factory: Callable[[], SpeechScorer],
+    speech: SpeechCapacity | None = None,
 ) -> None:
     params = ws.query_params
     duplex = params.get("duplex", "").lower() in ("1", "true", "yes")
     beta = "realtime=v1" in ws.headers.get("openai-beta", "")
     offered = ws.scope.get("subprotocols") or []
-    await ws.accept(subprotocol="realtime" if "realtime" in offered else None)
-
     resume_id = params.get("session_id")
+    # A new session on a worker that speaks takes a speech slot before the handshake, so that a
+    # refusal's accept carries the capacity header the router retries on (realtime.capacity).
+    slot = None
+    if speech is not None and not resume_id and engine.ready and engine.supports_audio_output:
+        slot = speech.acquire("realtime")
+        if slot is None:
+            await refuse_speech(ws, speech, metrics=metrics, kind="realtime", subprotocols=offered)
+            return
+    try:
+        await ws.accept(subprotocol="realtime" if "realtime" in offered else None)
+    except BaseException:
+        if slot is not None:
+            slot.release()
+        raise
     try:
         dialect = requested_dialect(params.get("protocol"), duplex=duplex or bool(resume_id))
     except ProtocolError as refusal:
+        if slot is not None:
+            slot.release()
         await _refuse(ws, refusal, code=POLICY, metrics=metrics)
         return
     if resume_id:
@@ -180,6 +211,8 @@ async def serve_realtime(
             await _refuse(ws, error, code=TRY_AGAIN_LATER, metrics=metrics, dialect=dialect)
             return
         if len(sessions) >= settings.max_realtime_sessions:
+            if slot is not None:
+                slot.release()
             metrics.sessions_refused.labels(kind="realtime").inc()
             error = ProtocolError(
                 f"this worker already serves {settings.max_realtime_sessions} realtime sessions; retry later",
@@ -189,7 +222,9 @@ async def serve_realtime(
             await _refuse(ws, error, code=TRY_AGAIN_LATER, metrics=metrics, dialect=dialect)
             return
         if dialect == "vllm":
-            entry = sessions.add(TranscriptionSession(engine=engine, settings=settings, metrics=metrics))
+            entry = sessions.add(
+                TranscriptionSession(engine=engine, settings=settings, metrics=metrics), speech_slot=slot
+            )
             await entry.session.open()
         else:
             realtime = RealtimeSession(
@@ -200,7 +235,7 @@ async def serve_realtime(
                 beta=beta,
                 scorer_factory=scorer_factory,
             )
-            entry = sessions.add(realtime)
+            entry = sessions.add(realtime, speech_slot=slot)
             # Undecided: the fields vLLM's session.created has too, since its clients wait for them.
             await realtime.open(**({} if dialect else {"id": realtime.id, "created": int(time.time())}))
 

@@ -1,0 +1,127 @@
+"""What a listener hears: playback of one stream's audio timeline, and the per-level speech numbers.
+
+A speech reply reaches the client as audio chunks, each with an arrival time (seconds after the
+request was sent) and a duration (seconds of audio). The listener starts playing at the first
+chunk's arrival and plays the chunks back to back. Whenever the next chunk has not arrived when
+the previous one finishes playing, playback stalls (an underrun) until it arrives. So:
+
+- time to first audio (TTFA) = the first chunk's arrival;
+- stall = the sum of those waits; a stream with no stall stayed real time;
+- real-time factor (RTF) = the time the reply took to arrive (last chunk's arrival) / its audio
+  seconds; below 1 the server generates faster than the audio plays.
+
+For a level (all streams of one concurrency or one arrival rate), the audio seconds all streams
+received divided by the level's wall time is the audio-seconds per second the worker sustained:
+N streams in real time need at least N.
+
+Pure arithmetic, no I/O: the bench and the HF baseline both feed it timelines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from omni_runtime.bench.quantile import percentile
+
+# A stall shorter than this is float noise (sums of chunk durations), not a gap a listener hears.
+EPSILON_S = 1e-9
+
+
+@dataclass(frozen=True)
+class Chunk:
+    arrival_s: float  # seconds after the request was sent
+    duration_s: float  # seconds of audio in the chunk
+
+
+@dataclass(frozen=True)
+class Playback:
+    """One stream played from its first audio on."""
+
+    ttfa_s: float
+    audio_s: float
+    stall_s: float  # total underrun: time the listener waited for audio after playback started
+    stalls: int  # how many separate underruns
+    finish_s: float  # when the last sample has been played (from the request's start)
+    rtf: float  # last arrival / audio seconds
+
+    @property
+    def real_time(self) -> bool:
+        return self.stall_s <= EPSILON_S
+
+
+def play(timeline: Sequence[Chunk]) -> Playback | None:
+    """Play a timeline in arrival order; None for a stream with no audio."""
+    chunks = sorted((c for c in timeline if c.duration_s > 0), key=lambda c: c.arrival_s)
+    if not chunks:
+        return None
+    if any(c.arrival_s < 0 for c in chunks):
+        raise ValueError("chunk arrivals are seconds after the request was sent; got a negative one")
+    clock = chunks[0].arrival_s  # the play head's time: when the audio queued so far runs out
+    stall = 0.0
+    stalls = 0
+    for chunk in chunks:
+        if chunk.arrival_s > clock + EPSILON_S:
+            stall += chunk.arrival_s - clock
+            stalls += 1
+            clock = chunk.arrival_s
+        clock = max(clock, chunk.arrival_s) + chunk.duration_s
+    audio = sum(c.duration_s for c in chunks)
+    return Playback(
+        ttfa_s=chunks[0].arrival_s,
+        audio_s=audio,
+        stall_s=stall,
+        stalls=stalls,
+        finish_s=clock,
+        rtf=chunks[-1].arrival_s / audio,
+    )
+
+
+@dataclass(frozen=True)
+class SpeechLevel:
+    """The speech numbers of one level; None where no stream had audio."""
+
+    audio_streams: int  # streams that received audio
+    realtime_streams: int  # of those, streams that never stalled
+    ttfa_p50_s: float | None
+    ttfa_p95_s: float | None
+    ttfa_p99_s: float | None
+    stall_mean_s: float | None  # underrun seconds per stream
+    stall_p95_s: float | None
+    stall_max_s: float | None
+    rtf_p50: float | None
+    rtf_max: float | None
+    audio_s: float
+    audio_s_per_s: float  # audio seconds received per wall second of the level
+
+    def row_fields(self) -> dict[str, float | int | None]:
+        """The fields a bench row (`LevelSummary`) carries; audio_s stays out (it has no column)."""
+        fields = asdict(self)
+        del fields["audio_s"], fields["ttfa_p50_s"]  # the row has its own ttfa_p50_s, over all requests
+        return fields
+
+
+def summarize_speech(timelines: Sequence[Sequence[Chunk]], *, wall_s: float) -> SpeechLevel:
+    played = [p for p in (play(t) for t in timelines) if p is not None]
+    audio = sum(p.audio_s for p in played)
+
+    def p(values: list[float], q: float) -> float | None:
+        return percentile(values, q) if values else None
+
+    ttfas = [x.ttfa_s for x in played]
+    stalls = [x.stall_s for x in played]
+    rtfs = [x.rtf for x in played]
+    return SpeechLevel(
+        audio_streams=len(played),
+        realtime_streams=sum(1 for x in played if x.real_time),
+        ttfa_p50_s=p(ttfas, 50),
+        ttfa_p95_s=p(ttfas, 95),
+        ttfa_p99_s=p(ttfas, 99),
+        stall_mean_s=sum(stalls) / len(stalls) if stalls else None,
+        stall_p95_s=p(stalls, 95),
+        stall_max_s=max(stalls) if stalls else None,
+        rtf_p50=p(rtfs, 50),
+        rtf_max=max(rtfs) if rtfs else None,
+        audio_s=audio,
+        audio_s_per_s=audio / wall_s if wall_s > 0 else 0.0,
+    )

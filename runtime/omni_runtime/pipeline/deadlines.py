@@ -1,0 +1,61 @@
+"""Deadline order for vocoder windows: the stream closest to an underrun goes first.
+
+Many speech streams share one vocoder; it takes at most a few windows per call, so when more
+windows wait than fit, the order decides who stalls. First-come-first-served lets a stream with
+seconds of audio buffered at the listener go ahead of one about to run dry. Instead:
+
+- a stream's **first window** goes before every later window (its listener hears nothing yet:
+  time to first audio is the number everyone sees), first windows among themselves in arrival order;
+- later windows go by **playback deadline**: the moment the listener's play head reaches the end
+  of the audio already sent, assuming playback started at the stream's first audio and waited
+  (stalled) whenever audio came late, exactly as ``omni bench`` plays a stream back. The earliest
+  deadline first; equal deadlines in arrival order.
+
+A window carries its stream's *slack* (seconds until that deadline, None for a first window)
+rather than a clock reading, so the order also holds when the vocoder runs in another process
+(the talker stage behind a stage link) with a clock of its own. With one stream there is one
+window at a time and the order changes nothing.
+
+Pure: the engine keeps a `PlaybackClock` per stream; the vocoder's worker orders by `priority`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
+
+Priority = tuple[int, float, int]
+
+
+@dataclass
+class PlaybackClock:
+    """Where one stream's listener is: when the audio sent so far runs out (server clock)."""
+
+    ends_at: float | None = None  # None: no audio sent yet
+
+    def sent(self, *, now: float, seconds: float) -> None:
+        """Audio of `seconds` left the server at `now`: it plays after what is queued, or at once
+        if the listener already ran dry (a stall)."""
+        start = now if self.ends_at is None else max(self.ends_at, now)
+        self.ends_at = start + seconds
+
+    def slack(self, *, now: float) -> float | None:
+        """Seconds until the listener runs out of audio (negative: already stalled); None before
+        the first audio."""
+        return None if self.ends_at is None else self.ends_at - now
+
+
+def priority(*, slack_s: float | None, now: float, seq: int) -> Priority:
+    """Sort key of a window submitted at `now` (smaller runs first); `seq` is the arrival number."""
+    if slack_s is None:
+        return (0, 0.0, seq)  # a first window
+    return (1, now + slack_s, seq)
+
+
+def take(waiting: Sequence[tuple[Priority, T]], max_batch: int) -> tuple[list[T], list[tuple[Priority, T]]]:
+    """The next batch (most urgent first, at most `max_batch`) and what keeps waiting."""
+    ordered = sorted(waiting, key=lambda entry: entry[0])
+    return [item for _, item in ordered[:max_batch]], list(ordered[max_batch:])

@@ -1,0 +1,115 @@
+"""`omni bench --mode speech` against a real `omni serve` worker (tiny checkpoint, CPU), briefly:
+a closed-loop and an open-loop run, each stream's audio timeline played back into the listener's
+numbers (TTFA percentiles, underrun per stream, RTF, real-time streams, audio seconds per second),
+written to bench.json with the speech plot. The worker admits two speech streams
+(--max-speech-streams 2): a level past that counts the 429 refusals apart from failures."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+SHORT_TALKER = '{"stage_params": {"talker": {"max_tokens": 30}}}'  # ~0.6 s of audio per reply
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def worker_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from omni_runtime.models.qwen2_5_omni.tiny import ensure_tiny_checkpoint
+
+    ensure_tiny_checkpoint(progress=False)
+    port = _free_port()
+    log = tmp_path_factory.mktemp("speech-bench") / "serve.log"
+    argv = [sys.executable, "-m", "omni_operator.cli", "serve", "--device", "cpu", "--host", "127.0.0.1"]
+    argv += ["--port", str(port), "--pipeline", "streaming-speech", "--log-level", "warning"]
+    argv += ["--max-speech-streams", "2"]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            try:
+                if httpx.get(f"{url}/ready", timeout=2, trust_env=False).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        else:
+            raise AssertionError(f"worker not ready\n{log.read_text()[-3000:]}")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _bench(url: str, out: Path, *load: str) -> dict[str, object]:
+    from omni_runtime.bench.main import main
+
+    argv = ["--url", url, "--mode", "speech", "--stream", "--max-tokens", "4", "--warmup", "1"]
+    argv += ["--extra-body", SHORT_TALKER, "--out", str(out), *load]
+    assert main(argv) == 0
+    assert (out / "speech.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    result: dict[str, object] = json.loads((out / "bench.json").read_text())
+    return result
+
+
+def _check_listener_numbers(row: dict[str, float]) -> None:
+    assert row["failed"] == row["refused"]
+    assert row["audio_streams"] == row["requests"] - row["refused"] > 0
+    assert 0 <= row["realtime_streams"] <= row["audio_streams"]
+    assert 0 < row["ttfa_p50_s"] <= row["ttfa_p95_s"] <= row["ttfa_p99_s"] <= row["latency_p95_s"] * 1.0001
+    assert 0 <= row["stall_mean_s"] <= row["stall_p95_s"] <= row["stall_max_s"]
+    # a stream with no stall counts as real time: all real time means no stall at all
+    assert (row["stall_max_s"] == 0) == (row["realtime_streams"] == row["audio_streams"])
+    assert 0 < row["rtf_p50"] <= row["rtf_max"]
+    assert row["audio_s_per_s"] > 0
+
+
+def test_closed_loop_speech_levels(worker_url: str, tmp_path: Path) -> None:
+    result = _bench(worker_url, tmp_path, "--concurrency", "1,2", "--requests", "2")
+    levels = result["levels"]
+    assert isinstance(levels, list) and [row["concurrency"] for row in levels] == [1, 2]
+    for row in levels:
+        assert row["rate_per_s"] is None
+        assert row["refused"] == 0  # within the worker's two streams
+        _check_listener_numbers(row)
+
+
+def test_open_loop_speech_level(worker_url: str, tmp_path: Path) -> None:
+    result = _bench(worker_url, tmp_path, "--rate", "2", "--duration", "1.5", "--seed", "3")
+    (row,) = result["levels"]  # type: ignore[misc]
+    from omni_runtime.bench.load import poisson_arrivals
+
+    assert row["rate_per_s"] == 2.0
+    assert row["requests"] == len(poisson_arrivals(2.0, 1.5, seed=3))
+    assert row["concurrency"] >= 1  # the most requests in flight at once
+    _check_listener_numbers(row)
+    assert result["meta"]["seed"] == 3  # type: ignore[index]
+
+
+def test_refusals_past_the_worker_capacity_are_counted(worker_url: str, tmp_path: Path) -> None:
+    # Four streams sent at once to a worker that admits two: the other two are refused at once.
+    result = _bench(worker_url, tmp_path, "--concurrency", "4", "--requests", "4")
+    (row,) = result["levels"]  # type: ignore[misc]
+    assert row["refused"] >= 1
+    assert row["first_error"].startswith("HTTP 429: ")
+    assert "speech_capacity_reached" in row["first_error"]
+    _check_listener_numbers(row)

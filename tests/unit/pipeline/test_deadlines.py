@@ -1,0 +1,138 @@
+"""Deadline order of vocoder windows: the playback clock, the priority key, the batch choice, and
+the batching worker that applies them (real threads, the order observed in the calls it makes)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from omni_runtime.pipeline.deadlines import PlaybackClock, priority, take
+from omni_runtime.pipeline.workers import BatchingWorker, StageThread
+
+
+@pytest.mark.parametrize(
+    ("sends", "now", "slack"),
+    [
+        ([], 5.0, None),  # no audio yet: a first window
+        ([(1.0, 2.0)], 1.5, 1.5),  # 2 s sent at 1.0: runs dry at 3.0
+        ([(1.0, 2.0), (2.0, 1.0)], 2.5, 1.5),  # queued behind the first: dry at 4.0
+        ([(1.0, 1.0), (3.0, 1.0)], 3.5, 0.5),  # came late (stall 2.0 to 3.0): dry at 4.0
+        ([(1.0, 1.0)], 2.5, -0.5),  # already stalled half a second
+    ],
+)
+def test_playback_clock(sends: list[tuple[float, float]], now: float, slack: float | None) -> None:
+    clock = PlaybackClock()
+    for at, seconds in sends:
+        clock.sent(now=at, seconds=seconds)
+    assert clock.slack(now=now) == slack
+
+
+def test_priority_puts_first_windows_first_then_earliest_deadline() -> None:
+    now = 100.0
+    keys = {
+        "first-late": priority(slack_s=None, now=now, seq=7),
+        "first-early": priority(slack_s=None, now=now, seq=3),
+        "buffered": priority(slack_s=4.0, now=now, seq=0),
+        "dry-soon": priority(slack_s=0.2, now=now, seq=5),
+        "stalled": priority(slack_s=-0.5, now=now, seq=6),
+        "tie-later": priority(slack_s=0.2, now=now, seq=9),
+    }
+    assert sorted(keys, key=keys.__getitem__) == [
+        "first-early",
+        "first-late",
+        "stalled",
+        "dry-soon",
+        "tie-later",
+        "buffered",
+    ]
+    # the same slack submitted later has a later deadline
+    assert priority(slack_s=1.0, now=1.0, seq=0) < priority(slack_s=1.0, now=2.0, seq=0)
+
+
+@pytest.mark.parametrize(
+    ("waiting", "max_batch", "batch", "left"),
+    [
+        ([], 4, [], []),
+        ([((1, 3.0, 0), "a"), ((0, 0.0, 1), "b")], 4, ["b", "a"], []),
+        (
+            [
+                ((1, 3.0, 0), "a"),
+                ((1, 1.0, 1), "b"),
+                ((0, 0.0, 2), "c"),
+                ((1, 2.0, 3), "d"),
+                ((1, 9.0, 4), "e"),
+            ],
+            2,
+            ["c", "b"],
+            ["d", "a", "e"],
+        ),
+    ],
+)
+def test_take(
+    waiting: list[tuple[tuple[int, float, int], str]], max_batch: int, batch: list[str], left: list[str]
+) -> None:
+    chosen, rest = take(waiting, max_batch)
+    assert chosen == batch
+    assert [item for _, item in rest] == left
+
+
+async def test_worker_runs_the_most_urgent_windows_first() -> None:
+    release = threading.Event()
+    calls: list[list[str]] = []
+
+    def synthesize(items: list[dict[str, object]]) -> list[str]:
+        names = [str(item["name"]) for item in items]
+        calls.append(names)
+        if names == ["busy"]:
+            release.wait(timeout=30)  # holds the vocoder while the others queue up
+        return names
+
+    def order(item: dict[str, object], seq: int) -> tuple[int, float, int]:
+        slack = item["slack_s"]
+        return priority(slack_s=None if slack is None else float(slack), now=0.0, seq=seq)  # type: ignore[arg-type]
+
+    thread = StageThread("vocoder-test")
+    worker: BatchingWorker[dict[str, object], str] = BatchingWorker(
+        "talker_stream", synthesize, thread=thread, max_batch=2, order=order
+    )
+    worker.start()
+    try:
+        busy = asyncio.ensure_future(worker.submit({"name": "busy", "slack_s": None}))
+        while not calls:  # the vocoder has taken the first window
+            await asyncio.sleep(0.01)
+        queued = [
+            ("buffered", 5.0),
+            ("second-first", None),
+            ("stalled", -1.0),
+            ("dry-soon", 0.5),
+        ]
+        futures = [asyncio.ensure_future(worker.submit({"name": n, "slack_s": s})) for n, s in queued]
+        while worker.queue_depth < len(queued):
+            await asyncio.sleep(0.01)
+        release.set()
+        results = await asyncio.gather(busy, *futures)
+    finally:
+        await worker.stop()
+        thread.shutdown()
+    assert results == ["busy", "buffered", "second-first", "stalled", "dry-soon"]  # each its own answer
+    assert calls == [["busy"], ["second-first", "stalled"], ["dry-soon", "buffered"]]
+
+
+async def test_worker_without_order_keeps_arrival_order() -> None:
+    calls: list[list[int]] = []
+
+    def fn(items: list[int]) -> list[int]:
+        calls.append(items)
+        return [i * 10 for i in items]
+
+    thread = StageThread("fifo-test")
+    worker: BatchingWorker[int, int] = BatchingWorker("fifo", fn, thread=thread, max_batch=2)
+    worker.start()
+    try:
+        assert await asyncio.gather(*(worker.submit(i) for i in (3, 1, 2))) == [30, 10, 20]
+    finally:
+        await worker.stop()
+        thread.shutdown()
+    assert [i for batch in calls for i in batch] == [3, 1, 2]
