@@ -2,7 +2,7 @@
 
 `RealtimeServer` holds what the endpoints share on a worker: the engine, the limits, the metrics,
 the live realtime/video sessions, the streaming-input sessions and the VAD factory. The worker app
-includes ``server.router()`` (the /v1/realtime and /v1/video/chat/stream sockets); streaming input's
+includes ``server.router()`` (the /v1/realtime, /v1/duplex and /v1/video/chat/stream sockets); streaming input's
 HTTP routes, and its Mode A on ``/v1/chat/completions``, are the api layer's
 (`omni_runtime.api.streaming_input`), serving ``server.streaming``. Torch stays out: the silero VAD
 module is imported the first time a session turns server VAD on.
@@ -59,6 +59,18 @@ class RealtimeServer:
                 metrics=self.metrics,
                 sessions=self.sessions,
                 scorer_factory=self.scorer_factory,
+            )
+
+        @router.websocket("/v1/duplex")
+        async def duplex(websocket: WebSocket) -> None:
+            await serve_realtime(
+                websocket,
+                engine=self.engine,
+                settings=self.settings,
+                metrics=self.metrics,
+                sessions=self.sessions,
+                scorer_factory=self.scorer_factory,
+                native_duplex=True,
             )
 
         @router.websocket("/v1/video/chat/stream")

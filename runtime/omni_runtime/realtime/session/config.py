@@ -14,6 +14,7 @@ from typing import Any
 
 from omni_runtime.realtime.audio import SUPPORTED_RATES
 from omni_runtime.realtime.errors import invalid
+from omni_runtime.realtime.session.duplex_config import DuplexConfig, parse_duplex
 from omni_runtime.realtime.settings import RealtimeSettings
 
 
@@ -49,7 +50,7 @@ class SessionConfig:
     turn_detection: TurnDetection | None = None
     max_output_tokens: int | None = None  # None: "inf" (the server's default cap)
     temperature: float = 0.8
-    backchannel_max_ms: int = 600
+    duplex: DuplexConfig = field(default_factory=DuplexConfig)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -68,8 +69,12 @@ class SessionConfig:
             voice=settings.default_voice,
             # Like the OpenAI API, a new session listens with server VAD; duplex sessions must.
             turn_detection=vad,
-            backchannel_max_ms=settings.backchannel_max_ms,
+            duplex=DuplexConfig(backchannel_max_ms=settings.backchannel_max_ms),
         )
+
+    @property
+    def backchannel_max_ms(self) -> int:
+        return self.duplex.backchannel_max_ms
 
     def modalities(self) -> list[str]:
         return ["audio"] if self.want_audio else ["text"]
@@ -118,7 +123,7 @@ class SessionConfig:
             "tool_choice": "auto",
         }
         if duplex:
-            body["duplex"] = {"backchannel_max_ms": self.backchannel_max_ms}
+            body["duplex"] = self.duplex.to_json()
         return body
 
 
@@ -245,18 +250,13 @@ def apply_update(config: SessionConfig, session: Any, *, audio_out: bool, duplex
             )
     if "temperature" in session:
         changes["temperature"] = _number(session["temperature"], "session.temperature", lo=0.0, hi=2.0)
-    duplex_cfg = session.get("duplex")
-    if duplex_cfg is not None:
-        if not isinstance(duplex_cfg, dict):
-            raise invalid("session.duplex", "expected an object")
-        if "backchannel_max_ms" in duplex_cfg:
-            changes["backchannel_max_ms"] = _integer(
-                duplex_cfg["backchannel_max_ms"], "session.duplex.backchannel_max_ms", lo=0, hi=10_000
-            )
+    if duplex:
+        changes["duplex"] = parse_duplex(session, config.duplex)
     new = replace(config, **changes)
-    if duplex and new.turn_detection is None:
+    if duplex and new.turn_detection is None and not new.duplex.model_driven:
         raise invalid(
             "session.audio.input.turn_detection",
-            "a duplex session decides turns itself; it needs server_vad (turn_detection cannot be null)",
+            "a duplex session needs server_vad, or auto_response: true (the model decides listen or speak) "
+            "for turn_detection null",
         )
     return new

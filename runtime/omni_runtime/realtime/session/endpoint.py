@@ -6,6 +6,7 @@ session whose socket drops without a normal close is kept for ``resume_grace_s``
 reconnects with ``?duplex=1&session_id=<resume token>&last_event_id=<last seen>`` gets the events
 it missed (stale audio excluded) and the session carries on. The resume token is the session id,
 which names this worker, so the router sends the reconnect here (``session_id`` query parameter).
+``/v1/duplex`` is the same session, always duplex, with the duplex bridges' event names.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from omni_runtime.realtime.errors import (
     ProtocolError,
 )
 from omni_runtime.realtime.metrics import RealtimeMetrics
+from omni_runtime.realtime.session.duplex_config import event_dialect
 from omni_runtime.realtime.session.session import RealtimeSession
 from omni_runtime.realtime.session.turn_detection import SpeechScorer
 from omni_runtime.realtime.settings import RealtimeSettings
@@ -118,12 +120,21 @@ async def serve_realtime(
     metrics: RealtimeMetrics,
     sessions: RealtimeSessions,
     scorer_factory: Callable[[], SpeechScorer],
+    native_duplex: bool = False,
 ) -> None:
     params = ws.query_params
-    duplex = params.get("duplex", "").lower() in ("1", "true", "yes")
-    beta = "realtime=v1" in ws.headers.get("openai-beta", "")
+    duplex = native_duplex or params.get("duplex", "").lower() in ("1", "true", "yes", "on")
     offered = ws.scope.get("subprotocols") or []
     await ws.accept(subprotocol="realtime" if "realtime" in offered else None)
+    try:
+        dialect = event_dialect(
+            native=native_duplex,
+            beta_header="realtime=v1" in ws.headers.get("openai-beta", ""),
+            query=params.get("event_names"),
+        )
+    except ProtocolError as bad_dialect:
+        await _refuse(ws, bad_dialect, code=POLICY, metrics=metrics)
+        return
 
     resume_id = params.get("session_id")
     if resume_id:
@@ -166,7 +177,8 @@ async def serve_realtime(
             settings=settings,
             metrics=metrics,
             duplex=duplex,
-            beta=beta,
+            beta=dialect == "beta",
+            duplex_names=dialect == "duplex",
             scorer_factory=scorer_factory,
         )
         entry = sessions.add(session)
