@@ -425,13 +425,14 @@ class RealtimeSession:
         """The user takes the turn: stop the assistant; in duplex, history keeps only what was played."""
         self._overlap = False
         run = self.response
+        if self.duplex:
+            self._overlap_decision("barge_in", reason)
         if run is not None:
             self.metrics.barge_ins.inc()
             await self._cancel_response("turn_detected")
         elif self.duplex:
             self.outbox.bump_epoch()  # audio of a finished reply still queued here is not sent
         if self.duplex:
-            self._overlap_decision("barge_in", reason)
             self._trim_to_played(run or self.last_response)
 
     def _overlap_decision(self, action: str, reason: str) -> None:
