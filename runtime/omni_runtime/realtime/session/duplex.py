@@ -109,8 +109,8 @@ class DuplexDriver:
         """After an append was stored and heard by VAD: hints, then the unit clock."""
         force_listen, force_barge_in = append_hints(event)
         session = self.session
-        if force_barge_in and session.assistant_talking():
-            await session.barge_in(reason="force_barge_in")
+        if force_barge_in and session.overlap.assistant_talking():
+            await session.overlap.barge_in(reason="force_barge_in")
         if not self.active:
             return
         self.force_listen = self.force_listen or force_listen

@@ -10,12 +10,11 @@ here too; `items.parse_item` turns an item body into an `Item`.
 
 Turn taking (server VAD): speech start announces ``speech_started``; speech stop commits the spoken
 audio (with ``prefix_padding_ms`` before it) as a user item and, with ``create_response``, starts a
-response. Speech while a response is active interrupts it (``interrupt_response``). In duplex
+response. Speech while the assistant talks interrupts it (``interrupt_response``). In duplex
 sessions an overlap policy applies first: speech shorter than ``backchannel_max_ms`` ("uh-huh") is
-a backchannel and neither cancels nor becomes a turn; longer speech is a barge-in. A barge-in bumps
-the epoch (queued audio of the old response is dropped unsent), cancels the response, and trims the
-assistant item in history to what the client reported playing (``playback.ack``) or, without a
-report, to what real-time playback would have reached.
+a backchannel and neither cancels nor becomes a turn; longer speech is a barge-in (`overlap.py`:
+cancel, drop stale audio, trim history to the client's ``playback.ack``). Model-driven duplex
+(``auto_response``) ends turns by a per-unit listen/speak decision instead (`duplex.py`).
 """
 
 from __future__ import annotations
@@ -52,6 +51,7 @@ from omni_runtime.realtime.session.conversation import Conversation, Item, Part
 from omni_runtime.realtime.session.duplex import DuplexDriver
 from omni_runtime.realtime.session.input_audio import InputAudio
 from omni_runtime.realtime.session.items import parse_item
+from omni_runtime.realtime.session.overlap import Overlap
 from omni_runtime.realtime.session.playback import PlaybackCursor
 from omni_runtime.realtime.session.response import ResponseRun, plan_response
 from omni_runtime.realtime.session.turn_detection import (
@@ -106,6 +106,7 @@ class RealtimeSession:
         self.last_response: ResponseRun | None = None
         self.playback = PlaybackCursor()
         self.driver = DuplexDriver(self)
+        self.overlap = Overlap(self)
         self.created_at = time.monotonic()
         self._scorer_factory = scorer_factory
         self._scorer: SpeechScorer | None = None
@@ -125,8 +126,8 @@ class RealtimeSession:
             "conversation.item.retrieve": self._item_retrieve,
             "response.create": self._response_create,
             "response.cancel": self._response_cancel,
-            "playback.ack": self._playback_ack,
-            "barge_in": self._barge_in_event,
+            "playback.ack": self.overlap.playback_ack,
+            "barge_in": self.overlap.barge_in_event,
         }
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -146,6 +147,9 @@ class RealtimeSession:
     @property
     def listener(self) -> Listener | None:
         return self._listener
+
+    def end_overlap(self) -> None:
+        self._overlap = False
 
     def _session_json(self) -> dict[str, Any]:
         return self.config.to_json(session_id=self.id, beta=self.outbox.beta, duplex=self.duplex)
@@ -272,19 +276,7 @@ class RealtimeSession:
         self.outbox.emit("conversation.item.added", previous_item_id=previous, item=item.to_json())
         self.outbox.emit("conversation.item.done", previous_item_id=previous, item=item.to_json())
 
-    # --- conversation items and playback ----------------------------------------------------
-
-    async def _playback_ack(self, event: dict[str, Any]) -> None:
-        current = self.response or self.last_response
-        fields = self.playback.ack(event, conversation=self.conversation, current=current)
-        self.outbox.emit("playback.acknowledged", **fields)
-
-    async def _barge_in_event(self, event: dict[str, Any]) -> None:
-        if not self.assistant_talking():
-            raise ProtocolError(
-                "the assistant is not speaking; nothing to barge in on", code=NO_ACTIVE_RESPONSE
-            )
-        await self.barge_in(reason="client_barge_in")
+    # --- conversation items ----------------------------------------------------
 
     async def _item_create(self, event: dict[str, Any]) -> None:
         if "item" not in event:
@@ -357,7 +349,7 @@ class RealtimeSession:
             elif isinstance(turn, SpeechStopped):
                 await self._speech_stopped(turn)
             elif isinstance(turn, SpeechLong) and self._overlap:
-                await self.barge_in(
+                await self.overlap.barge_in(
                     reason="long_speech"
                 )  # longer than a backchannel: the user takes the turn
         vad = self.config.turn_detection
@@ -378,17 +370,17 @@ class RealtimeSession:
         vad = self.config.turn_detection
         if vad is None:
             return
-        talking = self.assistant_talking()
+        talking = self.overlap.assistant_talking()
         self.driver.on_speech(turn.audio_start_ms, vad.prefix_padding_ms)
         if not talking:
             return
         if self.duplex:
             if self.config.backchannel_max_ms == 0:
-                await self.barge_in(reason="speech_started")
+                await self.overlap.barge_in(reason="speech_started")
             else:
                 self._overlap = True  # decided by SpeechLong (barge-in) or SpeechStopped (backchannel)
         elif vad.interrupt_response:
-            await self.barge_in(reason="speech_started")
+            await self.overlap.barge_in(reason="speech_started")
 
     async def _speech_stopped(self, turn: SpeechStopped) -> None:
         item_id = self._speech_item_id or new_id("item")
@@ -401,7 +393,7 @@ class RealtimeSession:
             self.metrics.backchannels.inc()
             vad = self.config.turn_detection
             self.driver.on_backchannel(turn.audio_start_ms, vad.prefix_padding_ms if vad else 0)
-            self._overlap_decision("backchannel", "short_speech")
+            self.overlap.decision("backchannel", "short_speech")
             return
         if self.driver.active:
             return  # model-driven: the unit clock decides when the turn ends (session/duplex.py)
@@ -414,42 +406,6 @@ class RealtimeSession:
         self.commit_audio(samples, item_id)
         if vad is not None and vad.create_response and self.response is None:
             self.start_response({}, turn_ended_at=time.monotonic())
-
-    def assistant_talking(self) -> bool:
-        """A response is active, or (duplex) a finished one is still playing at the client."""
-        if self.response is not None:
-            return True
-        return self.duplex and self.playback.still_playing(self.last_response, time.monotonic())
-
-    async def barge_in(self, *, reason: str) -> None:
-        """The user takes the turn: stop the assistant; in duplex, history keeps only what was played."""
-        self._overlap = False
-        run = self.response
-        if self.duplex:
-            self._overlap_decision("barge_in", reason)
-        if run is not None:
-            self.metrics.barge_ins.inc()
-            await self._cancel_response("turn_detected")
-        elif self.duplex:
-            self.outbox.bump_epoch()  # audio of a finished reply still queued here is not sent
-        if self.duplex:
-            self._trim_to_played(run or self.last_response)
-
-    def _overlap_decision(self, action: str, reason: str) -> None:
-        policy = "backchannel_then_barge_in" if self.config.backchannel_max_ms else "barge_in_on_speech"
-        self.outbox.emit("overlap.decision", session_id=self.id, policy=policy, action=action, reason=reason)
-
-    def _trim_to_played(self, run: ResponseRun | None) -> None:
-        """Keep in history only the assistant audio (and its share of transcript) the user heard."""
-        if run is None or not run.plan.want_audio or not run.plan.in_conversation:
-            return
-        item = run.item
-        total = item.output_audio_ms()
-        played = self.playback.played_ms(run, time.monotonic())
-        if played >= total or item not in self.conversation.items:
-            return
-        item.played_ms = played
-        self.outbox.emit("conversation.item.truncated", item_id=item.id, content_index=0, audio_end_ms=played)
 
     # --- responses --------------------------------------------------------------------------
 
@@ -533,11 +489,11 @@ class RealtimeSession:
         if wanted is not None and wanted != self.response.id:
             raise invalid("response_id", f"{wanted!r} is not the response in progress ({self.response.id})")
         run = self.response
-        await self._cancel_response("client_cancelled")
+        await self.cancel_response("client_cancelled")
         if self.duplex:
-            self._trim_to_played(run)
+            self.overlap.trim_to_played(run)
 
-    async def _cancel_response(self, reason: str) -> None:
+    async def cancel_response(self, reason: str) -> None:
         run = self.response
         if run is None:
             return

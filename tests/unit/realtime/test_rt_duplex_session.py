@@ -1,0 +1,107 @@
+"""Duplex session behaviour on the scripted engine: the unit clock, the model's probe, history per ack."""
+
+from __future__ import annotations
+
+from rt_helpers import silence, tone
+
+NO_VAD = {"input": {"turn_detection": None}}
+
+
+async def model_driven(make_driver, **duplex):
+    drv = await make_driver(duplex=True)
+    await drv.send(
+        {
+            "type": "session.update",
+            "session": {
+                "audio": NO_VAD,
+                "output_modalities": ["text"],
+                "extra_body": {"auto_response": True, **duplex},
+            },
+        }
+    )
+    await drv.until("session.updated")
+    return drv
+
+
+async def test_forced_units_listen_then_the_thinker_speaks(make_driver, engine) -> None:
+    drv = await model_driven(make_driver, force_listen_count=2)
+    await drv.append(tone(3100))
+    listens = [e for e in drv.types() if e == "response.listen"]
+    assert len(listens) == 2
+    speak = await drv.until("response.speak")
+    assert speak["metadata"] == {"model_speak": True, "reason": "model_speak", "unit_index": 2}
+    created = await drv.until("response.created")
+    assert created["response"]["id"] == speak["response_id"]
+    await drv.until("response.done")
+    probe, reply = engine.requests[0], engine.requests[1]
+    assert (probe.sampling.max_tokens, probe.sampling.temperature, probe.want_audio) == (1, 0.0, False)
+    assert probe.turns[-1].role == "user" and probe.turns[-1].media[0].kind == "audio"
+    assert reply.turns[-1].media[0].data.size >= 16_000 * 3 - 512  # the whole pending turn was committed
+    metrics = drv.session.metrics
+    assert metrics.duplex_probes.labels(reason="length")._value.get() == 1
+    assert metrics.duplex_decisions.labels(action="listen", reason="force_listen_count")._value.get() == 2
+
+
+async def test_a_thinker_that_ends_its_turn_at_once_keeps_listening(make_driver, engine) -> None:
+    engine.words = 0  # end of sequence as the first token
+    engine.reply_words = lambda request: []  # type: ignore[method-assign]
+    drv = await model_driven(make_driver)
+    await drv.append(tone(2100))
+    drv.drain()
+    decisions = [e for e in drv.events if e["type"] == "response.listen"]
+    assert [d["response"]["metadata"]["reason"] for d in decisions] == ["model_listen", "model_listen"]
+    assert all(d["response"]["metadata"]["model_listen"] for d in decisions)
+    assert "response.created" not in drv.types() and len(engine.requests) == 2
+
+
+async def test_client_force_listen_holds_a_unit(make_driver, engine) -> None:
+    drv = await model_driven(make_driver)
+    await drv.send({"type": "input_audio_buffer.append", "audio": "", "force_listen": True})
+    await drv.append(tone(1050))
+    listen = await drv.until("response.listen")
+    assert listen["response"]["metadata"]["reason"] == "client_force_listen" and not engine.requests
+
+
+async def test_playback_ack_by_response_id_trims_on_cancel(make_driver, engine) -> None:
+    engine.step_s = 0.05
+    engine.words = 40
+    drv = await make_driver(duplex=True)
+    await drv.send({"type": "response.create", "response": {"output_modalities": ["audio"]}})
+    first = await drv.until("response.output_audio.delta")
+    for _ in range(7):  # 800 ms of audio generated; the client has played 300 ms
+        await drv.until("response.output_audio.delta")
+    await drv.send({"type": "playback.ack", "response_id": first["response_id"], "played_ms": 300})
+    ack = await drv.until("playback.acknowledged")
+    assert (ack["item_id"], ack["played_ms"]) == (first["item_id"], 300)
+    await drv.send({"type": "response.cancel"})
+    await drv.until("response.done")
+    truncated = await drv.until("conversation.item.truncated")
+    assert (truncated["item_id"], truncated["audio_end_ms"]) == (first["item_id"], 300)
+
+
+async def test_speech_over_a_finished_reply_trims_it_to_the_ack(make_driver, engine) -> None:
+    drv = await make_driver(duplex=True)
+    await drv.send({"type": "session.update", "session": {"duplex": {"backchannel_max_ms": 0}}})
+    await drv.send({"type": "response.create", "response": {"output_modalities": ["audio"]}})
+    done = await drv.until("response.done")
+    item_id = done["response"]["output"][0]["id"]
+    await drv.send({"type": "playback.ack", "item_id": item_id, "audio_end_ms": 450})  # of 800 ms
+    await drv.append(tone(600))
+    decision = await drv.until("overlap.decision")
+    assert (decision["action"], decision["reason"]) == ("barge_in", "speech_started")
+    truncated = await drv.until("conversation.item.truncated")
+    assert (truncated["item_id"], truncated["audio_end_ms"]) == (item_id, 450)
+    assert drv.session.conversation.get(item_id).history_text() == "turns0"  # 8 of 15 characters, back to a word
+
+
+async def test_a_fully_played_reply_is_not_interrupted(make_driver, engine) -> None:
+    drv = await make_driver(duplex=True)
+    await drv.send({"type": "session.update", "session": {"duplex": {"backchannel_max_ms": 0}}})
+    await drv.send({"type": "response.create", "response": {"output_modalities": ["audio"]}})
+    done = await drv.until("response.done")
+    item_id = done["response"]["output"][0]["id"]
+    await drv.send({"type": "playback.ack", "item_id": item_id, "audio_end_ms": 800})
+    await drv.append(tone(600))
+    await drv.append(silence(700))
+    await drv.until("response.created")  # the speech is a new turn
+    assert "overlap.decision" not in drv.types() and "conversation.item.truncated" not in drv.types()
