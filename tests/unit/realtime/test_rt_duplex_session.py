@@ -91,7 +91,9 @@ async def test_speech_over_a_finished_reply_trims_it_to_the_ack(make_driver, eng
     assert (decision["action"], decision["reason"]) == ("barge_in", "speech_started")
     truncated = await drv.until("conversation.item.truncated")
     assert (truncated["item_id"], truncated["audio_end_ms"]) == (item_id, 450)
-    assert drv.session.conversation.get(item_id).history_text() == "turns0"  # 8 of 15 characters, back to a word
+    assert (
+        drv.session.conversation.get(item_id).history_text() == "turns0"
+    )  # 8 of 15 characters, back to a word
 
 
 async def test_a_fully_played_reply_is_not_interrupted(make_driver, engine) -> None:

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from omni_runtime.contract.engine import (
     ChatTurn,
+    Engine,
     EngineError,
     Finished,
     GenerationRequest,
@@ -29,11 +30,17 @@ from omni_runtime.contract.engine import (
 )
 from omni_runtime.realtime.audio import MODEL_RATE
 from omni_runtime.realtime.errors import ProtocolError, invalid
+from omni_runtime.realtime.metrics import RealtimeMetrics
+from omni_runtime.realtime.outbox import Outbox
 from omni_runtime.realtime.protocol import close_quietly, new_id
+from omni_runtime.realtime.session.config import SessionConfig
+from omni_runtime.realtime.session.conversation import Conversation
 from omni_runtime.realtime.session.duplex_policy import Decision, UnitState, decide_unit, model_choice
-
-if TYPE_CHECKING:
-    from omni_runtime.realtime.session.session import RealtimeSession
+from omni_runtime.realtime.session.input_audio import InputAudio
+from omni_runtime.realtime.session.overlap import Overlap
+from omni_runtime.realtime.session.response import ResponseRun
+from omni_runtime.realtime.session.turn_detection import Listener
+from omni_runtime.realtime.settings import RealtimeSettings
 
 log = logging.getLogger("omni.realtime")
 PROBE_HINT = (
@@ -41,6 +48,30 @@ PROBE_HINT = (
     "finished, or nothing calls for a reply, end your turn without a word."
 )
 PROBE_TOKEN_BUDGET = 4096
+
+
+class RealtimeSession(Protocol):
+    """What the driver uses of its session (`session.RealtimeSession`)."""
+
+    id: str
+    engine: Engine
+    settings: RealtimeSettings
+    metrics: RealtimeMetrics
+    config: SessionConfig
+    conversation: Conversation
+    input: InputAudio
+    outbox: Outbox
+    overlap: Overlap
+    response: ResponseRun | None
+
+    @property
+    def listener(self) -> Listener | None: ...
+
+    def commit_audio(self, samples: Any, item_id: str) -> None: ...
+
+    def start_response(self, body: dict[str, Any], *, turn_ended_at: float | None) -> ResponseRun: ...
+
+    def error(self, exc: ProtocolError, *, event_id: str | None = None) -> None: ...
 
 
 def append_hints(event: dict[str, Any]) -> tuple[bool, bool]:

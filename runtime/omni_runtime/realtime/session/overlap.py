@@ -12,13 +12,33 @@ records why, and the assistant item is trimmed to what the client reported playi
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from omni_runtime.realtime.errors import NO_ACTIVE_RESPONSE, ProtocolError
+from omni_runtime.realtime.metrics import RealtimeMetrics
+from omni_runtime.realtime.outbox import Outbox
+from omni_runtime.realtime.session.config import SessionConfig
+from omni_runtime.realtime.session.conversation import Conversation
+from omni_runtime.realtime.session.playback import PlaybackCursor
+from omni_runtime.realtime.session.response import ResponseRun
 
-if TYPE_CHECKING:
-    from omni_runtime.realtime.session.response import ResponseRun
-    from omni_runtime.realtime.session.session import RealtimeSession
+
+class RealtimeSession(Protocol):
+    """What the overlap policy uses of its session (`session.RealtimeSession`)."""
+
+    id: str
+    duplex: bool
+    metrics: RealtimeMetrics
+    config: SessionConfig
+    conversation: Conversation
+    outbox: Outbox
+    playback: PlaybackCursor
+    response: ResponseRun | None
+    last_response: ResponseRun | None
+
+    def end_overlap(self) -> None: ...
+
+    async def cancel_response(self, reason: str) -> None: ...
 
 
 class Overlap:
