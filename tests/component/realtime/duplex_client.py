@@ -116,6 +116,11 @@ class DuplexClient:
                 units.append(Unit(response_id, samples * 1000 / OUTPUT_RATE, after["delta"]))
         return units
 
+    def audio_ms(self, response_id: str) -> float:
+        """Audio received for a response (the playback clock's total, pairs or not)."""
+        deltas = [e for e in self.events if e["type"] in AUDIO_DELTAS and e.get("response_id") == response_id]
+        return sum(len(base64.b64decode(e["delta"])) // 2 for e in deltas) * 1000 / OUTPUT_RATE
+
     def of_type(self, *types: str) -> list[dict[str, Any]]:
         return [e for e in self.events if e["type"] in types]
 

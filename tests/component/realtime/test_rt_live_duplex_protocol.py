@@ -67,13 +67,14 @@ async def test_duplex_sockets_send_audio_units_with_their_transcript(
     await client.close()
 
 
-async def test_playback_ack_decides_history_on_response_cancel(live) -> None:
-    client = await DuplexClient.connect(f"ws://{live.router_host}/v1/duplex")
+@pytest.mark.parametrize("path", ["/v1/duplex", "/v1/realtime?duplex=1"])
+async def test_playback_ack_decides_history_on_response_cancel(path, live) -> None:
+    client = await DuplexClient.connect(f"ws://{live.router_host}{path}")
     await client.next_of("session.created")
     await client.configure(output_modalities=["audio"])
     await client.send(TEXT_TURN)
     await client.send({"type": "response.create", "response": {"max_output_tokens": 80}})
-    first = await client.next_of("response.audio.delta")
+    first = await client.next_of(*AUDIO_DELTAS)
     await client.ack(first["response_id"], 40)
     acknowledged = await client.next_of("playback.acknowledged")
     assert (acknowledged["item_id"], acknowledged["played_ms"]) == (first["item_id"], 40)
@@ -89,16 +90,17 @@ async def test_playback_ack_decides_history_on_response_cancel(live) -> None:
     await client.close()
 
 
-async def test_speech_over_a_finished_reply_is_a_barge_in_trimmed_to_the_ack(live, speech_wav) -> None:
+@pytest.mark.parametrize("path", ["/v1/duplex", "/v1/realtime?duplex=1"])
+async def test_speech_over_a_finished_reply_is_a_barge_in_trimmed_to_the_ack(path, live, speech_wav) -> None:
     interruption = speech_wav("Wait, stop, I have a different question for you", "interrupt")
-    client = await DuplexClient.connect(f"ws://{live.router_host}/v1/duplex")
+    client = await DuplexClient.connect(f"ws://{live.router_host}{path}")
     await client.next_of("session.created")
     await client.configure(output_modalities=["audio"], max_output_tokens=4)
     await client.send(TEXT_TURN)
     await client.send({"type": "response.create", "response": {"max_output_tokens": 16}})
     finished = await client.next_of("response.done")
     response_id, item = finished["response"]["id"], finished["response"]["output"][0]
-    total = sum(u.audio_ms for u in client.units(response_id))
+    total = client.audio_ms(response_id)
     assert finished["response"]["status"] in ("completed", "incomplete") and total > 200
     await client.ack(response_id, 120)  # the reply is generated; the client has played 120 ms of it
 
@@ -116,10 +118,11 @@ async def test_speech_over_a_finished_reply_is_a_barge_in_trimmed_to_the_ack(liv
     await client.close()
 
 
-async def test_model_driven_duplex_listens_first_then_the_model_decides(live, speech_wav) -> None:
+@pytest.mark.parametrize("path", ["/v1/duplex", "/v1/realtime?duplex=1"])
+async def test_model_driven_duplex_listens_first_then_the_model_decides(path, live, speech_wav) -> None:
     speech = speech_wav("Hello there, can you tell me what time it is", "question")
     before = probes(live.worker_host)
-    client = await DuplexClient.connect(f"ws://{live.router_host}/v1/duplex")
+    client = await DuplexClient.connect(f"ws://{live.router_host}{path}")
     await client.next_of("session.created")
     updated = await client.configure(
         output_modalities=["audio"],
