@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from rt_helpers import silence, tone
 
 NO_VAD = {"input": {"turn_detection": None}}
@@ -107,3 +108,66 @@ async def test_a_fully_played_reply_is_not_interrupted(make_driver, engine) -> N
     await drv.append(silence(700))
     await drv.until("response.created")  # the speech is a new turn
     assert "overlap.decision" not in drv.types() and "conversation.item.truncated" not in drv.types()
+
+
+HOSTILE = [
+    ({"type": "playback.ack", "played_ms": "abc"}, "played_ms", "invalid_value"),
+    ({"type": "playback.ack", "played_ms": -5}, "played_ms", "invalid_value"),
+    ({"type": "playback.ack", "played_ms": True}, "played_ms", "invalid_value"),
+    ({"type": "playback.ack", "audio_end_ms": [1]}, "audio_end_ms", "invalid_value"),
+    ({"type": "playback.ack"}, "played_ms", "missing_required_parameter"),
+    ({"type": "playback.ack", "played_ms": 5}, "item_id", "missing_required_parameter"),  # nothing played yet
+    ({"type": "playback.ack", "played_ms": 5, "item_id": 7}, "item_id", "invalid_value"),
+    ({"type": "playback.ack", "played_ms": 5, "response_id": {}}, "response_id", "invalid_value"),
+    (
+        {"type": "playback.ack", "played_ms": 5, "response_id": "resp_nope"},
+        "response_id",
+        "playback_item_not_found",
+    ),
+    ({"type": "playback.ack", "played_ms": 5, "item_id": "item_nope"}, "item_id", "item_not_found"),
+    ({"type": "barge_in"}, None, "response_cancel_not_active"),
+    (
+        {"type": "input_audio_buffer.append", "audio": "", "force_listen": "yes"},
+        "force_listen",
+        "invalid_value",
+    ),
+    (
+        {"type": "input_audio_buffer.append", "audio": "", "force_barge_in": 1},
+        "force_barge_in",
+        "invalid_value",
+    ),
+    (
+        {"type": "session.update", "session": {"extra_body": {"auto_response": "on"}}},
+        "session.extra_body.auto_response",
+        "invalid_value",
+    ),
+    (
+        {"type": "session.update", "session": {"extra_body": {"force_listen_count": 10**9}}},
+        "session.extra_body.force_listen_count",
+        "invalid_value",
+    ),
+    (
+        {"type": "session.update", "session": {"duplex": {"unit_ms": "1s"}}},
+        "session.duplex.unit_ms",
+        "invalid_value",
+    ),
+    ({"type": "session.update", "session": {"extra_body": []}}, "session.extra_body", "invalid_value"),
+    (
+        {"type": "session.update", "session": {"audio": NO_VAD}},
+        "session.audio.input.turn_detection",
+        "invalid_value",
+    ),
+]
+
+
+@pytest.mark.parametrize(("event", "param", "code"), HOSTILE)
+async def test_malformed_duplex_events_get_an_error_and_the_session_goes_on(
+    make_driver, event, param, code
+) -> None:
+    drv = await make_driver(duplex=True)
+    await drv.send(event)
+    error = (await drv.until("error"))["error"]
+    assert (error["param"], error["code"]) == (param, code), error
+    await drv.send({"type": "response.create", "response": {"output_modalities": ["text"]}})
+    await drv.until("response.done")  # still usable
+    assert drv.session.config.duplex.model_driven is False
