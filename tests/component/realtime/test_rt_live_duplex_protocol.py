@@ -118,18 +118,31 @@ async def test_speech_over_a_finished_reply_is_a_barge_in_trimmed_to_the_ack(pat
     await client.close()
 
 
-@pytest.mark.parametrize("path", ["/v1/duplex", "/v1/realtime?duplex=1"])
-async def test_model_driven_duplex_listens_first_then_the_model_decides(path, live, speech_wav) -> None:
+SEMANTIC = {
+    "input": {"format": {"type": "audio/pcm", "rate": 16000}, "turn_detection": {"type": "semantic_vad"}}
+}
+
+
+@pytest.mark.parametrize(
+    ("path", "fields"),
+    [
+        ("/v1/duplex", {"extra_body": {"auto_response": True, "force_listen_count": 2}}),
+        ("/v1/realtime?duplex=1", {"extra_body": {"auto_response": True, "force_listen_count": 2}}),
+        (
+            "/v1/duplex",
+            {"audio": SEMANTIC, "duplex": {"force_listen_count": 2}},
+        ),  # VAD hears, the model ends turns
+    ],
+)
+async def test_model_driven_duplex_listens_first_then_the_model_decides(
+    path, fields, live, speech_wav
+) -> None:
     speech = speech_wav("Hello there, can you tell me what time it is", "question")
     before = probes(live.worker_host)
     client = await DuplexClient.connect(f"ws://{live.router_host}{path}")
     await client.next_of("session.created")
-    updated = await client.configure(
-        output_modalities=["audio"],
-        max_output_tokens=4,
-        extra_body={"auto_response": True, "force_listen_count": 2},
-    )
-    assert updated["session"]["duplex"]["auto_response"] is True
+    updated = await client.configure(output_modalities=["audio"], max_output_tokens=4, **fields)
+    assert updated["session"]["duplex"]["auto_response"] is ("extra_body" in fields)
     assert updated["session"]["duplex"]["force_listen_count"] == 2
 
     await client.stream(0.01 * np.random.default_rng(1).standard_normal(16_000 * 2).astype(np.float32))

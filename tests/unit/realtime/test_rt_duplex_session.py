@@ -171,3 +171,40 @@ async def test_malformed_duplex_events_get_an_error_and_the_session_goes_on(
     await drv.send({"type": "response.create", "response": {"output_modalities": ["text"]}})
     await drv.until("response.done")  # still usable
     assert drv.session.config.duplex.model_driven is False
+
+
+async def test_semantic_vad_lets_the_thinker_end_the_turn_at_its_eagerness(make_driver, engine) -> None:
+    drv = await make_driver(duplex=True)
+    semantic = {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "high"}}}
+    await drv.send({"type": "session.update", "session": {"audio": semantic, "output_modalities": ["text"]}})
+    updated = await drv.until("session.updated")
+    assert updated["session"]["audio"]["input"]["turn_detection"] == {
+        "type": "semantic_vad",
+        "eagerness": "high",
+        "create_response": True,
+        "interrupt_response": True,
+    }
+    await drv.append(silence(500))
+    await drv.append(tone(700))
+    await drv.append(silence(1300))  # VAD stops; no commit of its own: the thinker is asked at a pause
+    stopped = await drv.until("input_audio_buffer.speech_stopped")
+    speak = await drv.until("response.speak")
+    reasons = [e["response"]["metadata"]["reason"] for e in drv.events if e["type"] == "response.listen"]
+    assert reasons and set(reasons) <= {"no_new_input", "user_speaking"}  # 500 ms units (eagerness high)
+    assert drv.events.index(stopped) < drv.events.index(speak)
+    assert speak["metadata"]["unit_index"] == len(reasons)
+    committed = [e for e in drv.events if e["type"] == "input_audio_buffer.committed"]
+    assert len(committed) == 1 and drv.events.index(committed[0]) < drv.events.index(speak)
+    assert engine.requests[0].sampling.max_tokens == 1  # the probe, before the response
+
+
+async def test_semantic_vad_is_refused_outside_duplex(make_driver) -> None:
+    drv = await make_driver()
+    await drv.send(
+        {
+            "type": "session.update",
+            "session": {"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}},
+        }
+    )
+    error = (await drv.until("error"))["error"]
+    assert error["param"] == "session.audio.input.turn_detection.type" and "duplex" in error["message"]

@@ -17,6 +17,8 @@ from omni_runtime.realtime.errors import invalid
 from omni_runtime.realtime.session.duplex_config import DuplexConfig, parse_duplex
 from omni_runtime.realtime.settings import RealtimeSettings
 
+EAGERNESS_UNIT_MS = {"low": 2000, "medium": 1000, "auto": 1000, "high": 500}
+
 
 @dataclass(frozen=True)
 class TurnDetection:
@@ -26,8 +28,23 @@ class TurnDetection:
     create_response: bool = True
     interrupt_response: bool = True
     idle_timeout_ms: int | None = None
+    type: str = "server_vad"  # or semantic_vad: VAD hears speech, the model decides when the turn ends
+    eagerness: str = (
+        "auto"  # semantic_vad: how soon the model is asked (low 2 s, auto/medium 1 s, high 0.5 s)
+    )
+
+    @property
+    def semantic(self) -> bool:
+        return self.type == "semantic_vad"
 
     def to_json(self) -> dict[str, Any]:
+        if self.semantic:
+            return {
+                "type": "semantic_vad",
+                "eagerness": self.eagerness,
+                "create_response": self.create_response,
+                "interrupt_response": self.interrupt_response,
+            }
         return {
             "type": "server_vad",
             "threshold": self.threshold,
@@ -167,10 +184,14 @@ def parse_turn_detection(value: Any, current: TurnDetection | None, param: str) 
     if not isinstance(value, dict):
         raise invalid(param, "expected an object or null")
     kind = value.get("type", "server_vad")
-    if kind != "server_vad":
-        raise invalid(f"{param}.type", f"{kind!r} is not supported; use 'server_vad' or null")
+    if kind not in ("server_vad", "semantic_vad"):
+        raise invalid(f"{param}.type", f"{kind!r} is not supported; use 'server_vad', 'semantic_vad' or null")
     base = current or TurnDetection()
-    changes: dict[str, Any] = {}
+    changes: dict[str, Any] = {"type": kind}
+    if "eagerness" in value:
+        if value["eagerness"] not in EAGERNESS_UNIT_MS:
+            raise invalid(f"{param}.eagerness", f"expected one of {', '.join(EAGERNESS_UNIT_MS)}")
+        changes["eagerness"] = value["eagerness"]
     if "threshold" in value:
         changes["threshold"] = _number(value["threshold"], f"{param}.threshold", lo=0.0, hi=1.0)
     for name in ("prefix_padding_ms", "silence_duration_ms"):
@@ -253,6 +274,12 @@ def apply_update(config: SessionConfig, session: Any, *, audio_out: bool, duplex
     if duplex:
         changes["duplex"] = parse_duplex(session, config.duplex)
     new = replace(config, **changes)
+    if new.turn_detection is not None and new.turn_detection.semantic and not duplex:
+        raise invalid(
+            "session.audio.input.turn_detection.type",
+            "semantic_vad is served on duplex sessions (/v1/duplex or /v1/realtime?duplex=1), where the "
+            "model decides when the user's turn ends; use server_vad here",
+        )
     if duplex and new.turn_detection is None and not new.duplex.model_driven:
         raise invalid(
             "session.audio.input.turn_detection",

@@ -33,7 +33,7 @@ from omni_runtime.realtime.errors import ProtocolError, invalid
 from omni_runtime.realtime.metrics import RealtimeMetrics
 from omni_runtime.realtime.outbox import Outbox
 from omni_runtime.realtime.protocol import close_quietly, new_id
-from omni_runtime.realtime.session.config import SessionConfig
+from omni_runtime.realtime.session.config import EAGERNESS_UNIT_MS, SessionConfig
 from omni_runtime.realtime.session.conversation import Conversation
 from omni_runtime.realtime.session.duplex_policy import Decision, UnitState, decide_unit, model_choice
 from omni_runtime.realtime.session.input_audio import InputAudio
@@ -132,7 +132,17 @@ class DuplexDriver:
 
     @property
     def active(self) -> bool:
-        return self.session.config.duplex.model_driven
+        config = self.session.config
+        vad = config.turn_detection
+        return config.duplex.model_driven or (vad is not None and vad.semantic)
+
+    def unit_ms(self) -> int:
+        """The decision clock: the session's ``unit_ms``, or semantic_vad's eagerness."""
+        config = self.session.config
+        vad = config.turn_detection
+        if vad is not None and vad.semantic and not config.duplex.model_driven:
+            return EAGERNESS_UNIT_MS[vad.eagerness]
+        return config.duplex.unit_ms
 
     # --- input ------------------------------------------------------------------------------
 
@@ -150,7 +160,7 @@ class DuplexDriver:
             if self.pending_start is None:
                 self.pending_start = session.input.total - samples
         self.unit_samples += samples
-        unit = session.config.duplex.unit_ms * MODEL_RATE // 1000
+        unit = self.unit_ms() * MODEL_RATE // 1000
         while self.unit_samples >= unit:
             self.unit_samples -= unit
             await self._unit_done()
