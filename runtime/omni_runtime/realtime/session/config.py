@@ -3,7 +3,7 @@
 The GA protocol nests audio settings (``session.audio.input.format``, ``.turn_detection``,
 ``session.audio.output.voice``) and names the output ``output_modalities``; the beta protocol had
 them flat (``modalities``, ``input_audio_format``, ``turn_detection``, ``voice``). Both are
-accepted; an update is validated completely before anything changes, so a bad field leaves the
+accepted (``semantic_vad`` only on duplex sessions, where the model ends turns: `duplex.py`); an update is validated completely before anything changes, so a bad field leaves the
 session as it was and the client gets one ``error`` event naming the field.
 """
 

@@ -5,7 +5,8 @@ activity detector ends the user's turn and a response starts, as in any realtime
 model-driven mode (``auto_response: true`` or ``full_duplex: true``, as vLLM-Omni's duplex lane
 spells them) the session decides listen or speak once per unit of appended audio (about 1 s), the
 first ``force_listen_count`` units are forced to listen, and ``turn_detection`` may be null (then
-the model alone decides; see `duplex_policy`). The fields are read from ``session.duplex``,
+the model alone decides; see `duplex_policy`); ``turn_detection.type: semantic_vad`` switches the
+same decision on without ``auto_response``, its ``eagerness`` setting the unit. The fields are read from ``session.duplex``,
 ``session.extra_body`` (the released spelling) or the session object itself, in that order of
 precedence; a bad value is one ``error`` event naming the field.
 
