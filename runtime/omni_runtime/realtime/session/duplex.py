@@ -47,7 +47,6 @@ PROBE_HINT = (
     "You are in a live spoken conversation and hear the user as they talk. If the user has not "
     "finished, or nothing calls for a reply, end your turn without a word."
 )
-PROBE_TOKEN_BUDGET = 4096
 
 
 class RealtimeSession(Protocol):
@@ -89,7 +88,8 @@ async def probe_model(session: RealtimeSession, audio: Any) -> Decision:
     """Ask the thinker whether it takes the turn now: its greedy first token decides."""
     config = session.config
     instructions = f"{config.instructions}\n\n{PROBE_HINT}".strip()
-    turns = session.conversation.turns(instructions=instructions, token_budget=PROBE_TOKEN_BUDGET)
+    budget = max(256, session.engine.max_model_len - 8)
+    turns = session.conversation.turns(instructions=instructions, token_budget=budget)
     if audio is not None and audio.size:
         turns = (
             *turns,
@@ -146,9 +146,9 @@ class DuplexDriver:
 
     # --- input ------------------------------------------------------------------------------
 
-    async def on_append(self, event: dict[str, Any], samples: int) -> None:
-        """After an append was stored and heard by VAD: hints, then the unit clock."""
-        force_listen, force_barge_in = append_hints(event)
+    async def on_append(self, hints: tuple[bool, bool], samples: int) -> None:
+        """After an append was stored and heard by VAD: its hints (`append_hints`), then the unit clock."""
+        force_listen, force_barge_in = hints
         session = self.session
         if force_barge_in and session.overlap.assistant_talking():
             await session.overlap.barge_in(reason="force_barge_in")

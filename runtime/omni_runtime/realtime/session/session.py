@@ -48,7 +48,7 @@ from omni_runtime.realtime.protocol import engine_voice, new_id
 from omni_runtime.realtime.request_types import check_text
 from omni_runtime.realtime.session.config import SessionConfig, apply_update
 from omni_runtime.realtime.session.conversation import Conversation, Item, Part
-from omni_runtime.realtime.session.duplex import DuplexDriver
+from omni_runtime.realtime.session.duplex import DuplexDriver, append_hints
 from omni_runtime.realtime.session.input_audio import InputAudio
 from omni_runtime.realtime.session.items import parse_item
 from omni_runtime.realtime.session.overlap import Overlap
@@ -242,11 +242,12 @@ class RealtimeSession:
     async def _append(self, event: dict[str, Any]) -> None:
         if "audio" not in event:
             raise missing("audio", where="input_audio_buffer.append")
+        hints = append_hints(event) if self.duplex else (False, False)  # checked before any audio is kept
         data = decode_b64(event["audio"], param="audio", max_bytes=self.settings.max_event_bytes)
         samples = self.input.append(pcm16_to_float(data, param="audio"))
         await self._listen(samples)
         if self.duplex:
-            await self.driver.on_append(event, samples.size)
+            await self.driver.on_append(hints, samples.size)
 
     async def _commit(self, event: dict[str, Any]) -> None:
         held = self.input.ms(self.input.size)
