@@ -208,3 +208,34 @@ async def test_semantic_vad_is_refused_outside_duplex(make_driver) -> None:
     )
     error = (await drv.until("error"))["error"]
     assert error["param"] == "session.audio.input.turn_detection.type" and "duplex" in error["message"]
+
+
+async def test_a_commit_in_a_model_driven_session_lets_the_model_decide(make_driver, engine) -> None:
+    drv = await model_driven(make_driver, force_listen_count=100)  # the unit clock only listens
+    await drv.append(tone(300))
+    await drv.send({"type": "input_audio_buffer.commit"})
+    speak = await drv.until("response.speak")  # the thinker's first token is a word: it speaks
+    assert speak["metadata"] == {"model_speak": True, "reason": "model_speak", "unit_index": None}
+    await drv.until("response.done")
+    assert engine.requests[0].sampling.max_tokens == 1
+
+    await drv.append(tone(300))
+    await drv.send({"type": "input_audio_buffer.commit", "create_response": False})
+    await drv.until("input_audio_buffer.committed")
+    await drv.append(tone(300))
+    await drv.send({"type": "input_audio_buffer.commit", "response_create": True})
+    asked = await drv.until("response.speak")
+    await drv.until("response.done")
+    assert asked["metadata"]["reason"] == "create_response" and len(engine.requests) == 3  # no probe
+    await drv.send({"type": "input_audio_buffer.commit", "create_response": "maybe"})
+    assert (await drv.until("error"))["error"]["param"] == "create_response"
+
+
+async def test_a_commit_the_model_declines_is_a_listen(make_driver, engine) -> None:
+    engine.reply_words = lambda request: []  # type: ignore[method-assign]
+    drv = await model_driven(make_driver, force_listen_count=100)
+    await drv.append(tone(300))
+    await drv.send({"type": "input_audio_buffer.commit"})
+    listen = await drv.until("response.listen")
+    assert listen["response"]["metadata"]["model_listen"] is True
+    assert "response.created" not in drv.types()

@@ -84,6 +84,15 @@ def append_hints(event: dict[str, Any]) -> tuple[bool, bool]:
     return hints[0], hints[1]
 
 
+def commit_create_response(event: dict[str, Any]) -> bool | None:
+    """A duplex commit's ``create_response`` (or ``response_create``): True, False, or None (the model decides)."""
+    name = "create_response" if "create_response" in event else "response_create"
+    value = event.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise invalid(name, f"expected true, false or null, got {value!r}")
+    return value
+
+
 async def probe_model(session: RealtimeSession, audio: Any) -> Decision:
     """Ask the thinker whether it takes the turn now: its greedy first token decides."""
     config = session.config
@@ -183,6 +192,23 @@ class DuplexDriver:
     def holds_turn(self) -> bool:
         return self.active and self.pending_start is not None
 
+    async def after_commit(self, create: bool | None) -> None:
+        """A client commit in a model-driven session: a response only if asked for or the model speaks."""
+        if not self.active:
+            return
+        self.pending_start = None
+        self.new_input = False
+        session = self.session
+        if create is False or session.response is not None:
+            return
+        decision = Decision("speak", "create_response") if create else await probe_model(session, None)
+        if session.response is not None:
+            return
+        if decision.action == "listen":
+            self._listen(decision)
+        else:
+            self._speak(decision)
+
     # --- decisions --------------------------------------------------------------------------
 
     async def _unit_done(self) -> None:
@@ -204,16 +230,16 @@ class DuplexDriver:
             if session.response is not None:
                 return  # a response started while the model was asked (response.create)
         if decision.action == "listen":
-            self._listen(decision)
+            self._listen(decision, state.index)
         elif decision.action == "speak":
-            self._speak(decision)
+            self._speak(decision, state.index)
 
     def _pending_audio(self) -> Any:
         audio = self.session.input
         start = audio.start if self.pending_start is None else max(self.pending_start, audio.start)
         return audio.peek(start=start)
 
-    def _listen(self, decision: Decision) -> None:
+    def _listen(self, decision: Decision, unit: int | None = None) -> None:
         session = self.session
         self.listens += 1
         session.metrics.duplex_decisions.labels(action="listen", reason=decision.reason).inc()
@@ -227,7 +253,7 @@ class DuplexDriver:
                 "metadata": {
                     "model_listen": decision.model_listen,
                     "reason": decision.reason,
-                    "unit_index": self.unit_index - 1,
+                    "unit_index": unit,
                     "force_listen": decision.reason in ("force_listen_count", "client_force_listen"),
                 },
             },
@@ -237,7 +263,7 @@ class DuplexDriver:
         if audio.size > keep:
             audio.drop_before(audio.total - keep)
 
-    def _speak(self, decision: Decision) -> None:
+    def _speak(self, decision: Decision, unit: int | None = None) -> None:
         session = self.session
         samples = self._pending_audio()
         self.pending_start = None
@@ -257,5 +283,5 @@ class DuplexDriver:
             epoch=run.epoch,
             response_id=run.id,
             item_id=run.item.id,
-            metadata={"model_speak": True, "reason": decision.reason, "unit_index": self.unit_index - 1},
+            metadata={"model_speak": True, "reason": decision.reason, "unit_index": unit},
         )

@@ -48,7 +48,7 @@ from omni_runtime.realtime.protocol import engine_voice, new_id
 from omni_runtime.realtime.request_types import check_text
 from omni_runtime.realtime.session.config import SessionConfig, apply_update
 from omni_runtime.realtime.session.conversation import Conversation, Item, Part
-from omni_runtime.realtime.session.duplex import DuplexDriver, append_hints
+from omni_runtime.realtime.session.duplex import DuplexDriver, append_hints, commit_create_response
 from omni_runtime.realtime.session.input_audio import InputAudio
 from omni_runtime.realtime.session.items import parse_item
 from omni_runtime.realtime.session.overlap import Overlap
@@ -250,6 +250,7 @@ class RealtimeSession:
             await self.driver.on_append(hints, samples.size)
 
     async def _commit(self, event: dict[str, Any]) -> None:
+        create = commit_create_response(event) if self.duplex else None
         held = self.input.ms(self.input.size)
         if held < MIN_COMMIT_MS:
             raise ProtocolError(
@@ -259,6 +260,8 @@ class RealtimeSession:
         item_id = self._speech_item_id or new_id("item")
         self._speech_item_id = None
         self.commit_audio(self.input.take(), item_id)
+        if self.duplex:
+            await self.driver.after_commit(create)
 
     async def _clear(self, event: dict[str, Any]) -> None:
         self.input.clear()
