@@ -1,7 +1,10 @@
 """Where one streaming vocoder window (token2wav: DiT ODE + BigVGAN) spends its time on a GPU.
 
 Builds only the released-size token2wav with random weights and reports, for the first (15
-codes) and the steady (55 codes) window: the CUDA-graph replay, the eager run, and the kernels that dominate a replay. Run by hand on the device machine:
+codes) and the steady (55 codes) window: the CUDA-graph replay, the eager run, and the kernels
+that dominate a replay; then the throughput of steady windows batched across streams (1 to 16)
+with the DiT in float32 (TF32 matmuls) and in bfloat16, and how far bfloat16's audio is from
+float32's for the same window and seed (SNR). Run by hand on the device machine:
 
     python tests/gpu/profile_vocoder.py
 """
@@ -53,8 +56,53 @@ def main() -> int:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         vocoder.synthesize(codes, **kwargs)
         torch.cuda.synchronize()
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20, max_name_column_width=60))
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=60))
+    _batched_precision(config, device, load_speakers(None, config), Qwen2_5OmniToken2WavModel, QwenVocoder)
     return 0
+
+
+def _batched_precision(config, device, speakers, model_class, vocoder_class) -> None:
+    """Steady windows (40 kept codes, 55 with context) per second of audio, by batch and DiT dtype."""
+    import numpy as np
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        token2wav = model_class._from_config(
+            config.token2wav_config, dtype=torch.float32, attn_implementation="sdpa"
+        ).eval()
+    state = {k: v.clone() for k, v in token2wav.state_dict().items()}
+    rng = np.random.default_rng(0)
+    codes = [int(c) for c in rng.integers(0, 8000, 55)]
+    reference = None
+    for dtype in (torch.float32, torch.bfloat16):
+        token2wav.load_state_dict(state)  # the same weights for both precisions
+        token2wav.float()
+        vocoder = vocoder_class(token2wav, speakers=speakers, device=device, dit_dtype=dtype)
+        voice = next(iter(vocoder.speakers))
+        window = {"start": 10, "end": 50, "ctx_start": 0, "ctx_end": 55}
+        for rows in (1, 4, 8, 16):
+            items = [
+                {"codes": codes, "window": window, "voice": voice, "seed": i, "reusable": True}
+                for i in range(rows)
+            ]
+            ms = _timed(lambda v=vocoder, batch=items: v.synthesize_many(batch))
+            audio_s = rows * 40 * vocoder.samples_per_code / vocoder.sample_rate
+            print(
+                f"DiT {dtype!s:15s} batch {rows:2d}: {ms:7.1f} ms per call, {audio_s / ms * 1000:6.1f} audio-s/s"
+            )
+        wave = vocoder.synthesize_many(
+            [{"codes": codes, "window": window, "voice": voice, "seed": 7, "reusable": True}]
+        )[0]
+        if reference is None:
+            reference = wave
+        else:
+            noise = float(np.sum((wave - reference) ** 2))
+            signal = float(np.sum(reference**2))
+            print(
+                f"bfloat16 vs float32 DiT, same window and seed: SNR {10 * np.log10(signal / max(noise, 1e-20)):.1f} dB"
+            )
+        del vocoder
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

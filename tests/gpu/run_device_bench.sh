@@ -4,6 +4,7 @@
 # runs `omni bench` for text and streaming speech at c=1,4,16, then the plain HF `generate`
 # baseline on the same GPU. Results land in $OUT. SERVE_ARGS adds omni serve flags (placement over
 # several GPUs); PLACEMENT_CHECK=1 then checks with nvidia-smi that each process sits where they say.
+# AFTER_READY runs a command once the server is ready (SERVER holds its pid).
 set -uo pipefail
 OUT=${OUT:-/tmp/omni-bench}; mkdir -p "$OUT"
 rm -rf /tmp/site
@@ -42,6 +43,9 @@ for _ in $(seq 1 420); do
 done
 curl -sf localhost:8000/ready >/dev/null || { echo "server not ready"; tail -50 "$OUT/serve.log"; exit 1; }
 echo "server ready"; grep -i "ready\|loaded" "$OUT/serve.log" | tail -3
+if [ -n "${AFTER_READY:-}" ]; then  # e.g. tests/gpu/profile_speech.sh's levels, against this server
+  SERVER=$SERVER OUT=$OUT bash -c "$AFTER_READY"
+fi
 if [ "${PLACEMENT_CHECK:-0}" = 1 ]; then  # each process on the GPUs its flags name (nvidia-smi)
   python3 -m omni_runtime.entrypoints.gpu_placement -- --pipeline "$PIPELINE" ${SERVE_ARGS:-} 2>&1 | tee "$OUT/placement.txt"
   nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1

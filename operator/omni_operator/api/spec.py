@@ -13,6 +13,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
+from omni_operator.api.streaming_input import StreamingInputSpec
+
 GROUP = "omni.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -376,6 +378,10 @@ class OmniDeploymentSpec(SpecModel):
         default_factory=RolloutSpec, description="Worker-by-worker rollout strategy."
     )
     media: MediaSpec = Field(default_factory=MediaSpec, description="Remote media URLs the workers fetch.")
+    streaming_input: StreamingInputSpec = Field(
+        default_factory=StreamingInputSpec,
+        description="Streaming-input sessions of the workers (builtin runtime only).",
+    )
 
 
 class ObjectMeta(BaseModel):

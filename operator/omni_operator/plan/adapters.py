@@ -20,6 +20,7 @@ from omni_operator.api.spec import (
     RuntimeType,
     SourceType,
 )
+from omni_operator.api.streaming_input import streaming_input_flags
 from omni_operator.plan.catalogue import SGLANG_OMNI, VLLM_OMNI
 from omni_operator.plan.types import Stage
 
@@ -63,7 +64,12 @@ def builtin_serve(
     argv = ["omni", "serve", *_model_flags(spec), *_bind(ctx, port), "--device", "cpu", *_identity(ctx)]
     for stage, address in remote.items():
         argv += ["--remote-stage", f"{stage.value}={address}"]
-    return (*argv, *_media_flags(spec), *spec.runtime.extra_args)
+    return (
+        *argv,
+        *_media_flags(spec),
+        *streaming_input_flags(spec.streaming_input),
+        *spec.runtime.extra_args,
+    )
 
 
 def _media_flags(spec: OmniDeploymentSpec) -> list[str]:

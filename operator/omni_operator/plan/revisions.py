@@ -11,6 +11,7 @@ import hashlib
 import json
 
 from omni_operator.api.spec import MediaSpec, OmniDeploymentSpec
+from omni_operator.api.streaming_input import StreamingInputSpec
 from omni_operator.plan.types import StagePod
 
 
@@ -22,12 +23,14 @@ def _digest(payload: object) -> str:
 def worker_revision(spec: OmniDeploymentSpec) -> str:
     """Hash of everything that shapes a worker; workers count, router and rollout are left out.
 
-    spec.media counts only when it is set, so a deployment that leaves it alone keeps the
+    spec.media and spec.streamingInput count only when set, so a deployment that leaves it alone keeps the
     revision it had before the field existed (an operator upgrade does not roll its workers).
     """
     shaping = {"model", "runtime", "pipeline", "stages", "gpu"}
     if spec.media != MediaSpec():
         shaping.add("media")
+    if spec.streaming_input != StreamingInputSpec():
+        shaping.add("streaming_input")
     return _digest(spec.model_dump(mode="json", by_alias=True, include=shaping))
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -26,8 +26,28 @@ class _EngineCollector(Collector):
         self._stats = stats
         self._in_flight = in_flight
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         stats = self._stats()
+        busy = CounterMetricFamily(
+            "omni_stage_busy_seconds",
+            "Wall time each stage thread spent in calls (GPU waits included); its rate is the stage's utilisation.",
+            labels=["stage"],
+        )
+        calls = CounterMetricFamily(
+            "omni_stage_calls", "Calls (steps, batches) run by each stage thread.", labels=["stage"]
+        )
+        items = CounterMetricFamily(
+            "omni_stage_items",
+            "Rows stepped or items batched by each stage thread; items/calls is its mean batch.",
+            labels=["stage"],
+        )
+        for load in stats.stages:
+            busy.add_metric([load.stage], load.busy_s)
+            calls.add_metric([load.stage], load.calls)
+            items.add_metric([load.stage], load.items)
+        yield busy
+        yield calls
+        yield items
         yield GaugeMetricFamily(
             "omni_queue_depth", "Requests waiting for a thinker slot.", value=stats.queue_depth
         )
@@ -48,6 +68,34 @@ class _EngineCollector(Collector):
         )
         yield GaugeMetricFamily(
             "omni_active_sessions", "Client requests and sessions open on the API.", value=self._in_flight()
+        )
+        for name, help_text, value in (
+            (
+                "omni_encoder_cache_hits",
+                "Encoder units served from the encoder cache.",
+                stats.encoder_cache_hits,
+            ),
+            ("omni_encoder_cache_misses", "Encoder units sent to an encoder.", stats.encoder_cache_misses),
+            (
+                "omni_encoder_cache_evictions",
+                "Encoder cache entries dropped for room.",
+                stats.encoder_cache_evictions,
+            ),
+            (
+                "omni_media_prefetch_submitted",
+                "Media submitted for encoding ahead of its request.",
+                stats.prefetch_submitted,
+            ),
+            ("omni_media_prefetch_done", "Media encoded ahead of its request.", stats.prefetch_done),
+            (
+                "omni_media_prefetch_failed",
+                "Media refused while encoded ahead of its request.",
+                stats.prefetch_failed,
+            ),
+        ):
+            yield CounterMetricFamily(name, help_text, value=value)
+        yield GaugeMetricFamily(
+            "omni_encoder_cache_bytes", "Bytes of encoder outputs kept.", value=stats.encoder_cache_bytes
         )
 
 

@@ -143,6 +143,10 @@ class Vocoder(Protocol):
         ``window`` (start/end/ctx_start/ctx_end), ``voice``, ``seed`` and ``reusable``."""
         ...
 
+    def warmup(self, sizes: frozenset[int]) -> None:
+        """Prepare every batch shape of these recurring window sizes (CUDA graphs); may do nothing."""
+        ...
+
 
 class OmniAdapter(ABC):
     """One loaded model family, with the modules of the stages this process hosts."""
@@ -209,6 +213,12 @@ class OmniAdapter(ABC):
     def vision_stage_address(self) -> str | None:
         """host:port of the image encoder's own stage process, when it runs in one."""
         return None
+
+    @property
+    def video_groups_independent(self) -> bool:
+        """Whether the vision tower encodes each temporal patch group of a video on its own (its
+        attention never crosses groups), so a video's groups may be encoded apart and joined."""
+        return False
 
     def close_vision(self) -> None:
         """Stop the image encoder's own processes, if any (idempotent)."""

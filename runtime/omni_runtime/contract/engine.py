@@ -6,7 +6,7 @@ stream of events. Closing the stream (``aclose()``) cancels the request and free
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -90,11 +90,36 @@ EngineEvent = TextDelta | AudioChunk | Finished
 
 
 @dataclass(frozen=True)
+class StageLoad:
+    """How much one stage thread of this process has worked since start (counters).
+
+    ``busy_s`` is wall time inside the stage's calls (GPU waits included): its rate over a load is
+    the stage's utilisation. ``items`` counts what the calls carried (rows stepped by a scheduler,
+    requests or windows in a batch), so ``items / calls`` is the mean batch.
+    """
+
+    stage: str
+    busy_s: float = 0.0
+    calls: int = 0
+    items: int = 0
+
+
+@dataclass(frozen=True)
 class EngineStats:
     queue_depth: int = 0
     running_batch: int = 0
     max_running_batch: int = 0  # largest batch seen since start (observability and tests)
     active_requests: int = 0
+    stages: tuple[StageLoad, ...] = ()  # the stage threads of this process
+    # Encoder outputs kept by content (pipeline/encoder_cache.py): units served without encoding,
+    # units encoded, entries dropped for room; and media submitted for encoding ahead of a request.
+    encoder_cache_hits: int = 0
+    encoder_cache_misses: int = 0
+    encoder_cache_evictions: int = 0
+    encoder_cache_bytes: int = 0
+    prefetch_submitted: int = 0
+    prefetch_done: int = 0
+    prefetch_failed: int = 0
 
 
 class EngineError(Exception):
@@ -128,5 +153,11 @@ class Engine(Protocol):
     async def stop(self) -> None: ...
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[EngineEvent]: ...
+
+    def prefetch_media(self, media: Sequence[MediaInput]) -> bool:
+        """Start preprocessing and encoding ``media`` that a request will soon carry, so that
+        request's encoder stages find the work done (exactly the same outputs). Returns whether work
+        was submitted (False: nothing to do, or this engine keeps no encoder outputs)."""
+        ...
 
     def stats(self) -> EngineStats: ...

@@ -22,6 +22,8 @@ class EngineOptions:
     mem_fraction_static: float | None = None
     max_batch_size: int = 32  # thinker continuous-batching slots
     max_model_len: int = 8192
+    # Encoder outputs kept by content (media encoded ahead of a request, repeated media); 0: off.
+    encoder_cache_mb: int = 256
     # Stages served by another process: stage name -> "host:port" of its stage link.
     remote_stages: dict[str, str] = field(default_factory=dict)
     worker_id: str = "worker-0"

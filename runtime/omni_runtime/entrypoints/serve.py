@@ -22,9 +22,10 @@ from dataclasses import dataclass
 
 from omni_runtime.contract.options import EngineOptions
 from omni_runtime.contract.stages import STAGES
+from omni_runtime.entrypoints.streaming_input_flags import add_streaming_input_flags, realtime_settings
 from omni_runtime.media.limits import MediaLimits
 from omni_runtime.router.head_limit import DEFAULT_MAX_HEADER_BYTES, head_limited_protocol
-from omni_runtime.support.cli_types import positive_int
+from omni_runtime.support.cli_types import non_negative_int, positive_int
 
 log = logging.getLogger("omni.serve")
 
@@ -116,6 +117,7 @@ def engine_options(args: argparse.Namespace, *, remote_stages: dict[str, str]) -
         mem_fraction_static=args.mem_fraction_static,
         max_batch_size=args.max_batch_size,
         max_model_len=args.max_model_len,
+        encoder_cache_mb=args.encoder_cache_mb,
         remote_stages=remote_stages,
         worker_id=args.worker_id,
         revision=args.revision,
@@ -163,6 +165,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-batch-size", type=positive_int, default=32, help="thinker continuous-batching slots"
     )
     pipe.add_argument("--max-model-len", type=positive_int, default=8192)
+    pipe.add_argument(
+        "--encoder-cache-mb",
+        type=non_negative_int,
+        default=256,
+        help="encoder outputs kept by content, for media encoded ahead of its request (streaming input) and"
+        " repeated media; 0: off",
+    )
     pipe.add_argument(
         "--remote-stage",
         type=_remote_stage,
@@ -240,6 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="allow local media paths (and file:// URLs) below this directory",
     )
+    add_streaming_input_flags(p)
     return p
 
 
@@ -378,7 +388,12 @@ def main(argv: list[str]) -> int:
         if server is not None:
             server.should_exit = True
 
-    app = build_app(engine=engine, settings=settings, on_startup_failure=on_startup_failure)
+    app = build_app(
+        engine=engine,
+        settings=settings,
+        realtime_settings=realtime_settings(args, limits=config.limits),
+        on_startup_failure=on_startup_failure,
+    )
     uvicorn_config = uvicorn.Config(
         app,
         log_level=args.log_level,

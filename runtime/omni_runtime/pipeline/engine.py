@@ -1,6 +1,7 @@
 """The pipeline engine: one request's path through the stage graph, as an async event stream.
 
-``generate`` runs preprocessing, the encoders (concurrently), mm_aggregate, then hands the
+``generate`` runs preprocessing, the encoders (concurrently, through the encoder cache of
+encoding.py, which also serves ``prefetch_media``: media encoded ahead of its request), mm_aggregate, then hands the
 prompt to the thinker's continuous-batching scheduler. The decode stage (incremental
 detokenizer + stop strings) turns tokens into text deltas. For speech, the thinker's reply
 vectors feed a talker job as they appear; the segmenter cuts its codec stream into vocoder
@@ -14,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -26,16 +27,18 @@ from omni_runtime.contract.engine import (
     EngineStats,
     Finished,
     GenerationRequest,
+    MediaInput,
     TextDelta,
     Usage,
 )
 from omni_runtime.contract.options import EngineOptions
 from omni_runtime.pipeline.detokenize import IncrementalDetokenizer, StopMatcher
+from omni_runtime.pipeline.encoding import MediaEncoders
 from omni_runtime.pipeline.graph import local_stages, pipeline_variant
 from omni_runtime.pipeline.scheduler import FinishReason, ThinkerDone, ThinkerJob, ThinkerToken
-from omni_runtime.pipeline.segmenter import CodecSegmenter, SegmenterConfig
+from omni_runtime.pipeline.segmenter import CodecSegmenter, SegmenterConfig, widen_to_recurring
 from omni_runtime.pipeline.service import TalkerService
-from omni_runtime.pipeline.services import LocalStages, gather_encoders
+from omni_runtime.pipeline.services import LocalStages
 from omni_runtime.pipeline.stage_set import StageSet, attach_remote_stages
 from omni_runtime.pipeline.talker import TalkerDone, TalkerJob
 from omni_runtime.pipeline.validate import row_sampling, talker_limits, validate_request
@@ -58,6 +61,7 @@ class PipelineEngine:
         self.max_model_len = options.max_model_len
         self.adapter: OmniAdapter | None = None
         self.stages: StageSet | None = None
+        self.encoders: MediaEncoders | None = None
         self._ready = False
         self._active = 0
         self.load_seconds = 0.0
@@ -89,6 +93,7 @@ class PipelineEngine:
         local = LocalStages(adapter, self.options, hosted=self.hosted)
         await local.start()
         self.stages = await attach_remote_stages(local, self.options)
+        self.encoders = MediaEncoders(self.stages, adapter, cache_bytes=self.options.encoder_cache_mb << 20)
         await local.warmup()
         await self._warm_requests()
         self.load_seconds = time.monotonic() - started
@@ -117,17 +122,34 @@ class PipelineEngine:
 
     async def stop(self) -> None:
         self._ready = False
+        if self.encoders is not None:
+            await self.encoders.stop()
         if self.stages is not None:
             await self.stages.stop()
 
     def stats(self) -> EngineStats:
         thinker = self.stages.thinker if self.stages is not None else None
+        cache = self.encoders.cache.counters() if self.encoders is not None else None
+        prefetch = self.encoders.counters() if self.encoders is not None else None
         return EngineStats(
             queue_depth=self.stages.queue_depth() if self.stages is not None else 0,
             running_batch=thinker.running_count if thinker is not None else 0,
             max_running_batch=thinker.max_running_batch if thinker is not None else 0,
             active_requests=self._active,
+            stages=self.stages.local.load() if self.stages is not None else (),
+            encoder_cache_hits=cache.hits if cache else 0,
+            encoder_cache_misses=cache.misses if cache else 0,
+            encoder_cache_evictions=cache.evictions if cache else 0,
+            encoder_cache_bytes=cache.bytes if cache else 0,
+            prefetch_submitted=prefetch.submitted if prefetch else 0,
+            prefetch_done=prefetch.done if prefetch else 0,
+            prefetch_failed=prefetch.failed if prefetch else 0,
         )
+
+    def prefetch_media(self, media: Sequence[MediaInput]) -> bool:
+        if not self._ready or self.encoders is None:
+            return False
+        return self.encoders.prefetch(media)
 
     # -- one request ------------------------------------------------------------------------------
     async def generate(self, request: GenerationRequest) -> AsyncIterator[EngineEvent]:
@@ -183,10 +205,10 @@ class PipelineEngine:
     async def _run(
         self, request: GenerationRequest, voice: str | None, out: asyncio.Queue, state: dict
     ) -> None:
-        stages, adapter = self.stages, self.adapter
-        assert stages is not None and adapter is not None  # generate() checked
+        stages, adapter, encoders = self.stages, self.adapter, self.encoders
+        assert stages is not None and adapter is not None and encoders is not None  # generate() checked
         prompt = await stages.preprocess(request)
-        audio, image, video = await gather_encoders(stages, prompt)
+        audio, image, video = await encoders.encode(prompt)
         thinker_prompt = await stages.aggregate(prompt, audio=audio, image=image, video=video)
         sp = request.sampling
         job = ThinkerJob(
@@ -331,7 +353,8 @@ class PipelineEngine:
                         raise RuntimeError(event.error or "talker failed")
                 else:
                     codes.extend(event)
-            for window in segmenter.push(len(codes), done=done):
+            for pushed in segmenter.push(len(codes), done=done):
+                window = widen_to_recurring(pushed, standard) if streaming else pushed
                 item = {
                     "codes": list(codes),
                     "window": {

@@ -105,6 +105,7 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
         self.running: list[ThinkerJob] = []  # running[i].slot == i
         self.max_running_batch = 0
         self.steps = 0
+        self.rows_stepped = 0  # sum of the batch over steps: rows_stepped / steps is the mean batch
         self._holds = 0
         self._resume = asyncio.Event()
         self._resume.set()
@@ -171,6 +172,7 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
             self.running.clear()
             return
         self.steps += 1
+        self.rows_stepped += n
         self._dispatch_step(step)
 
     def _drop_finished(self) -> list[tuple[int, int, int]]:

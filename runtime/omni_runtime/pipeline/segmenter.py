@@ -77,3 +77,17 @@ class CodecSegmenter:
             windows.append(Window(self._next, end, ctx_start, ctx_end))
             self._next = end
         return windows
+
+
+def widen_to_recurring(window: Window, sizes: frozenset[int]) -> Window:
+    """A window of a one-off context size (a stream's last), widened to the left to the smallest
+    recurring size that fits, so it runs as an already captured graph instead of eagerly.
+
+    The kept span ``[start, end)`` is unchanged; only the left context grows, with codes the
+    stream really has (``ctx_start`` stays >= 0). A window that fits no recurring size is kept.
+    """
+    size = window.ctx_end - window.ctx_start
+    fits = [s for s in sizes if size < s <= window.ctx_end]
+    if size in sizes or not fits:
+        return window
+    return replace(window, ctx_start=window.ctx_end - min(fits))

@@ -12,17 +12,18 @@ import logging
 from typing import Any
 
 from omni_runtime.contract.adapter import OmniAdapter, Prompt, ThinkerPrompt, Vocoder
-from omni_runtime.contract.engine import GenerationRequest
+from omni_runtime.contract.engine import GenerationRequest, StageLoad
 from omni_runtime.contract.options import EngineOptions
 from omni_runtime.pipeline.remote import LinkedStages
 from omni_runtime.pipeline.scheduler import ThinkerScheduler
-from omni_runtime.pipeline.service import StageCalls
+from omni_runtime.pipeline.segmenter import CodecSegmenter, SegmenterConfig
 from omni_runtime.pipeline.talker import TalkerScheduler
 from omni_runtime.pipeline.workers import BatchingWorker, StageThread
 
 log = logging.getLogger(__name__)
 
-TALKER_SLOTS = 16
+TALKER_SLOTS = 32  # talker rows: every speech stream of a full worker decodes in one batch
+VOCODER_BATCH = 16  # windows per vocoder call: its cost is mostly fixed, so more streams share it
 
 
 class LocalStages:
@@ -84,7 +85,10 @@ class LocalStages:
             self.talker.start()
             self.vocoder = await self._thread("vocoder").run(adapter.vocoder)
             self.vocoder_worker = BatchingWorker(
-                "talker_stream", self._synthesize_batch, thread=self._thread("vocoder"), max_batch=4
+                "talker_stream",
+                self._synthesize_batch,
+                thread=self._thread("vocoder"),
+                max_batch=VOCODER_BATCH,
             )
             self.vocoder_worker.start()
         if self.vision_link is not None:  # it loaded while the stages above did
@@ -96,6 +100,9 @@ class LocalStages:
             await self.thinker.thread.run(self.thinker.runner.warmup)
         if self.talker is not None:
             await self.talker.thread.run(self.talker.runner.warmup)
+        if self.vocoder is not None:
+            sizes = CodecSegmenter(SegmenterConfig()).recurring_sizes()
+            await self._thread("vocoder").run(self.vocoder.warmup, sizes)
 
     async def stop(self) -> None:
         for component in (self.thinker, self.talker, self.audio, self.vision, self.vocoder_worker):
@@ -138,6 +145,21 @@ class LocalStages:
         assert self.vocoder is not None  # the worker starts once the vocoder is loaded
         return self.vocoder.synthesize_many(items)
 
+    def load(self) -> tuple[StageLoad, ...]:
+        """Busy time, calls and items of each stage thread (``omni_stage_*`` metrics)."""
+        items: dict[str, int] = {}
+        for worker in (self.audio, self.vision, self.vocoder_worker):
+            if worker is not None:
+                items[worker.thread.name] = items.get(worker.thread.name, 0) + worker.items
+        for scheduler in (self.thinker, self.talker):
+            if scheduler is not None:
+                items[scheduler.thread.name] = scheduler.rows_stepped
+        threads = [self._pre_pool, *self.threads.values()]
+        return tuple(
+            StageLoad(stage=t.name, busy_s=t.busy_s, calls=t.calls, items=items.get(t.name, t.calls))
+            for t in threads
+        )
+
     def queue_depth(self) -> int:
         depth = 0
         for worker in (self.audio, self.vision):
@@ -146,20 +168,3 @@ class LocalStages:
         if self.thinker is not None:
             depth += len(self.thinker.waiting)
         return depth
-
-
-async def gather_encoders(stages: StageCalls, prompt: Prompt) -> tuple[Any, Any, Any]:
-    """Run the audio and vision encoders of one request concurrently."""
-    audio_task = stages.encode_audio(prompt.audio) if prompt.audio is not None else None
-    vision_input: dict[str, Any] = {}
-    if prompt.images is not None:
-        vision_input.update(prompt.images)
-    if prompt.videos is not None:
-        vision_input.update(prompt.videos)
-    vision_task = stages.encode_vision(vision_input) if vision_input else None
-    tasks = [t for t in (audio_task, vision_task) if t is not None]
-    results = await asyncio.gather(*tasks) if tasks else []
-    it = iter(results)
-    audio = next(it) if audio_task is not None else None
-    vision = next(it) if vision_task is not None else {"image": None, "video": None}
-    return audio, vision.get("image"), vision.get("video")

@@ -21,6 +21,7 @@ from omni_runtime.pipeline.scheduler import FinishReason, plan_compaction
 from omni_runtime.pipeline.workers import SchedulerLoop, StageThread
 
 log = logging.getLogger(__name__)
+FREE_RUN_STEPS = 4  # talker steps per thread call once every row free-runs (see _free_run_steps)
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ class TalkerScheduler(SchedulerLoop[TalkerJob]):
         self.eos = frozenset(runner.codec_eos_ids)
         self.running: list[TalkerJob] = []
         self.max_running_batch = 0
+        self.rows_stepped = 0  # rows that advanced (held rows excluded): their mean is the useful batch
 
     def feed(self, job: TalkerJob, vector: Any) -> None:
         job.pending.append(vector)
@@ -117,6 +119,10 @@ class TalkerScheduler(SchedulerLoop[TalkerJob]):
             job.slot = len(self.running) + admit.index(job)
         n_old = len(self.running)
         max_length = max([j.length + 1 for j in self.running] or [1])
+        steps = self._free_run_steps(admit)
+        if steps > 1:
+            await self._free_run(move_plan, inputs, steps, max_length)
+            return
         try:
             firsts, codes = await self.thread.run(self._iterate, move_plan, admit, n_old, inputs, max_length)
         except Exception as exc:
@@ -125,6 +131,7 @@ class TalkerScheduler(SchedulerLoop[TalkerJob]):
                 self._end(job, "error", error=f"talker failed: {exc}")
             self.running.clear()
             return
+        self.rows_stepped += len(admit) + sum(code is not None for code in codes)
         for job, code in zip(self.running, codes, strict=True):
             if code is not None:
                 job.length += 1
@@ -134,6 +141,49 @@ class TalkerScheduler(SchedulerLoop[TalkerJob]):
             self.running.append(job)
             self._accept(job, code)
         self.max_running_batch = max(self.max_running_batch, len(self.running))
+
+    def _free_run_steps(self, admit: list[TalkerJob]) -> int:
+        """Steps to run in one call of the talker thread: several once every row free-runs.
+
+        A row free-runs once its text is known and fed (its input is text-PAD from then on), so
+        nothing the event loop does can change the next steps' inputs. Running ``FREE_RUN_STEPS``
+        of them per call saves the round trips through the event loop that otherwise pace the
+        talker below 50 steps a second (real time) when the loop is busy with many streams.
+        Never past the cache (``max_len``), and one step while anyone waits for a row.
+        """
+        if admit or self.waiting or not self.running:
+            return 1
+        if not all(j.text_done and j.eos_fed and not j.pending and j.finish is None for j in self.running):
+            return 1
+        room = min(self.max_len - 2 - j.length for j in self.running)
+        return max(1, min(FREE_RUN_STEPS, room))
+
+    async def _free_run(self, move_plan, inputs: list[Any], steps: int, max_length: int) -> None:
+        n = len(self.running)
+        try:
+            rounds = await self.thread.run(self._steps, move_plan, n, inputs, steps, max_length)
+        except Exception as exc:
+            log.exception("talker step failed; failing its batch")
+            for job in self.running:
+                self._end(job, "error", error=f"talker failed: {exc}")
+            self.running.clear()
+            return
+        for codes in rounds:
+            self.rows_stepped += n
+            for job, code in zip(self.running, codes, strict=True):
+                job.length += 1
+                self._accept(job, code)  # a row that ended mid-run ignores the codes after its end
+        self.max_running_batch = max(self.max_running_batch, n)
+
+    def _steps(self, move_plan, n: int, inputs: list[Any], steps: int, max_length: int) -> list[list[int]]:
+        """Talker thread: ``steps`` decode steps of free-running rows (text-PAD in every row)."""
+        self._moves(move_plan)
+        pad = self.runner.text_vector("pad")
+        rounds = []
+        for i in range(steps):
+            codes = self.runner.step(n, inputs=[pad] * n if i else inputs, max_length=max_length + i)
+            rounds.append([int(c) for c in codes if c is not None])
+        return rounds
 
     def _moves(self, move_plan: list[tuple[int, int, int]]) -> None:
         for src, dst, length in move_plan:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +25,11 @@ JobT = TypeVar("JobT")
 
 
 class StageThread:
-    """One thread that runs a stage's calls in order."""
+    """One thread that runs a stage's calls in order, and counts how long it was busy.
+
+    ``busy_s`` (wall time inside calls, GPU waits included) over a load's duration is the stage's
+    utilisation: the stage near 1.0 is the one that limits a worker (``omni_stage_busy_seconds``).
+    """
 
     def __init__(self, name: str, *, initializer: Callable[[], None] | None = None) -> None:
         self.name = name
@@ -33,10 +38,20 @@ class StageThread:
         self._pool = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"stage-{name}", initializer=initializer
         )
+        self.busy_s = 0.0
+        self.calls = 0
 
     async def run(self, fn: Callable[..., R], *args: Any) -> R:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, fn, *args)
+        return await loop.run_in_executor(self._pool, self._timed, fn, *args)
+
+    def _timed(self, fn: Callable[..., R], *args: Any) -> R:
+        started = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:  # only this thread writes the counters; readers may see them one call late
+            self.busy_s += time.perf_counter() - started
+            self.calls += 1
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -50,11 +65,12 @@ class BatchingWorker(Generic[T, R]):
     ) -> None:
         self.name = name
         self._fn = fn
-        self._thread = thread
+        self.thread = thread
         self._max_batch = max_batch
         self._queue: asyncio.Queue[tuple[T, asyncio.Future[R]]] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self.batches = 0
+        self.items = 0
         self.max_batch_seen = 0
 
     def start(self) -> None:
@@ -86,9 +102,10 @@ class BatchingWorker(Generic[T, R]):
             if not live:
                 continue
             self.batches += 1
+            self.items += len(live)
             self.max_batch_seen = max(self.max_batch_seen, len(live))
             try:
-                results = await self._thread.run(self._fn, [item for item, _ in live])
+                results = await self.thread.run(self._fn, [item for item, _ in live])
             except Exception as exc:  # one bad batch fails its requests, never the worker
                 log.exception("stage %s failed on a batch of %d", self.name, len(live))
                 for _, fut in live:

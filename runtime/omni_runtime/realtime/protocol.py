@@ -3,6 +3,7 @@
 Realtime sockets, video sockets and streaming-input sessions all name items and responses with
 `new_id`, ask the engine for a speaker with `engine_voice` (OpenAI voice names mapped onto the
 model's speakers by `omni_runtime.contract.voices`) and close an engine stream with `close_quietly` when a reply ends or is cancelled.
+`read_event` turns one socket message into an event object, or the `ProtocolError` that says why not.
 """
 
 from __future__ import annotations
@@ -10,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import secrets
 from typing import Any
 
 from omni_runtime.contract.engine import Engine
 from omni_runtime.contract.voices import UnknownVoice, resolve_voice
-from omni_runtime.realtime.errors import invalid
+from omni_runtime.realtime.errors import EVENT_TOO_LARGE, INVALID_EVENT, INVALID_JSON, ProtocolError, invalid
 
 _ids = itertools.count(1)
 
@@ -41,3 +43,21 @@ async def close_quietly(stream: Any) -> None:
     # RuntimeError: the generator is already closing on another path; nothing is left to free.
     with contextlib.suppress(RuntimeError, asyncio.CancelledError, StopAsyncIteration):
         await asyncio.shield(aclose())
+
+
+def read_event(text: str, *, max_bytes: int) -> dict[str, Any]:
+    """One client message as a JSON object with a string ``type`` (the size is checked before parsing)."""
+    if len(text) > max_bytes:
+        raise ProtocolError(
+            f"the event is {len(text)} bytes; at most {max_bytes} are accepted (send audio in smaller appends)",
+            code=EVENT_TOO_LARGE,
+        )
+    try:
+        event = json.loads(text)
+    except ValueError as exc:
+        raise ProtocolError(f"the message is not valid JSON: {exc}", code=INVALID_JSON) from exc
+    if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+        raise ProtocolError(
+            'an event is a JSON object with a string "type"', code=INVALID_EVENT, param="type"
+        )
+    return event

@@ -12,7 +12,7 @@ from conftest import Worker
 
 
 def _gauge(text: str, name: str) -> float:
-    match = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
+    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
     assert match, f"{name} missing from /metrics"
     return float(match.group(1))
 
@@ -28,8 +28,14 @@ async def test_concurrent_requests_are_batched(worker: Worker) -> None:
         replies = await asyncio.gather(*(client.post("/v1/chat/completions", json=body) for _ in range(6)))
     assert [r.status_code for r in replies] == [200] * 6
     assert all(r.json()["usage"]["completion_tokens"] == 24 for r in replies)
-    assert _gauge(_metrics(worker), "omni_max_running_batch_size") > 1
+    text = _metrics(worker)
+    assert _gauge(text, "omni_max_running_batch_size") > 1
     assert worker.engine.stats().max_running_batch > 1
+    # The thinker's load: it was busy, and its mean batch (rows stepped per step) exceeds one.
+    busy = _gauge(text, 'omni_stage_busy_seconds_total{stage="thinker"}')
+    steps = _gauge(text, 'omni_stage_calls_total{stage="thinker"}')
+    rows = _gauge(text, 'omni_stage_items_total{stage="thinker"}')
+    assert busy > 0 and steps > 0 and rows / steps > 1
 
 
 def _wait_idle(worker: Worker, timeout_s: float = 20.0) -> str:

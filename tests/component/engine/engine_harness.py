@@ -53,6 +53,14 @@ class Harness:
 
         return self.run(go())
 
+    def forget_encodings(self) -> None:
+        """Empty the engine's encoder cache, so the next request's media reaches the encoders."""
+
+        async def clear() -> None:
+            self.engine.encoders.cache.clear()
+
+        self.run(clear())
+
     def close(self) -> None:
         self.run(self.engine.stop())
         self.loop.call_soon_threadsafe(self.loop.stop)

@@ -132,11 +132,15 @@ def test_greedy_codec_tokens_equal_the_transformers_talker(speech_whole: Harness
         return await original(item)
 
     local.synthesize = spy
+    talker = local.talker
+    rows_before, calls_before = talker.rows_stepped, talker.thread.calls
     try:
         ours_text = token_ids(speech_whole.collect(req))
     finally:
         local.synthesize = original
     assert len(seen) == 1, "the speech pipeline synthesises all codes at once"
+    # Once the text is known the talker free-runs several steps per thread call (same codes).
+    assert talker.rows_stepped - rows_before > talker.thread.calls - calls_before
     with torch.inference_mode():
         text, codes = _reference_talker_codes(
             hf_model, _hf_inputs(speech_whole, req), thinker_tokens=12, steps=talker_steps

@@ -44,6 +44,7 @@ def test_media_inputs_add_prompt_tokens_and_run_the_encoders(
     speech_engine: Harness, kind: str, media
 ) -> None:
     stages = speech_engine.engine.stages.local
+    speech_engine.forget_encodings()  # the same media in an earlier case would be encoder-cache hits
     audio_before, vision_before = stages.audio.batches, stages.vision.batches
     plain = finished(speech_engine.collect(request("Describe it.", max_tokens=2))).usage.prompt_tokens
     events = speech_engine.collect(request("Describe it.", max_tokens=2, media=media))

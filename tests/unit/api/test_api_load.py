@@ -33,7 +33,7 @@ CASES = [
     pytest.param(
         HEAD + "spec:\n  model:\n    name: x\n  zzz: 1\n",
         "d.yaml: spec.zzz: unknown field 'zzz'; remove it; fields of spec: model, runtime, pipeline, workers, "
-        "stages, gpu, router, rollout, media",
+        "stages, gpu, router, rollout, media, streamingInput",
         id="unknown-field",
     ),
     pytest.param(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from omni_runtime.pipeline.segmenter import CodecSegmenter, SegmenterConfig, Window
+import pytest
+
+from omni_runtime.pipeline.segmenter import CodecSegmenter, SegmenterConfig, Window, widen_to_recurring
 
 CFG = SegmenterConfig(first_chunk=4, chunk=6, left_context=2, right_context=1)
 
@@ -47,3 +49,24 @@ def test_recurring_window_sizes_of_the_default_stream() -> None:
 def test_recurring_sizes_follow_the_config() -> None:
     # first 4 + 1 right = 5; the second already has its full 2 codes of left context: 2 + 6 + 1.
     assert CodecSegmenter(CFG).recurring_sizes() == frozenset({5, 9})
+
+
+@pytest.mark.parametrize(
+    ("window", "expected"),
+    [
+        # a stream's last window, 12 codes of context: widened left to the recurring 50
+        (Window(95, 100, 85, 100), Window(95, 100, 50, 100)),
+        # one code short of the steady size: one more code of left context
+        (Window(60, 100, 46, 100), Window(60, 100, 45, 100)),
+        # already recurring: unchanged
+        (Window(10, 50, 0, 55), Window(10, 50, 0, 55)),
+        # too short a stream for any larger recurring size that fits: 8 codes exist, 10 needs 10
+        (Window(0, 8, 0, 8), Window(0, 8, 0, 8)),
+        # 30 codes exist: 50 and 55 do not fit, so the window stays eager
+        (Window(5, 30, 0, 30), Window(5, 30, 0, 30)),
+        # 18 codes of context, 60 exist: the smallest size that fits (50), not 55
+        (Window(52, 60, 42, 60), Window(52, 60, 10, 60)),
+    ],
+)
+def test_last_windows_widen_to_a_recurring_size(window: Window, expected: Window) -> None:
+    assert widen_to_recurring(window, frozenset({10, 50, 55})) == expected

@@ -9,7 +9,7 @@ interrupted. Every request and every cancellation is recorded for the tests to i
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,6 +20,7 @@ from omni_runtime.contract.engine import (
     EngineStats,
     Finished,
     GenerationRequest,
+    MediaInput,
     TextDelta,
     Usage,
 )
@@ -39,6 +40,7 @@ class ScriptedEngine:
     requests: list[GenerationRequest] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
+    prefetched: list[tuple[MediaInput, ...]] = field(default_factory=list)
 
     @property
     def ready(self) -> bool:
@@ -52,6 +54,10 @@ class ScriptedEngine:
 
     def stats(self) -> EngineStats:
         return EngineStats()
+
+    def prefetch_media(self, media: Sequence[MediaInput]) -> bool:
+        self.prefetched.append(tuple(media))
+        return True
 
     def reply_words(self, request: GenerationRequest) -> list[str]:
         base = [f"turns{len(request.turns)}"] + [f"w{i}" for i in range(1, self.words)]

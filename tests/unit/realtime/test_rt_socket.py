@@ -1,4 +1,5 @@
-"""/v1/realtime over a real socket (uvicorn): the official openai client, beta dialect, resume, limits."""
+"""/v1/realtime over a real socket (uvicorn): the official openai client, beta dialect, resume, limits,
+and the choice between the OpenAI and vLLM dialects."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import uvicorn
 import websockets
 from fastapi import FastAPI
 from openai import AsyncOpenAI
-from rt_helpers import EnergyScorer
+from rt_helpers import EnergyScorer, b64_pcm16, tone
 
 from omni_runtime.realtime import RealtimeServer, RealtimeSettings
+from omni_runtime.realtime.transcription.session import TranscriptionSession
 
 
 def free_port() -> int:
@@ -185,3 +187,96 @@ async def test_latency_probe_measures_every_turn(served) -> None:
     report = await measure(probe, concurrency=2)
     assert report["samples"] == 4 and report["concurrency"] == 2
     assert 0 <= report["median_s"] <= report["p90_s"] <= report["max_s"] < 5
+
+
+# --- vLLM's transcription dialect on the same endpoint --------------------------------------------
+
+
+async def settle(condition, *, within: float = 5.0) -> None:
+    """Wait (bounded) for server-side state the socket close sets in motion."""
+    deadline = asyncio.get_running_loop().time() + within
+    while not condition() and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.01)
+    assert condition()
+
+
+async def next_of(ws, event_type: str) -> dict:
+    while (event := json.loads(await ws.recv()))["type"] != event_type:
+        assert event["type"] != "error", event
+    return event
+
+
+def vllm_append(ms: int) -> str:
+    return json.dumps({"type": "input_audio_buffer.append", "audio": b64_pcm16(tone(ms, rate=16_000))})
+
+
+async def test_the_first_event_picks_the_dialect(served, engine) -> None:
+    host, realtime = await served()
+    gauge = realtime.metrics.sessions.labels(kind="realtime")
+    async with websockets.connect(f"ws://{host}/v1/realtime") as ws:
+        created = json.loads(await ws.recv())
+        # Undecided: both dialects' fields, so either client finds what it waits for.
+        assert created["id"] == created["session"]["id"] and isinstance(created["created"], int)
+        await ws.send(json.dumps({"type": "session.update", "model": "scripted", "max_tokens": 2}))
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        await ws.send(vllm_append(200))
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+        done = await next_of(ws, "transcription.done")
+        assert done["text"] == "turns1 w1" and done["usage"]["total_tokens"] == 12
+        assert isinstance(realtime.sessions.get(created["id"]), TranscriptionSession)
+        assert gauge._value.get() == 1
+    await settle(lambda: gauge._value.get() == 0 and len(realtime.sessions) == 0)
+
+    # The same first event with an OpenAI "session" object stays OpenAI.
+    async with websockets.connect(f"ws://{host}/v1/realtime") as ws:
+        await ws.recv()
+        await ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime"}}))
+        assert (await next_of(ws, "session.updated"))["session"]["type"] == "realtime"
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+        refused = json.loads(await ws.recv())
+        assert refused["error"]["code"] == "input_audio_buffer_commit_empty"
+
+
+async def test_protocol_parameter_names_the_dialect(served, engine) -> None:
+    host, realtime = await served()
+    async with websockets.connect(f"ws://{host}/v1/realtime?protocol=vllm") as ws:
+        created = json.loads(await ws.recv())
+        assert set(created) == {"type", "event_id", "id", "created"}
+        await ws.send(vllm_append(200))  # an append first: OpenAI would have kept it too, so it is named
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+        assert (await next_of(ws, "transcription.done"))["text"] == "turns1 w1 w2 w3"
+    async with websockets.connect(f"ws://{host}/v1/realtime?protocol=openai") as ws:
+        created = json.loads(await ws.recv())
+        assert "id" not in created and created["session"]["id"]
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        assert json.loads(await ws.recv())["error"]["code"] == "input_audio_buffer_commit_empty"
+    for query, says in (("protocol=grpc", "unknown protocol"), ("protocol=vllm&duplex=1", "duplex")):
+        async with websockets.connect(f"ws://{host}/v1/realtime?{query}") as ws:
+            refused = json.loads(await ws.recv())
+            assert refused["error"]["param"] == "protocol" and says in refused["error"]["message"]
+            with contextlib.suppress(websockets.ConnectionClosed):
+                await ws.recv()
+            assert ws.close_code == 1008
+    await settle(lambda: len(realtime.sessions) == 0)
+
+
+async def test_vllm_sessions_count_in_the_limit_and_are_released_mid_step(served, engine) -> None:
+    engine.step_s = 0.05
+    host, realtime = await served(max_realtime_sessions=1)
+    gauge = realtime.metrics.sessions.labels(kind="realtime")
+    async with websockets.connect(f"ws://{host}/v1/realtime") as first:
+        await first.recv()
+        await first.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        async with websockets.connect(f"ws://{host}/v1/realtime?protocol=vllm") as second:
+            refused = json.loads(await second.recv())
+            assert refused == {
+                "type": "error",
+                "error": refused["error"],
+                "code": "session_limit_reached",
+                "param": None,
+            }
+        await first.send(vllm_append(200))
+        await first.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+        await next_of(first, "transcription.delta")  # a step is running when the client leaves
+    await settle(lambda: gauge._value.get() == 0 and engine.cancelled == [engine.requests[0].request_id])
+    assert realtime.metrics.sessions_refused.labels(kind="realtime")._value.get() == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import io
 import json
 import random
 import time
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 from fastapi import APIRouter, FastAPI
 from fastapi.testclient import TestClient
+from PIL import Image
 
 from omni_runtime.api.chat.routes import ChatCompletionsRoute
 from omni_runtime.api.streaming_input.routes import install_streaming_input
@@ -111,10 +113,16 @@ def test_payload_cap_413_unknown_session_404_and_bad_chunks(engine) -> None:
         session_id = client.post(BASE, json={}).json()["session_id"]
         big = client.post(f"{BASE}/{session_id}/chunks", json=text_chunk(0, "x" * 1001))
         assert big.status_code == 413 and big.json()["error"]["code"] == "payload_too_large"
+        assert "session is closed" in big.json()["error"]["message"]
+        # A 413 closes the session: its id is gone, and its slot with it.
+        assert client.get(f"{BASE}/{session_id}").status_code == 404
+        session_id = client.post(BASE, json={}).json()["session_id"]
         ok = client.post(f"{BASE}/{session_id}/chunks", json=text_chunk(0, "x" * 600))
         assert ok.status_code == 202
         over = client.post(f"{BASE}/{session_id}/chunks", json=text_chunk(1, "y" * 600))
         assert over.status_code == 413
+        assert client.post(f"{BASE}/{session_id}/chunks", json=text_chunk(1, "y")).status_code == 404
+        session_id = client.post(BASE, json={}).json()["session_id"]
         bad = client.post(
             f"{BASE}/{session_id}/chunks", json={"sequence_id": 1, "modality": "smell", "payload": ""}
         )
@@ -145,22 +153,43 @@ def test_idle_timeout_releases_the_session(engine) -> None:
         assert server.metrics.sessions.labels(kind="streaming_input")._value.get() == 0
 
 
-@pytest.mark.parametrize("policy", ["on_end_only", "on_first_chunk", "on_min_length"])
-def test_start_policies(engine, policy: str) -> None:
+def png(shade: int) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(np.full((8, 8, 3), shade, dtype=np.uint8)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def image_chunk(seq: int, shade: int, *, modality: str | None = "image", end: bool = False) -> dict:
+    chunk = {"sequence_id": seq, "payload": base64.b64encode(png(shade)).decode(), "end_of_input": end}
+    return chunk if modality is None else {**chunk, "modality": modality}
+
+
+@pytest.mark.parametrize(
+    ("policy", "media", "started", "prefetched"),
+    [
+        ("on_end_only", True, (False, False), 0),
+        ("on_first_chunk", True, (True, True), 2),
+        ("on_min_length", True, (False, True), 2),  # 100 bytes in order with the second PNG: both go
+        ("on_first_chunk", False, (False, False), 0),  # text: nothing to encode ahead, nothing submitted
+    ],
+)
+def test_start_policies_submit_media_ahead(
+    engine, policy: str, media: bool, started: tuple, prefetched: int
+) -> None:
     client, _ = make_client(engine)
+    first_chunk = image_chunk(0, 10) if media else text_chunk(0, "ab")
+    second_chunk = image_chunk(1, 20) if media else text_chunk(1, "cdef")
     with client:
-        body = {"start_policy": policy, "min_length": 4}
+        body = {"start_policy": policy, "min_length": 100 if media else 4}
         session_id = client.post(BASE, json=body).json()["session_id"]
-        first = client.post(f"{BASE}/{session_id}/chunks", json=text_chunk(0, "ab")).json()
-        second = client.post(f"{BASE}/{session_id}/chunks", json=text_chunk(1, "cdef")).json()
+        first = client.post(f"{BASE}/{session_id}/chunks", json=first_chunk).json()
+        second = client.post(f"{BASE}/{session_id}/chunks", json=second_chunk).json()
+        status = client.get(f"{BASE}/{session_id}").json()
         final = client.post(f"{BASE}/{session_id}/chunks", json=text_chunk(2, "g", end=True)).json()
-    expected = {
-        "on_end_only": (False, False),
-        "on_first_chunk": (True, True),
-        "on_min_length": (False, True),
-    }[policy]
-    assert (first["started"], second["started"]) == expected
-    assert final["started"] is True
+    assert (first["started"], second["started"]) == started
+    assert status["prefetched"] == prefetched == len(engine.prefetched)
+    assert all(m.kind == "image" for batch in engine.prefetched for m in batch)
+    assert final["started"] is True  # the request itself is submitted at the end
 
 
 def ndjson(frames: list[dict]):

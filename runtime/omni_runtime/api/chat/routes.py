@@ -1,6 +1,6 @@
 """Thin route for chat completions: parse (pydantic), hand to the serving class.
 
-A request with ``X-Streaming-Input: true`` carries an NDJSON body of input frames, not one JSON
+A request with ``X-Streaming-Input: true`` (or ``Content-Type: application/x-multipart-streaming``) carries an NDJSON body of input frames, not one JSON
 object: `ChatCompletionsRoute` hands it to streaming input (`omni_runtime.api.streaming_input`)
 before the body is parsed as a `ChatCompletionRequest`.
 """
@@ -20,17 +20,15 @@ from omni_runtime.api.errors import error_responses
 from omni_runtime.api.state import get_state
 from omni_runtime.api.streaming_input import routes as streaming_input
 
-STREAMING_INPUT_HEADER = "x-streaming-input"
-
 
 class ChatCompletionsRoute(APIRoute):
-    """The chat route, with ``X-Streaming-Input: true`` requests handed to streaming input (Mode A)."""
+    """The chat route, with streaming-input requests (Mode A) handed to streaming input."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         parse_and_serve = super().get_route_handler()
 
         async def handler(request: Request) -> Response:
-            if request.headers.get(STREAMING_INPUT_HEADER, "").lower() == "true":
+            if streaming_input.is_streaming_input(request):
                 return await streaming_input.chat_completion(request)
             return await parse_and_serve(request)
 

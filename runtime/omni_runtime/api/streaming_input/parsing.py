@@ -19,6 +19,8 @@ from omni_runtime.realtime.streaming_input.manager import StreamingInputManager
 from omni_runtime.realtime.streaming_input.models import Chunk, StreamingInputParams
 from omni_runtime.realtime.streaming_input.session import StreamingInputSession
 
+# A Mode A line with any of these is a chunk (modality is optional); one with none, request parameters.
+_CHUNK_FIELDS = frozenset({"modality", "payload", "text", "end_of_input", "sequence_id", "offset"})
 _BODY_OVERHEAD = 64 * 1024  # JSON around a payload whose base64 is 4/3 of its bytes
 
 
@@ -65,7 +67,9 @@ async def feed_ndjson(
     request: Request, *, manager: StreamingInputManager
 ) -> tuple[StreamingInputSession, StreamingInputParams]:
     """Mode A: a session fed from the NDJSON body, line by line as it arrives (an optional first
-    line of request parameters, then chunk lines; line order is the sequence order)."""
+    line of request parameters, then chunk lines; line order is the sequence order unless lines
+    carry offsets). Each chunk goes into the session as its line arrives, so the start policy's
+    early work runs while the body is still uploading."""
     session: StreamingInputSession | None = None
     params = StreamingInputParams.model_validate({})
     pending = b""
@@ -82,7 +86,7 @@ async def feed_ndjson(
             raise ProtocolError(f"line {line_no} is not valid JSON: {exc}", code=INVALID_JSON) from exc
         if not isinstance(frame, dict):
             raise invalid(f"line {line_no}", "each line is a JSON object")
-        if "modality" not in frame:
+        if not _CHUNK_FIELDS & frame.keys():
             if session is not None:
                 raise invalid(f"line {line_no}", "request parameters must come before the first chunk")
             try:
@@ -93,7 +97,8 @@ async def feed_ndjson(
             return
         if session is None:
             session = manager.create(params)
-        frame.setdefault("sequence_id", chunks)
+        if "offset" not in frame:
+            frame.setdefault("sequence_id", chunks)
         chunks += 1
         try:
             chunk = Chunk.model_validate(frame)

@@ -1,11 +1,13 @@
 """HTTP of streaming-input sessions: Mode B (a session resource) and Mode A (NDJSON chat body).
 
-Mode B: ``POST /v1/streaming_input/sessions`` → ``{session_id, expires_in}``; ``POST .../{id}/chunks``;
+Mode B: ``POST /v1/streaming_input/sessions`` → ``{session_id, expires_in}``; a chunk by
+``POST .../{id}/chunks``, ``POST .../{id}/append`` or ``PATCH .../{id}`` (one handler; a 413 closes
+the session);
 ``POST .../{id}/finish`` (idempotent); ``GET .../{id}/result`` (chat completion) or
 ``GET .../{id}/stream`` (SSE); ``GET .../{id}`` (status); ``DELETE .../{id}``. Session ids name
 this worker, so the router sends every follow-up here. Idle sessions are released after
-``session_timeout_s``. Mode A: ``POST /v1/chat/completions`` with ``X-Streaming-Input: true`` and a
-chunked NDJSON body: an optional first line of request parameters, then chunk lines
+``session_timeout_s``. Mode A: ``POST /v1/chat/completions`` with ``X-Streaming-Input: true`` (or
+``Content-Type: application/x-multipart-streaming``) and a chunked NDJSON body: an optional first line of request parameters, then chunk lines
 ``{"modality", "payload", "end_of_input"}`` (sequence ids optional: line order is the order). The
 chat route (`omni_runtime.api.chat.routes`) sees the header and calls `chat_completion`.
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -27,6 +30,18 @@ from omni_runtime.realtime.errors import INPUT_NOT_FINISHED, ProtocolError
 from omni_runtime.realtime.streaming_input.manager import StreamingInputManager
 from omni_runtime.realtime.streaming_input.models import Chunk, StreamingInputParams
 from omni_runtime.realtime.streaming_input.session import StreamingInputSession
+
+STREAMING_INPUT_HEADER = "x-streaming-input"
+STREAMING_INPUT_TYPE = "application/x-multipart-streaming"
+
+
+def is_streaming_input(request: Request) -> bool:
+    """Mode A: ``X-Streaming-Input: true``, or the streaming content type."""
+    media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    return (
+        request.headers.get(STREAMING_INPUT_HEADER, "").lower() == "true"
+        or media_type == STREAMING_INPUT_TYPE
+    )
 
 
 def install_streaming_input(app: FastAPI, manager: StreamingInputManager) -> None:
@@ -65,24 +80,38 @@ def streaming_input_router(manager: StreamingInputManager) -> APIRouter:
 
         return await guarded(work)
 
-    @router.post(
-        base + "/{session_id}/chunks",
-        status_code=202,
-        responses={
-            **error_responses(400, 404, 409, 413),
-            200: {"description": "A duplicate, acknowledged and ignored"},
-        },
-    )
+    chunk_responses: dict[int | str, dict[str, Any]] = {
+        **error_responses(400, 404, 409, 413),
+        200: {"description": "A duplicate, acknowledged and ignored; or an end marker's session status"},
+    }
+
     async def add_chunk(session_id: str, request: Request) -> Response:
         async def work() -> Response:
             session = manager.get(session_id)
-            chunk = parse_body(Chunk, await read_body(request, limit=limit))
-            before = session.received_bytes
-            ack = await session.add_chunk(chunk)
+            try:
+                chunk = parse_body(Chunk, await read_body(request, limit=limit))
+                before = session.received_bytes
+                ack = await session.add_chunk(chunk)
+            except ProtocolError as exc:
+                if exc.status == 413:  # past what one session may carry: the session ends here
+                    await manager.remove(session_id)
+                raise
             metrics.streaming_input_bytes.inc(session.received_bytes - before)
-            return JSONResponse(ack, status_code=202 if ack["accepted"] else 200)
+            status = 202 if ack["accepted"] and not chunk.end_marker else 200
+            return JSONResponse(ack, status_code=status)
 
         return await guarded(work)
+
+    # One handler, three spellings: the RFC's chunks resource, an append action, and PATCH.
+    for path, method in (("/chunks", "POST"), ("/append", "POST"), ("", "PATCH")):
+        router.add_api_route(
+            base + "/{session_id}" + path,
+            add_chunk,
+            methods=[method],
+            status_code=202,
+            responses=chunk_responses,
+            name=f"add_chunk_{method.lower()}{path.replace('/', '_')}",
+        )
 
     @router.post(base + "/{session_id}/finish", responses=error_responses(404))
     async def finish(session_id: str) -> Response:

@@ -11,6 +11,7 @@ mrope positions from ``get_rope_index``), thinker and talker (runners.py) and th
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -206,6 +207,12 @@ class Qwen25OmniAdapter(OmniAdapter):
         child = self.loaded.vision_stage
         return None if child is None else str(child.address)
 
+    @property
+    def video_groups_independent(self) -> bool:
+        """Qwen2.5's vision tower attends within each temporal patch group (its cu_seqlens split
+        per grid t, its rotary positions are spatial), so a video's groups encode apart exactly."""
+        return True
+
     def close_vision(self) -> None:
         """Stop the image-encoder TP followers or stage process, if any (idempotent)."""
         for part in (self.loaded.vision_tp, self.loaded.vision_stage):
@@ -346,11 +353,16 @@ class Qwen25OmniAdapter(OmniAdapter):
     def vocoder(self) -> QwenVocoder:
         if self.loaded.token2wav is None:
             raise EngineError("this worker has no vocoder loaded", param="modalities")
+        on_gpu = self.placement.talker.type == "cuda"
+        precision = os.environ.get("OMNI_VOCODER_DTYPE", "bfloat16" if on_gpu else "float32")
+        if precision not in ("bfloat16", "float32"):
+            raise EngineError(f"OMNI_VOCODER_DTYPE must be bfloat16 or float32, not {precision!r}")
         return QwenVocoder(
             self.loaded.token2wav,
             speakers=self.loaded.speakers,
             device=self.placement.talker,
             cuda_graphs=self.placement.cuda_graphs,
+            dit_dtype=getattr(torch, precision),
         )
 
     def thread_initializer(self, stage: str) -> Any:
@@ -373,8 +385,10 @@ class Qwen25OmniAdapter(OmniAdapter):
 
         # The talker and the vocoder are the first-audio path: their small kernels go ahead of
         # the thinker's long GEMMs when they share a GPU (a higher-priority stream is served
-        # first whenever an SM frees up; nothing is preempted).
-        priority = -1 if stage in ("talker", "vocoder") else 0
+        # first whenever an SM frees up; nothing is preempted). The talker goes first of all:
+        # its step paces every stream (50 steps a second is real time), while the vocoder's
+        # batched windows are throughput work with slack.
+        priority = {"talker": -2, "vocoder": -1}.get(stage, 0)
 
         def init() -> None:
             torch.cuda.set_device(device)

@@ -7,6 +7,12 @@ reconnects with ``?duplex=1&session_id=<resume token>&last_event_id=<last seen>`
 it missed (stale audio excluded) and the session carries on. The resume token is the session id,
 which names this worker, so the router sends the reconnect here (``session_id`` query parameter).
 ``/v1/duplex`` is the same session, always duplex, with the duplex bridges' event names.
+
+Two dialects share the socket (`omni_runtime.realtime.transcription.dialect`): the OpenAI Realtime
+API (`RealtimeSession`) and vLLM-Omni's transcription flow (`TranscriptionSession`). ``?protocol=``
+names one; without it the socket opens as OpenAI with a ``session.created`` that also carries vLLM's
+top-level ``id`` and ``created``, and the first client event decides: a vLLM one hands the session
+(its id, outbox and slot) over to a `TranscriptionSession` before that event is handled.
 """
 
 from __future__ import annotations
@@ -35,16 +41,19 @@ from omni_runtime.realtime.session.duplex_config import event_dialect
 from omni_runtime.realtime.session.session import RealtimeSession
 from omni_runtime.realtime.session.turn_detection import SpeechScorer
 from omni_runtime.realtime.settings import RealtimeSettings
+from omni_runtime.realtime.transcription.dialect import Dialect, pick_dialect, requested_dialect
+from omni_runtime.realtime.transcription.session import TranscriptionSession
 
 log = logging.getLogger("omni.realtime")
 NORMAL_CLOSE = 1000
 TRY_AGAIN_LATER = 1013
 POLICY = 1008
+LiveSession = RealtimeSession | TranscriptionSession
 
 
 @dataclass
 class _Entry:
-    session: RealtimeSession
+    session: LiveSession
     kick: asyncio.Event = field(default_factory=asyncio.Event)  # set: a newer socket took the session over
     expiry: asyncio.Task[None] | None = None  # grace timer while detached
 
@@ -60,11 +69,11 @@ class RealtimeSessions:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def get(self, session_id: str) -> RealtimeSession | None:
+    def get(self, session_id: str) -> LiveSession | None:
         entry = self._entries.get(session_id)
         return entry.session if entry else None
 
-    def add(self, session: RealtimeSession) -> _Entry:
+    def add(self, session: LiveSession) -> _Entry:
         entry = _Entry(session=session)
         self._entries[session.id] = entry
         self.metrics.sessions.labels(kind="realtime").set(len(self._entries))
@@ -74,7 +83,7 @@ class RealtimeSessions:
     def claim(self, session_id: str) -> _Entry | None:
         """Take a session over for a reconnecting socket (kicking an older socket still holding it)."""
         old = self._entries.get(session_id)
-        if old is None or not old.session.duplex:
+        if old is None or not isinstance(old.session, RealtimeSession) or not old.session.duplex:
             return None
         if old.expiry is not None:
             old.expiry.cancel()
@@ -106,9 +115,22 @@ class RealtimeSessions:
             await self.remove(entry)
 
 
-async def _refuse(ws: WebSocket, error: ProtocolError, *, code: int, metrics: RealtimeMetrics) -> None:
+async def _refuse(
+    ws: WebSocket,
+    error: ProtocolError,
+    *,
+    code: int,
+    metrics: RealtimeMetrics,
+    dialect: Dialect | None = None,
+) -> None:
+    """Refuse a socket with an ``error`` event; the dialect is unknown yet unless ``protocol`` named it."""
     metrics.errors.labels(kind="realtime", code=error.code).inc()
-    await ws.send_text(json.dumps({"type": "error", "event_id": "event_0", "error": error.error_body()}))
+    event: dict[str, object]
+    if dialect == "vllm":
+        event = {"type": "error", "error": error.message, "code": error.code, "param": error.param}
+    else:  # OpenAI's shape, with the code also on top where a vLLM client looks for it
+        event = {"type": "error", "event_id": "event_0", "error": error.error_body(), "code": error.code}
+    await ws.send_text(json.dumps(event))
     await ws.close(code=code, reason=error.message[:120])
 
 
@@ -127,19 +149,24 @@ async def serve_realtime(
     offered = ws.scope.get("subprotocols") or []
     await ws.accept(subprotocol="realtime" if "realtime" in offered else None)
     try:
-        dialect = event_dialect(
+        names = event_dialect(
             native=native_duplex,
             beta_header="realtime=v1" in ws.headers.get("openai-beta", ""),
             query=params.get("event_names"),
         )
-    except ProtocolError as bad_dialect:
-        await _refuse(ws, bad_dialect, code=POLICY, metrics=metrics)
+    except ProtocolError as bad_names:
+        await _refuse(ws, bad_names, code=POLICY, metrics=metrics)
         return
 
     resume_id = params.get("session_id")
+    try:
+        dialect = requested_dialect(params.get("protocol"), duplex=duplex or bool(resume_id))
+    except ProtocolError as refusal:
+        await _refuse(ws, refusal, code=POLICY, metrics=metrics)
+        return
     if resume_id:
         entry = sessions.claim(resume_id)
-        if entry is None:
+        if entry is None or not isinstance(entry.session, RealtimeSession):
             error = ProtocolError(
                 f"no resumable session {resume_id!r} on this worker (it ended, its grace period passed, "
                 "or it was not a duplex session); open a new session",
@@ -161,7 +188,7 @@ async def serve_realtime(
             error = ProtocolError(
                 "the worker is still loading its model; retry shortly", code=NOT_READY, status=503
             )
-            await _refuse(ws, error, code=TRY_AGAIN_LATER, metrics=metrics)
+            await _refuse(ws, error, code=TRY_AGAIN_LATER, metrics=metrics, dialect=dialect)
             return
         if len(sessions) >= settings.max_realtime_sessions:
             metrics.sessions_refused.labels(kind="realtime").inc()
@@ -170,23 +197,48 @@ async def serve_realtime(
                 code=SESSION_LIMIT,
                 status=429,
             )
-            await _refuse(ws, error, code=TRY_AGAIN_LATER, metrics=metrics)
+            await _refuse(ws, error, code=TRY_AGAIN_LATER, metrics=metrics, dialect=dialect)
             return
-        session = RealtimeSession(
-            engine=engine,
-            settings=settings,
-            metrics=metrics,
-            duplex=duplex,
-            beta=dialect == "beta",
-            duplex_names=dialect == "duplex",
-            scorer_factory=scorer_factory,
-        )
-        entry = sessions.add(session)
-        await session.open()
+        if dialect == "vllm":
+            entry = sessions.add(TranscriptionSession(engine=engine, settings=settings, metrics=metrics))
+            await entry.session.open()
+        else:
+            realtime = RealtimeSession(
+                engine=engine,
+                settings=settings,
+                metrics=metrics,
+                duplex=duplex,
+                beta=names == "beta",
+                duplex_names=names == "duplex",
+                scorer_factory=scorer_factory,
+            )
+            entry = sessions.add(realtime)
+            # Undecided: the fields vLLM's session.created has too, since its clients wait for them.
+            await realtime.open(**({} if dialect else {"id": realtime.id, "created": int(time.time())}))
 
-    sender = asyncio.create_task(_send_loop(ws, session))
+    def first_event(text: str) -> None:
+        """Auto-detection: a vLLM client's first event hands the (untouched) session over."""
+        old = entry.session
+        if (
+            isinstance(old, RealtimeSession)
+            and pick_dialect(text, max_bytes=settings.max_event_bytes) == "vllm"
+        ):
+            entry.session = TranscriptionSession(
+                engine=engine,
+                settings=settings,
+                metrics=metrics,
+                session_id=old.id,
+                outbox=old.outbox,
+                created_at=old.created_at,
+            )
+
+    sender = asyncio.create_task(_send_loop(ws, entry.session))
     kicked = asyncio.create_task(entry.kick.wait())
-    receiver = asyncio.create_task(_receive_loop(ws, session, settings))
+    receiver = asyncio.create_task(
+        _receive_loop(
+            ws, entry, settings, on_first_text=first_event if dialect is None and not resume_id else None
+        )
+    )
     done, _ = await asyncio.wait({receiver, kicked, sender}, return_when=asyncio.FIRST_COMPLETED)
     # A sender that stops first hit a dead socket: the client dropped, like a receiver error.
     ending = receiver.result() if receiver in done else "kicked" if kicked in done else "dropped"
@@ -197,7 +249,7 @@ async def serve_realtime(
         with contextlib.suppress(RuntimeError, WebSocketDisconnect):
             await ws.close(code=NORMAL_CLOSE, reason="resumed on another connection")
         return
-    if session.duplex and ending == "dropped":
+    if entry.session.duplex and ending == "dropped":
         sender.cancel()
         sessions.detach(entry)
         return
@@ -208,7 +260,7 @@ async def serve_realtime(
         await ws.close(code=NORMAL_CLOSE)
 
 
-async def _send_loop(ws: WebSocket, session: RealtimeSession) -> None:
+async def _send_loop(ws: WebSocket, session: LiveSession) -> None:
     try:
         while (text := await session.outbox.next_text()) is not None:
             await ws.send_text(text)
@@ -216,10 +268,13 @@ async def _send_loop(ws: WebSocket, session: RealtimeSession) -> None:
         return  # the socket is gone; the receiver notices too
 
 
-async def _receive_loop(ws: WebSocket, session: RealtimeSession, settings: RealtimeSettings) -> str:
+async def _receive_loop(
+    ws: WebSocket, entry: _Entry, settings: RealtimeSettings, *, on_first_text: Callable[[str], None] | None
+) -> str:
     """Feed client messages to the session; returns why it stopped: closed, dropped or expired."""
-    deadline = session.created_at + settings.max_session_seconds
+    deadline = entry.session.created_at + settings.max_session_seconds
     while True:
+        session = entry.session
         now = time.monotonic()
         timeout = min(settings.session_idle_timeout_s, deadline - now)
         try:
@@ -244,6 +299,10 @@ async def _receive_loop(ws: WebSocket, session: RealtimeSession, settings: Realt
                 )
             )
             continue
+        if on_first_text is not None:
+            on_first_text(text)
+            on_first_text = None
+            session = entry.session
         try:
             await session.handle_text(text)
         except Exception:

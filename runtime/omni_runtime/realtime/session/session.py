@@ -132,9 +132,10 @@ class RealtimeSession:
 
     # --- lifecycle ------------------------------------------------------------------------
 
-    async def open(self) -> None:
+    async def open(self, **announce: Any) -> None:
+        """Configure VAD and send ``session.created`` (with ``announce``'s extra top-level fields)."""
         await self._configure_vad()
-        self.outbox.emit("session.created", session=self._session_json())
+        self.outbox.emit("session.created", session=self._session_json(), **announce)
 
     async def close(self) -> None:
         if self._idle_task is not None:

@@ -13,13 +13,20 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 from omni_runtime.realtime.request_types import Flag, Int, Number, Text
 
 Modality = Literal["text", "audio", "image", "video"]
+State = Literal["collecting", "generating", "done", "failed", "cancelled"]
 
 
 class Chunk(BaseModel):
+    """One piece of the input. Its place is ``sequence_id`` (0, 1, 2, ...) or ``offset`` (the byte
+    position of its decoded payload in the whole input); a session uses one of the two. Without
+    ``modality`` it is inferred (`infer_modality`). A chunk with ``end_of_input`` and no body is an
+    end marker: it ends the input like ``POST .../finish``, and may be repeated."""
+
     model_config = ConfigDict(extra="forbid")
 
-    sequence_id: Int = Field(ge=0, le=1_000_000_000)
-    modality: Modality
+    sequence_id: Int | None = Field(default=None, ge=0, le=1_000_000_000)
+    offset: Int | None = Field(default=None, ge=0, le=1 << 40)
+    modality: Modality | None = None
     payload: Text | None = None  # base64 (text: UTF-8 bytes)
     text: Text | None = None  # text chunks may send plain text instead of a payload
     end_of_input: Flag = False
@@ -28,7 +35,38 @@ class Chunk(BaseModel):
     def _one_body(self) -> Chunk:
         if self.payload is not None and self.text is not None:
             raise ValueError("a chunk carries either text or a base64 payload, not both")
+        if self.sequence_id is not None and self.offset is not None:
+            raise ValueError("a chunk is placed by sequence_id or by offset, not both")
+        if self.sequence_id is None and self.offset is None and not self.end_marker:
+            raise ValueError(
+                "a chunk needs sequence_id (its number: 0, 1, 2, ...) or offset (the byte position of its payload)"
+            )
         return self
+
+    @property
+    def end_marker(self) -> bool:
+        return self.end_of_input and self.payload is None and self.text is None
+
+    @property
+    def place(self) -> str:
+        """How error messages name this chunk: ``chunks[3]`` or ``chunks[@1024]``."""
+        return f"chunks[{self.sequence_id}]" if self.sequence_id is not None else f"chunks[@{self.offset}]"
+
+
+_IMAGE_SIGNATURES = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a", b"BM")
+
+
+def infer_modality(chunk: Chunk, raw: bytes) -> Modality:
+    """A chunk's modality when it names none: text if it sends ``text``; an image if the payload
+    starts like an image file (JPEG, PNG, GIF, BMP, WebP); otherwise PCM16 audio. Video frames
+    must say ``"modality": "video"`` (unnamed, each is a separate image)."""
+    if chunk.modality is not None:
+        return chunk.modality
+    if chunk.text is not None:
+        return "text"
+    if raw.startswith(_IMAGE_SIGNATURES) or (raw[:4] == b"RIFF" and raw[8:12] == b"WEBP"):
+        return "image"
+    return "audio"
 
 
 class Message(BaseModel):

@@ -1,13 +1,16 @@
-"""Streaming-input sessions: input arrives in numbered chunks, the answer comes once input ends.
+"""Streaming-input sessions: input arrives in chunks, the answer comes once input ends.
 
-Chunks may arrive out of order and more than once (client retries): they are kept by
-``sequence_id``, duplicates are acknowledged and ignored, and they are assembled strictly in
-sequence order, so any arrival order gives the request one whole upload would have made. The start
-policy decides when assembly (decoding images, frames and audio) begins: ``on_end_only`` waits for
-the end of input, ``on_first_chunk`` decodes each chunk as soon as the chunks before it are in,
-``on_min_length`` once enough payload has arrived in order. Generation starts when the input is
-complete (``end_of_input`` or ``finish``) and streams into a replayable event list (SSE) and a
-final chat completion (``result``).
+Chunks may arrive out of order and more than once (client retries): they are placed by
+``sequence_id`` (or by byte ``offset``, translated to the next id once the bytes before them are
+in), duplicates are acknowledged and ignored, and they are assembled strictly in order, so any
+arrival order gives the request one whole upload would have made. The start policy decides when
+work begins: ``on_end_only`` waits for the end of input; ``on_first_chunk`` (at once) and
+``on_min_length`` (once enough payload is in order) decode each chunk when the chunks before it
+are in and send images and video frame pairs to the engine's encoders ahead of the request
+(`assembly`); ``started`` turns true when work was submitted (that, or the request itself).
+Generation starts when the input is complete (``end_of_input``, an end marker, or ``finish``) and
+streams into a replayable event list (SSE) and a final chat completion (``result``, `answer`).
+A 413 (past the payload or chunk cap) closes the session.
 """
 
 from __future__ import annotations
@@ -17,24 +20,13 @@ import time
 from functools import partial
 from typing import Any, Literal
 
-import anyio.to_thread
-import numpy as np
-
 from omni_runtime.contract.engine import (
-    AudioChunk,
     ChatTurn,
     Engine,
-    EngineError,
-    Finished,
     GenerationRequest,
-    MediaInput,
     SamplingParams,
-    TextDelta,
-    Usage,
 )
 from omni_runtime.media.errors import MediaError
-from omni_runtime.media.image import decode_image
-from omni_runtime.realtime.audio import MODEL_RATE, StreamingResampler, decode_b64, pcm16_to_float
 from omni_runtime.realtime.errors import (
     INVALID_MEDIA,
     PAYLOAD_TOO_LARGE,
@@ -44,29 +36,13 @@ from omni_runtime.realtime.errors import (
     ProtocolError,
     invalid,
 )
-from omni_runtime.realtime.protocol import close_quietly, engine_voice
+from omni_runtime.realtime.protocol import engine_voice
 from omni_runtime.realtime.request_types import too_long
 from omni_runtime.realtime.settings import RealtimeSettings, default_max_tokens, prompt_limits
-from omni_runtime.realtime.streaming_input import chat_format
-from omni_runtime.realtime.streaming_input.models import Chunk, Modality, StreamingInputParams
-
-State = Literal["collecting", "generating", "done", "failed", "cancelled"]
-
-
-class _Assembly:
-    """The user turn being built, in sequence order."""
-
-    def __init__(self, *, audio_rate: int) -> None:
-        self.text: list[str] = []
-        self.order: list[Modality] = []
-        self.resampler = StreamingResampler(orig_sr=audio_rate, target_sr=MODEL_RATE)
-        self.audio: list[np.ndarray] = []
-        self.images: list[np.ndarray] = []
-        self.frames: list[np.ndarray] = []
-
-    def note(self, modality: Modality) -> None:
-        if modality not in self.order:
-            self.order.append(modality)
+from omni_runtime.realtime.streaming_input import answer, chat_format
+from omni_runtime.realtime.streaming_input.assembly import Assembly
+from omni_runtime.realtime.streaming_input.chunks import OffsetOrder, chunk_bytes
+from omni_runtime.realtime.streaming_input.models import Chunk, Modality, State, StreamingInputParams
 
 
 class StreamingInputSession:
@@ -91,7 +67,11 @@ class StreamingInputSession:
         self._first_gap = 0  # the lowest sequence id not received yet
         self.next_seq = 0
         self.end_seq: int | None = None
-        self._assembly = _Assembly(audio_rate=params.audio_sample_rate)
+        self._assembly = self._new_assembly()
+        # Offset-addressed chunks (``offset`` instead of ``sequence_id``) wait here until the bytes
+        # before them are in, then take the next sequence id.
+        self.addressing: Literal["sequence_id", "offset"] | None = None
+        self.offsets = OffsetOrder()
         self.completion = chat_format.completion_id()
         self.events: list[str] = []  # SSE payloads, replayable from the start
         self._changed = asyncio.Condition()
@@ -121,6 +101,13 @@ class StreamingInputSession:
             self._count_text(len(message.content), param=f"messages[{index}].content")
         self.voice = engine_voice(
             params.requested_voice, engine=engine, param="voice" if params.voice else "audio.voice"
+        )
+
+    def _new_assembly(self) -> Assembly:
+        return Assembly(
+            audio_rate=self.params.audio_sample_rate,
+            video_fps=self.params.video_fps,
+            limits=self.settings.media_limits,
         )
 
     def _count_text(self, chars: int, *, param: str) -> None:
@@ -162,48 +149,50 @@ class StreamingInputSession:
             "end_sequence_id": self.end_seq,
             "missing": self.first_missing(),
             "missing_count": self.missing_count(),
+            "next_offset": self.offsets.next_offset if self.addressing == "offset" else None,
+            "prefetched": self._assembly.prefetched,
             "expires_in": int(self.settings.session_timeout_s),
         }
 
     # --- input ------------------------------------------------------------------------------
 
-    def _payload(self, chunk: Chunk) -> bytes:
-        param = f"chunks[{chunk.sequence_id}].payload"
-        room = self.settings.max_payload_per_session - self.received_bytes
-        if chunk.payload is None:
-            if chunk.modality != "text" or chunk.text is None:
-                raise invalid(param, f"a {chunk.modality} chunk needs a base64 payload")
-            raw = chunk.text.encode()
-        else:
-            # The body size was capped when it was read; the exact cap is checked on the bytes below.
-            raw = decode_b64(chunk.payload, param=param, max_bytes=self.settings.max_payload_per_session + 3)
-        if len(raw) > room:
-            raise ProtocolError(
-                f"this chunk would bring the session to {self.received_bytes + len(raw)} bytes; a session may "
-                f"carry at most {self.settings.max_payload_per_session} (send less, or split the input into sessions)",
-                code=PAYLOAD_TOO_LARGE,
-                param=param,
-                status=413,
-            )
-        # Cheap checks now, so the client hears about a bad chunk on the chunk's own response.
-        if chunk.modality == "text":
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise invalid(param, "a text chunk must be UTF-8") from exc
+    def _payload(self, chunk: Chunk) -> tuple[Modality, bytes]:
+        modality, raw, chars = chunk_bytes(
+            chunk, received=self.received_bytes, cap=self.settings.max_payload_per_session
+        )
+        if chars is not None:
             self._count_text(
-                len(text), param=f"chunks[{chunk.sequence_id}].text" if chunk.payload is None else param
+                chars, param=f"{chunk.place}.text" if chunk.payload is None else f"{chunk.place}.payload"
             )
-        elif chunk.modality == "audio" and len(raw) % 2:
-            raise invalid(param, "audio chunks are PCM16: an even number of bytes")
-        return raw
+        return modality, raw
+
+    def _address(self, mode: Literal["sequence_id", "offset"]) -> None:
+        if self.addressing not in (None, mode):
+            raise invalid(
+                mode,
+                f"this session places its chunks by {self.addressing}; send {self.addressing}, not {mode}",
+            )
+        self.addressing = mode
 
     async def add_chunk(self, chunk: Chunk) -> dict[str, Any]:
         self.touch()
+        if chunk.end_marker:  # {"end_of_input": true} alone: the end of input, idempotent
+            ack = await self.finish()
+            return {**ack, "session_id": self.id, "accepted": True, "duplicate": False}
+        if chunk.offset is not None:
+            return await self._add_at_offset(chunk, chunk.offset)
+        assert chunk.sequence_id is not None  # the model requires one of the two
+        self._address("sequence_id")
         seq = chunk.sequence_id
         ack = {"session_id": self.id, "sequence_id": seq}
         if seq in self._seen:
             return {**ack, "accepted": False, "duplicate": True, "started": self.started}
+        self._check_place(seq, end=chunk.end_of_input)
+        modality, raw = self._payload(chunk)
+        await self._accept(seq, modality, raw, end=chunk.end_of_input)
+        return {**ack, "accepted": True, "duplicate": False, "started": self.started, "status": self.state}
+
+    def _check_place(self, seq: int, *, end: bool) -> None:
         if self.state != "collecting" or (self.end_seq is not None and seq > self.end_seq):
             raise ProtocolError(
                 f"sequence_id {seq} comes after the end of input (sequence {self.end_seq}); the session takes no more chunks",
@@ -220,33 +209,68 @@ class StreamingInputSession:
                 code=SEQUENCE_OUT_OF_WINDOW,
                 param="sequence_id",
             )
-        if len(self._seen) >= self.settings.max_chunks_per_session:
+        if len(self._seen) + len(self.offsets.waiting) >= self.settings.max_chunks_per_session:
             raise ProtocolError(
-                f"a session may carry at most {self.settings.max_chunks_per_session} chunks",
+                f"a session may carry at most {self.settings.max_chunks_per_session} chunks, so the session is closed",
                 code=PAYLOAD_TOO_LARGE,
                 param="sequence_id",
                 status=413,
             )
-        if chunk.end_of_input and self._max_seen is not None and seq < self._max_seen:
+        if end and self._max_seen is not None and seq < self._max_seen:
             raise invalid(
                 "sequence_id", f"end_of_input on {seq}, but chunk {self._max_seen} was already sent"
             )
-        raw = self._payload(chunk)
+
+    async def _accept(self, seq: int, modality: Modality, raw: bytes, *, end: bool) -> None:
         self._seen.add(seq)
         self._max_seen = seq if self._max_seen is None else max(self._max_seen, seq)
         while self._first_gap in self._seen:  # each id is stepped over once in a session
             self._first_gap += 1
-        self._pending[seq] = (chunk.modality, raw)
+        self._pending[seq] = (modality, raw)
         self.received_bytes += len(raw)
-        if chunk.end_of_input:
+        if end:
             self.end_seq = seq
         await self._advance()
-        return {**ack, "accepted": True, "duplicate": False, "started": self.started, "status": self.state}
+
+    async def _add_at_offset(self, chunk: Chunk, offset: int) -> dict[str, Any]:
+        """Offset addressing: a chunk waits until the bytes before it are in, then takes the next id."""
+        self._address("offset")
+        order, ack = self.offsets, {"session_id": self.id, "offset": offset}
+        if offset in order.seen:
+            return {**ack, "accepted": False, "duplicate": True, "started": self.started}
+        if self.state != "collecting" or self.end_seq is not None:
+            raise ProtocolError(
+                f"offset {offset} comes after the end of input; the session takes no more chunks",
+                code=SESSION_FINISHED,
+                param="offset",
+                status=409,
+            )
+        order.check(offset)
+        self._check_place(self._first_gap, end=False)
+        modality, raw = self._payload(chunk)
+        order.add(offset, modality, raw, end=chunk.end_of_input, place=chunk.place)
+        self.received_bytes += len(raw)
+        while self.state == "collecting" and (ready := order.pop_ready()) is not None:
+            self.received_bytes -= len(ready[1])  # counted again by _accept
+            await self._accept(self._first_gap, ready[0], ready[1], end=ready[2])
+        if order.end_requested and not order.waiting:
+            await self.finish()
+        return {
+            **ack,
+            "accepted": True,
+            "duplicate": False,
+            "next_offset": order.next_offset,
+            "started": self.started,
+            "status": self.state,
+        }
 
     async def finish(self) -> dict[str, Any]:
-        """End of input (idempotent): the last chunk is the highest sequence id received."""
+        """End of input (idempotent): the last chunk is the highest sequence id received (with
+        offsets: the input ends at the first byte not received)."""
         self.touch()
-        if self.end_seq is None and self.state == "collecting":
+        if self.offsets.waiting:  # bytes still missing before these: the end comes once they are in
+            self.offsets.end_requested = True
+        elif self.end_seq is None and self.state == "collecting":
             self.end_seq = -1 if self._max_seen is None else self._max_seen
         await self._advance()
         return self.status()
@@ -254,17 +278,17 @@ class StreamingInputSession:
     async def _advance(self) -> None:
         if self.state != "collecting":
             return
-        if not self.started and (
-            self.policy == "on_first_chunk"
-            or (self.policy == "on_min_length" and self._in_order_bytes() >= self.min_length)
-        ):
-            self.started = True
+        early = self.policy == "on_first_chunk" or (
+            self.policy == "on_min_length" and self._in_order_bytes() >= self.min_length
+        )
         # Every pending id lies in [next_seq, end_seq], so the input is complete when they fill it.
         complete = self.end_seq is not None and len(self._pending) == self.end_seq + 1 - self.next_seq
-        if complete:
-            self.started = True
-        if self.started:
+        if early or complete:
             await self._assemble()
+        if early and self.state == "collecting":
+            # Work submitted ahead of the request: media preprocessed and encoded as it arrives.
+            self._assembly.prefetch(self.engine)
+            self.started = self.started or self._assembly.prefetched > 0
         if complete:
             self._begin()
 
@@ -276,34 +300,17 @@ class StreamingInputSession:
         return total
 
     async def _assemble(self) -> None:
-        asm = self._assembly
-        while self.next_seq in self._pending:
+        while self.next_seq in self._pending and self.state == "collecting":
             seq = self.next_seq
             modality, raw = self._pending.pop(seq)
             self.in_order_bytes += len(raw)
             self.next_seq += 1
-            asm.note(modality)
             try:
-                if modality == "text":
-                    asm.text.append(raw.decode("utf-8"))
-                elif modality == "audio":
-                    asm.audio.append(asm.resampler.push(pcm16_to_float(raw, param="payload")))
-                elif modality == "image":
-                    asm.images.append(
-                        await anyio.to_thread.run_sync(
-                            partial(decode_image, raw, limits=self.settings.media_limits)
-                        )
-                    )
-                else:
-                    asm.frames.append(
-                        await anyio.to_thread.run_sync(
-                            partial(decode_image, raw, limits=self.settings.media_limits)
-                        )
-                    )
+                await self._assembly.add(modality, raw)
             except MediaError as exc:
-                self._fail(
+                self.fail(
                     ProtocolError(
-                        f"chunks[{seq}].payload: {exc.message} (video chunks are JPEG/PNG frames)",
+                        f"chunks[{seq}].payload: {exc.message} (image and video chunks are JPEG/PNG frames)",
                         code=INVALID_MEDIA,
                         param=f"chunks[{seq}].payload",
                     )
@@ -314,16 +321,7 @@ class StreamingInputSession:
 
     def request(self) -> GenerationRequest:
         asm, params = self._assembly, self.params
-        media: list[MediaInput] = []
-        for modality in asm.order:
-            if modality == "audio":
-                pcm = np.concatenate([*asm.audio, asm.resampler.flush()])
-                asm.audio = [pcm]
-                media.append(MediaInput(kind="audio", data=pcm, sample_rate=MODEL_RATE))
-            elif modality == "image":
-                media.extend(MediaInput(kind="image", data=image) for image in asm.images)
-            elif modality == "video":
-                media.append(MediaInput(kind="video", data=_stack(asm.frames), fps=params.video_fps))
+        media = asm.media()
         turns: list[ChatTurn] = []
         if params.instructions:
             turns.append(ChatTurn(role="system", text=params.instructions))
@@ -354,17 +352,18 @@ class StreamingInputSession:
         try:
             request = self.request()
         except ValueError as exc:
-            self._fail(invalid("chunks", str(exc)))
+            self.fail(invalid("chunks", str(exc)))
             return
         self.state = "generating"
-        self._task = asyncio.create_task(self._generate(request))
+        self.started = True  # the request itself is submitted now
+        self._task = asyncio.create_task(answer.generate(self, request))
 
-    async def _publish(self, event: dict[str, Any] | str) -> None:
+    async def publish(self, event: dict[str, Any] | str) -> None:
         async with self._changed:
             self.events.append(chat_format.sse(event))
             self._changed.notify_all()
 
-    def _fail(self, error: ProtocolError) -> None:
+    def fail(self, error: ProtocolError) -> None:
         self.failure = error
         self.state = "failed"
         self.events.append(chat_format.sse({"error": error.error_body()}))
@@ -374,69 +373,6 @@ class StreamingInputSession:
     async def _notify(self) -> None:
         async with self._changed:
             self._changed.notify_all()
-
-    async def _generate(self, request: GenerationRequest) -> None:
-        model = self.params.model or self.engine.model_name
-
-        def chunk(
-            delta: dict[str, Any], reason: str | None = None, usage: Usage | None = None
-        ) -> dict[str, Any]:
-            return chat_format.chunk_json(
-                completion=self.completion,
-                model=model,
-                created=self.created,
-                delta=delta,
-                reason=reason,
-                usage=usage,
-            )
-
-        text, audio, rate, reason, usage = "", [], self.engine.output_sample_rate, "stop", Usage()
-        await self._publish(chunk({"role": "assistant", "content": ""}))
-        stream = self.engine.generate(request)
-        try:
-            async for event in stream:
-                self.touch()
-                if isinstance(event, TextDelta) and event.text:
-                    text += event.text
-                    await self._publish(chunk({"content": event.text}))
-                elif isinstance(event, AudioChunk) and event.pcm.size:
-                    audio.append(np.asarray(event.pcm, dtype=np.float32))
-                    rate = event.sample_rate
-                    delta = chat_format.audio_delta(
-                        event.pcm, sample_rate=rate, completion=self.completion, fmt=self.audio_format
-                    )
-                    await self._publish(chunk(delta))
-                elif isinstance(event, Finished):
-                    reason, usage = event.reason, event.usage
-        except EngineError as exc:
-            self._fail(ProtocolError(str(exc), code="engine_error", param=exc.param, status=exc.status))
-            return
-        finally:
-            await close_quietly(stream)
-        if reason == "error":
-            self._fail(
-                ProtocolError(
-                    "the engine failed on this request; see the worker log",
-                    code="engine_error",
-                    status=500,
-                    type="server_error",
-                )
-            )
-            return
-        pcm = np.concatenate(audio) if audio else None
-        self.result = chat_format.completion_json(
-            completion=self.completion,
-            model=model,
-            created=self.created,
-            text=text,
-            audio=pcm if self.want_audio else None,
-            sample_rate=rate,
-            reason=reason,
-            usage=usage,
-        )
-        await self._publish(chunk({}, reason=reason, usage=usage))
-        self.state = "done"
-        await self._publish("[DONE]")
 
     async def wait_result(self, timeout: float) -> None:
         async with self._changed:
@@ -468,22 +404,5 @@ class StreamingInputSession:
         if self.state in ("collecting", "generating"):
             self.state = "cancelled"
         self._pending.clear()
-        self._assembly = _Assembly(audio_rate=self.params.audio_sample_rate)
+        self._assembly = self._new_assembly()
         await self._notify()
-
-
-def _stack(frames: list[np.ndarray]) -> np.ndarray:
-    if not frames:
-        raise ValueError("no video frames")
-    height, width = frames[0].shape[:2]
-    if any(frame.shape[:2] != (height, width) for frame in frames):
-        # Frames of one video share a size; a stream that changed resolution is scaled to its first.
-        from PIL import Image
-
-        frames = [
-            frame
-            if frame.shape[:2] == (height, width)
-            else np.asarray(Image.fromarray(frame).resize((width, height)), dtype=np.uint8)
-            for frame in frames
-        ]
-    return np.stack(frames)
