@@ -77,6 +77,18 @@ class RealtimeMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=reg,
         )
+        self.duplex_decisions = Counter(
+            "omni_realtime_duplex_decisions",
+            "Listen/speak decisions of model-driven duplex sessions, by action and reason.",
+            ["action", "reason"],
+            registry=reg,
+        )
+        self.duplex_probes = Counter(
+            "omni_realtime_duplex_probes",
+            "One-token probes asking the thinker whether it takes the turn, by finish reason.",
+            ["reason"],
+            registry=reg,
+        )
         self.video_frames = Counter(
             "omni_realtime_video_frames",
             "Video frames received, by outcome (kept, filtered, evicted).",

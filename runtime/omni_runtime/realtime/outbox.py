@@ -1,7 +1,7 @@
 """Outgoing events of one realtime session: ids, dialect, epoch filtering and replay.
 
 Every server event goes through `Outbox.emit`, which stamps an ordered ``event_id``, renames it for
-clients of the beta protocol, serialises it once and queues it for the socket's sender. Deltas of a
+clients of the beta protocol (or, for duplex bridges, only the audio events: `event_renames`), serialises it once and queues it for the socket's sender. Deltas of a
 response carry the epoch they were produced in; when the user barges in the session bumps the
 epoch, and the sender drops every queued delta of an older epoch, so no audio of a cancelled
 response reaches the client after the cancellation. Duplex sessions also keep a bounded log of
@@ -28,6 +28,8 @@ _BETA_NAMES = {
     "conversation.item.added": "conversation.item.created",
 }
 _BETA_SKIP = frozenset({"conversation.item.done"})
+# Duplex bridges (the native /v1/duplex socket): GA everywhere except the audio unit pair.
+_DUPLEX_NAMES = {name: beta for name, beta in _BETA_NAMES.items() if name.startswith("response.output_audio")}
 _BETA_PART_TYPES = {"output_text": "text", "output_audio": "audio"}
 EVENT_PREFIX = "event_"
 
@@ -44,6 +46,13 @@ def _beta_content(value: Any) -> Any:
     if isinstance(value, list):
         return [_beta_content(item) for item in value]
     return value
+
+
+def event_renames(*, beta: bool, duplex_names: bool) -> dict[str, str]:
+    """GA event name -> the name this client gets (names not listed are sent as they are)."""
+    if beta:
+        return dict(_BETA_NAMES)
+    return dict(_DUPLEX_NAMES) if duplex_names else {}
 
 
 def sequence_of(event_id: str) -> int | None:
@@ -69,8 +78,10 @@ class Outbox:
         max_log_events: int,
         max_log_bytes: int,
         on_stale: Callable[[], None] | None = None,
+        duplex_names: bool = False,
     ) -> None:
         self.beta = beta
+        self._renames = event_renames(beta=beta, duplex_names=duplex_names)
         self.epoch = 0
         self._seq = 0
         self._queue: asyncio.Queue[_Queued | None] = asyncio.Queue()
@@ -87,8 +98,8 @@ class Outbox:
         if self.beta:
             if event_type in _BETA_SKIP:
                 return None
-            event_type = _BETA_NAMES.get(event_type, event_type)
             fields = _beta_content(fields)
+        event_type = self._renames.get(event_type, event_type)
         self._seq += 1
         event_id = f"{EVENT_PREFIX}{self._seq}"
         body: dict[str, Any] = {"type": event_type, "event_id": event_id, **fields}

@@ -3,7 +3,7 @@
 `RealtimeServer` holds what the endpoints share on a worker: the engine, the limits, the metrics,
 the live realtime/video sessions, the streaming-input sessions, the VAD factory and the speech
 capacity (`realtime.capacity`, shared with the chat API). The worker app
-includes ``server.router()`` (the /v1/realtime and /v1/video/chat/stream sockets); streaming input's
+includes ``server.router()`` (the /v1/realtime, /v1/duplex and /v1/video/chat/stream sockets); streaming input's
 HTTP routes, and its Mode A on ``/v1/chat/completions``, are the api layer's
 (`omni_runtime.api.streaming_input`), serving ``server.streaming``. Torch stays out: the silero VAD
 module is imported the first time a session turns server VAD on.
@@ -65,6 +65,19 @@ class RealtimeServer:
                 sessions=self.sessions,
                 scorer_factory=self.scorer_factory,
                 speech=self.speech,
+            )
+
+        @router.websocket("/v1/duplex")
+        async def duplex(websocket: WebSocket) -> None:
+            await serve_realtime(
+                websocket,
+                engine=self.engine,
+                settings=self.settings,
+                metrics=self.metrics,
+                sessions=self.sessions,
+                scorer_factory=self.scorer_factory,
+                speech=self.speech,
+                native_duplex=True,
             )
 
         @router.websocket("/v1/video/chat/stream")

@@ -96,7 +96,13 @@ async def test_duplex_backchannel_barge_in_stale_epoch_and_playback_ack(live, sp
     await rt.until("input_audio_buffer.committed")
     await rt.until("response.created")  # the interruption is the next turn
     await rt.until("response.done")
-    barge = rt.events.index(started)
+    # The barge-in is the overlap decision (speech past backchannel_max_ms), not the speech start:
+    # deltas sent while the overlap was still undecided are not stale.
+    barge = next(
+        i
+        for i, e in enumerate(rt.events)
+        if i > rt.events.index(started) and e["type"] == "overlap.decision" and e["action"] == "barge_in"
+    )
     stale = [
         e for e in rt.events[barge:] if e.get("response_id") == response_id and e["type"].endswith(".delta")
     ]

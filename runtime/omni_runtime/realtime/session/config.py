@@ -3,7 +3,7 @@
 The GA protocol nests audio settings (``session.audio.input.format``, ``.turn_detection``,
 ``session.audio.output.voice``) and names the output ``output_modalities``; the beta protocol had
 them flat (``modalities``, ``input_audio_format``, ``turn_detection``, ``voice``). Both are
-accepted; an update is validated completely before anything changes, so a bad field leaves the
+accepted (``semantic_vad`` only on duplex sessions, where the model ends turns: `duplex.py`); an update is validated completely before anything changes, so a bad field leaves the
 session as it was and the client gets one ``error`` event naming the field.
 """
 
@@ -14,7 +14,10 @@ from typing import Any
 
 from omni_runtime.realtime.audio import SUPPORTED_RATES
 from omni_runtime.realtime.errors import invalid
+from omni_runtime.realtime.session.duplex_config import DuplexConfig, parse_duplex
 from omni_runtime.realtime.settings import RealtimeSettings
+
+EAGERNESS_UNIT_MS = {"low": 2000, "medium": 1000, "auto": 1000, "high": 500}
 
 
 @dataclass(frozen=True)
@@ -25,8 +28,23 @@ class TurnDetection:
     create_response: bool = True
     interrupt_response: bool = True
     idle_timeout_ms: int | None = None
+    type: str = "server_vad"  # or semantic_vad: VAD hears speech, the model decides when the turn ends
+    eagerness: str = (
+        "auto"  # semantic_vad: how soon the model is asked (low 2 s, auto/medium 1 s, high 0.5 s)
+    )
+
+    @property
+    def semantic(self) -> bool:
+        return self.type == "semantic_vad"
 
     def to_json(self) -> dict[str, Any]:
+        if self.semantic:
+            return {
+                "type": "semantic_vad",
+                "eagerness": self.eagerness,
+                "create_response": self.create_response,
+                "interrupt_response": self.interrupt_response,
+            }
         return {
             "type": "server_vad",
             "threshold": self.threshold,
@@ -49,7 +67,7 @@ class SessionConfig:
     turn_detection: TurnDetection | None = None
     max_output_tokens: int | None = None  # None: "inf" (the server's default cap)
     temperature: float = 0.8
-    backchannel_max_ms: int = 600
+    duplex: DuplexConfig = field(default_factory=DuplexConfig)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -68,8 +86,12 @@ class SessionConfig:
             voice=settings.default_voice,
             # Like the OpenAI API, a new session listens with server VAD; duplex sessions must.
             turn_detection=vad,
-            backchannel_max_ms=settings.backchannel_max_ms,
+            duplex=DuplexConfig(backchannel_max_ms=settings.backchannel_max_ms),
         )
+
+    @property
+    def backchannel_max_ms(self) -> int:
+        return self.duplex.backchannel_max_ms
 
     def modalities(self) -> list[str]:
         return ["audio"] if self.want_audio else ["text"]
@@ -118,7 +140,7 @@ class SessionConfig:
             "tool_choice": "auto",
         }
         if duplex:
-            body["duplex"] = {"backchannel_max_ms": self.backchannel_max_ms}
+            body["duplex"] = self.duplex.to_json()
         return body
 
 
@@ -162,10 +184,14 @@ def parse_turn_detection(value: Any, current: TurnDetection | None, param: str) 
     if not isinstance(value, dict):
         raise invalid(param, "expected an object or null")
     kind = value.get("type", "server_vad")
-    if kind != "server_vad":
-        raise invalid(f"{param}.type", f"{kind!r} is not supported; use 'server_vad' or null")
+    if kind not in ("server_vad", "semantic_vad"):
+        raise invalid(f"{param}.type", f"{kind!r} is not supported; use 'server_vad', 'semantic_vad' or null")
     base = current or TurnDetection()
-    changes: dict[str, Any] = {}
+    changes: dict[str, Any] = {"type": kind}
+    if "eagerness" in value:
+        if value["eagerness"] not in EAGERNESS_UNIT_MS:
+            raise invalid(f"{param}.eagerness", f"expected one of {', '.join(EAGERNESS_UNIT_MS)}")
+        changes["eagerness"] = value["eagerness"]
     if "threshold" in value:
         changes["threshold"] = _number(value["threshold"], f"{param}.threshold", lo=0.0, hi=1.0)
     for name in ("prefix_padding_ms", "silence_duration_ms"):
@@ -245,18 +271,19 @@ def apply_update(config: SessionConfig, session: Any, *, audio_out: bool, duplex
             )
     if "temperature" in session:
         changes["temperature"] = _number(session["temperature"], "session.temperature", lo=0.0, hi=2.0)
-    duplex_cfg = session.get("duplex")
-    if duplex_cfg is not None:
-        if not isinstance(duplex_cfg, dict):
-            raise invalid("session.duplex", "expected an object")
-        if "backchannel_max_ms" in duplex_cfg:
-            changes["backchannel_max_ms"] = _integer(
-                duplex_cfg["backchannel_max_ms"], "session.duplex.backchannel_max_ms", lo=0, hi=10_000
-            )
+    if duplex:
+        changes["duplex"] = parse_duplex(session, config.duplex)
     new = replace(config, **changes)
-    if duplex and new.turn_detection is None:
+    if new.turn_detection is not None and new.turn_detection.semantic and not duplex:
+        raise invalid(
+            "session.audio.input.turn_detection.type",
+            "semantic_vad is served on duplex sessions (/v1/duplex or /v1/realtime?duplex=1), where the "
+            "model decides when the user's turn ends; use server_vad here",
+        )
+    if duplex and new.turn_detection is None and not new.duplex.model_driven:
         raise invalid(
             "session.audio.input.turn_detection",
-            "a duplex session decides turns itself; it needs server_vad (turn_detection cannot be null)",
+            "a duplex session needs server_vad, or auto_response: true (the model decides listen or speak) "
+            "for turn_detection null",
         )
     return new

@@ -6,6 +6,7 @@ session whose socket drops without a normal close is kept for ``resume_grace_s``
 reconnects with ``?duplex=1&session_id=<resume token>&last_event_id=<last seen>`` gets the events
 it missed (stale audio excluded) and the session carries on. The resume token is the session id,
 which names this worker, so the router sends the reconnect here (``session_id`` query parameter).
+``/v1/duplex`` is the same session, always duplex, with the duplex bridges' event names.
 
 Two dialects share the socket (`omni_runtime.realtime.transcription.dialect`): the OpenAI Realtime
 API (`RealtimeSession`) and vLLM-Omni's transcription flow (`TranscriptionSession`). ``?protocol=``
@@ -37,6 +38,7 @@ from omni_runtime.realtime.errors import (
     ProtocolError,
 )
 from omni_runtime.realtime.metrics import RealtimeMetrics
+from omni_runtime.realtime.session.duplex_config import event_dialect
 from omni_runtime.realtime.session.session import RealtimeSession
 from omni_runtime.realtime.session.turn_detection import SpeechScorer
 from omni_runtime.realtime.settings import RealtimeSettings
@@ -157,10 +159,10 @@ async def serve_realtime(
     sessions: RealtimeSessions,
     scorer_factory: Callable[[], SpeechScorer],
     speech: SpeechCapacity | None = None,
+    native_duplex: bool = False,
 ) -> None:
     params = ws.query_params
-    duplex = params.get("duplex", "").lower() in ("1", "true", "yes")
-    beta = "realtime=v1" in ws.headers.get("openai-beta", "")
+    duplex = native_duplex or params.get("duplex", "").lower() in ("1", "true", "yes", "on")
     offered = ws.scope.get("subprotocols") or []
     resume_id = params.get("session_id")
     # A new session on a worker that speaks takes a speech slot before the handshake, so that a
@@ -177,8 +179,13 @@ async def serve_realtime(
         if slot is not None:
             slot.release()
         raise
-    try:
+    try:  # the socket's choices, refused as an error event now that it is accepted
         dialect = requested_dialect(params.get("protocol"), duplex=duplex or bool(resume_id))
+        names = event_dialect(
+            native=native_duplex,
+            beta_header="realtime=v1" in ws.headers.get("openai-beta", ""),
+            query=params.get("event_names"),
+        )
     except ProtocolError as refusal:
         if slot is not None:
             slot.release()
@@ -232,7 +239,8 @@ async def serve_realtime(
                 settings=settings,
                 metrics=metrics,
                 duplex=duplex,
-                beta=beta,
+                beta=names == "beta",
+                duplex_names=names == "duplex",
                 scorer_factory=scorer_factory,
             )
             entry = sessions.add(realtime, speech_slot=slot)

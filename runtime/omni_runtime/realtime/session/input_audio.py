@@ -77,6 +77,11 @@ class InputAudio:
         self.drop_before(stop)
         return out
 
+    def peek(self, *, start: int | None = None) -> np.ndarray:
+        """A copy of the samples from ``start`` (clipped to what is buffered) to the end; nothing dropped."""
+        begin = self.start if start is None else min(max(start, self.start), self.total)
+        return self._joined()[begin - self.start :].copy()
+
     def drop_before(self, position: int) -> None:
         position = min(max(position, self.start), self.total)
         if position == self.start:

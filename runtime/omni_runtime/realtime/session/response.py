@@ -51,6 +51,7 @@ def plan_response(
     conversation: Conversation,
     engine: Engine,
     settings: RealtimeSettings,
+    pair_transcript: bool = False,
 ) -> ResponsePlan:
     """Resolve a ``response.create`` body against the session config (raises ProtocolError)."""
     want_audio = config.want_audio
@@ -99,6 +100,7 @@ def plan_response(
         in_conversation=target == "auto",
         audio_delta_ms=settings.audio_delta_ms,
         metadata=metadata if isinstance(metadata, dict) else None,
+        pair_transcript=pair_transcript,
     )
 
 
@@ -115,6 +117,7 @@ class ResponsePlan:
     in_conversation: bool
     audio_delta_ms: int
     metadata: dict[str, Any] | None = None
+    pair_transcript: bool = False  # duplex: each audio delta is followed by one transcript delta
 
 
 class ResponseRun:
@@ -142,6 +145,7 @@ class ResponseRun:
         self.failure: dict[str, Any] | None = None
         self.usage = Usage()
         self.text = ""
+        self._unpaired = ""  # transcript waiting for the next audio delta (pair_transcript)
         self.audio_ms = 0.0
         self.first_audio_at: float | None = None  # monotonic time of the first audio delta
         self._turn_ended_at = turn_ended_at
@@ -228,6 +232,9 @@ class ResponseRun:
 
     def _text(self, delta: str) -> None:
         self.text += delta
+        if self.plan.pair_transcript and self.plan.want_audio:
+            self._unpaired += delta  # sent with the next audio delta, as one unit
+            return
         kind = (
             "response.output_audio_transcript.delta" if self.plan.want_audio else "response.output_text.delta"
         )
@@ -249,6 +256,17 @@ class ResponseRun:
                 delta=float_to_b64_pcm16(piece),
                 **self._where(),
             )
+            if self.plan.pair_transcript:
+                self._flush_transcript(always=True)
+
+    def _flush_transcript(self, *, always: bool) -> None:
+        """The transcript delta of a unit: the text since the last one ('' when there is none)."""
+        if not always and not self._unpaired:
+            return
+        delta, self._unpaired = self._unpaired, ""
+        self.outbox.emit(
+            "response.output_audio_transcript.delta", epoch=self.epoch, delta=delta, **self._where()
+        )
 
     # --- the task ---------------------------------------------------------------------------
 
@@ -336,6 +354,7 @@ class ResponseRun:
         out = self.outbox
         part = self.part
         if self.plan.want_audio:
+            self._flush_transcript(always=False)  # text spoken after the last audio delta
             part.transcript = self.text
             part.audio_ms = int(self.audio_ms)
             out.emit("response.output_audio.done", **self._where())

@@ -10,12 +10,11 @@ here too; `items.parse_item` turns an item body into an `Item`.
 
 Turn taking (server VAD): speech start announces ``speech_started``; speech stop commits the spoken
 audio (with ``prefix_padding_ms`` before it) as a user item and, with ``create_response``, starts a
-response. Speech while a response is active interrupts it (``interrupt_response``). In duplex
+response. Speech while the assistant talks interrupts it (``interrupt_response``). In duplex
 sessions an overlap policy applies first: speech shorter than ``backchannel_max_ms`` ("uh-huh") is
-a backchannel and neither cancels nor becomes a turn; longer speech is a barge-in. A barge-in bumps
-the epoch (queued audio of the old response is dropped unsent), cancels the response, and trims the
-assistant item in history to what the client reported playing (``playback.ack``) or, without a
-report, to what real-time playback would have reached.
+a backchannel and neither cancels nor becomes a turn; longer speech is a barge-in (`overlap.py`:
+cancel, drop stale audio, trim history to the client's ``playback.ack``). Model-driven duplex
+(``auto_response``) ends turns by a per-unit listen/speak decision instead (`duplex.py`).
 """
 
 from __future__ import annotations
@@ -49,8 +48,11 @@ from omni_runtime.realtime.protocol import engine_voice, new_id
 from omni_runtime.realtime.request_types import check_text
 from omni_runtime.realtime.session.config import SessionConfig, apply_update
 from omni_runtime.realtime.session.conversation import Conversation, Item, Part
+from omni_runtime.realtime.session.duplex import DuplexDriver, append_hints, commit_create_response
 from omni_runtime.realtime.session.input_audio import InputAudio
 from omni_runtime.realtime.session.items import parse_item
+from omni_runtime.realtime.session.overlap import Overlap
+from omni_runtime.realtime.session.playback import PlaybackCursor
 from omni_runtime.realtime.session.response import ResponseRun, plan_response
 from omni_runtime.realtime.session.turn_detection import (
     FRAME_MS,
@@ -76,6 +78,7 @@ class RealtimeSession:
         metrics: RealtimeMetrics,
         duplex: bool,
         beta: bool,
+        duplex_names: bool = False,
         scorer_factory: Callable[[], SpeechScorer],
     ) -> None:
         self.id = make_session_id(worker_id=settings.worker_id, prefix="rt")
@@ -92,6 +95,7 @@ class RealtimeSession:
             max_log_events=settings.max_replay_events,
             max_log_bytes=settings.max_replay_bytes,
             on_stale=metrics.stale_dropped.inc,
+            duplex_names=duplex_names,
         )
         self.conversation = Conversation(max_items=settings.max_conversation_items)
         self.max_prompt_chars, _ = prompt_limits(engine.max_model_len, max_chars=settings.max_prompt_chars)
@@ -100,7 +104,9 @@ class RealtimeSession:
         )
         self.response: ResponseRun | None = None
         self.last_response: ResponseRun | None = None
-        self.acks: dict[str, int] = {}  # item id -> audio_end_ms the client reported playing
+        self.playback = PlaybackCursor()
+        self.driver = DuplexDriver(self)
+        self.overlap = Overlap(self)
         self.created_at = time.monotonic()
         self._scorer_factory = scorer_factory
         self._scorer: SpeechScorer | None = None
@@ -120,7 +126,8 @@ class RealtimeSession:
             "conversation.item.retrieve": self._item_retrieve,
             "response.create": self._response_create,
             "response.cancel": self._response_cancel,
-            "playback.ack": self._playback_ack,
+            "playback.ack": self.overlap.playback_ack,
+            "barge_in": self.overlap.barge_in_event,
         }
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -137,6 +144,13 @@ class RealtimeSession:
             self.outbox.bump_epoch()
             await self.response.cancel("session_closed")
         self.outbox.close()
+
+    @property
+    def listener(self) -> Listener | None:
+        return self._listener
+
+    def end_overlap(self) -> None:
+        self._overlap = False
 
     def _session_json(self) -> dict[str, Any]:
         return self.config.to_json(session_id=self.id, beta=self.outbox.beta, duplex=self.duplex)
@@ -229,10 +243,15 @@ class RealtimeSession:
     async def _append(self, event: dict[str, Any]) -> None:
         if "audio" not in event:
             raise missing("audio", where="input_audio_buffer.append")
+        hints = append_hints(event) if self.duplex else (False, False)  # checked before any audio is kept
         data = decode_b64(event["audio"], param="audio", max_bytes=self.settings.max_event_bytes)
-        await self._listen(self.input.append(pcm16_to_float(data, param="audio")))
+        samples = self.input.append(pcm16_to_float(data, param="audio"))
+        await self._listen(samples)
+        if self.duplex:
+            await self.driver.on_append(hints, samples.size)
 
     async def _commit(self, event: dict[str, Any]) -> None:
+        create = commit_create_response(event) if self.duplex else None
         held = self.input.ms(self.input.size)
         if held < MIN_COMMIT_MS:
             raise ProtocolError(
@@ -241,7 +260,9 @@ class RealtimeSession:
             )
         item_id = self._speech_item_id or new_id("item")
         self._speech_item_id = None
-        self._commit_audio(self.input.take(), item_id)
+        self.commit_audio(self.input.take(), item_id)
+        if self.duplex:
+            await self.driver.after_commit(create)
 
     async def _clear(self, event: dict[str, Any]) -> None:
         self.input.clear()
@@ -249,7 +270,7 @@ class RealtimeSession:
             self._listener.reset_pending()
         self.outbox.emit("input_audio_buffer.cleared")
 
-    def _commit_audio(self, samples: np.ndarray, item_id: str) -> None:
+    def commit_audio(self, samples: np.ndarray, item_id: str) -> None:
         item = Item(id=item_id, role="user", content=[Part(type="input_audio", audio=samples)])
         previous = self.conversation.add(item)
         self._last_commit_at = time.monotonic()
@@ -260,16 +281,7 @@ class RealtimeSession:
         self.outbox.emit("conversation.item.added", previous_item_id=previous, item=item.to_json())
         self.outbox.emit("conversation.item.done", previous_item_id=previous, item=item.to_json())
 
-    # --- conversation items and playback ----------------------------------------------------
-
-    async def _playback_ack(self, event: dict[str, Any]) -> None:
-        item_id, played = event.get("item_id"), event.get("audio_end_ms")
-        if not isinstance(item_id, str):
-            raise missing("item_id", where="playback.ack")
-        if isinstance(played, bool) or not isinstance(played, int) or played < 0:
-            raise invalid("audio_end_ms", "expected the played position in milliseconds (an integer >= 0)")
-        self.conversation.get(item_id)
-        self.acks[item_id] = played
+    # --- conversation items ----------------------------------------------------
 
     async def _item_create(self, event: dict[str, Any]) -> None:
         if "item" not in event:
@@ -342,9 +354,11 @@ class RealtimeSession:
             elif isinstance(turn, SpeechStopped):
                 await self._speech_stopped(turn)
             elif isinstance(turn, SpeechLong) and self._overlap:
-                await self._barge_in()  # longer than a backchannel: the user takes the turn
+                await self.overlap.barge_in(
+                    reason="long_speech"
+                )  # longer than a backchannel: the user takes the turn
         vad = self.config.turn_detection
-        if not listener.in_speech and vad is not None:
+        if not listener.in_speech and vad is not None and not self.driver.holds_turn():
             # Outside speech only the prefix padding can still become part of a turn.
             keep_ms = vad.prefix_padding_ms + 2 * FRAME_MS
             self.input.drop_before(self.input.total - self.input.position(keep_ms))
@@ -359,15 +373,19 @@ class RealtimeSession:
             item_id=self._speech_item_id,
         )
         vad = self.config.turn_detection
-        if self.response is None or vad is None:
+        if vad is None:
+            return
+        talking = self.overlap.assistant_talking()
+        self.driver.on_speech(turn.audio_start_ms, vad.prefix_padding_ms)
+        if not talking:
             return
         if self.duplex:
             if self.config.backchannel_max_ms == 0:
-                await self._barge_in()
+                await self.overlap.barge_in(reason="speech_started")
             else:
                 self._overlap = True  # decided by SpeechLong (barge-in) or SpeechStopped (backchannel)
         elif vad.interrupt_response:
-            await self._barge_in()
+            await self.overlap.barge_in(reason="speech_started")
 
     async def _speech_stopped(self, turn: SpeechStopped) -> None:
         item_id = self._speech_item_id or new_id("item")
@@ -378,39 +396,21 @@ class RealtimeSession:
             self._overlap = False
             self.input.drop_before(self.input.position(turn.audio_end_ms))
             self.metrics.backchannels.inc()
+            vad = self.config.turn_detection
+            self.driver.on_backchannel(turn.audio_start_ms, vad.prefix_padding_ms if vad else 0)
+            self.overlap.decision("backchannel", "short_speech")
             return
+        if self.driver.active:
+            return  # model-driven: the unit clock decides when the turn ends (session/duplex.py)
         vad = self.config.turn_detection
         padding = vad.prefix_padding_ms if vad else 0
         start = self.input.position(max(0, turn.audio_start_ms - padding))
         samples = self.input.take(start=start, end=self.input.position(turn.audio_end_ms))
         if samples.size == 0:
             return
-        self._commit_audio(samples, item_id)
+        self.commit_audio(samples, item_id)
         if vad is not None and vad.create_response and self.response is None:
-            self._start_response({}, turn_ended_at=time.monotonic())
-
-    async def _barge_in(self) -> None:
-        self._overlap = False
-        run = self.response
-        if run is not None:
-            self.metrics.barge_ins.inc()
-            await self._cancel_response("turn_detected")
-        if self.duplex:
-            self._trim_to_played(run or self.last_response)
-
-    def _trim_to_played(self, run: ResponseRun | None) -> None:
-        """Keep in history only the assistant audio (and its share of transcript) the user heard."""
-        if run is None or not run.plan.want_audio or not run.plan.in_conversation:
-            return
-        item = run.item
-        total = item.output_audio_ms()
-        played = self.acks.get(item.id)
-        if played is None:
-            played = run.played_estimate_ms(time.monotonic())
-        if played >= total or item not in self.conversation.items:
-            return
-        item.played_ms = played
-        self.outbox.emit("conversation.item.truncated", item_id=item.id, content_index=0, audio_end_ms=played)
+            self.start_response({}, turn_ended_at=time.monotonic())
 
     # --- responses --------------------------------------------------------------------------
 
@@ -424,9 +424,9 @@ class RealtimeSession:
         if not isinstance(body, dict):
             raise invalid("response", "expected an object")
         turn_ended_at, self._last_commit_at = self._last_commit_at, None
-        self._start_response(body, turn_ended_at=turn_ended_at)
+        self.start_response(body, turn_ended_at=turn_ended_at)
 
-    def _start_response(self, body: dict[str, Any], *, turn_ended_at: float | None) -> None:
+    def start_response(self, body: dict[str, Any], *, turn_ended_at: float | None) -> ResponseRun:
         """Start a response now (synchronous, so two triggers can never start two)."""
         plan = plan_response(
             body,
@@ -434,6 +434,7 @@ class RealtimeSession:
             conversation=self.conversation,
             engine=self.engine,
             settings=self.settings,
+            pair_transcript=self.duplex,
         )
         if self._idle_task is not None:
             self._idle_task.cancel()
@@ -452,7 +453,9 @@ class RealtimeSession:
         )
         self.response = run
         self.last_response = run
+        self.playback.started(run)
         run.start()
+        return run
 
     def _response_finished(self, run: ResponseRun) -> None:
         self.metrics.responses.labels(status=run.status).inc()
@@ -478,9 +481,9 @@ class RealtimeSession:
         )
         samples = self.input.take()
         if self.input.ms(samples.size) >= MIN_COMMIT_MS:
-            self._commit_audio(samples, item_id)
+            self.commit_audio(samples, item_id)
         try:
-            self._start_response({}, turn_ended_at=None)
+            self.start_response({}, turn_ended_at=None)
         except ProtocolError as exc:
             self.error(exc)
 
@@ -490,9 +493,12 @@ class RealtimeSession:
         wanted = event.get("response_id")
         if wanted is not None and wanted != self.response.id:
             raise invalid("response_id", f"{wanted!r} is not the response in progress ({self.response.id})")
-        await self._cancel_response("client_cancelled")
+        run = self.response
+        await self.cancel_response("client_cancelled")
+        if self.duplex:
+            self.overlap.trim_to_played(run)
 
-    async def _cancel_response(self, reason: str) -> None:
+    async def cancel_response(self, reason: str) -> None:
         run = self.response
         if run is None:
             return
