@@ -54,7 +54,7 @@ def read_event(text: str, *, max_bytes: int) -> dict[str, Any]:
         )
     try:
         event = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep to parse
         raise ProtocolError(f"the message is not valid JSON: {exc}", code=INVALID_JSON) from exc
     if not isinstance(event, dict) or not isinstance(event.get("type"), str):
         raise ProtocolError(

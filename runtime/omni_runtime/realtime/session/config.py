@@ -172,6 +172,15 @@ def _integer(value: Any, param: str, *, lo: int, hi: int) -> int:
     return value
 
 
+def _object_or_empty(value: Any, param: str) -> dict[str, Any]:
+    """An optional nested object of a session update: absent or null is empty, anything else must be an object."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise invalid(param, "expected an object")
+    return value
+
+
 def _bool(value: Any, param: str) -> bool:
     if not isinstance(value, bool):
         raise invalid(param, f"expected true or false, got {value!r}")
@@ -238,8 +247,8 @@ def apply_update(config: SessionConfig, session: Any, *, audio_out: bool, duplex
     audio = session.get("audio")
     if audio is not None and not isinstance(audio, dict):
         raise invalid("session.audio", "expected an object")
-    audio_in = (audio or {}).get("input") or {}
-    audio_out_cfg = (audio or {}).get("output") or {}
+    audio_in = _object_or_empty((audio or {}).get("input"), "session.audio.input")
+    audio_out_cfg = _object_or_empty((audio or {}).get("output"), "session.audio.output")
     if "format" in audio_in:
         changes["input_rate"] = _rate_of(audio_in["format"], "session.audio.input.format")
     elif "input_audio_format" in session:

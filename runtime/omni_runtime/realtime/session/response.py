@@ -153,6 +153,8 @@ class ResponseRun:
         self._on_finished = on_finished
         self._first_output_seen = False
         self.task: asyncio.Task[None] | None = None
+        self._opened = False  # response.created queued
+        self._closed = False  # response.done queued
 
     @property
     def part(self) -> Part:
@@ -168,6 +170,11 @@ class ResponseRun:
         self.cancel_reason = reason
         self.task.cancel()
         await asyncio.wait([self.task])
+        if not self._closed:  # cancelled before its first step: the task body never ran
+            if not self._opened:
+                self._open()
+            self.status = "cancelled"
+            self._close()
 
     def played_estimate_ms(self, now: float) -> int:
         """How much audio a client playing in real time has heard (no playback.ack received)."""
@@ -270,7 +277,8 @@ class ResponseRun:
 
     # --- the task ---------------------------------------------------------------------------
 
-    async def _run(self) -> None:
+    def _open(self) -> None:
+        self._opened = True
         out = self.outbox
         out.emit("response.created", response=self.to_json())
         out.emit("response.output_item.added", response_id=self.id, output_index=0, item=self.item.to_json())
@@ -279,6 +287,9 @@ class ResponseRun:
                 "conversation.item.added", previous_item_id=self.previous_item_id, item=self.item.to_json()
             )
         out.emit("response.content_part.added", part=self._part_json(), **self._where())
+
+    async def _run(self) -> None:
+        self._open()
         request = GenerationRequest(
             request_id=self.id,
             turns=self.plan.turns,
@@ -351,6 +362,7 @@ class ResponseRun:
             }
 
     def _close(self) -> None:
+        self._closed = True
         out = self.outbox
         part = self.part
         if self.plan.want_audio:

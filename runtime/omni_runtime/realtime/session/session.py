@@ -20,7 +20,6 @@ cancel, drop stale audio, trim history to the client's ``playback.ack``). Model-
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -32,9 +31,6 @@ from omni_runtime.contract.sessions import make_session_id
 from omni_runtime.realtime.audio import decode_b64, pcm16_to_float
 from omni_runtime.realtime.errors import (
     COMMIT_EMPTY,
-    EVENT_TOO_LARGE,
-    INVALID_EVENT,
-    INVALID_JSON,
     NO_ACTIVE_RESPONSE,
     RESPONSE_ACTIVE,
     UNKNOWN_EVENT,
@@ -44,7 +40,7 @@ from omni_runtime.realtime.errors import (
 )
 from omni_runtime.realtime.metrics import RealtimeMetrics
 from omni_runtime.realtime.outbox import Outbox
-from omni_runtime.realtime.protocol import engine_voice, new_id
+from omni_runtime.realtime.protocol import engine_voice, new_id, read_event
 from omni_runtime.realtime.request_types import check_text
 from omni_runtime.realtime.session.config import SessionConfig, apply_update
 from omni_runtime.realtime.session.conversation import Conversation, Item, Part
@@ -164,20 +160,7 @@ class RealtimeSession:
     async def handle_text(self, text: str) -> None:
         event_id: str | None = None
         try:
-            if len(text) > self.settings.max_event_bytes:
-                raise ProtocolError(
-                    f"the event is {len(text)} bytes; at most {self.settings.max_event_bytes} are accepted "
-                    "(send audio in smaller appends)",
-                    code=EVENT_TOO_LARGE,
-                )
-            try:
-                event = json.loads(text)
-            except ValueError as exc:
-                raise ProtocolError(f"the message is not valid JSON: {exc}", code=INVALID_JSON) from exc
-            if not isinstance(event, dict) or not isinstance(event.get("type"), str):
-                raise ProtocolError(
-                    'an event is a JSON object with a string "type"', code=INVALID_EVENT, param="type"
-                )
+            event = read_event(text, max_bytes=self.settings.max_event_bytes)
             if isinstance(event.get("event_id"), str):
                 event_id = event["event_id"]
             handler = self._handlers.get(event["type"])
