@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import random
 import sysconfig
+import time
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -125,6 +126,22 @@ _PROMPTS = (
 )
 
 
+def _parse(source: str) -> ast.Module:
+    """``ast.parse``, retried when CPython 3.11's AST conversion trips over another thread's.
+
+    Before 3.12 the conversion's recursion-depth check lives in interpreter-wide state, so a parse
+    running in another thread at the same moment (a library importing lazily, a worker thread of
+    a test) can make it raise ``SystemError: AST constructor recursion depth mismatch``. The
+    source is the same every time, so a retry gives the same tree.
+    """
+    for attempt in range(30):
+        try:
+            return ast.parse(source)
+        except SystemError:
+            time.sleep(min(0.01 * 2**attempt, 0.5))  # the other parse is short: it ends soon
+    return ast.parse(source)
+
+
 def build_corpus() -> list[str]:
     """Return the training text: stdlib docstrings and seeded, generated chat-like sentences."""
     lines: list[str] = []
@@ -133,7 +150,7 @@ def build_corpus() -> list[str]:
         path = stdlib / f"{name}.py"
         if not path.is_file():
             continue  # a trimmed Python install: the generated part below still makes a corpus
-        tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+        tree = _parse(path.read_text(encoding="utf-8", errors="replace"))
         for node in ast.walk(tree):
             if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
                 doc = ast.get_docstring(node)
