@@ -80,7 +80,17 @@ def test_router_moves_a_new_speech_session_off_a_full_worker(cluster: Cluster) -
         assert stale.metric("omni_router_retries_total", worker="sp-w0") == 1
 
         # The live router read sp-w0's report and goes to sp-w1 straight away.
-        wait_until(lambda: live.workers()["sp-w0"]["speech_full"], timeout=30, what="report", log=live.log)
+        # Its view right before the request: sp-w0 full, sp-w1 free and in rotation (on a loaded
+        # machine a slow probe can take sp-w1 out for a moment; then the 429 path would serve it).
+        def view_settled() -> bool:
+            table = live.workers()
+            return (
+                table["sp-w0"]["speech_full"]
+                and table["sp-w1"]["in_rotation"]
+                and not table["sp-w1"]["speech_full"]
+            )
+
+        wait_until(view_settled, timeout=30, what="report", log=live.log)
         response = _speech(live)
         assert response.status_code == 200, response.text
         assert response.headers["x-omni-worker"] == "sp-w1"
