@@ -149,17 +149,28 @@ class LocalStages:
         return self.vocoder.synthesize_many(items)
 
     def load(self) -> tuple[StageLoad, ...]:
-        """Busy time, calls and items of each stage thread (``omni_stage_*`` metrics)."""
+        """Busy time, calls, items and cancellations of each stage thread (``omni_stage_*`` metrics)."""
         items: dict[str, int] = {}
+        cancelled: dict[str, int] = {}
         for worker in (self.audio, self.vision, self.vocoder_worker):
             if worker is not None:
-                items[worker.thread.name] = items.get(worker.thread.name, 0) + worker.items
+                name = worker.thread.name
+                items[name] = items.get(name, 0) + worker.items
+                cancelled[name] = cancelled.get(name, 0) + worker.dropped
         for scheduler in (self.thinker, self.talker):
             if scheduler is not None:
                 items[scheduler.thread.name] = scheduler.rows_stepped
+                cancelled[scheduler.thread.name] = scheduler.cancelled
         threads = [self._pre_pool, *self.threads.values()]
         return tuple(
-            StageLoad(stage=t.name, busy_s=t.busy_s, calls=t.calls, items=items.get(t.name, t.calls))
+            StageLoad(
+                stage=t.name,
+                busy_s=t.busy_s,
+                calls=t.calls,
+                items=items.get(t.name, t.calls),
+                cancelled=cancelled.get(t.name, 0),
+                after_cancel_s=t.after_cancel_s,
+            )
             for t in threads
         )
 
