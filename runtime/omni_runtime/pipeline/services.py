@@ -174,6 +174,14 @@ class LocalStages:
             for t in threads
         )
 
+    @property
+    def quiet(self) -> bool:
+        """No scheduler row, no queued item and no stage call running or waiting: nothing left of
+        any request (tests wait for it after a cancel before reading the counters)."""
+        rows = any(s is not None and s.running for s in (self.thinker, self.talker))
+        queued = any(w is not None and w.queue_depth for w in (self.audio, self.vision, self.vocoder_worker))
+        return not rows and not queued and all(t.idle for t in (self._pre_pool, *self.threads.values()))
+
     def queue_depth(self) -> int:
         depth = 0
         for worker in (self.audio, self.vision):

@@ -53,6 +53,12 @@ class StageThread:
         self._running = False
         self._cancelled_at: float | None = None
 
+    @property
+    def idle(self) -> bool:
+        """No call running or waiting for the thread."""
+        with self._lock:
+            return not self._running and self.waiting == 0
+
     def note_cancel(self) -> None:
         """A request the running call works for was cancelled: time the rest of that call."""
         with self._lock:
@@ -61,12 +67,22 @@ class StageThread:
 
     async def run(self, fn: Callable[..., R], *args: Any) -> R:
         loop = asyncio.get_running_loop()
+        call = _Call()
         with self._lock:
             self.waiting += 1
-        return await loop.run_in_executor(self._pool, self._timed, fn, *args)
+        try:
+            return await loop.run_in_executor(self._pool, self._timed, call, fn, *args)
+        finally:
+            with self._lock:
+                if not call.started:  # cancelled while waiting: the thread must not run it now
+                    call.abandoned = True
+                    self.waiting -= 1
 
-    def _timed(self, fn: Callable[..., R], *args: Any) -> R:
+    def _timed(self, call: _Call, fn: Callable[..., R], *args: Any) -> R:
         with self._lock:
+            if call.abandoned:  # its caller is gone (a cancel): nobody would read the result
+                return None  # type: ignore[return-value]
+            call.started = True
             self.waiting -= 1
             self._running = True
         started = time.perf_counter()
@@ -84,6 +100,16 @@ class StageThread:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class _Call:
+    """One call's hand-over between the event loop and the stage thread (under the thread's lock)."""
+
+    __slots__ = ("abandoned", "started")
+
+    def __init__(self) -> None:
+        self.started = False
+        self.abandoned = False
 
 
 class BatchingWorker(Generic[T, R]):

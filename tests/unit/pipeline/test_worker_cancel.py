@@ -96,3 +96,31 @@ async def test_a_cancel_between_calls_times_nothing() -> None:
     finally:
         thread.shutdown()
     assert thread.after_cancel_s == 0.0 and thread.calls == 1
+
+
+async def test_a_call_cancelled_while_waiting_for_the_thread_never_runs() -> None:
+    release = threading.Event()
+    started = threading.Event()
+    ran: list[str] = []
+
+    def hold() -> None:
+        started.set()
+        release.wait(timeout=30)
+
+    thread = StageThread("handover-test")
+    try:
+        busy = asyncio.ensure_future(thread.run(hold))
+        while not started.is_set():
+            await asyncio.sleep(0.01)
+        queued = asyncio.ensure_future(thread.run(lambda: ran.append("queued")))
+        await asyncio.sleep(0)
+        assert thread.waiting == 1 and not thread.idle
+        queued.cancel()
+        await asyncio.gather(queued, return_exceptions=True)
+        assert thread.waiting == 0
+        release.set()
+        await busy
+        assert await thread.run(lambda: "after") == "after"
+    finally:
+        thread.shutdown()
+    assert ran == [] and thread.idle and thread.calls == 2

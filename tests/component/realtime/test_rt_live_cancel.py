@@ -1,0 +1,100 @@
+"""A realtime ``response.cancel`` mid-speech frees the engine: the talker row is finished by the
+cancel, no vocoder window starts after it, the worker's /metrics say so, and the next response
+of the same session completes (the official openai client, through the router)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+
+import httpx
+from openai import AsyncOpenAI
+
+QUIET_TIMEOUT_S = 60.0
+_held: list[asyncio.Task[None]] = []
+
+
+def _counter(text: str, name: str, stage: str) -> float:
+    match = re.search(rf'^{name}\{{stage="{stage}"\}} (\S+)$', text, re.M)
+    assert match, f"{name} for {stage} missing from /metrics"
+    return float(match.group(1))
+
+
+async def _metrics(live) -> str:
+    async with httpx.AsyncClient() as client:
+        return (await client.get(f"http://{live.worker_host}/metrics", timeout=10)).text
+
+
+async def _quiet(engine) -> None:
+    """Until no stage holds a row, a queued window or a call (read on the engine's own loop)."""
+    local = engine.stages.local
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + QUIET_TIMEOUT_S
+    while not local.quiet:
+        assert loop.time() < deadline, "a stage kept working for the cancelled response"
+        await asyncio.sleep(0.01)
+
+
+async def _hold_the_talker_mid_speech(engine, release: threading.Event) -> int:
+    """Once the reply speaks (a talker row and a vocoder window launched), hold the talker's
+    thread, so the row cannot end by itself before the cancel; returns the talker rows then."""
+    local = engine.stages.local
+    windows = local.vocoder_worker.items
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + QUIET_TIMEOUT_S
+    while not (local.talker.active and local.vocoder_worker.items > windows):
+        assert loop.time() < deadline, "the response never started speaking"
+        await asyncio.sleep(0.002)
+    started = threading.Event()
+
+    def hold() -> None:
+        started.set()
+        release.wait(QUIET_TIMEOUT_S)
+
+    _held.append(loop.create_task(local.talker.thread.run(hold)))  # ends once released
+    while not started.is_set():
+        await asyncio.sleep(0.002)
+    return int(local.talker.active)
+
+
+async def test_response_cancel_mid_speech_stops_the_talker_and_the_vocoder(live) -> None:
+    client = AsyncOpenAI(base_url=f"http://{live.router_host}/v1", api_key="unused")
+    before = await _metrics(live)
+    release = threading.Event()
+    async with client.realtime.connect(model="tiny") as conn:
+        assert (await conn.recv()).type == "session.created"
+        await conn.session.update(
+            session={"type": "realtime", "output_modalities": ["audio"], "max_output_tokens": 200}
+        )
+        await conn.conversation.item.create(
+            item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Talk."}]}
+        )
+        holding = asyncio.wrap_future(
+            asyncio.run_coroutine_threadsafe(_hold_the_talker_mid_speech(live.engine, release), live.loop)
+        )
+        try:
+            await conn.response.create()
+            assert await holding == 1, "the talker row was still speaking when the cancel came"
+            await conn.response.cancel()
+            async for event in conn:
+                if event.type == "response.done":
+                    assert event.response.status == "cancelled"
+                    break
+            # response.done follows the engine's release of the request: no window may start now.
+            at_cancel = await _metrics(live)
+        finally:
+            release.set()
+        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(_quiet(live.engine), live.loop))
+        after = await _metrics(live)
+        cancelled = "omni_stage_cancelled_total"
+        assert _counter(after, cancelled, "talker") == _counter(before, cancelled, "talker") + 1
+        items = "omni_stage_items_total"
+        assert _counter(after, items, "vocoder") == _counter(at_cancel, items, "vocoder")
+
+        # The session answers again, in full.
+        await conn.response.create(response={"output_modalities": ["text"], "max_output_tokens": 4})
+        async for event in conn:
+            if event.type == "response.done":
+                assert event.response.status in ("completed", "incomplete")
+                break
