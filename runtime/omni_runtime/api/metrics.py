@@ -53,7 +53,13 @@ class _EngineCollector(Collector):
             "the work a cancel could not stop (at most the rest of one call).",
             labels=["stage"],
         )
+        working = GaugeMetricFamily(
+            "omni_stage_working",
+            "1 while a stage thread runs a call or has one waiting (busy seconds move only when a call ends).",
+            labels=["stage"],
+        )
         for load in stats.stages:
+            working.add_metric([load.stage], 1.0 if load.working else 0.0)
             busy.add_metric([load.stage], load.busy_s)
             calls.add_metric([load.stage], load.calls)
             items.add_metric([load.stage], load.items)
@@ -64,6 +70,7 @@ class _EngineCollector(Collector):
         yield items
         yield cancelled
         yield after_cancel
+        yield working
         yield GaugeMetricFamily(
             "omni_queue_depth", "Requests waiting for a thinker slot.", value=stats.queue_depth
         )

@@ -107,6 +107,7 @@ class StageLoad:
     # cancelled, i.e. the rest of the one call a cancel cannot interrupt.
     cancelled: int = 0
     after_cancel_s: float = 0.0
+    working: bool = False  # a call running or waiting for the thread now
 
 
 @dataclass(frozen=True)

@@ -170,6 +170,7 @@ class LocalStages:
                 items=items.get(t.name, t.calls),
                 cancelled=cancelled.get(t.name, 0),
                 after_cancel_s=t.after_cancel_s,
+                working=not t.idle,
             )
             for t in threads
         )

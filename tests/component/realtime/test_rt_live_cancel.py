@@ -98,3 +98,20 @@ async def test_response_cancel_mid_speech_stops_the_talker_and_the_vocoder(live)
             if event.type == "response.done":
                 assert event.response.status in ("completed", "incomplete")
                 break
+
+
+async def test_the_cancel_probe_reports_the_work_left_after_a_cancel(live) -> None:
+    from omni_runtime.bench.cancel_tail import cancel_once
+
+    result = await cancel_once(
+        f"ws://{live.worker_host}/v1/realtime", f"http://{live.worker_host}/metrics", after_deltas=1
+    )
+    assert result["status"] in ("cancelled", "ended_before_cancel")
+    assert result["cancel_to_done_s"] >= 0
+    assert result["cancel_to_quiet_s"] >= 0
+    for stage, gained in result["stages"].items():
+        # The rest of a call running at the cancel is part of what the stage did after it.
+        assert 0 <= gained["busy_after_cancel_s"] <= gained["busy_s"] + 1e-6, stage
+    if result["status"] == "cancelled":
+        cancelled = {stage: g["cancelled"] for stage, g in result["stages"].items() if g["cancelled"]}
+        assert cancelled, "a reply cancelled mid-speech finishes a row or drops a window"
