@@ -115,3 +115,46 @@ async def test_the_cancel_probe_reports_the_work_left_after_a_cancel(live) -> No
     if result["status"] == "cancelled":
         cancelled = {stage: g["cancelled"] for stage, g in result["stages"].items() if g["cancelled"]}
         assert cancelled, "a reply cancelled mid-speech finishes a row or drops a window"
+
+
+async def _released(engine) -> int:
+    """Once the talker holds no live row (the session's close reached the engine): the vocoder
+    windows launched so far, read in the same loop step."""
+    local = engine.stages.local
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + QUIET_TIMEOUT_S
+    while local.talker.active:
+        assert loop.time() < deadline, "closing the socket did not cancel the response"
+        await asyncio.sleep(0.002)
+    return int(local.vocoder_worker.items)
+
+
+async def test_closing_the_socket_mid_speech_stops_the_talker_and_the_vocoder(live) -> None:
+    client = AsyncOpenAI(base_url=f"http://{live.router_host}/v1", api_key="unused")
+    before = await _metrics(live)
+    release = threading.Event()
+    try:
+        async with client.realtime.connect(model="tiny") as conn:
+            assert (await conn.recv()).type == "session.created"
+            await conn.session.update(
+                session={"type": "realtime", "output_modalities": ["audio"], "max_output_tokens": 200}
+            )
+            await conn.conversation.item.create(
+                item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Go."}]}
+            )
+            holding = asyncio.wrap_future(
+                asyncio.run_coroutine_threadsafe(_hold_the_talker_mid_speech(live.engine, release), live.loop)
+            )
+            await conn.response.create()
+            assert await holding == 1, "the talker row was still speaking when the socket closed"
+        # The socket is closed (through the router): the session cancels its response.
+        windows = await asyncio.wrap_future(
+            asyncio.run_coroutine_threadsafe(_released(live.engine), live.loop)
+        )
+    finally:
+        release.set()
+    await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(_quiet(live.engine), live.loop))
+    after = await _metrics(live)
+    cancelled = "omni_stage_cancelled_total"
+    assert _counter(after, cancelled, "talker") == _counter(before, cancelled, "talker") + 1
+    assert _counter(after, "omni_stage_items_total", "vocoder") == windows
