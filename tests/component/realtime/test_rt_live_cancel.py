@@ -58,24 +58,32 @@ async def _hold_the_talker_mid_speech(engine, release: threading.Event) -> int:
     return int(local.talker.active)
 
 
+async def _on_engine_loop(live, coro):
+    """Run ``coro`` on the worker's loop (where the engine lives) without blocking this one."""
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, live.loop))
+
+
+async def _speak_with_the_talker_held(live, conn, release: threading.Event) -> None:
+    """Ask the session for a long spoken reply; return once it speaks and its talker is held."""
+    assert (await conn.recv()).type == "session.created"
+    await conn.session.update(
+        session={"type": "realtime", "output_modalities": ["audio"], "max_output_tokens": 200}
+    )
+    await conn.conversation.item.create(
+        item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Talk."}]}
+    )
+    holding = asyncio.ensure_future(_on_engine_loop(live, _hold_the_talker_mid_speech(live.engine, release)))
+    await conn.response.create()
+    assert await holding == 1, "the talker row was still speaking when the cancel came"
+
+
 async def test_response_cancel_mid_speech_stops_the_talker_and_the_vocoder(live) -> None:
     client = AsyncOpenAI(base_url=f"http://{live.router_host}/v1", api_key="unused")
     before = await _metrics(live)
     release = threading.Event()
     async with client.realtime.connect(model="tiny") as conn:
-        assert (await conn.recv()).type == "session.created"
-        await conn.session.update(
-            session={"type": "realtime", "output_modalities": ["audio"], "max_output_tokens": 200}
-        )
-        await conn.conversation.item.create(
-            item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Talk."}]}
-        )
-        holding = asyncio.wrap_future(
-            asyncio.run_coroutine_threadsafe(_hold_the_talker_mid_speech(live.engine, release), live.loop)
-        )
         try:
-            await conn.response.create()
-            assert await holding == 1, "the talker row was still speaking when the cancel came"
+            await _speak_with_the_talker_held(live, conn, release)
             await conn.response.cancel()
             async for event in conn:
                 if event.type == "response.done":
@@ -85,7 +93,7 @@ async def test_response_cancel_mid_speech_stops_the_talker_and_the_vocoder(live)
             at_cancel = await _metrics(live)
         finally:
             release.set()
-        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(_quiet(live.engine), live.loop))
+        await _on_engine_loop(live, _quiet(live.engine))
         after = await _metrics(live)
         cancelled = "omni_stage_cancelled_total"
         assert _counter(after, cancelled, "talker") == _counter(before, cancelled, "talker") + 1
@@ -135,25 +143,12 @@ async def test_closing_the_socket_mid_speech_stops_the_talker_and_the_vocoder(li
     release = threading.Event()
     try:
         async with client.realtime.connect(model="tiny") as conn:
-            assert (await conn.recv()).type == "session.created"
-            await conn.session.update(
-                session={"type": "realtime", "output_modalities": ["audio"], "max_output_tokens": 200}
-            )
-            await conn.conversation.item.create(
-                item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Go."}]}
-            )
-            holding = asyncio.wrap_future(
-                asyncio.run_coroutine_threadsafe(_hold_the_talker_mid_speech(live.engine, release), live.loop)
-            )
-            await conn.response.create()
-            assert await holding == 1, "the talker row was still speaking when the socket closed"
+            await _speak_with_the_talker_held(live, conn, release)
         # The socket is closed (through the router): the session cancels its response.
-        windows = await asyncio.wrap_future(
-            asyncio.run_coroutine_threadsafe(_released(live.engine), live.loop)
-        )
+        windows = await _on_engine_loop(live, _released(live.engine))
     finally:
         release.set()
-    await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(_quiet(live.engine), live.loop))
+    await _on_engine_loop(live, _quiet(live.engine))
     after = await _metrics(live)
     cancelled = "omni_stage_cancelled_total"
     assert _counter(after, cancelled, "talker") == _counter(before, cancelled, "talker") + 1
