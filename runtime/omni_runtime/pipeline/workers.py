@@ -163,10 +163,12 @@ class BatchingWorker(Generic[T, R]):
         return self._queue.qsize() + len(self._waiting)
 
     async def _next_batch(self) -> list[tuple[T, asyncio.Future[R]]]:
-        if self._order is None:  # arrival order
+        if self._order is None:  # arrival order; a cancelled item takes no live one's place
             batch = [(await self._queue.get())[1]]
             while len(batch) < self._max_batch and not self._queue.empty():
-                batch.append(self._queue.get_nowait()[1])
+                entry = self._queue.get_nowait()[1]
+                if not self._drop_cancelled(entry):
+                    batch.append(entry)
             return batch
         arrived = [] if self._waiting else [await self._queue.get()]
         while not self._queue.empty():
