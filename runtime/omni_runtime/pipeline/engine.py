@@ -366,7 +366,12 @@ class PipelineEngine:
             windows = [widen_to_recurring(w, standard) for w in segmenter.push(len(codes), done=done)]
             if not streaming and windows:
                 items = [window_item(codes, w, voice=voice, seed=seed, sizes=standard) for w in windows]
-                pieces = await asyncio.gather(*(self.stages.synthesize(item) for item in items))
+                calls = [asyncio.ensure_future(self.stages.synthesize(item)) for item in items]
+                try:
+                    pieces = await asyncio.gather(*calls)
+                finally:  # one failed window (or a cancel) drops the rest still queued
+                    for call in calls:
+                        call.cancel()
                 pcm = np.concatenate([np.asarray(p, dtype=np.float32) for p in pieces])
                 samples += len(pcm)
                 out.put_nowait(AudioChunk(pcm=pcm, sample_rate=self.output_sample_rate))
