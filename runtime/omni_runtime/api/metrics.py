@@ -41,13 +41,36 @@ class _EngineCollector(Collector):
             "Rows stepped or items batched by each stage thread; items/calls is its mean batch.",
             labels=["stage"],
         )
+        cancelled = CounterMetricFamily(
+            "omni_stage_cancelled",
+            "Rows finished by a cancel (thinker, talker) or queued items dropped unrun because their "
+            "request was cancelled (vocoder, encoders).",
+            labels=["stage"],
+        )
+        after_cancel = CounterMetricFamily(
+            "omni_stage_busy_after_cancel_seconds",
+            "Busy time each stage thread spent after a request of its running call was cancelled: "
+            "the work a cancel could not stop (at most the rest of one call).",
+            labels=["stage"],
+        )
+        working = GaugeMetricFamily(
+            "omni_stage_working",
+            "1 while a stage thread runs a call or has one waiting (busy seconds move only when a call ends).",
+            labels=["stage"],
+        )
         for load in stats.stages:
+            working.add_metric([load.stage], 1.0 if load.working else 0.0)
             busy.add_metric([load.stage], load.busy_s)
             calls.add_metric([load.stage], load.calls)
             items.add_metric([load.stage], load.items)
+            cancelled.add_metric([load.stage], load.cancelled)
+            after_cancel.add_metric([load.stage], load.after_cancel_s)
         yield busy
         yield calls
         yield items
+        yield cancelled
+        yield after_cancel
+        yield working
         yield GaugeMetricFamily(
             "omni_queue_depth", "Requests waiting for a thinker slot.", value=stats.queue_depth
         )

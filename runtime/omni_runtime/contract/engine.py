@@ -102,6 +102,12 @@ class StageLoad:
     busy_s: float = 0.0
     calls: int = 0
     items: int = 0
+    # Cancellation: rows finished by a cancel (thinker, talker) or queued windows dropped unrun
+    # (vocoder); and the part of ``busy_s`` spent after a request of the running call was
+    # cancelled, i.e. the rest of the one call a cancel cannot interrupt.
+    cancelled: int = 0
+    after_cancel_s: float = 0.0
+    working: bool = False  # a call running or waiting for the thread now
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
+import numpy as np
+
 from omni_runtime.contract.adapter import OmniAdapter, RowSampling, TalkerAdmission, ThinkerPrompt
 from omni_runtime.contract.engine import (
     AudioChunk,
@@ -37,7 +39,7 @@ from omni_runtime.pipeline.detokenize import IncrementalDetokenizer, StopMatcher
 from omni_runtime.pipeline.encoding import MediaEncoders
 from omni_runtime.pipeline.graph import local_stages, pipeline_variant
 from omni_runtime.pipeline.scheduler import FinishReason, ThinkerDone, ThinkerJob, ThinkerToken
-from omni_runtime.pipeline.segmenter import CodecSegmenter, SegmenterConfig, widen_to_recurring
+from omni_runtime.pipeline.segmenter import CodecSegmenter, SegmenterConfig, widen_to_recurring, window_item
 from omni_runtime.pipeline.service import TalkerService
 from omni_runtime.pipeline.services import LocalStages
 from omni_runtime.pipeline.stage_set import StageSet, attach_remote_stages
@@ -333,9 +335,14 @@ class PipelineEngine:
     async def _speak(
         self, request: GenerationRequest, job: TalkerJob, voice: str | None, out: asyncio.Queue
     ) -> float:
-        """Talker codes -> segmenter windows -> vocoder -> audio chunks; returns seconds of audio."""
+        """Talker codes -> segmenter windows -> vocoder -> audio chunks; returns seconds of audio.
+
+        Streaming sends each window as soon as its codes exist; otherwise the same windows are cut
+        once the talker ends and synthesised together (one chunk). Either way each window is its
+        own vocoder item, so cancelling this task drops every window not yet running.
+        """
         streaming = self.variant == "streaming-speech" and request.stream_audio
-        segmenter = CodecSegmenter(SegmenterConfig(whole=not streaming))
+        segmenter = CodecSegmenter(SegmenterConfig(at_end=not streaming))
         standard = segmenter.recurring_sizes()
         codes: list[int] = []
         seed = (
@@ -343,6 +350,7 @@ class PipelineEngine:
         )
         samples = 0
         clock = PlaybackClock()  # the listener's play head: orders this stream's windows (deadlines)
+        assert self.stages is not None
         while True:
             batch = [await job.events.get()]
             while not job.events.empty():
@@ -355,29 +363,26 @@ class PipelineEngine:
                         raise RuntimeError(event.error or "talker failed")
                 else:
                     codes.extend(event)
-            for pushed in segmenter.push(len(codes), done=done):
-                window = widen_to_recurring(pushed, standard) if streaming else pushed
-                item = {
-                    "codes": list(codes),
-                    "window": {
-                        "start": window.start,
-                        "end": window.end,
-                        "ctx_start": window.ctx_start,
-                        "ctx_end": window.ctx_end,
-                    },
-                    "voice": voice,
-                    "seed": seed,
-                    # Streaming windows mostly come in two sizes (first, steady): worth a CUDA graph.
-                    "reusable": streaming and window.ctx_end - window.ctx_start in standard,
-                    # Seconds until this stream's listener runs dry; None before its first audio.
-                    "slack_s": clock.slack(now=time.monotonic()),
-                }
-                assert self.stages is not None
-                async with self._first_window_hold(streaming and window.start == 0):
+            windows = [widen_to_recurring(w, standard) for w in segmenter.push(len(codes), done=done)]
+            if not streaming and windows:
+                items = [window_item(codes, w, voice=voice, seed=seed, sizes=standard) for w in windows]
+                calls = [asyncio.ensure_future(self.stages.synthesize(item)) for item in items]
+                try:
+                    pieces = await asyncio.gather(*calls)
+                finally:  # one failed window (or a cancel) drops the rest still queued
+                    for call in calls:
+                        call.cancel()
+                pcm = np.concatenate([np.asarray(p, dtype=np.float32) for p in pieces])
+                samples += len(pcm)
+                out.put_nowait(AudioChunk(pcm=pcm, sample_rate=self.output_sample_rate))
+            for window in windows if streaming else ():
+                # Seconds until this stream's listener runs dry; None before its first audio.
+                slack = clock.slack(now=time.monotonic())
+                item = window_item(codes, window, voice=voice, seed=seed, sizes=standard, slack_s=slack)
+                async with self._first_window_hold(window.start == 0):
                     pcm = await self.stages.synthesize(item)
                 samples += len(pcm)
                 out.put_nowait(AudioChunk(pcm=pcm, sample_rate=self.output_sample_rate))
-                if streaming:
-                    clock.sent(now=time.monotonic(), seconds=len(pcm) / self.output_sample_rate)
+                clock.sent(now=time.monotonic(), seconds=len(pcm) / self.output_sample_rate)
             if done:
                 return samples / self.output_sample_rate

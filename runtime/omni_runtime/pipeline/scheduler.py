@@ -106,6 +106,7 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
         self.max_running_batch = 0
         self.steps = 0
         self.rows_stepped = 0  # sum of the batch over steps: rows_stepped / steps is the mean batch
+        self.cancelled = 0  # rows (running or waiting) finished by a cancel
         self._holds = 0
         self._resume = asyncio.Event()
         self._resume.set()
@@ -117,6 +118,10 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
             return
         if job in self.waiting:
             self.waiting.remove(job)
+        if reason == "cancelled":
+            self.cancelled += 1
+            if job in self.running:  # the step in flight is the last one it takes part in
+                self.thread.note_cancel()
         self._end(job, reason)
         self._wake.set()
 

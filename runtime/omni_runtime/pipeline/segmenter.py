@@ -5,11 +5,17 @@ a span of codes into audio. Streaming speech synthesises each span as soon as th
 it (the right context the vocoder's attention looks at) exist, with a few codes of left context
 so the joins are smooth. The first span is short so the first audio leaves early; later spans
 are longer because each vocoder call has a fixed cost.
+
+Non-streaming speech (``at_end``) cuts the finished stream into the same windows at once, not
+into one window over every code: each window is a vocoder call of bounded size, so a cancel
+drops the ones not yet run instead of waiting seconds for one eager call over the utterance,
+and the windows are the sizes streaming captures as CUDA graphs (batched together).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -28,7 +34,10 @@ class SegmenterConfig:
     chunk: int = 40  # codes in each later window
     left_context: int = 10
     right_context: int = 5
-    whole: bool = False  # non-streaming: one window over all codes once the stream ends
+    # Non-streaming: the streaming windows, all at once when the stream ends. ``whole`` instead
+    # makes one window over every code (one uninterruptible call; kept for comparison).
+    at_end: bool = False
+    whole: bool = False
 
 
 class CodecSegmenter:
@@ -42,7 +51,7 @@ class CodecSegmenter:
         """Context sizes (``ctx_end - ctx_start``) of the windows every long stream starts with:
         the first, the second (its left context is cut short by the stream's start) and the
         steady one. These recur across requests, so they are worth a CUDA graph each."""
-        probe = CodecSegmenter(replace(self.config, whole=False))
+        probe = CodecSegmenter(replace(self.config, whole=False, at_end=False))
         cfg = self.config
         windows = probe.push(cfg.first_chunk + 2 * cfg.chunk + cfg.right_context)
         return frozenset(w.ctx_end - w.ctx_start for w in windows)
@@ -64,6 +73,8 @@ class CodecSegmenter:
             if done and available > self._next:
                 windows.append(Window(self._next, available, self._next, available))
                 self._next = available
+            return windows
+        if cfg.at_end and not done:
             return windows
         while self._next < available:
             size = cfg.first_chunk if self._next == 0 else cfg.chunk
@@ -91,3 +102,33 @@ def widen_to_recurring(window: Window, sizes: frozenset[int]) -> Window:
     if size in sizes or not fits:
         return window
     return replace(window, ctx_start=window.ctx_end - min(fits))
+
+
+def window_item(
+    codes: list[int],
+    window: Window,
+    *,
+    voice: str | None,
+    seed: int,
+    sizes: frozenset[int],
+    slack_s: float | None = None,
+) -> dict[str, Any]:
+    """One vocoder item: the codes so far and the window of them to synthesise.
+
+    ``slack_s`` is the stream's playback slack (`pipeline.deadlines`); None puts the window with
+    first windows, as every window of a non-streaming reply is (its listener hears nothing yet).
+    """
+    return {
+        "codes": list(codes),
+        "window": {
+            "start": window.start,
+            "end": window.end,
+            "ctx_start": window.ctx_start,
+            "ctx_end": window.ctx_end,
+        },
+        "voice": voice,
+        "seed": seed,
+        # Windows mostly come in a few recurring sizes (first, second, steady): worth a CUDA graph.
+        "reusable": window.ctx_end - window.ctx_start in sizes,
+        "slack_s": slack_s,
+    }

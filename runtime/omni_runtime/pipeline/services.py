@@ -149,19 +149,39 @@ class LocalStages:
         return self.vocoder.synthesize_many(items)
 
     def load(self) -> tuple[StageLoad, ...]:
-        """Busy time, calls and items of each stage thread (``omni_stage_*`` metrics)."""
+        """Busy time, calls, items and cancellations of each stage thread (``omni_stage_*`` metrics)."""
         items: dict[str, int] = {}
+        cancelled: dict[str, int] = {}
         for worker in (self.audio, self.vision, self.vocoder_worker):
             if worker is not None:
-                items[worker.thread.name] = items.get(worker.thread.name, 0) + worker.items
+                name = worker.thread.name
+                items[name] = items.get(name, 0) + worker.items
+                cancelled[name] = cancelled.get(name, 0) + worker.dropped
         for scheduler in (self.thinker, self.talker):
             if scheduler is not None:
                 items[scheduler.thread.name] = scheduler.rows_stepped
+                cancelled[scheduler.thread.name] = scheduler.cancelled
         threads = [self._pre_pool, *self.threads.values()]
         return tuple(
-            StageLoad(stage=t.name, busy_s=t.busy_s, calls=t.calls, items=items.get(t.name, t.calls))
+            StageLoad(
+                stage=t.name,
+                busy_s=t.busy_s,
+                calls=t.calls,
+                items=items.get(t.name, t.calls),
+                cancelled=cancelled.get(t.name, 0),
+                after_cancel_s=t.after_cancel_s,
+                working=not t.idle,
+            )
             for t in threads
         )
+
+    @property
+    def quiet(self) -> bool:
+        """No scheduler row, no queued item and no stage call running or waiting: nothing left of
+        any request (tests wait for it after a cancel before reading the counters)."""
+        rows = any(s is not None and s.running for s in (self.thinker, self.talker))
+        queued = any(w is not None and w.queue_depth for w in (self.audio, self.vision, self.vocoder_worker))
+        return not rows and not queued and all(t.idle for t in (self._pre_pool, *self.threads.values()))
 
     def queue_depth(self) -> int:
         depth = 0

@@ -65,6 +65,7 @@ class TalkerScheduler(SchedulerLoop[TalkerJob]):
         self.running: list[TalkerJob] = []
         self.max_running_batch = 0
         self.rows_stepped = 0  # rows that advanced (held rows excluded): their mean is the useful batch
+        self.cancelled = 0  # rows (running or waiting) finished by a cancel
 
     def feed(self, job: TalkerJob, vector: Any) -> None:
         job.pending.append(vector)
@@ -76,8 +77,14 @@ class TalkerScheduler(SchedulerLoop[TalkerJob]):
         self._wake.set()
 
     def finish(self, job: TalkerJob, reason: FinishReason) -> None:
+        if job.finish is not None:
+            return
         if job in self.waiting:
             self.waiting.remove(job)
+        if reason == "cancelled":
+            self.cancelled += 1
+            if job in self.running:  # a free run stops before its next step (_steps)
+                self.thread.note_cancel()
         self._end(job, reason)
         self._wake.set()
 
@@ -161,7 +168,9 @@ class TalkerScheduler(SchedulerLoop[TalkerJob]):
     async def _free_run(self, move_plan, inputs: list[Any], steps: int, max_length: int) -> None:
         n = len(self.running)
         try:
-            rounds = await self.thread.run(self._steps, move_plan, n, inputs, steps, max_length)
+            rounds = await self.thread.run(
+                self._steps, move_plan, list(self.running), inputs, steps, max_length
+            )
         except Exception as exc:
             log.exception("talker step failed; failing its batch")
             for job in self.running:
@@ -175,12 +184,23 @@ class TalkerScheduler(SchedulerLoop[TalkerJob]):
                 self._accept(job, code)  # a row that ended mid-run ignores the codes after its end
         self.max_running_batch = max(self.max_running_batch, n)
 
-    def _steps(self, move_plan, n: int, inputs: list[Any], steps: int, max_length: int) -> list[list[int]]:
-        """Talker thread: ``steps`` decode steps of free-running rows (text-PAD in every row)."""
+    def _steps(
+        self, move_plan, jobs: list[TalkerJob], inputs: list[Any], steps: int, max_length: int
+    ) -> list[list[int]]:
+        """Talker thread: up to ``steps`` decode steps of free-running rows (text-PAD in every row).
+
+        A row finished meanwhile on the event loop (a cancel) ends the run before the next step
+        (or before the first, when the call waited for the thread), so a cancelled row takes part
+        in no step begun after its cancel; the loop compacts it away.
+        """
         self._moves(move_plan)
+        n = len(jobs)
         pad = self.runner.text_vector("pad")
-        rounds = []
-        for i in range(steps):
+        rounds: list[list[int]] = []
+        for _ in range(steps):
+            if any(j.finish is not None for j in jobs):
+                break
+            i = len(rounds)
             codes = self.runner.step(n, inputs=[pad] * n if i else inputs, max_length=max_length + i)
             rounds.append([int(c) for c in codes if c is not None])
         return rounds
@@ -190,10 +210,15 @@ class TalkerScheduler(SchedulerLoop[TalkerJob]):
             self.runner.move(src, dst, length)
 
     def _iterate(self, move_plan, admit: list[TalkerJob], n: int, inputs: list[Any], max_length: int):
-        """Talker thread: compaction, one step for running rows, then prefill of new rows."""
+        """Talker thread: compaction, one step for running rows, then prefill of new rows.
+
+        The step is skipped when every row in it was finished meanwhile (a cancel): nothing
+        would keep its codes. The loop compacts those rows away before the next step.
+        """
         self._moves(move_plan)
         codes: list[int | None] = []
-        if n and any(v is not None for v in inputs):
+        live = any(j.finish is None for j in self.running[:n])
+        if n and live and any(v is not None for v in inputs):
             codes = self.runner.step(n, inputs=inputs, max_length=max_length)
         else:
             codes = [None] * n

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -33,6 +34,8 @@ class StageThread:
 
     ``busy_s`` (wall time inside calls, GPU waits included) over a load's duration is the stage's
     utilisation: the stage near 1.0 is the one that limits a worker (``omni_stage_busy_seconds``).
+    ``after_cancel_s`` is the part of it spent after a request in the running call was cancelled
+    (``note_cancel``): the work a cancel could not stop, at most the rest of one call.
     """
 
     def __init__(self, name: str, *, initializer: Callable[[], None] | None = None) -> None:
@@ -44,21 +47,69 @@ class StageThread:
         )
         self.busy_s = 0.0
         self.calls = 0
+        self.after_cancel_s = 0.0
+        self.waiting = 0  # calls submitted that have not started (queued behind the running one)
+        self._lock = threading.Lock()  # the call's start and its first cancel: thread vs event loop
+        self._running = False
+        self._cancelled_at: float | None = None
+
+    @property
+    def idle(self) -> bool:
+        """No call running or waiting for the thread."""
+        with self._lock:
+            return not self._running and self.waiting == 0
+
+    def note_cancel(self) -> None:
+        """A request the running call works for was cancelled: time the rest of that call."""
+        with self._lock:
+            if self._running and self._cancelled_at is None:
+                self._cancelled_at = time.perf_counter()
 
     async def run(self, fn: Callable[..., R], *args: Any) -> R:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self._timed, fn, *args)
+        call = _Call()
+        with self._lock:
+            self.waiting += 1
+        try:
+            return await loop.run_in_executor(self._pool, self._timed, call, fn, *args)
+        finally:
+            with self._lock:
+                if not call.started:  # cancelled while waiting: the thread must not run it now
+                    call.abandoned = True
+                    self.waiting -= 1
 
-    def _timed(self, fn: Callable[..., R], *args: Any) -> R:
+    def _timed(self, call: _Call, fn: Callable[..., R], *args: Any) -> R:
+        with self._lock:
+            if call.abandoned:  # its caller is gone (a cancel): nobody would read the result
+                return None  # type: ignore[return-value]
+            call.started = True
+            self.waiting -= 1
+            self._running = True
         started = time.perf_counter()
         try:
             return fn(*args)
         finally:  # only this thread writes the counters; readers may see them one call late
-            self.busy_s += time.perf_counter() - started
+            ended = time.perf_counter()
+            with self._lock:
+                self._running = False
+                cancelled_at, self._cancelled_at = self._cancelled_at, None
+            self.busy_s += ended - started
             self.calls += 1
+            if cancelled_at is not None:
+                self.after_cancel_s += ended - cancelled_at
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class _Call:
+    """One call's hand-over between the event loop and the stage thread (under the thread's lock)."""
+
+    __slots__ = ("abandoned", "started")
+
+    def __init__(self) -> None:
+        self.started = False
+        self.abandoned = False
 
 
 class BatchingWorker(Generic[T, R]):
@@ -86,8 +137,9 @@ class BatchingWorker(Generic[T, R]):
         self._waiting: list[tuple[deadlines.Priority, tuple[T, asyncio.Future[R]]]] = []  # ordered only
         self._task: asyncio.Task[None] | None = None
         self.batches = 0
-        self.items = 0
+        self.items = 0  # counted when a batch starts: a window of a cancelled request never adds one
         self.max_batch_seen = 0
+        self.dropped = 0  # queued items skipped unrun because their caller was cancelled
 
     def start(self) -> None:
         if self._task is None:
@@ -111,27 +163,43 @@ class BatchingWorker(Generic[T, R]):
         return self._queue.qsize() + len(self._waiting)
 
     async def _next_batch(self) -> list[tuple[T, asyncio.Future[R]]]:
-        if self._order is None:  # arrival order
+        if self._order is None:  # arrival order; a cancelled item takes no live one's place
             batch = [(await self._queue.get())[1]]
             while len(batch) < self._max_batch and not self._queue.empty():
-                batch.append(self._queue.get_nowait()[1])
+                entry = self._queue.get_nowait()[1]
+                if not self._drop_cancelled(entry):
+                    batch.append(entry)
             return batch
         arrived = [] if self._waiting else [await self._queue.get()]
         while not self._queue.empty():
             arrived.append(self._queue.get_nowait())
         self._waiting.extend((key, entry) for key, entry in arrived if key is not None)  # all keyed
+        # Windows of cancelled requests leave the line first, so they never take a live one's place.
+        self._waiting = [(key, entry) for key, entry in self._waiting if not self._drop_cancelled(entry)]
         batch, self._waiting = deadlines.take(self._waiting, self._max_batch)
         return batch
+
+    def _drop_cancelled(self, entry: tuple[T, asyncio.Future[R]]) -> bool:
+        if entry[1].cancelled():
+            self.dropped += 1
+            return True
+        return False
+
+    def _cancelled_while_running(self, future: asyncio.Future[R]) -> None:
+        if future.cancelled():
+            self.thread.note_cancel()
 
     async def _loop(self) -> None:
         while True:
             batch = await self._next_batch()
-            live = [(item, fut) for item, fut in batch if not fut.cancelled()]
+            live = [entry for entry in batch if not self._drop_cancelled(entry)]
             if not live:
                 continue
             self.batches += 1
             self.items += len(live)
             self.max_batch_seen = max(self.max_batch_seen, len(live))
+            for _, fut in live:
+                fut.add_done_callback(self._cancelled_while_running)
             try:
                 results = await self.thread.run(self._fn, [item for item, _ in live])
             except Exception as exc:  # one bad batch fails its requests, never the worker

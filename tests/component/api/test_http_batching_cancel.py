@@ -87,3 +87,53 @@ async def test_abandoning_a_non_streaming_request_cancels_it(worker: Worker) -> 
         task.cancel()  # closes the connection
         await asyncio.gather(task, return_exceptions=True)
     _wait_idle(worker)
+
+
+def _stage_counter(text: str, name: str, stage: str) -> float:
+    return _gauge(text, f'{name}{{stage="{stage}"}}')
+
+
+def _stages_quiet(worker: Worker, timeout_s: float = 60.0) -> None:
+    """Until no stage holds a row, a queued window or a running call (the engine's own state)."""
+    local = worker.engine.stages.local  # type: ignore[attr-defined]
+    deadline = time.monotonic() + timeout_s
+    while not local.quiet:
+        assert time.monotonic() < deadline, "a stage kept working for the cancelled request"
+        time.sleep(0.01)
+
+
+def test_closing_a_speech_stream_stops_its_talker_and_vocoder(worker: Worker) -> None:
+    _wait_idle(worker)
+    before = _metrics(worker)
+    body = {
+        "messages": [{"role": "user", "content": "Tell a long story."}],
+        "max_tokens": 200,
+        "ignore_eos": True,
+        "stream": True,
+        "modalities": ["text", "audio"],
+        "audio": {"format": "pcm16"},
+        "stage_params": {"talker": {"max_tokens": 3000}},
+    }
+    with worker.client() as client, client.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if '"audio":{' in line and '"data":"' in line:
+                break  # the first audio chunk: leave mid-speech
+    _wait_idle(worker)  # the engine let go of the request
+    at_cancel = _metrics(worker)
+    _stages_quiet(worker)
+    after = _metrics(worker)
+    # The talker row was finished by the cancel; no vocoder window started after it.
+    cancelled = "omni_stage_cancelled_total"
+    assert _stage_counter(after, cancelled, "talker") == _stage_counter(before, cancelled, "talker") + 1
+    items = "omni_stage_items_total"
+    assert _stage_counter(after, items, "vocoder") == _stage_counter(at_cancel, items, "vocoder")
+    # Whatever ran on after the cancel was the rest of calls already running: within their busy time.
+    for stage in ("thinker", "talker", "vocoder"):
+        late = _stage_counter(after, "omni_stage_busy_after_cancel_seconds_total", stage)
+        assert 0 <= late <= _stage_counter(after, "omni_stage_busy_seconds_total", stage)
+    # The next speech request is served.
+    short = {**body, "stream": False, "max_tokens": 4, "stage_params": {"talker": {"max_tokens": 30}}}
+    with worker.client() as client:
+        reply = client.post("/v1/chat/completions", json=short)
+    assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["audio"]["data"]

@@ -10,6 +10,7 @@ import pytest
 from engine_harness import Harness, finished, request, tiny_options
 
 from omni_runtime.contract.engine import AudioChunk, EngineError, TextDelta
+from omni_runtime.pipeline.segmenter import CodecSegmenter, SegmenterConfig
 
 
 class VocoderSpy:
@@ -18,12 +19,14 @@ class VocoderSpy:
     def __init__(self, vocoder) -> None:
         self.vocoder = vocoder
         self.windows: list[tuple[int, int]] = []
+        self.calls = 0
 
     def __getattr__(self, name: str):
         return getattr(self.vocoder, name)
 
     def synthesize_many(self, items):
         self.windows.extend((item["window"]["start"], item["window"]["end"]) for item in items)
+        self.calls += 1
         return self.vocoder.synthesize_many(items)
 
 
@@ -64,7 +67,11 @@ def test_speech_audio_is_24khz_and_its_length_matches_the_codec_tokens(batch_spe
     assert [w[0] for w in spy.windows] == [0] + [w[1] for w in spy.windows[:-1]], (
         "windows must tile the codes"
     )
-    assert len(spy.windows) == 1, "the non-streaming speech pipeline synthesises once, at the end"
+    # Non-streaming speech cuts the finished codes into the streaming windows (each cancellable),
+    # all submitted at once: one vocoder call here, and one audio chunk.
+    expected = CodecSegmenter(SegmenterConfig(at_end=True)).push(codes, done=True)
+    assert spy.windows == [(w.start, w.end) for w in expected]
+    assert spy.calls == 1 and len(chunks) == 1
     assert all(c.pcm.dtype == np.float32 and np.all(np.abs(c.pcm) <= 1.0) for c in chunks)
     done = finished(events)
     assert done.usage.audio_seconds == pytest.approx(samples / 24000)

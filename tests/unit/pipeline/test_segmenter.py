@@ -37,6 +37,35 @@ def test_whole_mode_synthesises_once_at_the_end() -> None:
     assert seg.push(120, done=True) == [Window(0, 120, 0, 120)]
 
 
+@pytest.mark.parametrize("codes", [1, 4, 5, 6, 11, 17, 23, 40, 101])
+def test_at_end_mode_tiles_the_finished_stream_like_streaming(codes: int) -> None:
+    seg = CodecSegmenter(
+        SegmenterConfig(first_chunk=4, chunk=6, left_context=2, right_context=1, at_end=True)
+    )
+    assert seg.push(codes) == []  # nothing before the stream ends
+    windows = seg.push(codes, done=True)
+    assert windows == CodecSegmenter(CFG).push(codes, done=True)  # the streaming windows, at once
+    # they tile the stream exactly: contiguous kept spans from 0 to the last code
+    assert [w.start for w in windows] == [0, *(w.end for w in windows[:-1])]
+    assert windows[-1].end == codes
+    assert all(w.ctx_start <= w.start < w.end <= w.ctx_end <= codes for w in windows)
+    assert seg.push(codes, done=True) == []
+
+
+@pytest.mark.parametrize(
+    ("codes", "expected"),
+    [
+        (3, [Window(0, 3, 0, 3)]),
+        (12, [Window(0, 4, 0, 5), Window(4, 10, 2, 11), Window(10, 12, 8, 12)]),
+    ],
+)
+def test_at_end_windows_of_short_streams(codes: int, expected: list[Window]) -> None:
+    seg = CodecSegmenter(
+        SegmenterConfig(first_chunk=4, chunk=6, left_context=2, right_context=1, at_end=True)
+    )
+    assert seg.push(codes, done=True) == expected
+
+
 def test_recurring_window_sizes_of_the_default_stream() -> None:
     seg = CodecSegmenter()
     # first: 5 codes + 5 right; second: starts at 5, so only 5 codes of left context; then steady.

@@ -7,8 +7,11 @@ length is exact: each code is ``repeats`` mel frames and each mel frame ``prod(u
 samples, so a window of k codes yields k * samples_per_code samples.
 
 Differences from the stock code, none in the math:
-- the starting noise comes from a generator seeded per request and window, so a seeded request
-  speaks the same audio every time (the stock ``sample`` draws from the global RNG);
+- the starting noise comes from generators seeded per request and position (``NOISE_BLOCK``
+  codes each), so a seeded request speaks the same audio every time (the stock ``sample``
+  draws from the global RNG), and a window's noise is the slice of the utterance's noise at
+  its position: windows that tile an utterance start from the noise one window over all of it
+  would, and differ from it only where their context is cut short;
 - what does not change within a window (the ECAPA speaker encoding of the reference mel, the
   codec embeddings, the rotary table, the block masks) is computed once instead of at each of
   the ODE's 36 evaluations, and the RK4 loop runs on Python floats, without host syncs;
@@ -42,6 +45,7 @@ MAX_BATCH = 16  # windows of one size from different requests synthesised togeth
 BATCH_BUCKETS = (1, 2, 4, 8, 16)  # a batch is padded up to one of these: few graph shapes
 MAX_GRAPHS = 32  # (window size, batch) shapes kept captured: 3 recurring sizes x 5 buckets fit
 MIN_AMPLITUDE = math.exp(-115 / 20.0 * math.log(10))  # BigVGAN's -115 dB floor
+NOISE_BLOCK = 16  # codes of starting noise per generator: a window of 55 codes draws 4 or 5 blocks
 
 
 class QwenVocoder:
@@ -151,11 +155,7 @@ class QwenVocoder:
         for item in padded:
             w = item["window"]
             codes.append(item["codes"][w["ctx_start"] : w["ctx_end"]])
-            generator = torch.Generator(device=self.device).manual_seed(
-                (item["seed"] * 1_000_003 + w["start"]) & 0x7FFFFFFF
-            )
-            frames = (w["ctx_end"] - w["ctx_start"]) * self.repeats
-            noises.append(torch.randn([1, frames, self.dit.mel_dim], generator=generator, device=self.device))
+            noises.append(self._noise(item["seed"], w["ctx_start"], w["ctx_end"]))
             conds.append(self.speakers[item["voice"]][0])
             encoded = self._speaker_encoding(item["voice"])
             encoded_cond.append(encoded[:1])
@@ -177,6 +177,20 @@ class QwenVocoder:
             piece = waves[row, offset : offset + (w["end"] - w["start"]) * self.samples_per_code]
             out.append(piece.cpu().numpy().astype(np.float32))
         return out
+
+    def _noise(self, seed: int, ctx_start: int, ctx_end: int) -> torch.Tensor:
+        """The starting noise of codes ``[ctx_start, ctx_end)``: the slice at that position of the
+        utterance's noise, drawn in blocks of ``NOISE_BLOCK`` codes seeded by (seed, block)."""
+        first, last = ctx_start // NOISE_BLOCK, (ctx_end - 1) // NOISE_BLOCK
+        blocks = []
+        for block in range(first, last + 1):
+            generator = torch.Generator(device=self.device).manual_seed(
+                (seed * 1_000_003 + block) & 0x7FFFFFFF
+            )
+            shape = [1, NOISE_BLOCK * self.repeats, self.dit.mel_dim]
+            blocks.append(torch.randn(shape, generator=generator, device=self.device))
+        offset = (ctx_start - first * NOISE_BLOCK) * self.repeats
+        return torch.cat(blocks, dim=1)[:, offset : offset + (ctx_end - ctx_start) * self.repeats]
 
     def _run(self, inputs: dict[str, torch.Tensor], *, use_graph: bool) -> torch.Tensor:
         if not (self.cuda_graphs and use_graph):
