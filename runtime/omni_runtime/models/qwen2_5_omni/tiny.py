@@ -21,6 +21,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from omni_runtime.models.qwen2_5_omni.tiny_processor import (
 # Bump when the checkpoint's contents change, so an old cached copy is replaced, not served.
 TINY_FORMAT_VERSION = 1
 _MARKER = "omni_tiny.json"
+FAMILIES = ("qwen2_5_omni", "qwen3_omni_moe")  # what `omni tiny-checkpoint --family` writes
 
 # Talker codec vocabulary: codes 0..999 are audio codes; the special codec ids keep the released
 # model's offsets from each other (8292, 8293, 8294, 8296 there). Code must read them from the config.
@@ -293,31 +295,42 @@ def is_tiny_checkpoint(path: str | Path) -> bool:
 
 
 def ensure_tiny_checkpoint(cache_dir: str | Path | None = None, *, progress: bool = True) -> Path:
-    """Return ``<cache>/tiny``, creating it once.
+    """Return ``<cache>/tiny``, creating it once."""
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    return ensure_checkpoint(
+        root / "tiny",
+        create=lambda staging: create_tiny_checkpoint(staging, progress=progress),
+        is_ready=is_tiny_checkpoint,
+    )
+
+
+def ensure_checkpoint(
+    target: Path, *, create: Callable[[Path], Any], is_ready: Callable[[Path], bool]
+) -> Path:
+    """Return ``target``, made once by ``create`` (every family's cached tiny checkpoint).
 
     Creation writes to a temporary sibling directory and renames it into place, so a crash or a
     concurrent creator never leaves a half-written checkpoint where a server would load it.
     """
-    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    target = root / "tiny"
-    if is_tiny_checkpoint(target):
+    if is_ready(target):
         return target
+    root = target.parent
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".tiny-", dir=root))
     try:
-        create_tiny_checkpoint(staging, progress=progress)
+        create(staging)
         # mkdtemp and safetensors make owner-only files; a shared cache must be readable by all.
         staging.chmod(0o755)
         for file in staging.iterdir():
             file.chmod(0o644)
         if target.exists():
-            if is_tiny_checkpoint(target):  # another process won the race
+            if is_ready(target):  # another process won the race
                 return target
             shutil.rmtree(target)  # stale format or a broken leftover
         try:
             os.replace(staging, target)
         except OSError:
-            if not is_tiny_checkpoint(target):
+            if not is_ready(target):
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -327,9 +340,15 @@ def ensure_tiny_checkpoint(cache_dir: str | Path | None = None, *, progress: boo
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="omni tiny-checkpoint",
-        description="Write a small Qwen2.5-Omni checkpoint with RANDOM weights (for tests and demos).",
+        description="Write a small omni checkpoint with RANDOM weights (for tests and demos).",
     )
     parser.add_argument("dir", type=Path, help="directory to write (created)")
+    parser.add_argument(
+        "--family",
+        choices=FAMILIES,
+        default=FAMILIES[0],
+        help="model family (config.json model_type) whose layout to write (default qwen2_5_omni)",
+    )
     parser.add_argument("--force", action="store_true", help="replace DIR if it exists and is not empty")
     parser.add_argument("--seed", type=int, default=0, help="random seed for the weights (default 0)")
     parser.add_argument("--quiet", action="store_true", help="print no progress")
@@ -349,7 +368,10 @@ def main(argv: list[str]) -> int:
             )
             return 2
         shutil.rmtree(target)
-    create_tiny_checkpoint(target, seed=args.seed, progress=not args.quiet)
+    create = create_tiny_checkpoint
+    if args.family == "qwen3_omni_moe":
+        from omni_runtime.models.qwen3_omni_moe.tiny import create_tiny_checkpoint as create
+    create(target, seed=args.seed, progress=not args.quiet)
     print(target)
     return 0
 
