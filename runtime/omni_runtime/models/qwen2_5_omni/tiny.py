@@ -1,4 +1,4 @@
-"""The tiny random-weight Qwen2.5-Omni checkpoint (`omni tiny-checkpoint DIR`).
+"""The tiny random-weight Qwen2.5-Omni checkpoint (`omni tiny-checkpoint DIR`, entrypoints/tiny_checkpoint.py).
 
 It is the embedded default model: `omni serve` with no model path creates it once in the cache
 directory and serves it, and every CPU test drives the real pipeline with it. It has the real
@@ -14,7 +14,6 @@ Library use::
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -35,7 +34,6 @@ from omni_runtime.models.qwen2_5_omni.tiny_processor import (
 # Bump when the checkpoint's contents change, so an old cached copy is replaced, not served.
 TINY_FORMAT_VERSION = 1
 _MARKER = "omni_tiny.json"
-FAMILIES = ("qwen2_5_omni", "qwen3_omni_moe")  # what `omni tiny-checkpoint --family` writes
 
 # Talker codec vocabulary: codes 0..999 are audio codes; the special codec ids keep the released
 # model's offsets from each other (8292, 8293, 8294, 8296 there). Code must read them from the config.
@@ -337,45 +335,6 @@ def ensure_checkpoint(
     return target
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="omni tiny-checkpoint",
-        description="Write a small omni checkpoint with RANDOM weights (for tests and demos).",
-    )
-    parser.add_argument("dir", type=Path, help="directory to write (created)")
-    parser.add_argument(
-        "--family",
-        choices=FAMILIES,
-        default=FAMILIES[0],
-        help="model family (config.json model_type) whose layout to write (default qwen2_5_omni)",
-    )
-    parser.add_argument("--force", action="store_true", help="replace DIR if it exists and is not empty")
-    parser.add_argument("--seed", type=int, default=0, help="random seed for the weights (default 0)")
-    parser.add_argument("--quiet", action="store_true", help="print no progress")
-    args = parser.parse_args(argv)
-    target: Path = args.dir
-    if target.exists() and not target.is_dir():
-        print(
-            f"omni tiny-checkpoint: {target} exists and is not a directory; choose another DIR",
-            file=sys.stderr,
-        )
-        return 2
-    if target.is_dir() and any(target.iterdir()):
-        if not args.force:
-            print(
-                f"omni tiny-checkpoint: {target} exists and is not empty; pass --force to replace it",
-                file=sys.stderr,
-            )
-            return 2
-        shutil.rmtree(target)
-    create = create_tiny_checkpoint
-    if args.family == "qwen3_omni_moe":
-        from omni_runtime.models.qwen3_omni_moe.tiny import create_tiny_checkpoint as create
-    create(target, seed=args.seed, progress=not args.quiet)
-    print(target)
-    return 0
-
-
 __all__ = [
     "CODEC_BOS",
     "CODEC_EOS",
@@ -389,6 +348,5 @@ __all__ = [
     "default_cache_dir",
     "ensure_tiny_checkpoint",
     "is_tiny_checkpoint",
-    "main",
     "tiny_config_dict",
 ]

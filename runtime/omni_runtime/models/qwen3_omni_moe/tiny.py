@@ -25,7 +25,7 @@ from omni_runtime.models.qwen3_omni_moe.config import build_config, tiny_config_
 from omni_runtime.models.qwen3_omni_moe.tiny_processor import VOCAB_SIZE, build_processor, special_token_ids
 
 # Bump when the checkpoint's contents change, so an old cached copy is replaced, not served.
-TINY_FORMAT_VERSION = 1
+TINY_FORMAT_VERSION = 2
 _MARKER = "omni_tiny.json"
 CACHE_NAME = "tiny-qwen3-omni-moe"
 THINKER_HIDDEN = 128
@@ -54,6 +54,22 @@ def tiny_config(processor: Any) -> Any:
     for role in ("system", "user", "assistant"):
         ids[role] = tok.convert_tokens_to_ids(role)
     return build_config(tiny_config_dict(ids, vocab_size=VOCAB_SIZE, thinker_hidden=THINKER_HIDDEN))
+
+
+def _init_experts(model: Any, *, generator: Any) -> None:
+    """Seeded normal init of every fused expert tensor.
+
+    transformers 5.23 initialises the thinker's experts but leaves the talker's
+    (``Qwen3OmniMoeTalkerTextExperts``, built with ``torch.empty``) as whatever memory held, so
+    the checkpoint would differ from run to run and could hold NaNs.
+    """
+    import torch
+
+    with torch.no_grad():
+        for module in model.modules():
+            if type(module).__name__.endswith("Experts"):
+                for param in (module.gate_up_proj, module.down_proj):
+                    param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
 
 
 def create_tiny_checkpoint(path: str | Path, *, seed: int = 0, progress: bool = True) -> Path:
@@ -86,6 +102,7 @@ def create_tiny_checkpoint(path: str | Path, *, seed: int = 0, progress: bool = 
         model = Qwen3OmniMoeForConditionalGeneration(config).float().eval()
     finally:
         hf_logging.set_verbosity(verbosity)
+    _init_experts(model, generator=torch.Generator().manual_seed(seed + 1))
     ids = special_token_ids()
     model.generation_config = GenerationConfig(
         eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]], pad_token_id=ids["<|endoftext|>"]
