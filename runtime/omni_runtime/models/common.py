@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from omni_runtime.contract.adapter import Prompt
 from omni_runtime.contract.engine import EngineError, GenerationRequest
 
 log = logging.getLogger(__name__)
@@ -114,3 +115,28 @@ def per_request(per_audio: tuple[torch.Tensor, ...], batch: list[dict[str, Any]]
         results.append(torch.cat(per_audio[start : start + count]))
         start += count
     return results
+
+
+def rope_context(prompt: Prompt) -> dict[str, Any]:
+    """The media geometry rope indexing needs (CPU tensors): audio lengths, image and video grids."""
+    context: dict[str, Any] = {}
+    if prompt.audio is not None:
+        context["audio_feature_lengths"] = prompt.audio["feature_attention_mask"].sum(-1)
+    if prompt.images is not None:
+        context["image_grid_thw"] = prompt.images["image_grid_thw"]
+    if prompt.videos is not None:
+        context["video_grid_thw"] = prompt.videos["video_grid_thw"]
+        context["video_second_per_grid"] = prompt.videos["video_second_per_grid"]
+    return context
+
+
+def placeholder_mask(ids: torch.Tensor, token: int, features: Any) -> torch.Tensor | None:
+    """Where ``token`` stands in ``ids`` (None: nowhere), checked against the encoder's output rows."""
+    mask = ids == token
+    count = int(mask.sum())
+    if count == 0:
+        return None
+    got = 0 if features is None else int(features.shape[0])
+    if got != count:
+        raise EngineError(f"media placeholders ({count}) and encoder outputs ({got}) disagree", status=500)
+    return mask

@@ -26,6 +26,8 @@ from omni_runtime.models.common import (
     collect_messages,
     fit_slots,
     per_request,
+    placeholder_mask,
+    rope_context,
     sync_stream,
 )
 from omni_runtime.models.qwen2_5_omni.placement import LoadedModel
@@ -193,15 +195,9 @@ class Qwen25OmniAdapter(OmniAdapter):
             (self.image_token, image),
             (self.video_token, video),
         ):
-            mask = ids == token
-            count = int(mask.sum())
-            if count == 0:
+            mask = placeholder_mask(ids, token, features)
+            if mask is None:
                 continue
-            if features is None or features.shape[0] != count:
-                got = 0 if features is None else features.shape[0]
-                raise EngineError(
-                    f"media placeholders ({count}) and encoder outputs ({got}) disagree", status=500
-                )
             embeds[mask] = features.to(device, embeds.dtype)
         context = self.talker_context(prompt)
         positions, delta = self.loaded.rope.get_rope_index(
@@ -222,18 +218,8 @@ class Qwen25OmniAdapter(OmniAdapter):
             talker_context=context,
         )
 
-    @staticmethod
-    def talker_context(prompt: Prompt) -> dict[str, Any]:
-        """The media geometry rope indexing needs (CPU tensors), for the thinker and the talker."""
-        context: dict[str, Any] = {}
-        if prompt.audio is not None:
-            context["audio_feature_lengths"] = prompt.audio["feature_attention_mask"].sum(-1)
-        if prompt.images is not None:
-            context["image_grid_thw"] = prompt.images["image_grid_thw"]
-        if prompt.videos is not None:
-            context["video_grid_thw"] = prompt.videos["video_grid_thw"]
-            context["video_second_per_grid"] = prompt.videos["video_second_per_grid"]
-        return context
+    # The media geometry rope indexing needs (CPU tensors), for the thinker and the talker.
+    talker_context = staticmethod(rope_context)
 
     # -- runners -------------------------------------------------------------------------------
     def _fit_slots(self, *, config: Any, device: torch.device, slots: int, max_len: int, what: str) -> int:

@@ -1,15 +1,14 @@
 """The Qwen3-Omni-MoE adapter: the thinker-side stages of Qwen3-Omni-30B-A3B, one stage at a time.
 
-preprocessing runs ``Qwen3OmniMoeProcessor`` (chat template, 16 kHz audio features), audio_encoder
-the thinker's audio tower, mm_aggregate the token embeddings with audio scattered at its
-placeholders plus the interleaved 3D mrope positions of ``get_rope_index``, and the thinker is
+preprocessing runs ``Qwen3OmniMoeProcessor`` (chat template, 16 kHz audio features, image and
+video patches), audio_encoder the thinker's audio tower, image_encoder its vision tower (merged
+patches plus DeepStack features), mm_aggregate the token embeddings with media scattered at
+their placeholders plus the interleaved 3D mrope positions of ``get_rope_index``, and the thinker is
 the MoE text model driven through the runtime's slot KV cache and batched sampler
 (executor/slot_cache.py, via the Qwen2.5 thinker runner: both families' decoder layers take the
 same cache and rotary inputs).
 
-Not here yet (issue 17): images and video (the vision tower's DeepStack features are added to
-the first decoder layers' hidden states, which the slot decoder's prefill does not do), speech
-output (talker + code predictor, streaming Code2Wav), grouped-GEMM MoE decode (the MoE block
+Not here yet (issue 17): audio inside video (``use_audio_in_video``), speech output (talker + code predictor, streaming Code2Wav), grouped-GEMM MoE decode (the MoE block
 runs through transformers' module, a per-expert loop) and thinker tensor parallelism.
 """
 
@@ -23,9 +22,17 @@ import torch
 from omni_runtime.contract.adapter import OmniAdapter, Prompt, ThinkerPrompt, ThinkerRunner
 from omni_runtime.contract.engine import EngineError, GenerationRequest
 from omni_runtime.contract.options import EngineOptions
-from omni_runtime.models.common import collect_messages, fit_slots, per_request, sync_stream
-from omni_runtime.models.qwen2_5_omni.runners import QwenThinkerRunner
+from omni_runtime.models.common import (
+    DEFAULT_VIDEO_FPS,
+    collect_messages,
+    fit_slots,
+    per_request,
+    placeholder_mask,
+    rope_context,
+    sync_stream,
+)
 from omni_runtime.models.qwen3_omni_moe.loader import LoadedQwen3
+from omni_runtime.models.qwen3_omni_moe.runners import DEEPSTACK, Qwen3ThinkerRunner
 
 NO_SPEECH = (
     "speech output of Qwen3-Omni-MoE (talker, code predictor, Code2Wav) is not in the builtin runtime yet; "
@@ -60,25 +67,35 @@ class Qwen3OmniMoeAdapter(OmniAdapter):
     # -- preprocessing (CPU) -------------------------------------------------------------------
     def preprocess(self, request: GenerationRequest) -> Prompt:
         media = collect_messages(request, default_system=None)
-        if media.images or media.videos:
-            raise EngineError(
-                "image and video input for Qwen3-Omni-MoE is not in the builtin runtime yet; "
-                "send text or audio content parts",
-                param="messages",
-            )
         proc = self.loaded.processor
         text = proc.apply_chat_template(media.messages, add_generation_prompt=True, tokenize=False)
-        out = proc(text=[text], audio=media.audios or None, return_tensors="pt")
+        fps = media.fps[0] if media.fps else DEFAULT_VIDEO_FPS
+        out = proc(
+            text=[text],
+            audio=media.audios or None,
+            images=media.images or None,
+            videos=media.videos or None,
+            return_tensors="pt",
+            videos_kwargs={"fps": fps},
+        )
         prompt = Prompt(input_ids=out["input_ids"][0].tolist())
         if media.audios:
             prompt.audio = {
                 "input_features": out["input_features"],
                 "feature_attention_mask": out["feature_attention_mask"],
             }
+        if media.images:
+            prompt.images = {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
+        if media.videos:
+            prompt.videos = {
+                "pixel_values_videos": out["pixel_values_videos"],
+                "video_grid_thw": out["video_grid_thw"],
+                "video_second_per_grid": torch.as_tensor(out["video_second_per_grid"], dtype=torch.float32),
+            }
         if len(prompt.input_ids) >= self.max_model_len:
             raise EngineError(
                 f"the prompt is {len(prompt.input_ids)} tokens (media included) but this model serves at most "
-                f"{self.max_model_len}; shorten the messages or send shorter audio",
+                f"{self.max_model_len}; shorten the messages or send smaller media",
                 param="messages",
             )
         return prompt
@@ -108,10 +125,34 @@ class Qwen3OmniMoeAdapter(OmniAdapter):
         sync_stream(device)
         return results
 
+    @torch.inference_mode()
     def encode_vision(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        raise EngineError(
-            "image and video input for Qwen3-Omni-MoE is not in the builtin runtime yet", param="messages"
-        )
+        """Every image and video of every request through the vision tower in one call.
+
+        Each medium's output is its merged patch embeddings [n, H] with its DeepStack features
+        appended along the last axis ([n, H * (1 + k)]), so the encoder cache keeps them together.
+        """
+        visual = self.loaded.visual
+        pixels, grids, owners = [], [], []
+        for i, item in enumerate(batch):
+            for key, grid_key, kind in (
+                ("pixel_values", "image_grid_thw", "image"),
+                ("pixel_values_videos", "video_grid_thw", "video"),
+            ):
+                if item.get(key) is not None:
+                    pixels.append(item[key])
+                    grids.append(item[grid_key])
+                    owners += [(i, kind)] * item[grid_key].shape[0]
+        device = self.placement.vision
+        grid = torch.cat(grids)
+        out = visual(torch.cat(pixels).to(device, self.placement.dtype), grid_thw=grid.to(device))
+        joined = torch.cat([out.pooler_output, *out.deepstack_features], dim=-1)
+        sizes = (grid.prod(-1) // visual.spatial_merge_size**2).tolist()
+        results: list[dict[str, list[Any]]] = [{"image": [], "video": []} for _ in batch]
+        for (owner, kind), part in zip(owners, torch.split(joined, sizes), strict=True):
+            results[owner][kind].append(part)
+        sync_stream(device)
+        return [{k: (torch.cat(v) if v else None) for k, v in r.items()} for r in results]
 
     # -- mm_aggregate ----------------------------------------------------------------------------
     @torch.inference_mode()
@@ -119,27 +160,34 @@ class Qwen3OmniMoeAdapter(OmniAdapter):
         device = self.placement.thinker
         ids = torch.tensor(prompt.input_ids, device=device)
         embeds = self.loaded.embed(ids)
-        mask = ids == self.audio_token
-        count = int(mask.sum())
-        if count:
-            got = 0 if audio is None else audio.shape[0]
-            if got != count:
-                raise EngineError(
-                    f"audio placeholders ({count}) and encoder outputs ({got}) disagree", status=500
-                )
-            embeds[mask] = audio.to(device, embeds.dtype)
-        context: dict[str, Any] = {}
-        if prompt.audio is not None:
-            context["audio_feature_lengths"] = prompt.audio["feature_attention_mask"].sum(-1)
+        hidden = embeds.shape[-1]
+        deep_positions, deep_features = [], []
+        for token, features in (
+            (self.audio_token, audio),
+            (self.image_token, image),
+            (self.video_token, video),
+        ):
+            mask = placeholder_mask(ids, token, features)
+            if mask is None:
+                continue
+            count = int(mask.sum())
+            features = features.to(device, embeds.dtype)
+            embeds[mask] = features[:, :hidden]
+            if token != self.audio_token:  # vision: the DeepStack features ride behind the embedding
+                deep_positions.append(mask.nonzero()[:, 0])
+                deep_features.append(features[:, hidden:].reshape(count, -1, hidden))
+        context = rope_context(prompt)
         positions, delta = self.loaded.rope.get_rope_index(
             torch.tensor([prompt.input_ids]),
-            None,
-            None,
+            context.get("image_grid_thw"),
+            context.get("video_grid_thw"),
             torch.ones(1, len(prompt.input_ids), dtype=torch.long),
             False,
             context.get("audio_feature_lengths"),
-            None,
+            context.get("video_second_per_grid"),
         )
+        if deep_features:
+            context[DEEPSTACK] = (torch.cat(deep_positions), torch.cat(deep_features))
         sync_stream(device)
         return ThinkerPrompt(
             input_ids=prompt.input_ids,
@@ -168,7 +216,7 @@ class Qwen3OmniMoeAdapter(OmniAdapter):
             image_token_index=self.image_token,
             video_token_index=self.video_token,
         )
-        return QwenThinkerRunner(
+        return Qwen3ThinkerRunner(
             self.loaded.text,
             self.loaded.lm_head,
             names,

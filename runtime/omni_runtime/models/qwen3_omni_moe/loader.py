@@ -64,6 +64,7 @@ class LoadedQwen3:
     embed: Any = None
     lm_head: Any = None
     audio_tower: Any = None
+    visual: Any = None  # Qwen3OmniMoeVisionEncoder (merged patches plus DeepStack features)
     load_seconds: float = 0.0
 
 
@@ -171,17 +172,21 @@ def load_model(options: EngineOptions, *, path: Path, hosted: frozenset[str]) ->
         if ckpt is not None:
             ckpt.load_into(embed, "thinker.model.embed_tokens.", placement.thinker, dtype)
         loaded.embed = embed.eval()
-    if "audio_encoder" in hosted:
-        tower = build_module(
-            hf.Qwen3OmniMoeAudioEncoder,
-            thinker_cfg.audio_config,
-            device=placement.audio,
-            dtype=dtype,
-            random=random,
-        )
+
+    def tower(cls: Any, cfg: Any, prefix: str, device: torch.device) -> Any:
+        module = build_module(cls, cfg, device=device, dtype=dtype, random=random)
         if ckpt is not None:
-            ckpt.load_into(tower, "thinker.audio_tower.", placement.audio, dtype)
-        loaded.audio_tower = tower
+            ckpt.load_into(module, prefix, device, dtype)
+        return module
+
+    if "audio_encoder" in hosted:
+        loaded.audio_tower = tower(
+            hf.Qwen3OmniMoeAudioEncoder, thinker_cfg.audio_config, "thinker.audio_tower.", placement.audio
+        )
+    if "image_encoder" in hosted:
+        loaded.visual = tower(
+            hf.Qwen3OmniMoeVisionEncoder, thinker_cfg.vision_config, "thinker.visual.", placement.vision
+        )
     loaded.load_seconds = time.monotonic() - started
     log.info("loaded %s for stages %s in %.1fs", path, ",".join(sorted(hosted)), loaded.load_seconds)
     return loaded
