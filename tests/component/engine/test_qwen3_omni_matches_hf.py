@@ -39,7 +39,10 @@ def qwen3_text(qwen3_checkpoint: Path) -> Iterator[Harness]:
 def hf_thinker(qwen3_checkpoint: Path):
     from transformers import Qwen3OmniMoeForConditionalGeneration
 
+    from omni_runtime.models.qwen3_omni_moe.loader import use_experts
+
     model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(str(qwen3_checkpoint), dtype=torch.float32)
+    use_experts(model.thinker, "eager")  # the reference: transformers' plain per-expert loop
     return model.thinker.eval()
 
 
@@ -87,6 +90,15 @@ def test_batched_rows_match_their_solo_runs(qwen3_text: Harness) -> None:
         return list(await asyncio.gather(*(one(p) for p in prompts)))
 
     assert qwen3_text.run(together()) == solo
+
+
+def test_the_moe_blocks_run_the_grouped_gemm_kernel(qwen3_text: Harness) -> None:
+    """No per-expert Python loop: every experts module of the served thinker uses grouped_mm
+    (the reference above runs the per-expert loop, so the equalities cover the kernel)."""
+    text = qwen3_text.engine.adapter.loaded.text
+    experts = [m for m in text.modules() if hasattr(m, "_is_expert_parallel")]
+    assert len(experts) == len(text.layers) == 2
+    assert {m.config._experts_implementation for m in experts} == {"grouped_mm"}
 
 
 def test_speech_pipeline_is_refused_with_the_fix(qwen3_checkpoint: Path) -> None:

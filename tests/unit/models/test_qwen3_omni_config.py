@@ -136,3 +136,29 @@ def test_tiny_config_has_the_released_layout() -> None:
     )
     assert model.talker.model.layers[0].mlp.shared_expert is not None
     assert _params(model) < 20_000_000
+
+
+@pytest.mark.parametrize(
+    ("value", "chosen"),
+    [
+        (None, "grouped_mm"),
+        ("", "grouped_mm"),
+        ("grouped_mm", "grouped_mm"),
+        ("batched_mm", "batched_mm"),
+        (" eager ", "eager"),
+    ],
+)
+def test_experts_implementation_from_the_environment(value, chosen) -> None:
+    from omni_runtime.models.qwen3_omni_moe.loader import experts_implementation
+
+    assert experts_implementation(value) == chosen
+
+
+def test_unknown_experts_implementation_names_the_variable() -> None:
+    from omni_runtime.contract.engine import EngineError
+    from omni_runtime.models.qwen3_omni_moe.loader import experts_implementation
+
+    with pytest.raises(EngineError) as err:
+        experts_implementation("triton")
+    assert err.value.param == "OMNI_MOE_EXPERTS"
+    assert "grouped_mm" in str(err.value)

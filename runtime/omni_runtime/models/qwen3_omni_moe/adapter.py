@@ -6,10 +6,12 @@ patches plus DeepStack features), mm_aggregate the token embeddings with media s
 their placeholders plus the interleaved 3D mrope positions of ``get_rope_index``, and the thinker is
 the MoE text model driven through the runtime's slot KV cache and batched sampler
 (executor/slot_cache.py, via the Qwen2.5 thinker runner: both families' decoder layers take the
-same cache and rotary inputs).
+same cache and rotary inputs). Its MoE blocks use transformers' grouped_mm experts kernel
+(loader.py).
 
-Not here yet (issue 17): audio inside video (``use_audio_in_video``), speech output (talker + code predictor, streaming Code2Wav), grouped-GEMM MoE decode (the MoE block
-runs through transformers' module, a per-expert loop) and thinker tensor parallelism.
+Not here yet (issue 17): audio inside video (``use_audio_in_video``), speech output (talker +
+code predictor, streaming Code2Wav), measured GPU decode (CUDA graphs over the grouped_mm path
+are untested on a GPU) and thinker tensor parallelism.
 """
 
 from __future__ import annotations

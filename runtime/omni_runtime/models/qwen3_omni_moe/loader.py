@@ -7,7 +7,9 @@ filled from the safetensors shards of the released layout (``thinker.model.*``,
 stores each expert's ``gate_proj``/``up_proj``/``down_proj`` apart while transformers 5.23's MoE
 block holds them fused (``experts.gate_up_proj`` [E, 2I, H], ``experts.down_proj`` [E, H, I]):
 :func:`load_text_model` stacks them, one decoder layer at a time so the peak stays one layer
-above the weights. ``load_format=dummy`` builds the same modules with random weights.
+above the weights. ``load_format=dummy`` builds the same modules with random weights. The MoE
+blocks run transformers' ``grouped_mm`` experts kernel (``OMNI_MOE_EXPERTS`` picks another), so
+decode has no per-expert Python loop; a fused routing + grouped-GEMM kernel of our own is later.
 
 Speech output (talker, code predictor, Code2Wav) is not loaded yet: the registry refuses the
 speech pipelines for this family with an error that says so.
@@ -16,6 +18,7 @@ speech pipelines for this family with an error that says so.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +37,10 @@ from omni_runtime.models.qwen3_omni_moe.config import ensure_talker_fields
 log = logging.getLogger(__name__)
 
 _FUSED = {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}
+# transformers' experts kernels: grouped_mm (torch's grouped GEMM over tokens sorted by expert,
+# routing on the device, no host sync: CUDA-graph capturable), batched_mm (a gathered bmm per
+# token-expert pair) and eager (its per-expert Python loop, with a host sync per step).
+MOE_EXPERTS = ("grouped_mm", "batched_mm", "eager")
 
 
 class RopeIndex:
@@ -122,6 +129,26 @@ def _chunks(items: list[torch.Tensor], size: int) -> list[list[torch.Tensor]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
+def experts_implementation(value: str | None) -> str:
+    """The MoE experts kernel from ``OMNI_MOE_EXPERTS``: ``grouped_mm`` unless told otherwise."""
+    choice = (value or "grouped_mm").strip()
+    if choice not in MOE_EXPERTS:
+        raise EngineError(
+            f"OMNI_MOE_EXPERTS is {choice!r}; use one of {', '.join(MOE_EXPERTS)}", param="OMNI_MOE_EXPERTS"
+        )
+    return choice
+
+
+def use_experts(model: nn.Module, implementation: str) -> int:
+    """Point every experts module of ``model`` at ``implementation``; how many there are."""
+    count = 0
+    for module in model.modules():
+        if hasattr(module, "_is_expert_parallel"):  # transformers' use_experts_implementation classes
+            module.config._experts_implementation = implementation
+            count += 1
+    return count
+
+
 def load_model(options: EngineOptions, *, path: Path, hosted: frozenset[str]) -> LoadedQwen3:
     """Build or load the thinker-side modules the ``hosted`` stages need, on their devices."""
     from transformers import AutoConfig, Qwen3OmniMoeProcessor
@@ -158,6 +185,7 @@ def load_model(options: EngineOptions, *, path: Path, hosted: frozenset[str]) ->
         )
         if ckpt is not None:
             load_text_model(ckpt, text, "thinker.model.", placement.thinker, dtype)
+        use_experts(text, experts_implementation(os.environ.get("OMNI_MOE_EXPERTS")))
         loaded.text, loaded.embed = text, text.embed_tokens
         with torch.device(placement.thinker):
             head = nn.Linear(text_cfg.hidden_size, text_cfg.vocab_size, bias=False, dtype=dtype)
