@@ -144,7 +144,8 @@ def use_experts(model: nn.Module, implementation: str) -> int:
     count = 0
     for module in model.modules():
         if hasattr(module, "_is_expert_parallel"):  # transformers' use_experts_implementation classes
-            module.config._experts_implementation = implementation
+            config: Any = module.config
+            config._experts_implementation = implementation
             count += 1
     return count
 
