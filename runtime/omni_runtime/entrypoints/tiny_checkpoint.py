@@ -26,11 +26,21 @@ def main(argv: list[str]) -> int:
         default=FAMILIES[0],
         help="model family (config.json model_type) whose layout to write (default qwen2_5_omni)",
     )
+    parser.add_argument(
+        "--shape",
+        choices=("tiny", "released"),
+        default="tiny",
+        help="qwen3_omni_moe only: 'released' writes the 30B-A3B config and tokenizer with no weights, "
+        "for omni serve --load-format dummy (default tiny)",
+    )
     parser.add_argument("--force", action="store_true", help="replace DIR if it exists and is not empty")
     parser.add_argument("--seed", type=int, default=0, help="random seed for the weights (default 0)")
     parser.add_argument("--quiet", action="store_true", help="print no progress")
     args = parser.parse_args(argv)
     target: Path = args.dir
+    if args.shape == "released" and args.family != "qwen3_omni_moe":
+        print("omni tiny-checkpoint: --shape released needs --family qwen3_omni_moe", file=sys.stderr)
+        return 2
     if target.exists() and not target.is_dir():
         print(
             f"omni tiny-checkpoint: {target} exists and is not a directory; choose another DIR",
@@ -45,6 +55,11 @@ def main(argv: list[str]) -> int:
             )
             return 2
         shutil.rmtree(target)
+    if args.shape == "released":
+        from omni_runtime.models.qwen3_omni_moe.tiny import create_released_shape
+
+        print(create_released_shape(target))
+        return 0
     if args.family == "qwen3_omni_moe":
         from omni_runtime.models.qwen3_omni_moe.tiny import create_tiny_checkpoint
     else:

@@ -101,6 +101,27 @@ def test_the_moe_blocks_run_the_grouped_gemm_kernel(qwen3_text: Harness) -> None
     assert {m.config._experts_implementation for m in experts} == {"grouped_mm"}
 
 
+def test_dummy_load_format_builds_random_weights_of_the_checkpoint_shape(qwen3_checkpoint: Path) -> None:
+    """--load-format dummy reads only config.json and the tokenizer (the released-shape directory
+    of `omni tiny-checkpoint --shape released` has nothing else) and still serves."""
+    harness = Harness(tiny_options(qwen3_checkpoint, pipeline="text", load_format="dummy"))
+    try:
+        tokens = token_ids(harness.collect(request("Hello there", max_tokens=5, media=(tone(0.3),))))
+        assert len(tokens) == 5
+        text = harness.engine.adapter.loaded.text
+        loaded = hf_weights(qwen3_checkpoint)
+        assert not torch.equal(text.embed_tokens.weight, loaded)  # random, not the checkpoint's
+    finally:
+        harness.close()
+
+
+def hf_weights(checkpoint: Path) -> torch.Tensor:
+    from safetensors import safe_open
+
+    with safe_open(str(checkpoint / "model.safetensors"), "pt") as f:
+        return f.get_tensor("thinker.model.embed_tokens.weight")
+
+
 def test_speech_pipeline_is_refused_with_the_fix(qwen3_checkpoint: Path) -> None:
     from omni_runtime.models.registry import load_adapter
 

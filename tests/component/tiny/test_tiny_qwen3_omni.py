@@ -76,3 +76,40 @@ def test_same_seed_same_weights_and_the_cache_is_made_once(tmp_path: Path) -> No
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "omni_tiny.json").write_text('{"format_version": 1}')
     assert not tiny.is_tiny_checkpoint(tmp_path / "other")
+
+
+def test_released_shape_without_weights_for_dummy_loading(tmp_path: Path) -> None:
+    """`--shape released` writes the 30B-A3B config with the tokenizer beside it (ids remapped),
+    no weights: what `omni serve --load-format dummy` builds at the released size on a GPU."""
+    target = tmp_path / "released"
+    result = _run(str(target), "--family", "qwen3_omni_moe", "--shape", "released")
+    assert result.returncode == 0, result.stderr
+    assert not (target / "model.safetensors").exists()
+    import torch
+    from transformers import AutoConfig, Qwen3OmniMoeProcessor
+    from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as hf
+
+    from omni_runtime.models.qwen3_omni_moe.config import ensure_talker_fields
+
+    config = ensure_talker_fields(AutoConfig.from_pretrained(str(target)))
+    text = config.thinker_config.text_config
+    assert (text.num_hidden_layers, text.num_experts, text.num_experts_per_tok, text.vocab_size) == (
+        48,
+        128,
+        8,
+        152064,
+    )
+    processor = Qwen3OmniMoeProcessor.from_pretrained(str(target))
+    tok = processor.tokenizer
+    assert config.thinker_config.audio_token_id == tok.convert_tokens_to_ids("<|audio_pad|>")
+    assert config.thinker_config.image_token_id == tok.convert_tokens_to_ids("<|image_pad|>")
+    assert config.assistant_token_id == tok.convert_tokens_to_ids("assistant")
+    with torch.device("meta"):
+        model = hf.Qwen3OmniMoeThinkerTextModel._from_config(text)
+    assert round(sum(p.numel() for p in model.parameters()) / 1e9, 1) == 30.2  # + the 0.3B LM head: 30.5B
+
+
+def test_released_shape_needs_the_qwen3_family(tmp_path: Path) -> None:
+    result = _run(str(tmp_path / "x"), "--shape", "released")
+    assert result.returncode == 2
+    assert "--family qwen3_omni_moe" in result.stderr

@@ -197,6 +197,17 @@ def ensure_talker_fields(config: Any) -> Any:
     return config
 
 
+def _media_ids(ids: dict[str, int]) -> dict[str, int]:
+    """The config's media placeholder ids from a tokenizer's special-token ids."""
+    return {
+        "audio_token_id": ids["<|audio_pad|>"],
+        "image_token_id": ids["<|image_pad|>"],
+        "video_token_id": ids["<|video_pad|>"],
+        "audio_start_token_id": ids["<|audio_start|>"],
+        "audio_end_token_id": ids["<|audio_end|>"],
+    }
+
+
 def tiny_config_dict(ids: dict[str, int], *, vocab_size: int, thinker_hidden: int) -> dict[str, Any]:
     """The tiny model's nested config values: the released layout at toy sizes.
 
@@ -204,13 +215,7 @@ def tiny_config_dict(ids: dict[str, int], *, vocab_size: int, thinker_hidden: in
     """
     head_dim = 16
     rope = {"rope_type": "default", "rope_theta": 1000000, "mrope_section": [4, 2, 2], "interleaved": True}
-    media = {
-        "audio_token_id": ids["<|audio_pad|>"],
-        "image_token_id": ids["<|image_pad|>"],
-        "video_token_id": ids["<|video_pad|>"],
-        "audio_start_token_id": ids["<|audio_start|>"],
-        "audio_end_token_id": ids["<|audio_end|>"],
-    }
+    media = _media_ids(ids)
     vision_start = ids["<|vision_start|>"]
     thinker = {
         "text_config": {
@@ -336,3 +341,26 @@ _CODEC_KEYS = (
     "codec_think_eos_id",
     "speaker_id",
 )
+
+
+def released_shape_dict(ids: dict[str, int]) -> dict[str, Any]:
+    """The released 30B-A3B values with every special-token id taken from ``ids`` (another
+    tokenizer's, as in tiny_config_dict): the released shapes served with a small tokenizer,
+    for random weights (``--load-format dummy``) where the released tokenizer is not at hand."""
+    values = copy.deepcopy(RELEASED_30B_A3B)
+    media = {**_media_ids(ids), "vision_start_token_id": ids["<|vision_start|>"]}
+    values["thinker_config"].update(
+        media, vision_end_token_id=ids["<|vision_end|>"], user_token_id=ids["user"]
+    )
+    values["talker_config"].update(media)
+    values.update(
+        im_start_token_id=ids["<|im_start|>"],
+        im_end_token_id=ids["<|im_end|>"],
+        tts_pad_token_id=ids["<tts_pad>"],
+        tts_bos_token_id=ids["<tts_text_bos>"],
+        tts_eos_token_id=ids["<tts_text_eod>"],
+        system_token_id=ids["system"],
+        user_token_id=ids["user"],
+        assistant_token_id=ids["assistant"],
+    )
+    return values

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from omni_runtime.models.qwen2_5_omni.tiny import default_cache_dir, ensure_checkpoint
-from omni_runtime.models.qwen3_omni_moe.config import build_config, tiny_config_dict
+from omni_runtime.models.qwen3_omni_moe.config import build_config, released_shape_dict, tiny_config_dict
 from omni_runtime.models.qwen3_omni_moe.tiny_processor import VOCAB_SIZE, build_processor, special_token_ids
 
 # Bump when the checkpoint's contents change, so an old cached copy is replaced, not served.
@@ -47,13 +47,43 @@ Made by `omni tiny-checkpoint --family qwen3_omni_moe` (format version {version}
 """
 
 
+def _token_ids(processor: Any) -> dict[str, int]:
+    ids = dict(special_token_ids())
+    for role in ("system", "user", "assistant"):
+        ids[role] = processor.tokenizer.convert_tokens_to_ids(role)
+    return ids
+
+
 def tiny_config(processor: Any) -> Any:
     """The tiny ``Qwen3OmniMoeConfig`` with token ids from ``processor``'s tokenizer."""
-    ids = dict(special_token_ids())
-    tok = processor.tokenizer
-    for role in ("system", "user", "assistant"):
-        ids[role] = tok.convert_tokens_to_ids(role)
-    return build_config(tiny_config_dict(ids, vocab_size=VOCAB_SIZE, thinker_hidden=THINKER_HIDDEN))
+    return build_config(
+        tiny_config_dict(_token_ids(processor), vocab_size=VOCAB_SIZE, thinker_hidden=THINKER_HIDDEN)
+    )
+
+
+def create_released_shape(path: str | Path) -> Path:
+    """Write the released 30B-A3B shape with no weights, for ``omni serve --load-format dummy``.
+
+    config.json has the released shapes (48 MoE layers of 128 experts, the released towers,
+    talker and Code2Wav) with the special-token ids of the tiny tokenizer written beside it, so
+    the runtime serves the real thinker size with random weights and no download. Tokens past the
+    tokenizer's 4096 are never sampled (the runtime samples decodable ids only).
+    """
+    from transformers import GenerationConfig
+
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    processor = build_processor(min_pixels=IMAGE_MIN_PIXELS, max_pixels=IMAGE_MAX_PIXELS)
+    processor.save_pretrained(out)
+    build_config(released_shape_dict(_token_ids(processor))).save_pretrained(out)
+    ids = special_token_ids()
+    GenerationConfig(eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]]).save_pretrained(out)
+    (out / "README.md").write_text(
+        "# Qwen3-Omni-30B-A3B shape, no weights\n\nServe with `omni serve --model-path DIR --load-format dummy "
+        "--pipeline text`: random weights at the released shape, a small locally trained tokenizer.\n",
+        encoding="utf-8",
+    )
+    return out
 
 
 def _init_experts(model: Any, *, generator: Any) -> None:
