@@ -92,13 +92,11 @@ class QwenThinkerRunner:
             positions[:, i, : lengths[i]] = row.prompt.positions.to(self.device)
         want_hidden = any(r.want_vectors for r in rows)
         slots = [r.slot for r in rows]
+        hook = self.prefill_hook(rows)
+        # Only a family with a hook passes one (the TP leader's decoder takes none).
+        extra = {} if hook is None else {"after_layer": hook}
         logits, hidden = self.decoder.prefill(
-            slots=slots,
-            embeds=embeds,
-            positions=positions,
-            lengths=lengths,
-            want_hidden=want_hidden,
-            after_layer=self.prefill_hook(rows),
+            slots=slots, embeds=embeds, positions=positions, lengths=lengths, want_hidden=want_hidden, **extra
         )
         for row in rows:
             self.sampler.set_row(row.slot, row.sampling, history=row.prompt.input_ids)
