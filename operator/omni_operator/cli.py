@@ -23,7 +23,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("omni_operator.plan.main", "Print the placement plan of an OmniDeployment."),
     "crd": ("omni_operator.crdgen", "Write or print the generated CRD."),
     "bench": ("omni_runtime.bench.main", "Load-test a worker or router and plot the results."),
-    "tiny-checkpoint": ("omni_runtime.models.qwen2_5_omni.tiny", "Write the tiny random-weight checkpoint."),
+    "tiny-checkpoint": ("omni_runtime.entrypoints.tiny_checkpoint", "Write a tiny random-weight checkpoint."),
 }
 
 

@@ -360,7 +360,10 @@ def main(argv: list[str]) -> int:
     if options.model_path is None:
         log.info("no --model-path: serving the tiny random-weight checkpoint (created once in the cache)")
         options = _with_model_path(options, str(ensure_tiny_checkpoint(progress=True)))
-    random_weights = options.load_format == "dummy" or is_tiny_checkpoint(options.model_path or "")
+    from omni_runtime.models.qwen3_omni_moe.tiny import is_tiny_checkpoint as is_tiny_qwen3
+
+    served = options.model_path or ""
+    random_weights = options.load_format == "dummy" or is_tiny_checkpoint(served) or is_tiny_qwen3(served)
     try:
         engine = build_engine(options)
     except (EngineError, ValueError, FileNotFoundError) as exc:

@@ -183,8 +183,12 @@ class SlotDecoder:
         positions: torch.Tensor,
         lengths: list[int],
         want_hidden: bool,
+        after_layer: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run prompts (right-padded ``embeds`` [b, L, H], ``positions`` [3, b, L]) into ``slots``.
+
+        ``after_layer(i, hidden)``, when given, rewrites the hidden states after decoder layer ``i``
+        (Qwen3-Omni adds its vision tower's DeepStack features to the first layers' outputs).
 
         Returns the last real position's logits [b, V] (float32) and, when asked, the final-norm
         hidden states of every position [b, L, H]. Causal attention keeps real tokens from seeing
@@ -195,12 +199,14 @@ class SlotDecoder:
         try:
             hidden = embeds.to(self.dtype)
             cos_sin = self.rotary(hidden, positions)
-            for layer in self.layers:
+            for index, layer in enumerate(self.layers):
                 hidden = layer(
                     hidden, attention_mask=None, position_embeddings=cos_sin, past_key_values=self.cache
                 )
                 if isinstance(hidden, tuple):
                     hidden = hidden[0]
+                if after_layer is not None:
+                    hidden = after_layer(index, hidden)
         finally:
             self.cache.prefill_slots = None
         hidden = self.norm(hidden)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,24 +13,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from serve_process import free_port, ready
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
 REPO = Path(__file__).resolve().parents[3]
 READY_S = 300.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/ready", timeout=2, trust_env=False).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def test_probes_are_quiet_and_ctrl_c_is_clean(tmp_path: Path) -> None:
@@ -47,7 +34,7 @@ def test_probes_are_quiet_and_ctrl_c_is_clean(tmp_path: Path) -> None:
         popen = subprocess.Popen(argv, stdout=stdout, stderr=stderr, cwd=REPO, env={**os.environ})
     try:
         deadline = time.monotonic() + READY_S
-        while not _ready(url):
+        while not ready(url):
             assert popen.poll() is None, err.read_text()[-3000:]
             assert time.monotonic() < deadline, err.read_text()[-3000:]
             time.sleep(0.5)

@@ -10,12 +10,10 @@ mrope positions from ``get_rope_index``), thinker and talker (runners.py) and th
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from omni_runtime.contract.adapter import OmniAdapter, Prompt, ThinkerPrompt, ThinkerRunner
@@ -23,35 +21,24 @@ from omni_runtime.contract.engine import EngineError, GenerationRequest
 from omni_runtime.contract.options import EngineOptions
 from omni_runtime.executor.tensor_parallel import sharded_thinker_config
 from omni_runtime.executor.tp_runner import TPThinkerRunner
+from omni_runtime.models.common import (
+    DEFAULT_VIDEO_FPS,
+    collect_messages,
+    fit_slots,
+    per_request,
+    placeholder_mask,
+    rope_context,
+    sync_stream,
+)
 from omni_runtime.models.qwen2_5_omni.placement import LoadedModel
 from omni_runtime.models.qwen2_5_omni.runners import QwenTalkerRunner, QwenThinkerRunner
 from omni_runtime.models.qwen2_5_omni.vocoder import QwenVocoder
-
-log = logging.getLogger(__name__)
 
 # The system prompt the released model was trained with; it asks for speech-capable answers.
 DEFAULT_SYSTEM_PROMPT = (
     "You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of perceiving "
     "auditory and visual inputs, as well as generating text and speech."
 )
-AUDIO_RATE = 16000
-KV_RESERVE_BYTES = 3 << 30  # activations, CUDA graphs, the talker's cache and the vocoder after it
-DEFAULT_VIDEO_FPS = 2.0
-
-
-def _resample(wave: np.ndarray, rate: int) -> np.ndarray:
-    """Linear-interpolation fallback; the media layer normally delivers 16 kHz already."""
-    if rate == AUDIO_RATE or wave.size == 0:
-        return wave.astype(np.float32)
-    n = round(wave.size * AUDIO_RATE / rate)
-    x = np.linspace(0, wave.size - 1, n)
-    return np.interp(x, np.arange(wave.size), wave).astype(np.float32)
-
-
-def _sync(device: torch.device) -> None:
-    """Finish this thread's stream before its outputs go to a stage on another stream."""
-    if device.type == "cuda":
-        torch.cuda.current_stream(device).synchronize()
 
 
 class Qwen25OmniAdapter(OmniAdapter):
@@ -84,32 +71,14 @@ class Qwen25OmniAdapter(OmniAdapter):
 
     # -- preprocessing (CPU) -------------------------------------------------------------------
     def preprocess(self, request: GenerationRequest) -> Prompt:
-        messages: list[dict[str, Any]] = []
-        audios: list[np.ndarray] = []
-        images: list[np.ndarray] = []
-        videos: list[np.ndarray] = []
-        fps: list[float] = []
-        if not any(t.role == "system" for t in request.turns):
-            messages.append({"role": "system", "content": [{"type": "text", "text": DEFAULT_SYSTEM_PROMPT}]})
-        for turn in request.turns:
-            content: list[dict[str, Any]] = []
-            for media in turn.media:
-                content.append({"type": media.kind})
-                if media.kind == "audio":
-                    audios.append(
-                        _resample(
-                            np.asarray(media.data, dtype=np.float32).reshape(-1),
-                            media.sample_rate or AUDIO_RATE,
-                        )
-                    )
-                elif media.kind == "image":
-                    images.append(np.asarray(media.data, dtype=np.uint8))
-                else:
-                    videos.append(np.asarray(media.data, dtype=np.uint8))
-                    fps.append(float(media.fps or DEFAULT_VIDEO_FPS))
-            if turn.text or not content:
-                content.append({"type": "text", "text": turn.text})
-            messages.append({"role": turn.role, "content": content})
+        media = collect_messages(request, default_system=DEFAULT_SYSTEM_PROMPT)
+        messages, audios, images, videos, fps = (
+            media.messages,
+            media.audios,
+            media.images,
+            media.videos,
+            media.fps,
+        )
         proc = self._processor
         text = proc.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         params: dict[str, Any] = dict(request.stage_params.get("preprocessing", {}))
@@ -164,12 +133,8 @@ class Qwen25OmniAdapter(OmniAdapter):
         after_cnn, out_lengths = tower._get_feat_extract_output_lengths(lengths)
         out = tower(flat, feature_lens=lengths, aftercnn_lens=after_cnn).last_hidden_state
         per_audio = torch.split(out, out_lengths.tolist())
-        results, start = [], 0
-        for item in batch:
-            count = item["feature_attention_mask"].shape[0]
-            results.append(torch.cat(per_audio[start : start + count]))
-            start += count
-        _sync(device)
+        results = per_request(per_audio, batch)
+        sync_stream(device)
         return results
 
     @torch.inference_mode()
@@ -198,7 +163,7 @@ class Qwen25OmniAdapter(OmniAdapter):
         for (owner, kind), part in zip(owners, torch.split(merged, sizes), strict=True):
             results[owner][kind].append(part)
         out = [{k: (torch.cat(v) if v else None) for k, v in r.items()} for r in results]
-        _sync(device)
+        sync_stream(device)
         return out
 
     @property
@@ -230,15 +195,9 @@ class Qwen25OmniAdapter(OmniAdapter):
             (self.image_token, image),
             (self.video_token, video),
         ):
-            mask = ids == token
-            count = int(mask.sum())
-            if count == 0:
+            mask = placeholder_mask(ids, token, features)
+            if mask is None:
                 continue
-            if features is None or features.shape[0] != count:
-                got = 0 if features is None else features.shape[0]
-                raise EngineError(
-                    f"media placeholders ({count}) and encoder outputs ({got}) disagree", status=500
-                )
             embeds[mask] = features.to(device, embeds.dtype)
         context = self.talker_context(prompt)
         positions, delta = self.loaded.rope.get_rope_index(
@@ -250,7 +209,7 @@ class Qwen25OmniAdapter(OmniAdapter):
             context.get("audio_feature_lengths"),
             context.get("video_second_per_grid"),
         )
-        _sync(device)
+        sync_stream(device)
         return ThinkerPrompt(
             input_ids=prompt.input_ids,
             embeds=embeds,
@@ -259,41 +218,20 @@ class Qwen25OmniAdapter(OmniAdapter):
             talker_context=context,
         )
 
-    @staticmethod
-    def talker_context(prompt: Prompt) -> dict[str, Any]:
-        """The media geometry rope indexing needs (CPU tensors), for the thinker and the talker."""
-        context: dict[str, Any] = {}
-        if prompt.audio is not None:
-            context["audio_feature_lengths"] = prompt.audio["feature_attention_mask"].sum(-1)
-        if prompt.images is not None:
-            context["image_grid_thw"] = prompt.images["image_grid_thw"]
-        if prompt.videos is not None:
-            context["video_grid_thw"] = prompt.videos["video_grid_thw"]
-            context["video_second_per_grid"] = prompt.videos["video_second_per_grid"]
-        return context
+    # The media geometry rope indexing needs (CPU tensors), for the thinker and the talker.
+    talker_context = staticmethod(rope_context)
 
     # -- runners -------------------------------------------------------------------------------
     def _fit_slots(self, *, config: Any, device: torch.device, slots: int, max_len: int, what: str) -> int:
-        """Slots whose KV cache fits the GPU budget (--mem-fraction-static of the GPU, 0.9 if unset)."""
-        if device.type != "cuda":
-            return slots
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        itemsize = torch.empty((), dtype=self.placement.dtype).element_size()
-        per_slot = 2 * config.num_hidden_layers * config.num_key_value_heads * max_len * head_dim * itemsize
-        free, total = torch.cuda.mem_get_info(device)
-        fraction = self.mem_fraction or 0.9
-        budget = fraction * total - (total - free) - KV_RESERVE_BYTES
-        fit = int(budget // per_slot)
-        if fit < 1:
-            raise EngineError(
-                f"the {what} KV cache needs {per_slot / 1e9:.2f} GB per request ({max_len} tokens) but only "
-                f"{max(budget, 0) / 1e9:.2f} GB of {fraction:g} x {total / 1e9:.0f} GB is left on {device} after the "
-                "weights; lower --max-model-len or raise --mem-fraction-static",
-                param="mem_fraction_static",
-            )
-        if fit < slots:
-            log.warning("%s: %d slots fit in the memory budget (asked for %d)", what, fit, slots)
-        return min(slots, fit)
+        return fit_slots(
+            config=config,
+            device=device,
+            dtype=self.placement.dtype,
+            mem_fraction=self.mem_fraction,
+            slots=slots,
+            max_len=max_len,
+            what=what,
+        )
 
     @property
     def tp_world(self) -> int:

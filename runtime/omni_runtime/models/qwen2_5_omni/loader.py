@@ -115,14 +115,26 @@ class Checkpoint:
                     state[name] = tensor.to(target.dtype if not target.is_floating_point() else dtype)
         module.load_state_dict(state, strict=True)
 
+    def read(self, keys: list[str], device: torch.device) -> dict[str, torch.Tensor]:
+        """These tensors, straight onto ``device``, opening each shard once."""
+        by_file: dict[Path, list[str]] = {}
+        for key in keys:
+            by_file.setdefault(self.files[key], []).append(key)
+        out: dict[str, torch.Tensor] = {}
+        for file, names in by_file.items():
+            with self._open(str(file), "pt", device=str(device)) as f:
+                for key in names:
+                    out[key] = f.get_tensor(key)
+        return out
+
     def rows(self, key: str, ids: list[int]) -> torch.Tensor:
         with self._open(str(self.files[key]), "pt") as f:
             table = f.get_slice(key)
             return torch.stack([table[i] for i in ids])
 
 
-def _build(cls: Any, config: Any, *, device: torch.device, dtype: torch.dtype, random: bool) -> Any:
-    """Construct on the device; skip weight init when weights are about to be loaded."""
+def build_module(cls: Any, config: Any, *, device: torch.device, dtype: torch.dtype, random: bool) -> Any:
+    """Construct on the device; skip weight init when weights are about to be loaded (both families)."""
     from transformers.initialization import no_init_weights
 
     # The current-device guard matters for a module placed on another GPU than cuda:0: some
@@ -147,7 +159,8 @@ def load_processor(path: Path | None) -> Any:
     return Qwen2_5OmniProcessor.from_pretrained(str(path))
 
 
-def _eos_ids(path: Path | None, processor: Any) -> tuple[int, ...]:
+def eos_ids(path: Path | None, processor: Any) -> tuple[int, ...]:
+    """generation_config.json's EOS ids plus <|im_end|> and <|endoftext|> (both families)."""
     ids: list[int] = []
     if path is not None and (path / "generation_config.json").is_file():
         eos = json.loads((path / "generation_config.json").read_text()).get("eos_token_id")
@@ -304,7 +317,7 @@ def _load_parts(
     loaded = LoadedModel(
         config=config,
         processor=processor,
-        eos_token_ids=_eos_ids(path, processor),
+        eos_token_ids=eos_ids(path, processor),
         speakers=load_speakers(path, config),
         placement=placement,
         path=path,
@@ -314,7 +327,7 @@ def _load_parts(
     )
 
     def part(cls: Any, cfg: Any, prefix: str, device: torch.device, dtype: torch.dtype) -> Any:
-        module = _build(cls, cfg, device=device, dtype=dtype, random=random)
+        module = build_module(cls, cfg, device=device, dtype=dtype, random=random)
         if ckpt is not None:
             ckpt.load_into(module, prefix, device, dtype)
         return module

@@ -92,8 +92,11 @@ class QwenThinkerRunner:
             positions[:, i, : lengths[i]] = row.prompt.positions.to(self.device)
         want_hidden = any(r.want_vectors for r in rows)
         slots = [r.slot for r in rows]
+        hook = self.prefill_hook(rows)
+        # Only a family with a hook passes one (the TP leader's decoder takes none).
+        extra = {} if hook is None else {"after_layer": hook}
         logits, hidden = self.decoder.prefill(
-            slots=slots, embeds=embeds, positions=positions, lengths=lengths, want_hidden=want_hidden
+            slots=slots, embeds=embeds, positions=positions, lengths=lengths, want_hidden=want_hidden, **extra
         )
         for row in rows:
             self.sampler.set_row(row.slot, row.sampling, history=row.prompt.input_ids)
@@ -114,6 +117,11 @@ class QwenThinkerRunner:
         if self.device.type == "cuda":  # the prompt vectors go to the talker's stream
             torch.cuda.current_stream(self.device).synchronize()
         return results
+
+    def prefill_hook(self, rows: list[ThinkerAdmission]) -> Any:
+        """What rewrites the prefill's hidden states after each layer (see SlotDecoder.prefill);
+        None here, a family's runner may add one."""
+        return None
 
     @torch.inference_mode()
     def step(self, n: int, *, vector_slots: list[int], max_length: int) -> ThinkerStep:

@@ -1,4 +1,4 @@
-"""The tiny random-weight Qwen2.5-Omni checkpoint (`omni tiny-checkpoint DIR`).
+"""The tiny random-weight Qwen2.5-Omni checkpoint (`omni tiny-checkpoint DIR`, entrypoints/tiny_checkpoint.py).
 
 It is the embedded default model: `omni serve` with no model path creates it once in the cache
 directory and serves it, and every CPU test drives the real pipeline with it. It has the real
@@ -14,13 +14,13 @@ Library use::
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -293,65 +293,46 @@ def is_tiny_checkpoint(path: str | Path) -> bool:
 
 
 def ensure_tiny_checkpoint(cache_dir: str | Path | None = None, *, progress: bool = True) -> Path:
-    """Return ``<cache>/tiny``, creating it once.
+    """Return ``<cache>/tiny``, creating it once."""
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    return ensure_checkpoint(
+        root / "tiny",
+        create=lambda staging: create_tiny_checkpoint(staging, progress=progress),
+        is_ready=is_tiny_checkpoint,
+    )
+
+
+def ensure_checkpoint(
+    target: Path, *, create: Callable[[Path], Any], is_ready: Callable[[Path], bool]
+) -> Path:
+    """Return ``target``, made once by ``create`` (every family's cached tiny checkpoint).
 
     Creation writes to a temporary sibling directory and renames it into place, so a crash or a
     concurrent creator never leaves a half-written checkpoint where a server would load it.
     """
-    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    target = root / "tiny"
-    if is_tiny_checkpoint(target):
+    if is_ready(target):
         return target
+    root = target.parent
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".tiny-", dir=root))
     try:
-        create_tiny_checkpoint(staging, progress=progress)
+        create(staging)
         # mkdtemp and safetensors make owner-only files; a shared cache must be readable by all.
         staging.chmod(0o755)
         for file in staging.iterdir():
             file.chmod(0o644)
         if target.exists():
-            if is_tiny_checkpoint(target):  # another process won the race
+            if is_ready(target):  # another process won the race
                 return target
             shutil.rmtree(target)  # stale format or a broken leftover
         try:
             os.replace(staging, target)
         except OSError:
-            if not is_tiny_checkpoint(target):
+            if not is_ready(target):
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
-
-
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="omni tiny-checkpoint",
-        description="Write a small Qwen2.5-Omni checkpoint with RANDOM weights (for tests and demos).",
-    )
-    parser.add_argument("dir", type=Path, help="directory to write (created)")
-    parser.add_argument("--force", action="store_true", help="replace DIR if it exists and is not empty")
-    parser.add_argument("--seed", type=int, default=0, help="random seed for the weights (default 0)")
-    parser.add_argument("--quiet", action="store_true", help="print no progress")
-    args = parser.parse_args(argv)
-    target: Path = args.dir
-    if target.exists() and not target.is_dir():
-        print(
-            f"omni tiny-checkpoint: {target} exists and is not a directory; choose another DIR",
-            file=sys.stderr,
-        )
-        return 2
-    if target.is_dir() and any(target.iterdir()):
-        if not args.force:
-            print(
-                f"omni tiny-checkpoint: {target} exists and is not empty; pass --force to replace it",
-                file=sys.stderr,
-            )
-            return 2
-        shutil.rmtree(target)
-    create_tiny_checkpoint(target, seed=args.seed, progress=not args.quiet)
-    print(target)
-    return 0
 
 
 __all__ = [
@@ -367,6 +348,5 @@ __all__ = [
     "default_cache_dir",
     "ensure_tiny_checkpoint",
     "is_tiny_checkpoint",
-    "main",
     "tiny_config_dict",
 ]

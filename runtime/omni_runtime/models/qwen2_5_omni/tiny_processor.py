@@ -166,22 +166,27 @@ def build_corpus() -> list[str]:
     return lines
 
 
-def train_tokenizer() -> Tokenizer:
-    """Train the byte-level BPE and append :data:`SPECIAL_TOKENS` after the base vocabulary."""
+def train_tokenizer(
+    special_tokens: tuple[str, ...] = SPECIAL_TOKENS, extra_corpus: tuple[str, ...] = ()
+) -> Tokenizer:
+    """Train the byte-level BPE and append ``special_tokens`` after the base vocabulary, so the
+    whole vocabulary is :data:`VOCAB_SIZE` (another family passes its own special tokens, and
+    lines whose words it needs as single tokens)."""
+    base_size = VOCAB_SIZE - len(special_tokens)
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=BASE_VOCAB_SIZE,
+        vocab_size=base_size,
         min_frequency=2,
         show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tokenizer.train_from_iterator(build_corpus(), trainer=trainer)
+    tokenizer.train_from_iterator([*build_corpus(), *extra_corpus], trainer=trainer)
     base = tokenizer.get_vocab_size()
-    if base != BASE_VOCAB_SIZE:
-        raise RuntimeError(f"tokenizer corpus too small: trained {base} tokens, need {BASE_VOCAB_SIZE}")
-    tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
+    if base != base_size:
+        raise RuntimeError(f"tokenizer corpus too small: trained {base} tokens, need {base_size}")
+    tokenizer.add_special_tokens(list(special_tokens))
     return tokenizer
 
 

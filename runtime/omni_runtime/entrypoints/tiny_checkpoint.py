@@ -1,0 +1,69 @@
+"""`omni tiny-checkpoint DIR [--family F]`: write a model family's tiny random-weight checkpoint.
+
+Each family's tiny module (models/<family>/tiny.py) knows its layout; this entry point picks one
+by ``--family`` (the config.json ``model_type``: qwen2_5_omni, the default, or qwen3_omni_moe).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+FAMILIES = ("qwen2_5_omni", "qwen3_omni_moe")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="omni tiny-checkpoint",
+        description="Write a small omni checkpoint with RANDOM weights (for tests and demos).",
+    )
+    parser.add_argument("dir", type=Path, help="directory to write (created)")
+    parser.add_argument(
+        "--family",
+        choices=FAMILIES,
+        default=FAMILIES[0],
+        help="model family (config.json model_type) whose layout to write (default qwen2_5_omni)",
+    )
+    parser.add_argument(
+        "--shape",
+        choices=("tiny", "released"),
+        default="tiny",
+        help="qwen3_omni_moe only: 'released' writes the 30B-A3B config and tokenizer with no weights, "
+        "for omni serve --load-format dummy (default tiny)",
+    )
+    parser.add_argument("--force", action="store_true", help="replace DIR if it exists and is not empty")
+    parser.add_argument("--seed", type=int, default=0, help="random seed for the weights (default 0)")
+    parser.add_argument("--quiet", action="store_true", help="print no progress")
+    args = parser.parse_args(argv)
+    target: Path = args.dir
+    if args.shape == "released" and args.family != "qwen3_omni_moe":
+        print("omni tiny-checkpoint: --shape released needs --family qwen3_omni_moe", file=sys.stderr)
+        return 2
+    if target.exists() and not target.is_dir():
+        print(
+            f"omni tiny-checkpoint: {target} exists and is not a directory; choose another DIR",
+            file=sys.stderr,
+        )
+        return 2
+    if target.is_dir() and any(target.iterdir()):
+        if not args.force:
+            print(
+                f"omni tiny-checkpoint: {target} exists and is not empty; pass --force to replace it",
+                file=sys.stderr,
+            )
+            return 2
+        shutil.rmtree(target)
+    if args.shape == "released":
+        from omni_runtime.models.qwen3_omni_moe.tiny import create_released_shape
+
+        print(create_released_shape(target))
+        return 0
+    if args.family == "qwen3_omni_moe":
+        from omni_runtime.models.qwen3_omni_moe.tiny import create_tiny_checkpoint
+    else:
+        from omni_runtime.models.qwen2_5_omni.tiny import create_tiny_checkpoint
+    create_tiny_checkpoint(target, seed=args.seed, progress=not args.quiet)
+    print(target)
+    return 0

@@ -1,0 +1,142 @@
+"""What the model families share: chat messages with media for a processor, and KV-cache sizing.
+
+Each family's adapter turns a request into its processor's chat messages the same way (one
+content part per medium, audio at 16 kHz) and sizes its slot KV cache against the same GPU
+budget; only the processors, modules and token ids differ.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from omni_runtime.contract.adapter import Prompt
+from omni_runtime.contract.engine import EngineError, GenerationRequest
+
+log = logging.getLogger(__name__)
+
+AUDIO_RATE = 16000
+KV_RESERVE_BYTES = 3 << 30  # activations, CUDA graphs, the talker's cache and the vocoder after it
+DEFAULT_VIDEO_FPS = 2.0
+
+
+def _resample(wave: np.ndarray, rate: int) -> np.ndarray:
+    """Linear-interpolation fallback; the media layer normally delivers 16 kHz already."""
+    if rate == AUDIO_RATE or wave.size == 0:
+        return wave.astype(np.float32)
+    n = round(wave.size * AUDIO_RATE / rate)
+    x = np.linspace(0, wave.size - 1, n)
+    return np.interp(x, np.arange(wave.size), wave).astype(np.float32)
+
+
+@dataclass
+class ChatMedia:
+    """A request's turns as processor chat messages, with its media in order of appearance."""
+
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    audios: list[np.ndarray] = field(default_factory=list)  # 16 kHz mono float32
+    images: list[np.ndarray] = field(default_factory=list)
+    videos: list[np.ndarray] = field(default_factory=list)
+    fps: list[float] = field(default_factory=list)  # per video
+
+
+def collect_messages(request: GenerationRequest, *, default_system: str | None) -> ChatMedia:
+    """Chat messages with one content part per medium (the processor expands the placeholders);
+    ``default_system`` goes first when the request has no system turn (both families use this)."""
+    out = ChatMedia()
+    if default_system and not any(t.role == "system" for t in request.turns):
+        out.messages.append({"role": "system", "content": [{"type": "text", "text": default_system}]})
+    for turn in request.turns:
+        content: list[dict[str, Any]] = []
+        for media in turn.media:
+            content.append({"type": media.kind})
+            if media.kind == "audio":
+                wave = np.asarray(media.data, dtype=np.float32).reshape(-1)
+                out.audios.append(_resample(wave, media.sample_rate or AUDIO_RATE))
+            elif media.kind == "image":
+                out.images.append(np.asarray(media.data, dtype=np.uint8))
+            else:
+                out.videos.append(np.asarray(media.data, dtype=np.uint8))
+                out.fps.append(float(media.fps or DEFAULT_VIDEO_FPS))
+        if turn.text or not content:
+            content.append({"type": "text", "text": turn.text})
+        out.messages.append({"role": turn.role, "content": content})
+    return out
+
+
+def fit_slots(
+    *,
+    config: Any,
+    device: torch.device,
+    dtype: torch.dtype,
+    mem_fraction: float | None,
+    slots: int,
+    max_len: int,
+    what: str,
+) -> int:
+    """Slots whose KV cache fits the GPU budget (--mem-fraction-static of the GPU, 0.9 if unset)."""
+    if device.type != "cuda":
+        return slots
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    per_slot = 2 * config.num_hidden_layers * config.num_key_value_heads * max_len * head_dim * itemsize
+    free, total = torch.cuda.mem_get_info(device)
+    fraction = mem_fraction or 0.9
+    budget = fraction * total - (total - free) - KV_RESERVE_BYTES
+    fit = int(budget // per_slot)
+    if fit < 1:
+        raise EngineError(
+            f"the {what} KV cache needs {per_slot / 1e9:.2f} GB per request ({max_len} tokens) but only "
+            f"{max(budget, 0) / 1e9:.2f} GB of {fraction:g} x {total / 1e9:.0f} GB is left on {device} after the "
+            "weights; lower --max-model-len or raise --mem-fraction-static",
+            param="mem_fraction_static",
+        )
+    if fit < slots:
+        log.warning("%s: %d slots fit in the memory budget (asked for %d)", what, fit, slots)
+    return min(slots, fit)
+
+
+def sync_stream(device: torch.device) -> None:
+    """Finish this thread's stream before its outputs go to a stage on another stream."""
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+
+
+def per_request(per_audio: tuple[torch.Tensor, ...], batch: list[dict[str, Any]]) -> list[torch.Tensor]:
+    """The audio tower's per-audio outputs joined back per request (each item holds
+    ``feature_attention_mask.shape[0]`` audios, in order)."""
+    results, start = [], 0
+    for item in batch:
+        count = item["feature_attention_mask"].shape[0]
+        results.append(torch.cat(per_audio[start : start + count]))
+        start += count
+    return results
+
+
+def rope_context(prompt: Prompt) -> dict[str, Any]:
+    """The media geometry rope indexing needs (CPU tensors): audio lengths, image and video grids."""
+    context: dict[str, Any] = {}
+    if prompt.audio is not None:
+        context["audio_feature_lengths"] = prompt.audio["feature_attention_mask"].sum(-1)
+    if prompt.images is not None:
+        context["image_grid_thw"] = prompt.images["image_grid_thw"]
+    if prompt.videos is not None:
+        context["video_grid_thw"] = prompt.videos["video_grid_thw"]
+        context["video_second_per_grid"] = prompt.videos["video_second_per_grid"]
+    return context
+
+
+def placeholder_mask(ids: torch.Tensor, token: int, features: Any) -> torch.Tensor | None:
+    """Where ``token`` stands in ``ids`` (None: nowhere), checked against the encoder's output rows."""
+    mask = ids == token
+    count = int(mask.sum())
+    if count == 0:
+        return None
+    got = 0 if features is None else int(features.shape[0])
+    if got != count:
+        raise EngineError(f"media placeholders ({count}) and encoder outputs ({got}) disagree", status=500)
+    return mask

@@ -1,0 +1,237 @@
+"""The Qwen3-Omni-MoE adapter: the thinker-side stages of Qwen3-Omni-30B-A3B, one stage at a time.
+
+preprocessing runs ``Qwen3OmniMoeProcessor`` (chat template, 16 kHz audio features, image and
+video patches), audio_encoder the thinker's audio tower, image_encoder its vision tower (merged
+patches plus DeepStack features), mm_aggregate the token embeddings with media scattered at
+their placeholders plus the interleaved 3D mrope positions of ``get_rope_index``, and the thinker is
+the MoE text model driven through the runtime's slot KV cache and batched sampler
+(executor/slot_cache.py, via the Qwen2.5 thinker runner: both families' decoder layers take the
+same cache and rotary inputs). Its MoE blocks use transformers' grouped_mm experts kernel
+(loader.py).
+
+Not here yet (issue 17): audio inside video (``use_audio_in_video``), speech output (talker +
+code predictor, streaming Code2Wav), measured GPU decode (CUDA graphs over the grouped_mm path
+are untested on a GPU) and thinker tensor parallelism.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from omni_runtime.contract.adapter import OmniAdapter, Prompt, ThinkerPrompt, ThinkerRunner
+from omni_runtime.contract.engine import EngineError, GenerationRequest
+from omni_runtime.contract.options import EngineOptions
+from omni_runtime.models.common import (
+    DEFAULT_VIDEO_FPS,
+    collect_messages,
+    fit_slots,
+    per_request,
+    placeholder_mask,
+    rope_context,
+    sync_stream,
+)
+from omni_runtime.models.qwen3_omni_moe.loader import LoadedQwen3
+from omni_runtime.models.qwen3_omni_moe.runners import DEEPSTACK, Qwen3ThinkerRunner
+
+NO_SPEECH = (
+    "speech output of Qwen3-Omni-MoE (talker, code predictor, Code2Wav) is not in the builtin runtime yet; "
+    "serve this model with --pipeline text"
+)
+
+
+class Qwen3OmniMoeAdapter(OmniAdapter):
+    def __init__(self, loaded: LoadedQwen3, *, options: EngineOptions, hosted: frozenset[str]) -> None:
+        self.loaded = loaded
+        self.hosted = hosted
+        self.placement = loaded.placement
+        self.model_name = options.model_name or loaded.path.name
+        self.max_model_len = options.max_model_len
+        self.output_sample_rate = 24000
+        self.supports_audio_output = False
+        self.eos_token_ids = loaded.eos_token_ids
+        self.voices = ()
+        self.default_voice = None
+        self.mem_fraction = options.mem_fraction_static
+        cfg = loaded.config.thinker_config
+        self.audio_token, self.image_token, self.video_token = (
+            cfg.audio_token_id,
+            cfg.image_token_id,
+            cfg.video_token_id,
+        )
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.loaded.processor.tokenizer
+
+    # -- preprocessing (CPU) -------------------------------------------------------------------
+    def preprocess(self, request: GenerationRequest) -> Prompt:
+        media = collect_messages(request, default_system=None)
+        proc = self.loaded.processor
+        text = proc.apply_chat_template(media.messages, add_generation_prompt=True, tokenize=False)
+        fps = media.fps[0] if media.fps else DEFAULT_VIDEO_FPS
+        out = proc(
+            text=[text],
+            audio=media.audios or None,
+            images=media.images or None,
+            videos=media.videos or None,
+            return_tensors="pt",
+            videos_kwargs={"fps": fps},
+        )
+        prompt = Prompt(input_ids=out["input_ids"][0].tolist())
+        if media.audios:
+            prompt.audio = {
+                "input_features": out["input_features"],
+                "feature_attention_mask": out["feature_attention_mask"],
+            }
+        if media.images:
+            prompt.images = {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
+        if media.videos:
+            prompt.videos = {
+                "pixel_values_videos": out["pixel_values_videos"],
+                "video_grid_thw": out["video_grid_thw"],
+                "video_second_per_grid": torch.as_tensor(out["video_second_per_grid"], dtype=torch.float32),
+            }
+        if len(prompt.input_ids) >= self.max_model_len:
+            raise EngineError(
+                f"the prompt is {len(prompt.input_ids)} tokens (media included) but this model serves at most "
+                f"{self.max_model_len}; shorten the messages or send smaller media",
+                param="messages",
+            )
+        return prompt
+
+    # -- encoders ------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def encode_audio(self, batch: list[dict[str, Any]]) -> list[Any]:
+        """Every audio of every request through the audio tower in one call (as get_audio_features)."""
+        from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+            _get_feat_extract_output_lengths,
+        )
+
+        tower = self.loaded.audio_tower
+        device = self.placement.audio
+        # Items are padded to their own request's longest audio: drop each one's padding first.
+        flat = torch.cat(
+            [
+                b["input_features"].permute(0, 2, 1)[b["feature_attention_mask"].bool()].permute(1, 0)
+                for b in batch
+            ],
+            dim=1,
+        ).to(device, self.placement.dtype)
+        lengths = torch.cat([b["feature_attention_mask"].sum(-1) for b in batch]).to(device)
+        out = tower(flat, feature_lens=lengths).last_hidden_state
+        per_audio = torch.split(out, _get_feat_extract_output_lengths(lengths).tolist())
+        results = per_request(per_audio, batch)
+        sync_stream(device)
+        return results
+
+    @torch.inference_mode()
+    def encode_vision(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Every image and video of every request through the vision tower in one call.
+
+        Each medium's output is its merged patch embeddings [n, H] with its DeepStack features
+        appended along the last axis ([n, H * (1 + k)]), so the encoder cache keeps them together.
+        """
+        visual = self.loaded.visual
+        pixels, grids, owners = [], [], []
+        for i, item in enumerate(batch):
+            for key, grid_key, kind in (
+                ("pixel_values", "image_grid_thw", "image"),
+                ("pixel_values_videos", "video_grid_thw", "video"),
+            ):
+                if item.get(key) is not None:
+                    pixels.append(item[key])
+                    grids.append(item[grid_key])
+                    owners += [(i, kind)] * item[grid_key].shape[0]
+        device = self.placement.vision
+        grid = torch.cat(grids)
+        out = visual(torch.cat(pixels).to(device, self.placement.dtype), grid_thw=grid.to(device))
+        joined = torch.cat([out.pooler_output, *out.deepstack_features], dim=-1)
+        sizes = (grid.prod(-1) // visual.spatial_merge_size**2).tolist()
+        results: list[dict[str, list[Any]]] = [{"image": [], "video": []} for _ in batch]
+        for (owner, kind), part in zip(owners, torch.split(joined, sizes), strict=True):
+            results[owner][kind].append(part)
+        sync_stream(device)
+        return [{k: (torch.cat(v) if v else None) for k, v in r.items()} for r in results]
+
+    # -- mm_aggregate ----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def aggregate(self, prompt: Prompt, *, audio: Any, image: Any, video: Any) -> ThinkerPrompt:
+        device = self.placement.thinker
+        ids = torch.tensor(prompt.input_ids, device=device)
+        embeds = self.loaded.embed(ids)
+        hidden = embeds.shape[-1]
+        deep_positions, deep_features = [], []
+        for token, features in (
+            (self.audio_token, audio),
+            (self.image_token, image),
+            (self.video_token, video),
+        ):
+            mask = placeholder_mask(ids, token, features)
+            if mask is None:
+                continue
+            count = int(mask.sum())
+            features = features.to(device, embeds.dtype)
+            embeds[mask] = features[:, :hidden]
+            if token != self.audio_token:  # vision: the DeepStack features ride behind the embedding
+                deep_positions.append(mask.nonzero()[:, 0])
+                deep_features.append(features[:, hidden:].reshape(count, -1, hidden))
+        context = rope_context(prompt)
+        positions, delta = self.loaded.rope.get_rope_index(
+            torch.tensor([prompt.input_ids]),
+            context.get("image_grid_thw"),
+            context.get("video_grid_thw"),
+            torch.ones(1, len(prompt.input_ids), dtype=torch.long),
+            False,
+            context.get("audio_feature_lengths"),
+            context.get("video_second_per_grid"),
+        )
+        if deep_features:
+            context[DEEPSTACK] = (torch.cat(deep_positions), torch.cat(deep_features))
+        sync_stream(device)
+        return ThinkerPrompt(
+            input_ids=prompt.input_ids,
+            embeds=embeds,
+            positions=positions[:, 0],
+            rope_delta=int(delta.reshape(-1)[0]),
+            talker_context=context,
+        )
+
+    # -- runners -------------------------------------------------------------------------------
+    def thinker_runner(self, *, slots: int, max_len: int) -> ThinkerRunner:
+        cfg = self.loaded.config.thinker_config
+        slots = fit_slots(
+            config=cfg.text_config,
+            device=self.placement.thinker,
+            dtype=self.placement.dtype,
+            mem_fraction=self.mem_fraction,
+            slots=slots,
+            max_len=max_len,
+            what="thinker",
+        )
+        # The runner reads the Qwen2.5 names of the media token ids (for talker vectors).
+        names = SimpleNamespace(
+            text_config=cfg.text_config,
+            audio_token_index=self.audio_token,
+            image_token_index=self.image_token,
+            video_token_index=self.video_token,
+        )
+        return Qwen3ThinkerRunner(
+            self.loaded.text,
+            self.loaded.lm_head,
+            names,
+            slots=slots,
+            max_len=max_len,
+            dtype=self.placement.dtype,
+            device=self.placement.thinker,
+            cuda_graphs=self.placement.cuda_graphs,
+            decodable_vocab=len(self.tokenizer),
+        )
+
+    def talker_runner(self, *, slots: int, max_len: int) -> Any:
+        raise EngineError(NO_SPEECH, param="pipeline")
+
+    def vocoder(self) -> Any:
+        raise EngineError(NO_SPEECH, param="pipeline")

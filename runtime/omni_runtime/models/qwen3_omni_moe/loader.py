@@ -1,0 +1,221 @@
+"""Loading the Qwen3-Omni-MoE modules of the thinker-side stages a process hosts.
+
+As for Qwen2.5-Omni (qwen2_5_omni/loader.py, whose checkpoint reader, module builder and
+placement this reuses), each stage's submodule is built on its device without weight init and
+filled from the safetensors shards of the released layout (``thinker.model.*``,
+``thinker.lm_head``, ``thinker.audio_tower.*``, ``thinker.visual.*``). The released checkpoint
+stores each expert's ``gate_proj``/``up_proj``/``down_proj`` apart while transformers 5.23's MoE
+block holds them fused (``experts.gate_up_proj`` [E, 2I, H], ``experts.down_proj`` [E, H, I]):
+:func:`load_text_model` stacks them, one decoder layer at a time so the peak stays one layer
+above the weights. ``load_format=dummy`` builds the same modules with random weights. The MoE
+blocks run transformers' ``grouped_mm`` experts kernel (``OMNI_MOE_EXPERTS`` picks another), so
+decode has no per-expert Python loop; a fused routing + grouped-GEMM kernel of our own is later.
+
+Speech output (talker, code predictor, Code2Wav) is not loaded yet: the registry refuses the
+speech pipelines for this family with an error that says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as hf
+
+from omni_runtime.contract.engine import EngineError
+from omni_runtime.contract.options import EngineOptions
+from omni_runtime.models.qwen2_5_omni.loader import Checkpoint, build_module, eos_ids
+from omni_runtime.models.qwen2_5_omni.placement import Placement, resolve_placement
+from omni_runtime.models.qwen3_omni_moe.config import ensure_talker_fields
+
+log = logging.getLogger(__name__)
+
+_FUSED = {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}
+# transformers' experts kernels: grouped_mm (torch's grouped GEMM over tokens sorted by expert,
+# routing on the device, no host sync: CUDA-graph capturable), batched_mm (a gathered bmm per
+# token-expert pair) and eager (its per-expert Python loop, with a host sync per step).
+MOE_EXPERTS = ("grouped_mm", "batched_mm", "eager")
+
+
+class RopeIndex:
+    """``get_rope_index`` (3D mrope positions) without a model object: it only reads the config."""
+
+    get_rope_index = hf.Qwen3OmniMoePreTrainedModelForConditionalGeneration.get_rope_index
+    get_llm_pos_ids_for_vision = (
+        hf.Qwen3OmniMoePreTrainedModelForConditionalGeneration.get_llm_pos_ids_for_vision
+    )
+    get_chunked_index = hf.Qwen3OmniMoePreTrainedModelForConditionalGeneration.get_chunked_index
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+        self.spatial_merge_size = config.vision_config.spatial_merge_size
+
+
+@dataclass
+class LoadedQwen3:
+    """The thinker-side modules of the hosted stages; None where this process hosts no such stage."""
+
+    config: Any
+    processor: Any
+    eos_token_ids: tuple[int, ...]
+    placement: Placement
+    path: Path
+    rope: Any  # RopeIndex over the thinker config
+    text: Any = None  # Qwen3OmniMoeThinkerTextModel (embed_tokens, MoE layers, norm, rotary_emb)
+    embed: Any = None
+    lm_head: Any = None
+    audio_tower: Any = None
+    visual: Any = None  # Qwen3OmniMoeVisionEncoder (merged patches plus DeepStack features)
+    load_seconds: float = 0.0
+
+
+def load_text_model(
+    ckpt: Checkpoint, model: nn.Module, prefix: str, device: torch.device, dtype: torch.dtype
+) -> None:
+    """Fill ``model`` from keys under ``prefix``, stacking per-expert weights into fused tensors."""
+    groups: dict[str, list[str]] = {}
+    for name in model.state_dict():
+        parts = name.split(".")
+        groups.setdefault(".".join(parts[:2]) if parts[0] == "layers" else "", []).append(name)
+    loaded: set[str] = set()
+    for names in groups.values():  # one decoder layer at a time
+        sources: dict[str, list[str]] = {}
+        for name in names:
+            owner, _, leaf = name.rpartition(".")
+            if prefix + name not in ckpt.files and owner.endswith("mlp.experts") and leaf in _FUSED:
+                experts = model.get_parameter(name).shape[0]
+                sources[name] = [
+                    f"{prefix}{owner}.{e}.{part}.weight" for e in range(experts) for part in _FUSED[leaf]
+                ]
+            else:
+                sources[name] = [prefix + name]
+        missing = [key for keys in sources.values() for key in keys if key not in ckpt.files]
+        if missing:
+            raise EngineError(
+                f"checkpoint lacks {len(missing)} weights of {prefix.rstrip('.')} (e.g. {missing[0]}); "
+                "is this a Qwen3-Omni-MoE checkpoint?",
+                param="model_path",
+            )
+        tensors = ckpt.read([key for keys in sources.values() for key in keys], device)
+        state = {}
+        for name, keys in sources.items():
+            if len(keys) == 1:
+                state[name] = tensors[keys[0]]
+                continue
+            per_expert = len(_FUSED[name.rpartition(".")[2]])
+            rows = [torch.cat(pieces) for pieces in _chunks([tensors[k] for k in keys], per_expert)]
+            state[name] = torch.stack(rows)
+        target = model.state_dict()
+        state = {
+            k: v.to(dtype if target[k].is_floating_point() else target[k].dtype) for k, v in state.items()
+        }
+        model.load_state_dict(state, strict=False)
+        loaded |= set(state)
+        del tensors, state
+    unset = set(model.state_dict()) - loaded
+    if unset:
+        raise EngineError(
+            f"weights of {prefix.rstrip('.')} not loaded: {sorted(unset)[:3]}", param="model_path"
+        )
+
+
+def _chunks(items: list[torch.Tensor], size: int) -> list[list[torch.Tensor]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def experts_implementation(value: str | None) -> str:
+    """The MoE experts kernel from ``OMNI_MOE_EXPERTS``: ``grouped_mm`` unless told otherwise."""
+    choice = (value or "grouped_mm").strip()
+    if choice not in MOE_EXPERTS:
+        raise EngineError(
+            f"OMNI_MOE_EXPERTS is {choice!r}; use one of {', '.join(MOE_EXPERTS)}", param="OMNI_MOE_EXPERTS"
+        )
+    return choice
+
+
+def use_experts(model: nn.Module, implementation: str) -> int:
+    """Point every experts module of ``model`` at ``implementation``; how many there are."""
+    count = 0
+    for module in model.modules():
+        if hasattr(module, "_is_expert_parallel"):  # transformers' use_experts_implementation classes
+            config: Any = module.config
+            config._experts_implementation = implementation
+            count += 1
+    return count
+
+
+def load_model(options: EngineOptions, *, path: Path, hosted: frozenset[str]) -> LoadedQwen3:
+    """Build or load the thinker-side modules the ``hosted`` stages need, on their devices."""
+    from transformers import AutoConfig, Qwen3OmniMoeProcessor
+
+    started = time.monotonic()
+    if options.load_format not in ("auto", "dummy"):
+        raise EngineError(
+            f"unknown load format {options.load_format!r}; use auto or dummy", param="load_format"
+        )
+    if options.thinker_tp_size > 1 or options.image_encoder_tp_size > 1:
+        raise EngineError(
+            "tensor parallelism is not supported for Qwen3-Omni-MoE in the builtin runtime yet; "
+            "use --thinker-tp-size 1 and --image-encoder-tp-size 1",
+            param="thinker_tp_size",
+        )
+    placement = resolve_placement(options)
+    processor = Qwen3OmniMoeProcessor.from_pretrained(str(path))
+    config = ensure_talker_fields(AutoConfig.from_pretrained(str(path)))
+    thinker_cfg = config.thinker_config
+    random = options.load_format == "dummy"
+    ckpt = None if random else Checkpoint(path)
+    loaded = LoadedQwen3(
+        config=config,
+        processor=processor,
+        eos_token_ids=eos_ids(path, processor),
+        placement=placement,
+        path=path,
+        rope=RopeIndex(thinker_cfg),
+    )
+    dtype, text_cfg = placement.dtype, thinker_cfg.text_config
+    if "thinker" in hosted:
+        text = build_module(
+            hf.Qwen3OmniMoeThinkerTextModel, text_cfg, device=placement.thinker, dtype=dtype, random=random
+        )
+        if ckpt is not None:
+            load_text_model(ckpt, text, "thinker.model.", placement.thinker, dtype)
+        use_experts(text, experts_implementation(os.environ.get("OMNI_MOE_EXPERTS")))
+        loaded.text, loaded.embed = text, text.embed_tokens
+        with torch.device(placement.thinker):
+            head = nn.Linear(text_cfg.hidden_size, text_cfg.vocab_size, bias=False, dtype=dtype)
+        if ckpt is not None:
+            ckpt.load_into(head, "thinker.lm_head.", placement.thinker, dtype)
+        else:
+            nn.init.normal_(head.weight, std=0.02)
+        loaded.lm_head = head.eval()
+    elif "mm_aggregate" in hosted:
+        with torch.device(placement.thinker):
+            embed = nn.Embedding(text_cfg.vocab_size, text_cfg.hidden_size, dtype=dtype)
+        if ckpt is not None:
+            ckpt.load_into(embed, "thinker.model.embed_tokens.", placement.thinker, dtype)
+        loaded.embed = embed.eval()
+
+    def tower(cls: Any, cfg: Any, prefix: str, device: torch.device) -> Any:
+        module = build_module(cls, cfg, device=device, dtype=dtype, random=random)
+        if ckpt is not None:
+            ckpt.load_into(module, prefix, device, dtype)
+        return module
+
+    if "audio_encoder" in hosted:
+        loaded.audio_tower = tower(
+            hf.Qwen3OmniMoeAudioEncoder, thinker_cfg.audio_config, "thinker.audio_tower.", placement.audio
+        )
+    if "image_encoder" in hosted:
+        loaded.visual = tower(
+            hf.Qwen3OmniMoeVisionEncoder, thinker_cfg.vision_config, "thinker.visual.", placement.vision
+        )
+    loaded.load_seconds = time.monotonic() - started
+    log.info("loaded %s for stages %s in %.1fs", path, ",".join(sorted(hosted)), loaded.load_seconds)
+    return loaded
