@@ -138,7 +138,8 @@ def test_greedy_codec_tokens_equal_the_transformers_talker(speech_whole: Harness
         ours_text = token_ids(speech_whole.collect(req))
     finally:
         local.synthesize = original
-    assert len(seen) == 1, "the speech pipeline synthesises all codes at once"
+    # The speech pipeline vocodes once the talker has ended: every window sees all the codes.
+    assert seen and all(codes_seen == seen[0] for codes_seen in seen)
     # Once the text is known the talker free-runs several steps per thread call (same codes).
     assert talker.rows_stepped - rows_before > talker.thread.calls - calls_before
     with torch.inference_mode():
