@@ -60,7 +60,7 @@ ENV PATH=/opt/omni/venv/bin:$PATH \
 WORKDIR /src
 # The lock, as constraints: the versions the test suite runs with. `make images` mounts the host's
 # uv cache on /root/.cache/uv, so what `make setup` downloaded is not downloaded again.
-COPY pyproject.toml uv.lock README.md /src/
+COPY pyproject.toml uv.lock /src/
 RUN /opt/uv/bin/uv export --frozen --no-emit-project --no-hashes --quiet --output-file /src/locked.txt
 # torch first, in its own layer (the big one, rarely changed).
 # hadolint ignore=DL3059
@@ -70,6 +70,7 @@ RUN /opt/uv/bin/uv pip install --index-url "${TORCH_INDEX_URL}" --extra-index-ur
 # The project's other dependencies (read from pyproject.toml), rebuilt only when it or the lock change.
 # hadolint ignore=DL3059
 RUN /opt/uv/bin/uv pip install --constraint /src/locked.txt --requirement pyproject.toml
+COPY README.md /src/
 COPY operator /src/operator
 COPY runtime /src/runtime
 # The project itself; torch is already satisfied and stays the build the index gave. Bytecode is
