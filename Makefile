@@ -6,7 +6,7 @@ BIN     := $(VENV)/bin
 UV      := $(shell command -v uv 2>/dev/null || echo $(BIN)/uv)
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup run test test-fast lint crds render clean
+.PHONY: setup run test test-fast lint crds render images clean
 
 # The exact versions in uv.lock (`uv lock` after changing a dependency; a stale lock fails here).
 $(STAMP): pyproject.toml uv.lock
@@ -38,6 +38,11 @@ crds: setup
 
 render: setup
 	$(BIN)/omni render -f examples/tiny-cpu.yaml
+
+# The runtime (CPU variant) and operator images with buildah, on a Debian base made with mmdebstrap
+# (no image registry needed); cached, so a second run takes seconds. See images/build.sh.
+images: setup
+	bash images/build.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -2,14 +2,22 @@
 # The operator image: `omni operator` on a slim Python, without torch or the media stack.
 #
 #   docker build -f images/operator.Dockerfile -t ghcr.io/omni-dev/omni-operator:0.1.0 .
+#   make images     # the same with buildah, on a Debian base made locally (images/build.sh)
 #
 # The chart (helm/omni-operator) runs it as `omni operator --namespace NS --liveness-port 8080`
 # with a read-only root filesystem, UID 10001 and an emptyDir on /tmp.
 #
 # Base pinned by tag; pin the digest too when publishing:
 #   FROM python:3.11.13-slim-bookworm@sha256:<digest of the tag, from `docker buildx imagetools inspect`>
+# BASE_IMAGE may name any Debian-like image whose `python` is a CPython 3.11+ with venv, such as
+# the registry-free base images/build.sh makes with mmdebstrap (localhost/omni-base:bookworm).
+ARG BASE_IMAGE=python:3.11.13-slim-bookworm
 
-FROM python:3.11.13-slim-bookworm AS builder
+FROM ${BASE_IMAGE} AS builder
+# The CA bundle of a TLS-intercepting egress proxy, where the build host sits behind one
+# (images/build.sh passes the host's; unset otherwise). Build arguments: nothing reaches the image.
+ARG PIP_CERT
+ARG SSL_CERT_FILE
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
@@ -27,7 +35,7 @@ RUN pip install --no-deps . \
     && python -m compileall -q /opt/omni/venv \
     && omni --help >/dev/null
 
-FROM python:3.11.13-slim-bookworm
+FROM ${BASE_IMAGE}
 LABEL org.opencontainers.image.title="omni-operator" \
       org.opencontainers.image.description="Kubernetes operator for OmniDeployments" \
       org.opencontainers.image.version="0.1.0" \

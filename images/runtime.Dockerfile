@@ -2,6 +2,9 @@
 # The runtime image: one image for every data-plane process, chosen by its arguments.
 #
 #   docker build -f images/runtime.Dockerfile -t ghcr.io/omni-dev/omni-runtime:0.1.0 .
+#   make images     # a CPU variant with buildah, on a Debian base made locally (images/build.sh):
+#                   # BASE_IMAGE=localhost/omni-base:bookworm PYTHON=python3.11
+#                   # TORCH_INDEX_URL=https://pypi.org/simple
 #
 #   omni serve --model-path /models/model ...   a worker API (and its local stages)
 #   omni stage --stages thinker --port 9001 ... stage pods (thinker ranks, talker, encoders)
@@ -14,49 +17,82 @@
 #
 # Base pinned by tag; pin the digest too when publishing:
 #   FROM nvidia/cuda:12.8.1-runtime-ubuntu24.04@sha256:<digest of the tag, from `docker buildx imagetools inspect`>
+# BASE_IMAGE may name any Debian-like image; PYTHON is its CPython 3.11+ (installed with apt when
+# the base lacks it). Every dependency other than torch is installed at its uv.lock version.
 
+ARG BASE_IMAGE=nvidia/cuda:12.8.1-runtime-ubuntu24.04
+ARG PYTHON=python3.12
 ARG TORCH_VERSION=2.15.0
 ARG TORCHVISION_VERSION=0.29.2
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
+ARG UV_VERSION=0.13.9
 
-FROM nvidia/cuda:12.8.1-runtime-ubuntu24.04 AS builder
+FROM ${BASE_IMAGE} AS builder
+ARG PYTHON
 ARG TORCH_VERSION
 ARG TORCHVISION_VERSION
 ARG TORCH_INDEX_URL
+ARG UV_VERSION
+# The CA bundle of a TLS-intercepting egress proxy, where the build host sits behind one
+# (images/build.sh passes the host's; unset otherwise). Build arguments: nothing reaches the image.
+ARG PIP_CERT
+ARG SSL_CERT_FILE
 ENV DEBIAN_FRONTEND=noninteractive \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PYTHONDONTWRITEBYTECODE=1
-# Ubuntu's Python 3.12 (the final stage installs the same package, so the venv's interpreter link
-# resolves there). Ubuntu re-publishes patch versions under the same name: pinning them would break
-# the build on every security update, so the base image tag is the pin.
+    PYTHONDONTWRITEBYTECODE=1 \
+    UV_LINK_MODE=copy \
+    UV_PYTHON_DOWNLOADS=never
+# The base's Python (the final stage has the same one, so the venv's interpreter link resolves
+# there). Ubuntu re-publishes patch versions under the same name: pinning them would break the
+# build on every security update, so the base image tag is the pin.
 # hadolint ignore=DL3008
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3.12 python3.12-venv \
-    && rm -rf /var/lib/apt/lists/*
-RUN python3.12 -m venv /opt/omni/venv
-ENV PATH=/opt/omni/venv/bin:$PATH
-# torch from the CUDA wheel index first, in its own layer (the big one, rarely changed).
-RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}" "torchvision==${TORCHVISION_VERSION}"
+RUN if ! "${PYTHON}" -c "import ensurepip, venv" 2>/dev/null; then \
+        apt-get update \
+        && apt-get install -y --no-install-recommends "${PYTHON}" "${PYTHON}-venv" \
+        && rm -rf /var/lib/apt/lists/*; \
+    fi
+RUN "${PYTHON}" -m venv /opt/omni/venv \
+    && "${PYTHON}" -m venv /opt/uv \
+    && /opt/uv/bin/pip install "uv==${UV_VERSION}"
+ENV PATH=/opt/omni/venv/bin:$PATH \
+    VIRTUAL_ENV=/opt/omni/venv
 WORKDIR /src
-COPY pyproject.toml README.md /src/
+# The lock, as constraints: the versions the test suite runs with. `make images` mounts the host's
+# uv cache on /root/.cache/uv, so what `make setup` downloaded is not downloaded again.
+COPY pyproject.toml uv.lock /src/
+RUN /opt/uv/bin/uv export --frozen --no-emit-project --no-hashes --quiet --output-file /src/locked.txt
+# torch first, in its own layer (the big one, rarely changed).
+# hadolint ignore=DL3059
+RUN /opt/uv/bin/uv pip install --index-url "${TORCH_INDEX_URL}" --extra-index-url https://pypi.org/simple \
+        --index-strategy unsafe-best-match --constraint /src/locked.txt \
+        "torch==${TORCH_VERSION}" "torchvision==${TORCHVISION_VERSION}"
+# The project's other dependencies (read from pyproject.toml), rebuilt only when it or the lock change.
+# hadolint ignore=DL3059
+RUN /opt/uv/bin/uv pip install --constraint /src/locked.txt --requirement pyproject.toml
+COPY README.md /src/
 COPY operator /src/operator
 COPY runtime /src/runtime
-# The project and its remaining dependencies; torch is already satisfied and stays the CUDA build.
-RUN pip install . \
-    && python -m compileall -q /opt/omni/venv \
+# The project itself; torch is already satisfied and stays the build the index gave. Bytecode is
+# compiled here because the root filesystem is read-only at run time (torch's test helpers hold
+# files for newer Pythons, which do not compile and are never imported).
+RUN /opt/uv/bin/uv pip install --no-deps . \
+    && python -m compileall -q -x '/torch/testing/_internal/' /opt/omni/venv \
     && omni --help >/dev/null
 
-FROM nvidia/cuda:12.8.1-runtime-ubuntu24.04
+FROM ${BASE_IMAGE}
+ARG PYTHON
 LABEL org.opencontainers.image.title="omni-runtime" \
       org.opencontainers.image.description="omni model runtime: stage servers, worker API, session router" \
       org.opencontainers.image.version="0.1.0" \
       org.opencontainers.image.licenses="Apache-2.0"
 ENV DEBIAN_FRONTEND=noninteractive
 # hadolint ignore=DL3008
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3.12 ca-certificates \
-    && rm -rf /var/lib/apt/lists/* \
+RUN if ! command -v "${PYTHON}" >/dev/null || [ ! -e /etc/ssl/certs/ca-certificates.crt ]; then \
+        apt-get update \
+        && apt-get install -y --no-install-recommends "${PYTHON}" ca-certificates \
+        && rm -rf /var/lib/apt/lists/*; \
+    fi \
     && groupadd --gid 10001 omni \
     && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin omni \
     && mkdir -p /var/cache/omni /models \

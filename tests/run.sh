@@ -33,6 +33,9 @@ if [ -x tests/e2e/controlplane/build.sh ]; then
   export OMNI_E2E=1
 fi
 
+step "container images (make images: buildah, Debian base via mmdebstrap, cached)"
+bash images/build.sh
+
 step "tests"
 set +e
 "$BIN/pytest" -p no:cacheprovider tests "$@"

@@ -34,6 +34,7 @@ class Instruction:
 class Stage:
     base: str  # the image after FROM (flags dropped)
     name: str | None
+    from_arg: str | None = None  # the build argument FROM names, if any (base is its default)
     instructions: list[Instruction] = field(default_factory=list)
 
     def all(self, keyword: str) -> list[Instruction]:
@@ -79,14 +80,25 @@ def instructions(text: str) -> list[Instruction]:
     return out
 
 
+def arg_defaults(args: list[Instruction]) -> dict[str, str]:
+    """name -> default of the ARGs before the first FROM (an ARG without a default maps to "")."""
+    return {i.args.partition("=")[0]: i.args.partition("=")[2] for i in args if i.keyword == "ARG"}
+
+
 def parse(path: Path) -> Dockerfile:
+    """The stages of PATH; a FROM naming ${ARG} or $ARG gets that ARG's default, as a build without
+    --build-arg would (the raw text stays in Stage.from_arg)."""
     before: list[Instruction] = []
     stages: list[Stage] = []
     for instruction in instructions(path.read_text()):
         if instruction.keyword == "FROM":
             words = [w for w in instruction.args.split() if not w.startswith("--")]
             name = words[2] if len(words) >= 3 and words[1].upper() == "AS" else None
-            stages.append(Stage(base=words[0], name=name))
+            base, from_arg = words[0], None
+            if base.startswith("$"):
+                from_arg = base.strip("${}")
+                base = arg_defaults(before).get(from_arg, base)
+            stages.append(Stage(base=base, name=name, from_arg=from_arg))
         elif stages:
             stages[-1].instructions.append(instruction)
         else:

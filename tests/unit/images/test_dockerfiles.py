@@ -88,6 +88,12 @@ def test_bases_are_the_intended_ones() -> None:
 
 
 @pytest.mark.parametrize("dockerfile", BOTH, ids=ids)
+def test_base_is_the_build_argument_base_image(dockerfile: Dockerfile) -> None:
+    # `make images` swaps in a locally made Debian base; every stage follows the one argument.
+    assert [stage.from_arg for stage in dockerfile.stages] == ["BASE_IMAGE"] * len(dockerfile.stages)
+
+
+@pytest.mark.parametrize("dockerfile", BOTH, ids=ids)
 def test_final_stage_runs_as_a_numeric_non_root_user(dockerfile: Dockerfile) -> None:
     users = dockerfile.final.all("USER")
     assert users, "no USER in the final stage: the image would run as root"
@@ -266,6 +272,7 @@ def test_dockerignore_sends_the_sources_and_nothing_else() -> None:
                     copied |= set(copy.args.split()[:-1])
     assert copied == {
         "pyproject.toml",
+        "uv.lock",  # the runtime installs the locked versions
         "README.md",
         "operator",
         "runtime",
