@@ -55,8 +55,7 @@ class RealtimeServer:
     def router(self) -> APIRouter:
         router = APIRouter()
 
-        @router.websocket("/v1/realtime")
-        async def realtime(websocket: WebSocket) -> None:
+        async def session_socket(websocket: WebSocket, *, native_duplex: bool) -> None:
             await serve_realtime(
                 websocket,
                 engine=self.engine,
@@ -65,20 +64,16 @@ class RealtimeServer:
                 sessions=self.sessions,
                 scorer_factory=self.scorer_factory,
                 speech=self.speech,
+                native_duplex=native_duplex,
             )
+
+        @router.websocket("/v1/realtime")
+        async def realtime(websocket: WebSocket) -> None:
+            await session_socket(websocket, native_duplex=False)
 
         @router.websocket("/v1/duplex")
         async def duplex(websocket: WebSocket) -> None:
-            await serve_realtime(
-                websocket,
-                engine=self.engine,
-                settings=self.settings,
-                metrics=self.metrics,
-                sessions=self.sessions,
-                scorer_factory=self.scorer_factory,
-                speech=self.speech,
-                native_duplex=True,
-            )
+            await session_socket(websocket, native_duplex=True)
 
         @router.websocket("/v1/video/chat/stream")
         async def video(websocket: WebSocket) -> None:

@@ -16,6 +16,7 @@ import random
 import sysconfig
 import time
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -197,16 +198,42 @@ def special_token_ids() -> dict[str, int]:
 
 def build_processor(*, max_pixels: int, min_pixels: int):
     """Assemble a ``Qwen2_5OmniProcessor`` from the trained tokenizer and stock sub-processors."""
+    from transformers import Qwen2_5OmniProcessor
+
+    # Patch 14, temporal patch 2, merge 2: the Qwen2.5-Omni vision tower's geometry.
+    return assemble_processor(
+        Qwen2_5OmniProcessor,
+        tokenizer_object=train_tokenizer(),
+        extra_special_tokens=EXTRA_SPECIAL_TOKENS,
+        chat_template=CHAT_TEMPLATE,
+        patch_size=14,
+        min_pixels=min_pixels,
+        max_pixels=max_pixels,
+    )
+
+
+def assemble_processor(
+    processor_class: Any,
+    *,
+    tokenizer_object: Any,
+    extra_special_tokens: Any,
+    chat_template: str,
+    patch_size: int,
+    min_pixels: int,
+    max_pixels: int,
+) -> Any:
+    """A Qwen omni processor (either family) from a trained tokenizer and stock sub-processors:
+    Qwen2-VL image and video processors with the tower's patch size (temporal patch 2, merge 2)
+    and the Whisper-v3 front end (128 mel bins at 16 kHz) both families' audio towers expect."""
     from transformers import (
         PreTrainedTokenizerFast,
-        Qwen2_5OmniProcessor,
         Qwen2VLImageProcessor,
         Qwen2VLVideoProcessor,
         WhisperFeatureExtractor,
     )
 
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=train_tokenizer(),
+        tokenizer_object=tokenizer_object,
         bos_token=None,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
@@ -214,28 +241,30 @@ def build_processor(*, max_pixels: int, min_pixels: int):
         model_max_length=32768,
         padding_side="left",
         clean_up_tokenization_spaces=False,
-        extra_special_tokens=EXTRA_SPECIAL_TOKENS,
-        chat_template=CHAT_TEMPLATE,
+        extra_special_tokens=extra_special_tokens,
+        chat_template=chat_template,
     )
-    # Patch 14, temporal patch 2, merge 2: the Qwen2.5-Omni vision tower's geometry.
     image_processor = Qwen2VLImageProcessor(
-        min_pixels=min_pixels, max_pixels=max_pixels, patch_size=14, temporal_patch_size=2, merge_size=2
+        min_pixels=min_pixels,
+        max_pixels=max_pixels,
+        patch_size=patch_size,
+        temporal_patch_size=2,
+        merge_size=2,
     )
     # cap_pixels_per_frame: the qwen-vl-utils reference behaviour, the default from transformers 5.22 on.
     video_processor = Qwen2VLVideoProcessor(
         min_pixels=min_pixels,
         max_pixels=max_pixels,
-        patch_size=14,
+        patch_size=patch_size,
         temporal_patch_size=2,
         merge_size=2,
         cap_pixels_per_frame=True,
     )
-    # 128 mel bins at 16 kHz, the Whisper-v3 front end the Qwen2.5-Omni audio tower expects.
     feature_extractor = WhisperFeatureExtractor(feature_size=128, sampling_rate=16000)
-    return Qwen2_5OmniProcessor(
+    return processor_class(
         image_processor=image_processor,
         video_processor=video_processor,
         feature_extractor=feature_extractor,
         tokenizer=tokenizer,
-        chat_template=CHAT_TEMPLATE,
+        chat_template=chat_template,
     )

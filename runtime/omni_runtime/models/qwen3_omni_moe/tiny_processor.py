@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from omni_runtime.models.qwen2_5_omni.tiny_processor import VOCAB_SIZE, train_tokenizer
+from omni_runtime.models.qwen2_5_omni.tiny_processor import VOCAB_SIZE, assemble_processor, train_tokenizer
 
 # The released Qwen3-Omni added tokens, in id order (151643 ... 151675 there).
 SPECIAL_TOKENS: tuple[str, ...] = (
@@ -93,43 +93,15 @@ def special_token_ids() -> dict[str, int]:
 
 def build_processor(*, min_pixels: int, max_pixels: int) -> Any:
     """Assemble a ``Qwen3OmniMoeProcessor`` from the trained tokenizer and stock sub-processors."""
-    from transformers import (
-        PreTrainedTokenizerFast,
-        Qwen2VLImageProcessor,
-        Qwen2VLVideoProcessor,
-        Qwen3OmniMoeProcessor,
-        WhisperFeatureExtractor,
-    )
+    from transformers import Qwen3OmniMoeProcessor
 
-    tokenizer = PreTrainedTokenizerFast(
+    # Patch 16, temporal patch 2, merge 2: the Qwen3-Omni vision tower's geometry.
+    return assemble_processor(
+        Qwen3OmniMoeProcessor,
         tokenizer_object=train_tokenizer(SPECIAL_TOKENS, ROLE_CORPUS),
-        bos_token=None,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        unk_token=None,
-        model_max_length=32768,
-        padding_side="left",
-        clean_up_tokenization_spaces=False,
         extra_special_tokens=EXTRA_SPECIAL_TOKENS,
         chat_template=CHAT_TEMPLATE,
-    )
-    # Patch 16, temporal patch 2, merge 2: the Qwen3-Omni vision tower's geometry.
-    image_processor = Qwen2VLImageProcessor(
-        min_pixels=min_pixels, max_pixels=max_pixels, patch_size=16, temporal_patch_size=2, merge_size=2
-    )
-    video_processor = Qwen2VLVideoProcessor(
+        patch_size=16,
         min_pixels=min_pixels,
         max_pixels=max_pixels,
-        patch_size=16,
-        temporal_patch_size=2,
-        merge_size=2,
-        cap_pixels_per_frame=True,
-    )
-    feature_extractor = WhisperFeatureExtractor(feature_size=128, sampling_rate=16000)
-    return Qwen3OmniMoeProcessor(
-        image_processor=image_processor,
-        video_processor=video_processor,
-        feature_extractor=feature_extractor,
-        tokenizer=tokenizer,
-        chat_template=CHAT_TEMPLATE,
     )
