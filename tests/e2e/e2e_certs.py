@@ -69,8 +69,9 @@ def _cert(
     return builder.sign(issuer_key, hashes.SHA256())
 
 
-def make_certificates(directory: Path) -> dict[str, Path]:
-    """CA, apiserver serving cert (127.0.0.1 and the in-cluster names), admin client cert, SA keys."""
+def make_certificates(directory: Path, *, extra_ips: tuple[str, ...] = ()) -> dict[str, Path]:
+    """CA, apiserver serving cert (127.0.0.1, `extra_ips` and the in-cluster names), admin client
+    cert, SA keys."""
     directory.mkdir(parents=True, exist_ok=True)
     paths = {
         name: directory / name
@@ -88,6 +89,7 @@ def make_certificates(directory: Path) -> dict[str, Path]:
         sans=[
             x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
             x509.IPAddress(ipaddress.ip_address("10.96.0.1")),
+            *(x509.IPAddress(ipaddress.ip_address(ip)) for ip in extra_ips),
             *(
                 x509.DNSName(n)
                 for n in (

@@ -202,19 +202,28 @@ def _healthz(url: str) -> Callable[[], bool]:
 
 
 def start_control_plane(
-    *, bin_dir: Path, workdir: Path, nodes: list[NodeShape], log: Callable[[str], None] = print
+    *,
+    bin_dir: Path,
+    workdir: Path,
+    nodes: list[NodeShape],
+    log: Callable[[str], None] = print,
+    advertise_address: str = "127.0.0.1",
 ) -> ControlPlane:
-    """Start every component, wait for each to be ready, register `nodes`; stop all on failure."""
+    """Start every component, wait for each to be ready, register `nodes`; stop all on failure.
+
+    `advertise_address` other than loopback serves the API on that address too and keeps the
+    `kubernetes` Service's endpoints on it, so pods on a real node reach the API in-cluster."""
 
     workdir.mkdir(parents=True, exist_ok=True)
-    certs = make_certificates(workdir / "pki")
+    in_cluster = advertise_address != "127.0.0.1"
+    certs = make_certificates(workdir / "pki", extra_ips=(advertise_address,) if in_cluster else ())
     api_port = free_port()
     server = f"https://127.0.0.1:{api_port}"
     kubeconfig = workdir / "kubeconfig"
     write_kubeconfig(kubeconfig, server=server, certs=certs)
     cp = ControlPlane(workdir=workdir, bin_dir=bin_dir, kubeconfig=kubeconfig, server=server, certs=certs)
     try:
-        _start_all(cp, api_port=api_port, log=log)
+        _start_all(cp, api_port=api_port, log=log, advertise_address=advertise_address)
         register_nodes(cp, nodes)
     except BaseException:
         cp.stop()
@@ -222,7 +231,9 @@ def start_control_plane(
     return cp
 
 
-def _start_all(cp: ControlPlane, *, api_port: int, log: Callable[[str], None]) -> None:
+def _start_all(
+    cp: ControlPlane, *, api_port: int, log: Callable[[str], None], advertise_address: str
+) -> None:
     c = cp.certs
     started = time.monotonic()
     etcd_port, peer_port = free_port(), free_port()
@@ -253,9 +264,20 @@ def _start_all(cp: ControlPlane, *, api_port: int, log: Callable[[str], None]) -
         "kube-apiserver",
         [
             f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            *(
+                [
+                    "--bind-address=127.0.0.1",
+                    "--advertise-address=127.0.0.1",
+                    "--endpoint-reconciler-type=none",
+                ]
+                if advertise_address == "127.0.0.1"
+                else ["--bind-address=0.0.0.0", f"--advertise-address={advertise_address}"]
+            ),
             f"--secure-port={api_port}",
+            # How the API server reaches kubelets (logs, exec) on a real node.
+            f"--kubelet-client-certificate={c['admin.crt']}",
+            f"--kubelet-client-key={c['admin.key']}",
+            "--kubelet-preferred-address-types=InternalIP",
             f"--tls-cert-file={c['apiserver.crt']}",
             f"--tls-private-key-file={c['apiserver.key']}",
             f"--client-ca-file={c['ca.crt']}",
@@ -266,7 +288,6 @@ def _start_all(cp: ControlPlane, *, api_port: int, log: Callable[[str], None]) -
             "--authorization-mode=Node,RBAC",
             "--allow-privileged=true",
             "--profiling=false",
-            "--endpoint-reconciler-type=none",
             "--v=1",
         ],
     )
