@@ -300,6 +300,10 @@ class RouterSpec(SpecModel):
     port: int = Field(default=8000, ge=1, le=65535, description="Router Service port.")
     auth: RouterAuth | None = Field(default=None, description="API-key auth; off when unset.")
     limits: RouterLimits = Field(default_factory=RouterLimits, description="Admission limits.")
+    resources: Resources = Field(
+        default_factory=lambda: Resources(cpu="1", memory="1Gi"),
+        description="CPU and memory of each router pod.",
+    )
 
 
 class RolloutSpec(SpecModel):

@@ -29,7 +29,6 @@ __all__ = ["plan_deployment", "pod_revision", "worker_revision"]
 CONFIG_DIR = "/etc/omni"  # where the deployment's ConfigMap is mounted in pods
 AUTH_DIR = "/etc/omni/auth"  # where the router's API-key Secret is mounted
 DEFAULT_RUNTIME_IMAGE: str = RuntimeSpec.model_fields["image"].default
-ROUTER_CPU, ROUTER_MEMORY = "1", "1Gi"
 
 
 def plan_deployment(
@@ -177,8 +176,8 @@ def _router(dep: OmniDeployment, *, target: Target, router_port: int, workers_fi
             image=adapters.router_image(spec, DEFAULT_RUNTIME_IMAGE),
             command=tuple(command),
             ports={"http": port},
-            cpu=ROUTER_CPU,
-            memory=ROUTER_MEMORY,
+            cpu=router.resources.cpu or "1",
+            memory=router.resources.memory or "1Gi",
             readiness_path="/health",
             liveness_path="/health",
         ),

@@ -138,11 +138,10 @@ def test_plan_local_target() -> None:
 
 def test_plan_error_path(tmp_path: Path) -> None:
     bad = tmp_path / "text.yaml"
-    bad.write_text(
-        TINY.read_text().replace(
-            "pipeline: speech", "pipeline: text\n  stages:\n    talker:\n      enabled: true"
-        )
-    )
+    doc = yaml.safe_load(TINY.read_text())
+    doc["spec"]["pipeline"] = "text"
+    doc["spec"]["stages"]["talker"] = {"enabled": True}
+    bad.write_text(yaml.safe_dump(doc))
     assert_clean_error(
         omni("plan", "-f", str(bad)),
         2,

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from chart_tools import REPO, one, template
 from restricted_profile import pod_specs, restricted_violations
 
@@ -140,10 +141,10 @@ def test_operator_holds_every_permission_it_grants_the_router(rendered: dict[str
 def test_router_credentials_are_mounted_not_copied(tmp_path: Path) -> None:
     """With spec.router.auth the keys stay in their Secret: mounted read-only into the router,
     never copied into any rendered object."""
-    spec = (REPO / "examples" / "tiny-cpu.yaml").read_text()
-    spec = spec.replace("  gpu:\n", "  router:\n    auth:\n      secretName: router-keys\n  gpu:\n", 1)
+    doc = yaml.safe_load((REPO / "examples" / "tiny-cpu.yaml").read_text())
+    doc["spec"]["router"]["auth"] = {"secretName": "router-keys"}
     path = tmp_path / "auth.yaml"
-    path.write_text(spec)
+    path.write_text(yaml.safe_dump(doc))
     result = subprocess.run(
         [sys.executable, "-m", "omni_operator.cli", "render", "-f", str(path), "-o", "json"],
         capture_output=True,

@@ -41,9 +41,10 @@ SPEECH_EDGES = (
     (S.thinker, S.talker),
 )
 ROUTER_IMAGE = "ghcr.io/omni-dev/omni-runtime:0.1.0"
+TINY_IMAGE = "ghcr.io/omni-dev/omni-runtime:0.1.0-cpu"  # what `make images` builds
 
 
-def _router(deployment: str) -> RouterPlan:
+def _router(deployment: str, *, image: str = ROUTER_IMAGE, cpu: str = "1", memory: str = "1Gi") -> RouterPlan:
     command = (
         "omni", "router", "--host", "0.0.0.0", "--port", "8000", "--source", "kubernetes", "--namespace", "default",
         "--deployment", deployment, "--session-header", "X-Session-Id", "--max-sessions-per-worker", "256",
@@ -55,11 +56,11 @@ def _router(deployment: str) -> RouterPlan:
         session_header="X-Session-Id",
         service_type="ClusterIP",
         container=Container(
-            image=ROUTER_IMAGE,
+            image=image,
             command=command,
             ports={"http": 8000},
-            cpu="1",
-            memory="1Gi",
+            cpu=cpu,
+            memory=memory,
             readiness_path="/health",
             liveness_path="/health",
         ),
@@ -92,11 +93,11 @@ def test_tiny_cpu_full_plan() -> None:
             address=f"worker.{name}.default.svc.cluster.local:8000",
             revision="",
             container=Container(
-                image="ghcr.io/omni-dev/omni-runtime:0.1.0",
+                image=TINY_IMAGE,
                 command=command,
                 ports={"http": 8000},
-                cpu="2",
-                memory="4Gi",
+                cpu="500m",
+                memory="3Gi",
                 readiness_path="/ready",
                 liveness_path="/health",
             ),
@@ -128,7 +129,7 @@ def test_tiny_cpu_full_plan() -> None:
         gpus_per_worker=0,
         revision=rev,
         workers=(worker(0), worker(1)),
-        router=_router("tiny-omni"),
+        router=_router("tiny-omni", image=TINY_IMAGE, cpu="200m", memory="512Mi"),
         scheduling=Scheduling(),
         model_volume=ModelVolume(source="tiny", mount_path="/models/model"),
     )

@@ -175,7 +175,7 @@ def test_tiny_worker_pod_exact() -> None:
             "containers": [
                 {
                     "name": "worker",
-                    "image": "ghcr.io/omni-dev/omni-runtime:0.1.0",
+                    "image": "ghcr.io/omni-dev/omni-runtime:0.1.0-cpu",
                     "imagePullPolicy": "IfNotPresent",
                     "command": [
                         "omni",
@@ -194,15 +194,15 @@ def test_tiny_worker_pod_exact() -> None:
                         plan.revision,
                     ],
                     "env": [
-                        {"name": "OMP_NUM_THREADS", "value": "2"},  # the CPU limit, not the node's cores
+                        {"name": "OMP_NUM_THREADS", "value": "1"},  # the CPU limit, not the node's cores
                         {"name": "OMNI_CACHE_DIR", "value": "/var/cache/omni"},
                         {"name": "HF_HOME", "value": "/var/cache/omni/hf"},
                         {"name": "HOME", "value": "/tmp"},
                     ],
                     "ports": [{"name": "http", "containerPort": 8000, "protocol": "TCP"}],
                     "resources": {
-                        "requests": {"cpu": "2", "memory": "4Gi"},
-                        "limits": {"cpu": "2", "memory": "4Gi"},
+                        "requests": {"cpu": "500m", "memory": "3Gi"},
+                        "limits": {"cpu": "500m", "memory": "3Gi"},
                     },
                     "readinessProbe": {
                         "httpGet": {"path": "/ready", "port": "http"},
