@@ -99,10 +99,22 @@ build() {  # build NAME DOCKERFILE TAG [buildah args...]
 need_tools
 make_base
 [ "${1:-all}" = base ] && exit 0
+if [ "${1:-all}" = test-client ]; then
+  # The real-node tests' client image: openai and websockets as uv.lock pins them.
+  pins=$(python3 -c 'import tomllib
+lock = tomllib.load(open("uv.lock", "rb"))
+print(" ".join(p["name"] + "==" + p["version"] for p in lock["package"] if p["name"] in ("openai", "websockets")))')
+  build test-client tests/e2e/node/client.Dockerfile localhost/omni-e2e-client:1 --build-arg REQUIREMENTS="$pins"
+  exit 0
+fi
 build operator images/operator.Dockerfile "$REPO/omni-operator:$VERSION"
 mkdir -p "$UV_CACHE"
 build runtime images/runtime.Dockerfile "$REPO/omni-runtime:$VERSION-cpu" \
   --build-arg PYTHON="$PYTHON" --build-arg TORCH_INDEX_URL=https://pypi.org/simple \
   -v "$UV_CACHE:/root/.cache/uv"
+# Every source change leaves a superseded 6 GB runtime image behind (and buildah's intermediate
+# layers): drop the untagged ones so repeated builds do not fill the disk. The next build after a
+# source change reinstalls the locked wheels from the uv cache instead of reusing that layer.
+podman image prune --force >/dev/null
 step "images"
 podman images --filter reference="$REPO/*" --format '{{.Repository}}:{{.Tag}} {{.Size}}'

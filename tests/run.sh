@@ -36,6 +36,12 @@ fi
 
 step "container images (make images: buildah, Debian base via mmdebstrap, cached)"
 bash images/build.sh
+bash images/build.sh test-client
+
+if [ -x tests/e2e/controlplane/build.sh ]; then
+  step "real test node: kubelet, kube-proxy, CoreDNS (Go modules, cached), containerd and CNI (Debian)"
+  bash tests/e2e/node/build.sh
+fi
 
 step "tests"
 set +e

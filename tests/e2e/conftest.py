@@ -24,6 +24,8 @@ from e2e_cluster import (
     start_control_plane,
     wait_for,
 )
+from e2e_node import BUILD_SCRIPT as NODE_BUILD_SCRIPT
+from e2e_node import RealNode, host_ip, load_images, missing_node_parts, node_bin_dir, start_node
 from e2e_nodes import NodeShape, gpu_nodes
 from e2e_operator import Api, install_crds
 
@@ -52,6 +54,47 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
     )
     try:
         yield cp
+    finally:
+        cp.stop()
+
+
+# What `make images` builds (the chart's operator default and examples/tiny-cpu.yaml's runtime) and
+# the client image `images/build.sh test-client` builds.
+NODE_IMAGES = [
+    "ghcr.io/omni-dev/omni-operator:0.1.0",
+    "ghcr.io/omni-dev/omni-runtime:0.1.0-cpu",
+    "localhost/omni-e2e-client:1",
+]
+
+
+@pytest.fixture(scope="session")
+def node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ControlPlane, RealNode]]:
+    """A second control plane, served on this host's address, with one real node (containerd,
+    kubelet, kube-proxy, CoreDNS) and the project's images loaded into it. Under `make test`
+    (OMNI_E2E=1) a missing part fails the run; elsewhere it skips with the command to run."""
+    try:
+        directory = bin_dir()
+        node_directory = node_bin_dir()
+    except (ControlPlaneError, OSError) as exc:
+        pytest.skip(str(exc))
+    missing = missing_binaries(directory) + missing_node_parts(node_directory)
+    if missing:
+        message = (
+            f"the real node cannot start: missing {', '.join(missing)}; run {BUILD_SCRIPT}, "
+            f"{NODE_BUILD_SCRIPT}, `make images` and `images/build.sh test-client`"
+        )
+        if os.environ.get("OMNI_E2E") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    workdir = tmp_path_factory.mktemp("node-cluster")
+    cp = start_control_plane(bin_dir=directory, workdir=workdir / "cp", nodes=[], advertise_address=host_ip())
+    try:
+        node = start_node(cp, bin_dir=node_directory, workdir=workdir / "node")
+        try:
+            load_images(node, NODE_IMAGES)
+            yield cp, node
+        finally:
+            node.stop()
     finally:
         cp.stop()
 

@@ -101,16 +101,29 @@ class RealNode:
         return "\n".join(f"--- {c.name} ---\n{c.log_tail(30)}" for c in self.components.values())
 
     def stop(self) -> None:
+        """Stop the node and everything it ran: containers (their shims outlive containerd), the
+        kubelet's mounts under the work directory, the pod bridge."""
         for component in reversed(list(self.components.values())):
-            if component.proc.poll() is None:
-                component.proc.terminate()
-        for component in reversed(list(self.components.values())):
-            try:
-                component.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                component.proc.kill()
-                component.proc.wait(timeout=5)
-        _remove_pod_networking(self)
+            _terminate(component)
+        _clean_leftovers(self)
+
+
+def _terminate(component: Component) -> None:
+    if component.proc.poll() is None:
+        component.proc.terminate()
+    try:
+        component.proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        component.proc.kill()
+        component.proc.wait(timeout=5)
+
+
+def _unmount_under(directory: Path) -> None:
+    """Unmount what the kubelet and containerd mounted below `directory`, deepest first."""
+    prefix = str(directory.resolve()) + "/"
+    mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+    for mount in sorted((m for m in mounts if m.startswith(prefix)), key=len, reverse=True):
+        subprocess.run(["umount", "--lazy", mount], capture_output=True)
 
 
 def _start(node: RealNode, name: str, argv: list[str], env: dict[str, str] | None = None) -> Component:
@@ -302,9 +315,23 @@ def _dns_service(cp: ControlPlane, node: RealNode) -> None:
     cp.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([service, slice_]))
 
 
-def _remove_pod_networking(node: RealNode) -> None:
-    """Drop what a previous node left on this machine: its bridge (so host-local's fresh IP
-    store and the bridge agree)."""
+RUNC_ROOT = Path("/run/containerd/runc/k8s.io")  # runc's state for containerd's CRI namespace
+
+
+def _clean_leftovers(node: RealNode) -> None:
+    """Remove what a node leaves on this machine when it stops, or when a killed test could not
+    stop it: containers (runc keeps them, and their shims outlive containerd), the kubelet's
+    mounts under the work directory, the pod bridge (host-local's fresh IP store must agree)."""
+    listing = subprocess.run(
+        ["runc", "--root", str(RUNC_ROOT), "list", "--quiet"], capture_output=True, text=True
+    )
+    for container in listing.stdout.split():
+        subprocess.run(["runc", "--root", str(RUNC_ROOT), "kill", container, "KILL"], capture_output=True)
+        subprocess.run(
+            ["runc", "--root", str(RUNC_ROOT), "delete", "--force", container], capture_output=True
+        )
+    subprocess.run(["pkill", "-KILL", "-f", "containerd-shim-runc-v2 -namespace k8s.io"], capture_output=True)
+    _unmount_under(node.workdir)
     subprocess.run(["ip", "link", "delete", "omni0"], capture_output=True)
 
 
@@ -358,7 +385,7 @@ def start_node(
 
 def _start_all(node: RealNode, cp: ControlPlane, *, bin_dir: Path, log: Callable[[str], None]) -> None:
     started = time.monotonic()
-    _remove_pod_networking(node)
+    _clean_leftovers(node)
     _sysctl("net.ipv4.ip_forward", "1")
     _sysctl("net.bridge.bridge-nf-call-iptables", "1")
     containerd = _start(node, "containerd", ["containerd", "--config", str(_containerd_config(node))])
