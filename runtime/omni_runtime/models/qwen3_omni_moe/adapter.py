@@ -59,7 +59,7 @@ class Qwen3OmniMoeAdapter(OmniAdapter):
         self.supports_audio_output = loaded.talker is not None
         self.eos_token_ids = loaded.eos_token_ids
         speakers = getattr(loaded.config.talker_config, "speaker_id", None) or {}
-        self.voices = tuple(str(name).capitalize() for name in speakers)
+        self.voices = tuple(str(name).capitalize() for name in sorted(speakers, key=speakers.__getitem__))
         self.default_voice = "Ethan" if "Ethan" in self.voices else (self.voices[0] if self.voices else None)
         self.codec_windows = dict(CODEC_WINDOWS)
         self.mem_fraction = options.mem_fraction_static
