@@ -276,3 +276,28 @@ def test_rows_batched_in_the_talker_speak_what_they_speak_alone(qwen3_speech_eng
     for alone, shared in zip(solo, batched, strict=True):
         assert alone.shape == shared.shape and alone.size > 0
         assert np.abs(alone - shared).max() <= 1e-4 * np.abs(alone).max()
+
+
+def test_the_talker_stage_loads_the_checkpoints_talker_and_code2wav(qwen3_speech: Harness, hf_model) -> None:
+    """Every talker, code-predictor and Code2Wav weight as transformers loads it (the talker's
+    per-expert weights stacked into its fused experts)."""
+    loaded = qwen3_speech.engine.adapter.loaded
+    for ours, theirs in ((loaded.talker, hf_model.talker), (loaded.code2wav, hf_model.code2wav)):
+        mine, reference = ours.state_dict(), theirs.state_dict()
+        assert mine.keys() == reference.keys()
+        for name, tensor in reference.items():
+            assert torch.equal(mine[name], tensor), name
+
+
+def test_dummy_load_format_speaks_with_random_weights(qwen3_checkpoint: Path) -> None:
+    harness = Harness(tiny_options(qwen3_checkpoint, load_format="dummy"))
+    try:
+        events = harness.collect(request("Hello there", max_tokens=5, want_audio=True, talker_tokens=12))
+        audio = np.concatenate([e.pcm for e in events if isinstance(e, AudioChunk)])
+        assert audio.size > 0 and np.isfinite(audio).all()
+        experts = [
+            m for m in harness.engine.adapter.loaded.talker.modules() if type(m).__name__.endswith("Experts")
+        ]
+        assert experts and all(torch.isfinite(m.gate_up_proj).all() for m in experts)
+    finally:
+        harness.close()

@@ -243,6 +243,10 @@ def _load_speech(loaded: LoadedQwen3, ckpt: Checkpoint | None, *, random: bool) 
         load_text_model(ckpt, talker.model, "talker.model.", device, dtype)
         for part in ("text_projection", "hidden_projection", "codec_head", "code_predictor"):
             ckpt.load_into(getattr(talker, part), f"talker.{part}.", device, dtype)
+    else:  # transformers leaves the talker's experts as torch.empty left them
+        from omni_runtime.models.qwen3_omni_moe.tiny import init_experts
+
+        init_experts(talker, generator=torch.Generator().manual_seed(0))
     use_experts(talker, experts_implementation(os.environ.get("OMNI_MOE_EXPERTS")))
     loaded.talker = talker
     code2wav = build_module(
