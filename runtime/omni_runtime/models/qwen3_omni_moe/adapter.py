@@ -37,6 +37,7 @@ from omni_runtime.models.common import (
     rope_context,
     sync_stream,
 )
+from omni_runtime.models.qwen2_5_omni.placement import stage_stream_initializer
 from omni_runtime.models.qwen3_omni_moe.code2wav import Qwen3Code2Wav
 from omni_runtime.models.qwen3_omni_moe.loader import LoadedQwen3
 from omni_runtime.models.qwen3_omni_moe.runners import DEEPSTACK, Qwen3ThinkerRunner
@@ -264,6 +265,9 @@ class Qwen3OmniMoeAdapter(OmniAdapter):
         if self.loaded.code2wav is None:
             raise EngineError("this worker has no Code2Wav loaded", param="modalities")
         return Qwen3Code2Wav(self.loaded.code2wav, device=self.placement.talker)
+
+    def thread_initializer(self, stage: str) -> Any:
+        return stage_stream_initializer(self.placement, stage)
 
     def talker_sampling_defaults(self) -> dict[str, Any]:
         # The released generate() defaults for the talker.
