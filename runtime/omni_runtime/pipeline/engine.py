@@ -346,7 +346,7 @@ class PipelineEngine:
         assert self.adapter is not None
         segmenter = CodecSegmenter(family_config(self.adapter.codec_windows, at_end=not streaming))
         standard = segmenter.recurring_sizes()
-        codes: list[int] = []
+        codes: list[Any] = []  # codec tokens, or frames (a tuple of codes per codebook)
         seed = (
             request.sampling.seed if request.sampling.seed is not None else hash(request.request_id) & 0xFFFF
         )
