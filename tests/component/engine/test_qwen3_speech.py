@@ -11,8 +11,8 @@ codebooks, Code2Wav at 24 kHz) runs through the real engine on the CPU:
   equals generate's waveform;
 - Code2Wav windows: n frames give ``n * 1920 - lost`` samples (24 kHz, 12.5 frames a second);
   streamed windows equal one whole decode wherever their left context covers the receptive
-  field (the transformer's 72-frame sliding window plus 2 frames of convolutions on the tiny
-  model); the boundary effect of a shorter left context is measured; transformers' own
+  field (71 frames back per layer of the transformer's 72-frame sliding window, plus under 10
+  frames of convolutions); the boundary effect of a shorter left context is measured; transformers' own
   ``chunked_decode`` with short chunks drops ``lost`` samples at every chunk boundary, which
   the right context of one frame avoids;
 - rows batched in the talker's slots speak what they speak alone.
@@ -214,9 +214,11 @@ def test_streamed_windows_equal_one_whole_decode_where_their_context_covers_the_
     """200 frames (16 s): transformers' ``chunked_decode`` (300-frame chunks) is one whole decode
     here. Ours streams 4 frames, then 15 at a time, each window with one frame after it:
 
-    - with 76 frames of left context (the 72-frame sliding window of the tiny Code2Wav's one
-      transformer layer, plus 2 frames its convolutions look back and 2 of margin) every window
-      equals the whole decode, later windows (whose context no longer reaches frame 0) included;
+    - with 82 frames of left context (the tiny Code2Wav's one transformer layer reaches 71 frames
+      back through its 72-frame sliding window; its causal convolutions about 9.4 more: kernel 7
+      at 2 and 4 samples a frame, residual units of dilations 1, 3, 9 at 32 and 160, ...) every
+      window equals the whole decode, later windows (whose context no longer reaches frame 0)
+      included;
     - with the default 25 (as ``chunked_decode``) the windows whose context reaches frame 0 are
       equal; later ones differ by what their attention no longer sees: at most 1% of the peak on
       these random weights (0.4% measured); the stream has the whole decode's length either way;
@@ -235,7 +237,7 @@ def test_streamed_windows_equal_one_whole_decode_where_their_context_covers_the_
     np.testing.assert_array_equal(hf_chunked, whole)
     assert hf_short.shape == (200 * 1920 - 555 * math.ceil(200 / 15),)
 
-    covered = 72 + 4
+    covered = 71 + 11
     pieces, cuts = _streamed(vocoder, frames, {**CODEC_WINDOWS, "left_context": covered})
     assert any(w.ctx_start > 0 for w in cuts)  # later windows really are cut short on the left
     streamed = np.concatenate(pieces)

@@ -12,10 +12,11 @@ boundary.
 Streaming instead synthesises a window: the frames ``[start, end)`` it keeps, ``left_context``
 frames before them and one frame after (``right_context = 1``: more than the lost tail), and
 keeps exactly the samples of ``[start, end)``. Joined windows then equal one decode of the whole
-utterance wherever the left context covers the model's receptive field (the transformer's
-sliding window per layer, plus a few frames of convolutions); with less, a window's first
-samples differ from the whole decode by what its attention no longer sees (measured in
-tests/component/engine/test_qwen3_speech.py). The stream's last window has no frame after it and
+utterance wherever the left context covers the model's receptive field (71 frames per layer of
+the transformer's 72-frame sliding window, plus about 10 frames of convolutions); with less, a
+window's first samples differ from the whole decode by what its attention no longer sees
+(measured in tests/component/engine/test_qwen3_speech.py; the default 25 frames is
+``chunked_decode``'s). The stream's last window has no frame after it and
 ends ``lost`` samples short, as the whole decode does.
 
 Windows of one size from different requests run as one batch; there is nothing to seed (no
