@@ -107,16 +107,24 @@ class TalkerAdmission:
 
 
 class TalkerRunner(Protocol):
+    """A code is one codec token (Qwen2.5-Omni) or one frame, a tuple of a token per codebook
+    (Qwen3-Omni); a code whose first token is in ``codec_eos_ids`` ends the row."""
+
     slots: int
     max_len: int
     codec_eos_ids: tuple[int, ...]
 
-    def admit(self, rows: list[TalkerAdmission]) -> list[int]:
-        """Prefill rows; per row the first codec token."""
+    def admit(self, rows: list[TalkerAdmission]) -> list[Any]:
+        """Prefill rows; per row the first code."""
         ...
 
-    def step(self, n: int, *, inputs: list[Any], max_length: int) -> list[int | None]:
-        """Advance rows 0..n-1; ``inputs[i]`` is row i's reply vector, or None to hold the row."""
+    def prompt_length(self, row: TalkerAdmission) -> int:
+        """Cache entries the row's prefill writes (its talker prompt's length)."""
+        ...
+
+    def step(self, n: int, *, inputs: list[Any], max_length: int) -> list[Any]:
+        """Advance rows 0..n-1 (a code each); ``inputs[i]`` is row i's reply vector, or None to
+        hold the row (its entry is None)."""
         ...
 
     def text_vector(self, kind: str) -> Any:
@@ -192,6 +200,10 @@ class OmniAdapter(ABC):
 
     def talker_sampling_defaults(self) -> dict[str, Any]:
         return {}
+
+    # Overrides of the segmenter's window sizes (pipeline.segmenter.SegmenterConfig fields), in
+    # codes: a family whose codes are longer (Qwen3's 80 ms frames) speaks first after fewer.
+    codec_windows: dict[str, int] = {}
 
     def thread_initializer(self, stage: str) -> Any:
         """Run once in a stage's worker thread (e.g. to give it its own CUDA stream); None: nothing."""

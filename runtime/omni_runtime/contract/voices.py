@@ -6,10 +6,10 @@ model's default speaker when it has none of that style. The model's own speaker 
 are (case does not matter). Anything else is refused with the list of the model's speakers.
 Chat completions, realtime sessions and streaming input all resolve voices with `resolve_voice`.
 
-| OpenAI voices | Qwen2.5-Omni speaker |
+| OpenAI voices | Qwen2.5-Omni / Qwen3-Omni speaker |
 |---|---|
 | alloy, coral, marin, nova, sage, shimmer | Chelsie |
-| ash, ballad, cedar, echo, fable, onyx, verse | Ethan |
+| ash, ballad, cedar, echo, fable, onyx, verse | Ethan (then Qwen3's Aiden) |
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ OPENAI_VOICES: dict[str, Style] = {
 # Speakers of the model families we serve, by style, in order of preference.
 SPEAKERS_BY_STYLE: dict[Style, tuple[str, ...]] = {
     "female": ("Chelsie",),
-    "male": ("Ethan",),
+    "male": ("Ethan", "Aiden"),
 }
 
 

@@ -140,3 +140,28 @@ def placeholder_mask(ids: torch.Tensor, token: int, features: Any) -> torch.Tens
     if got != count:
         raise EngineError(f"media placeholders ({count}) and encoder outputs ({got}) disagree", status=500)
     return mask
+
+
+class SingleWindow:
+    """A vocoder's ``synthesize``: one window, as one item of its ``synthesize_many`` (both families)."""
+
+    def synthesize_many(self, items: list[dict[str, Any]]) -> list[np.ndarray]:
+        raise NotImplementedError
+
+    def synthesize(
+        self,
+        codes: list[Any],
+        *,
+        start: int,
+        end: int,
+        ctx_start: int,
+        ctx_end: int,
+        voice: str,
+        seed: int,
+        reusable: bool = False,
+    ) -> np.ndarray:
+        """Audio of ``codes[start:end]``, synthesised over ``codes[ctx_start:ctx_end]``; ``reusable``
+        windows (a size that recurs) may run as a captured CUDA graph."""
+        window = {"start": start, "end": end, "ctx_start": ctx_start, "ctx_end": ctx_end}
+        item = {"codes": codes, "window": window, "voice": voice, "seed": seed, "reusable": reusable}
+        return self.synthesize_many([item])[0]

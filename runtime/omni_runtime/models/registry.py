@@ -1,7 +1,6 @@
 """Choosing and loading the adapter for a checkpoint (by its config's ``model_type``).
 
-Families: Qwen2.5-Omni (``qwen2_5_omni``) and Qwen3-Omni-MoE (``qwen3_omni_moe``; thinker-side
-stages only so far: its speech pipelines are refused with an error that says so).
+Families: Qwen2.5-Omni (``qwen2_5_omni``) and Qwen3-Omni-MoE (``qwen3_omni_moe``).
 """
 
 from __future__ import annotations
@@ -15,8 +14,6 @@ from omni_runtime.contract.options import EngineOptions
 
 SUPPORTED = ("qwen2_5_omni", "qwen3_omni_moe")
 PLANNED: dict[str, str] = {}
-# Stages whose modules a thinker-only family does not have yet (speech output).
-SPEECH_STAGES = frozenset({"talker", "segmenter", "talker_stream"})
 
 
 def resolve_model_path(options: EngineOptions) -> Path | None:
@@ -58,11 +55,9 @@ def load_adapter(options: EngineOptions, *, hosted: frozenset[str]) -> OmniAdapt
             load_model(options, path=path, hosted=hosted), options=options, hosted=hosted
         )
     if kind == "qwen3_omni_moe":
-        from omni_runtime.models.qwen3_omni_moe.adapter import NO_SPEECH, Qwen3OmniMoeAdapter
+        from omni_runtime.models.qwen3_omni_moe.adapter import Qwen3OmniMoeAdapter
         from omni_runtime.models.qwen3_omni_moe.loader import load_model as load_qwen3
 
-        if hosted & SPEECH_STAGES:
-            raise EngineError(NO_SPEECH, param="pipeline")
         assert path is not None  # model_type() names qwen2_5_omni for a dummy model without a directory
         return Qwen3OmniMoeAdapter(
             load_qwen3(options, path=path, hosted=hosted), options=options, hosted=hosted

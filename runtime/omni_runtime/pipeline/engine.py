@@ -39,7 +39,7 @@ from omni_runtime.pipeline.detokenize import IncrementalDetokenizer, StopMatcher
 from omni_runtime.pipeline.encoding import MediaEncoders
 from omni_runtime.pipeline.graph import local_stages, pipeline_variant
 from omni_runtime.pipeline.scheduler import FinishReason, ThinkerDone, ThinkerJob, ThinkerToken
-from omni_runtime.pipeline.segmenter import CodecSegmenter, SegmenterConfig, widen_to_recurring, window_item
+from omni_runtime.pipeline.segmenter import CodecSegmenter, family_config, widen_to_recurring, window_item
 from omni_runtime.pipeline.service import TalkerService
 from omni_runtime.pipeline.services import LocalStages
 from omni_runtime.pipeline.stage_set import StageSet, attach_remote_stages
@@ -111,7 +111,8 @@ class PipelineEngine:
         # On a GPU, enough codes for every recurring vocoder window size (first, second, steady),
         # so each is captured as a CUDA graph before the first client; on a CPU a short reply will do.
         captures = self.adapter is not None and self.adapter.captures_cuda_graphs
-        talker_tokens = CodecSegmenter(SegmenterConfig()).codes_to_cover() + 5 if captures else 24
+        windows = self.adapter.codec_windows if self.adapter is not None else {}
+        talker_tokens = CodecSegmenter(family_config(windows)).codes_to_cover() + 5 if captures else 24
         for audio in kinds:
             request = GenerationRequest(
                 request_id=f"warmup-{int(audio)}",
@@ -342,9 +343,10 @@ class PipelineEngine:
         own vocoder item, so cancelling this task drops every window not yet running.
         """
         streaming = self.variant == "streaming-speech" and request.stream_audio
-        segmenter = CodecSegmenter(SegmenterConfig(at_end=not streaming))
+        assert self.adapter is not None
+        segmenter = CodecSegmenter(family_config(self.adapter.codec_windows, at_end=not streaming))
         standard = segmenter.recurring_sizes()
-        codes: list[int] = []
+        codes: list[Any] = []  # codec tokens, or frames (a tuple of codes per codebook)
         seed = (
             request.sampling.seed if request.sampling.seed is not None else hash(request.request_id) & 0xFFFF
         )

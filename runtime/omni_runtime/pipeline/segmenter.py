@@ -14,6 +14,7 @@ and the windows are the sizes streaming captures as CUDA graphs (batched togethe
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -38,6 +39,12 @@ class SegmenterConfig:
     # makes one window over every code (one uninterruptible call; kept for comparison).
     at_end: bool = False
     whole: bool = False
+
+
+def family_config(windows: Mapping[str, int], *, at_end: bool = False) -> SegmenterConfig:
+    """The default windows with a model family's overrides (``OmniAdapter.codec_windows``)."""
+    fields: dict[str, Any] = {**windows, "at_end": at_end}
+    return SegmenterConfig(**fields)
 
 
 class CodecSegmenter:

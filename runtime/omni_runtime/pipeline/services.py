@@ -18,7 +18,7 @@ from omni_runtime.contract.options import EngineOptions
 from omni_runtime.pipeline import deadlines
 from omni_runtime.pipeline.remote import LinkedStages
 from omni_runtime.pipeline.scheduler import ThinkerScheduler
-from omni_runtime.pipeline.segmenter import CodecSegmenter, SegmenterConfig
+from omni_runtime.pipeline.segmenter import CodecSegmenter, family_config
 from omni_runtime.pipeline.talker import TalkerScheduler
 from omni_runtime.pipeline.workers import BatchingWorker, StageThread
 
@@ -104,7 +104,7 @@ class LocalStages:
         if self.talker is not None:
             await self.talker.thread.run(self.talker.runner.warmup)
         if self.vocoder is not None:
-            sizes = CodecSegmenter(SegmenterConfig()).recurring_sizes()
+            sizes = CodecSegmenter(family_config(self.adapter.codec_windows)).recurring_sizes()
             await self._thread("vocoder").run(self.vocoder.warmup, sizes)
 
     async def stop(self) -> None:

@@ -40,7 +40,7 @@ class TalkerJob:
     text_done: bool = False
     text_tokens: int = 0
     eos_fed: bool = False
-    events: asyncio.Queue[list[int] | TalkerDone] = field(default_factory=asyncio.Queue)
+    events: asyncio.Queue[list[Any] | TalkerDone] = field(default_factory=asyncio.Queue)
     slot: int = -1
     length: int = 0
     codes: int = 0
@@ -186,7 +186,7 @@ class TalkerScheduler(SchedulerLoop[TalkerJob]):
 
     def _steps(
         self, move_plan, jobs: list[TalkerJob], inputs: list[Any], steps: int, max_length: int
-    ) -> list[list[int]]:
+    ) -> list[list[Any]]:
         """Talker thread: up to ``steps`` decode steps of free-running rows (text-PAD in every row).
 
         A row finished meanwhile on the event loop (a cancel) ends the run before the next step
@@ -196,13 +196,13 @@ class TalkerScheduler(SchedulerLoop[TalkerJob]):
         self._moves(move_plan)
         n = len(jobs)
         pad = self.runner.text_vector("pad")
-        rounds: list[list[int]] = []
+        rounds: list[list[Any]] = []
         for _ in range(steps):
             if any(j.finish is not None for j in jobs):
                 break
             i = len(rounds)
             codes = self.runner.step(n, inputs=[pad] * n if i else inputs, max_length=max_length + i)
-            rounds.append([int(c) for c in codes if c is not None])
+            rounds.append([c for c in codes if c is not None])
         return rounds
 
     def _moves(self, move_plan: list[tuple[int, int, int]]) -> None:
@@ -216,22 +216,25 @@ class TalkerScheduler(SchedulerLoop[TalkerJob]):
         would keep its codes. The loop compacts those rows away before the next step.
         """
         self._moves(move_plan)
-        codes: list[int | None] = []
+        codes: list[Any] = []
         live = any(j.finish is None for j in self.running[:n])
         if n and live and any(v is not None for v in inputs):
             codes = self.runner.step(n, inputs=inputs, max_length=max_length)
         else:
             codes = [None] * n
-        firsts: list[tuple[int, int]] = []
+        firsts: list[tuple[Any, int]] = []
         if admit:
             first_codes = self.runner.admit([replace(j.admission, slot=j.slot) for j in admit])
-            firsts = [(c, len(j.admission.input_ids) + 2) for c, j in zip(first_codes, admit, strict=True)]
+            firsts = [
+                (c, self.runner.prompt_length(j.admission)) for c, j in zip(first_codes, admit, strict=True)
+            ]
         return firsts, codes
 
-    def _accept(self, job: TalkerJob, code: int) -> None:
+    def _accept(self, job: TalkerJob, code: Any) -> None:
+        """One code of ``job``: a codec token, or a frame (a sequence led by its first codebook's)."""
         if job.finish is not None:
             return
-        if code in self.eos:
+        if (code[0] if isinstance(code, (tuple, list)) else code) in self.eos:
             self._end(job, "stop")
             return
         job.codes += 1

@@ -1,4 +1,5 @@
-"""One real worker per test session: the engine on the tiny checkpoint behind uvicorn on loopback.
+"""One real worker per test session: the engine on the tiny checkpoint behind uvicorn on loopback
+(and one on the tiny Qwen3-Omni-MoE checkpoint for the tests that run against both families).
 
 Starting the engine costs seconds, so every HTTP test shares it; tests that need other settings
 (a text-only worker with tiny limits) start their own with `start_worker`. Speech requests cap
@@ -64,9 +65,11 @@ def make_engine(checkpoint: Path, *, pipeline: str = "streaming-speech") -> Engi
 
 def tiny_settings(checkpoint: Path, **overrides: object) -> ApiSettings:
     from omni_runtime.models.qwen2_5_omni.tiny import is_tiny_checkpoint
+    from omni_runtime.models.qwen3_omni_moe.tiny import is_tiny_checkpoint as is_tiny_qwen3
 
     # What `omni serve` decides for the tiny checkpoint: its model card says the weights are random.
-    return ApiSettings(random_weights=is_tiny_checkpoint(checkpoint), model_path=str(checkpoint), **overrides)  # type: ignore[arg-type]
+    random = is_tiny_checkpoint(checkpoint) or is_tiny_qwen3(checkpoint)
+    return ApiSettings(random_weights=random, model_path=str(checkpoint), **overrides)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="session")
@@ -117,3 +120,21 @@ def worker(media_dir: Path, tiny_checkpoint: Path) -> Iterator[Worker]:
         tiny_checkpoint, media=MediaLimits(allowed_local_media_path=str(media_dir)), max_tokens_limit=256
     )
     yield from start_worker(engine=make_engine(tiny_checkpoint), settings=settings, media_dir=media_dir)
+
+
+@pytest.fixture(scope="session")
+def qwen3_worker(media_dir: Path) -> Iterator[Worker]:
+    """A streaming-speech worker on the tiny Qwen3-Omni-MoE checkpoint (talker frames, Code2Wav)."""
+    from omni_runtime.models.qwen3_omni_moe.tiny import ensure_tiny_checkpoint
+
+    checkpoint = ensure_tiny_checkpoint(progress=False)
+    settings = tiny_settings(
+        checkpoint, media=MediaLimits(allowed_local_media_path=str(media_dir)), max_tokens_limit=256
+    )
+    yield from start_worker(engine=make_engine(checkpoint), settings=settings, media_dir=media_dir)
+
+
+@pytest.fixture(params=["qwen2_5_omni", "qwen3_omni_moe"])
+def speech_worker(request: pytest.FixtureRequest) -> Worker:
+    """The speech worker of each model family in turn."""
+    return request.getfixturevalue("worker" if request.param == "qwen2_5_omni" else "qwen3_worker")

@@ -32,8 +32,9 @@ def test_text(worker: Worker) -> None:
     assert completion.usage is not None and 1 <= completion.usage.completion_tokens <= 5
 
 
-def test_audio_output(worker: Worker) -> None:
-    client = _client(worker)
+def test_audio_output(speech_worker: Worker) -> None:
+    """Both model families."""
+    client = _client(speech_worker)
     completion = client.chat.completions.create(
         model=_model(client),
         messages=HELLO,  # type: ignore[arg-type]
@@ -83,8 +84,9 @@ def test_errors_surface_as_typed_exceptions(worker: Worker) -> None:
         raise AssertionError("an unknown model must be a 404")
 
 
-def test_streaming_speech_deltas_reach_the_client(worker: Worker) -> None:
-    client = _client(worker)
+def test_streaming_speech_deltas_reach_the_client(speech_worker: Worker) -> None:
+    """Both model families."""
+    client = _client(speech_worker)
     stream = client.chat.completions.create(
         model=_model(client),
         messages=HELLO,  # type: ignore[arg-type]
@@ -102,3 +104,29 @@ def test_streaming_speech_deltas_reach_the_client(worker: Worker) -> None:
     for audio in audio_chunks:
         assert audio.data is not None
         assert sf.info(io.BytesIO(base64.b64decode(audio.data))).samplerate == 24000
+
+
+def test_qwen3_speech_is_code2wav_audio_streamed_or_whole(qwen3_worker: Worker) -> None:
+    """Qwen3-Omni through the official client: the same greedy reply, non-streaming and SSE, carries
+    the same amount of Code2Wav audio, whole frames of 1920 samples less the 555 the last frame
+    lacks (its transposed convolutions' tail needs a frame that never comes)."""
+    client = _client(qwen3_worker)
+    speech = {
+        "model": _model(client),
+        "messages": HELLO,
+        "max_tokens": 8,
+        "temperature": 0,
+        "modalities": ["text", "audio"],
+        "audio": {"voice": "Aiden", "format": "wav"},
+        "extra_body": {"stage_params": {"talker": {"max_tokens": 30, "temperature": 0.0}}},
+    }
+    whole = client.chat.completions.create(**speech)  # type: ignore[call-overload]
+    audio = whole.choices[0].message.audio
+    frames = sf.info(io.BytesIO(base64.b64decode(audio.data))).frames
+    assert frames > 0 and (frames + 555) % 1920 == 0
+    stream = client.chat.completions.create(**speech, stream=True)  # type: ignore[call-overload]
+    chunks = [c.choices[0].delta.audio for c in stream if c.choices and c.choices[0].delta.audio]
+    assert len(chunks) >= 2  # the first window (4 frames) leaves before the talker ends
+    streamed = [sf.info(io.BytesIO(base64.b64decode(c.data))).frames for c in chunks]
+    assert streamed[0] == 4 * 1920
+    assert sum(streamed) == frames

@@ -1,4 +1,5 @@
-"""Speech out: a WAV whose header states the talker's true rate, PCM16, and streamed audio deltas."""
+"""Speech out: a WAV whose header states the talker's true rate, PCM16, and streamed audio deltas,
+from both model families (Qwen2.5-Omni's talker and vocoder, Qwen3-Omni's talker frames and Code2Wav)."""
 
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ def _wav_header(data: bytes) -> tuple[int, int, int, int]:
     return tag, channels, rate, bits
 
 
-def test_speech_reply_is_a_valid_wav_at_the_true_rate(worker: Worker) -> None:
-    with worker.client() as client:
+def test_speech_reply_is_a_valid_wav_at_the_true_rate(speech_worker: Worker) -> None:
+    with speech_worker.client() as client:
         response = client.post("/v1/chat/completions", json={"messages": HELLO, "max_tokens": 12, **SPEECH})
     assert response.status_code == 200, response.text
     body = response.json()
@@ -35,7 +36,7 @@ def test_speech_reply_is_a_valid_wav_at_the_true_rate(worker: Worker) -> None:
     assert audio["transcript"] == message["content"]
     wav = base64.b64decode(audio["data"])
     assert _wav_header(wav) == (1, 1, 24000, 16)  # PCM, mono, the talker's rate, 16-bit
-    assert audio["sample_rate"] == worker.engine.output_sample_rate == 24000
+    assert audio["sample_rate"] == speech_worker.engine.output_sample_rate == 24000
     pcm, rate = sf.read(io.BytesIO(wav), dtype="float32")
     assert rate == 24000
     seconds = pcm.size / rate
@@ -45,9 +46,9 @@ def test_speech_reply_is_a_valid_wav_at_the_true_rate(worker: Worker) -> None:
     assert np.isfinite(pcm).all()
 
 
-def test_pcm16_format_is_raw_samples(worker: Worker) -> None:
+def test_pcm16_format_is_raw_samples(speech_worker: Worker) -> None:
     body = {**SPEECH, "messages": HELLO, "max_tokens": 8, "audio": {"format": "pcm16"}}
-    with worker.client() as client:
+    with speech_worker.client() as client:
         reply = client.post("/v1/chat/completions", json=body).json()
     audio = reply["choices"][0]["message"]["audio"]
     raw = base64.b64decode(audio["data"])
@@ -56,10 +57,13 @@ def test_pcm16_format_is_raw_samples(worker: Worker) -> None:
     assert abs(len(raw) / 2 / 24000 - reply["usage"]["audio_seconds"]) < 0.01
 
 
-def test_stream_carries_text_and_audio_deltas_as_produced(worker: Worker) -> None:
+def test_stream_carries_text_and_audio_deltas_as_produced(speech_worker: Worker) -> None:
     body = {"messages": HELLO, "max_tokens": 16, "ignore_eos": True, "stream": True, **SPEECH}
     arrivals: list[tuple[float, str]] = []
-    with worker.client() as client, client.stream("POST", "/v1/chat/completions", json=body) as response:
+    with (
+        speech_worker.client() as client,
+        client.stream("POST", "/v1/chat/completions", json=body) as response,
+    ):
         assert response.status_code == 200
         began = time.monotonic()
         for line in response.iter_lines():
@@ -83,12 +87,12 @@ def test_stream_carries_text_and_audio_deltas_as_produced(worker: Worker) -> Non
     assert audio_times[-1] - audio_times[0] > 0.05
 
 
-def test_voice_is_passed_to_the_talker(worker: Worker) -> None:
+def test_voice_is_passed_to_the_talker(speech_worker: Worker) -> None:
     body = {
         "messages": HELLO,
         "max_tokens": 4,
         "modalities": ["text", "audio"],
         "audio": {"voice": "Chelsie"},
     }
-    with worker.client() as client:
+    with speech_worker.client() as client:
         assert client.post("/v1/chat/completions", json=body).status_code == 200

@@ -62,7 +62,12 @@ async def _settled(engine: Any) -> Snapshot:
     [8, 300],
     ids=["talker-free-running", "thinker-still-writing"],
 )
-def test_closing_a_streaming_speech_reply_stops_every_stage(speech_engine: Harness, text_tokens: int) -> None:
+def test_closing_a_streaming_speech_reply_stops_every_stage(
+    family_speech_engine: Harness, text_tokens: int
+) -> None:
+    """Both families: Qwen2.5's talker (a codec token per step) and Qwen3's (a frame per step:
+    talker + code predictor), each stopping at its next step."""
+    speech_engine = family_speech_engine
     engine = speech_engine.engine
     talker = engine.stages.local.talker
 

@@ -1,7 +1,8 @@
 """Stages in other processes: `omni stage` serves them over stage links, with the same results.
 
 Two real `omni stage` processes (encoders + mm_aggregate + thinker in one, talker in the other)
-and an engine that hosts only preprocessing and decode, as the planner lays out a 7B worker.
+and an engine that hosts only preprocessing and decode, as the planner lays out a 7B worker; and
+Qwen3-Omni's talker (frames of codes) in its own stage process.
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 from engine_harness import Harness, finished, image, request, tiny_options, token_ids
 
-from omni_runtime.contract.engine import AudioChunk
+from omni_runtime.contract.engine import AudioChunk, GenerationRequest
 
 STAGE_START_TIMEOUT_S = 600.0
 THINKER_SIDE = "audio_encoder,image_encoder,mm_aggregate,thinker"
@@ -127,3 +130,45 @@ def test_cancel_through_a_stage_link_frees_the_remote_slot(split_engine: Harness
 
     # The stage reports its batch with every token; at the probe's last token nothing else runs.
     assert split_engine.run(scenario()) == 0
+
+
+@pytest.fixture(scope="module")
+def qwen3_remote_talker(
+    qwen3_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Harness]:
+    """Qwen3-Omni with its talker (and Code2Wav) in an `omni stage` process, the rest in-process."""
+    logs = tmp_path_factory.mktemp("qwen3-stage-logs")
+    port = _free_port()
+    proc = _start_stage(qwen3_checkpoint, "talker", port, logs / "talker.log")
+    try:
+        _wait_serving([(proc, logs / "talker.log")])
+        harness = Harness(tiny_options(qwen3_checkpoint, remote_stages={"talker": f"127.0.0.1:{port}"}))
+        yield harness
+        harness.close()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def test_qwen3_frames_through_a_remote_talker_speak_as_in_process(
+    qwen3_remote_talker: Harness, qwen3_speech_engine: Harness
+) -> None:
+    """Talker frames (tuples of 4 codes) cross the stage link as lists and reach the remote
+    Code2Wav windows intact: the same greedy reply speaks the same audio either way."""
+    assert qwen3_remote_talker.engine.stages.local.talker is None
+
+    def speech() -> GenerationRequest:
+        req = request("Say something.", max_tokens=8, want_audio=True)
+        return replace(req, stage_params={"talker": {"max_tokens": 24, "temperature": 0.0}})
+
+    remote = qwen3_remote_talker.collect(speech())
+    local = qwen3_speech_engine.collect(speech())
+    audio = [
+        np.concatenate([e.pcm for e in events if isinstance(e, AudioChunk)]) for events in (remote, local)
+    ]
+    assert audio[0].shape == audio[1].shape and audio[0].size > 0
+    assert np.abs(audio[0] - audio[1]).max() <= 1e-4 * np.abs(audio[1]).max()
+    assert token_ids(remote) == token_ids(local)

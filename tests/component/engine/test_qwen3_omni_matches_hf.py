@@ -5,8 +5,7 @@ through the real engine (text pipeline, CPU): greedy text with and without audio
 ``Qwen3OmniMoeThinkerForConditionalGeneration.generate`` for the same processor inputs, which
 checks the per-expert -> fused weight loading, the media scatter, the vision tower's DeepStack
 features added after the first decoder layers, the interleaved mrope positions and the MoE layers
-inside the runtime's slot KV cache. The speech pipelines, not built yet, fail with an error that
-names the fix.
+inside the runtime's slot KV cache. Speech output: test_qwen3_speech.py.
 """
 
 from __future__ import annotations
@@ -18,15 +17,6 @@ import pytest
 import torch
 from engine_harness import Harness, image, request, tiny_options, token_ids, tone, video
 
-from omni_runtime.contract.engine import EngineError
-
-
-@pytest.fixture(scope="module")
-def qwen3_checkpoint() -> Path:
-    from omni_runtime.models.qwen3_omni_moe.tiny import ensure_tiny_checkpoint
-
-    return ensure_tiny_checkpoint(progress=False)
-
 
 @pytest.fixture(scope="module")
 def qwen3_text(qwen3_checkpoint: Path) -> Iterator[Harness]:
@@ -36,14 +26,8 @@ def qwen3_text(qwen3_checkpoint: Path) -> Iterator[Harness]:
 
 
 @pytest.fixture(scope="module")
-def hf_thinker(qwen3_checkpoint: Path):
-    from transformers import Qwen3OmniMoeForConditionalGeneration
-
-    from omni_runtime.models.qwen3_omni_moe.loader import use_experts
-
-    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(str(qwen3_checkpoint), dtype=torch.float32)
-    use_experts(model.thinker, "eager")  # the reference: transformers' plain per-expert loop
-    return model.thinker.eval()
+def hf_thinker(hf_qwen3):
+    return hf_qwen3.thinker
 
 
 @pytest.mark.parametrize(
@@ -120,14 +104,3 @@ def hf_weights(checkpoint: Path) -> torch.Tensor:
 
     with safe_open(str(checkpoint / "model.safetensors"), "pt") as f:
         return f.get_tensor("thinker.model.embed_tokens.weight")
-
-
-def test_speech_pipeline_is_refused_with_the_fix(qwen3_checkpoint: Path) -> None:
-    from omni_runtime.models.registry import load_adapter
-
-    with pytest.raises(EngineError) as err:
-        load_adapter(
-            tiny_options(qwen3_checkpoint, pipeline="speech"), hosted=frozenset({"thinker", "talker"})
-        )
-    assert err.value.param == "pipeline"
-    assert "--pipeline text" in str(err.value)

@@ -1,6 +1,6 @@
-"""A real `omni serve --model-path <tiny Qwen3-Omni-MoE> --pipeline text` answers the official
-`openai` client: chat completions (plain and streamed; text, audio and image in), `/v1/models`, and
-speech output, which this worker does not serve, is a 400 naming the field, not a 5xx."""
+"""A real `omni serve --model-path <tiny Qwen3-Omni-MoE> --pipeline streaming-speech` answers the
+official `openai` client: chat completions (plain and streamed; text, audio and image in),
+`/v1/models`, and speech out (the talker's frames through Code2Wav, whole and as SSE deltas)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     argv = [sys.executable, "-m", "omni_operator.cli", "serve", "--model-path", str(checkpoint),
-            "--pipeline", "text", "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
+            "--pipeline", "streaming-speech", "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
             "--max-batch-size", "4"]  # fmt: skip
     err = logs / "stderr"
     with err.open("wb") as stderr:
@@ -118,7 +118,7 @@ def test_audio_in(server: str) -> None:
     assert reply.choices[0].message.content
 
 
-def test_image_in_and_audio_out_is_a_400_naming_the_field(server: str) -> None:
+def test_image_in_and_speech_out(server: str) -> None:
     buffer = io.BytesIO()
     Image.fromarray(np.zeros((32, 48, 3), dtype=np.uint8)).save(buffer, format="PNG")
     uri = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
@@ -131,25 +131,25 @@ def test_image_in_and_audio_out_is_a_400_naming_the_field(server: str) -> None:
             ],
         }
     ]
-    reply = _client(server).chat.completions.create(
-        model="tiny-qwen3-omni-moe", messages=messages, max_tokens=4, temperature=0
-    )
-    assert reply.choices[0].message.content
-    assert reply.usage is not None and reply.usage.prompt_tokens > 10
-    # Speech output is not served by this (text) worker: a 400 naming the field, then business as usual.
-    body = {
+    speech = {
         "model": "tiny-qwen3-omni-moe",
         "messages": messages,
-        "max_tokens": 4,
+        "max_tokens": 6,
+        "temperature": 0,
         "modalities": ["text", "audio"],
+        "audio": {"voice": "Ethan", "format": "wav"},
+        "extra_body": {"stage_params": {"talker": {"max_tokens": 24}}},
     }
-    response = httpx.post(f"{server}/v1/chat/completions", json=body, trust_env=False, timeout=60)
-    assert response.status_code == 400, response.text
-    assert response.json()["error"]["param"] == "modalities"
-    assert (
-        _client(server)
-        .chat.completions.create(
-            model="tiny-qwen3-omni-moe", messages=[{"role": "user", "content": "hi"}], max_tokens=2
-        )
-        .choices
-    )
+    client = _client(server)
+    reply = client.chat.completions.create(**speech)
+    assert reply.usage is not None and reply.usage.prompt_tokens > 10
+    audio = reply.choices[0].message.audio
+    assert audio is not None and audio.transcript == reply.choices[0].message.content
+    pcm, rate = sf.read(io.BytesIO(base64.b64decode(audio.data)), dtype="float32")
+    assert rate == 24000 and pcm.size > 0 and (pcm.size + 555) % 1920 == 0  # whole Code2Wav frames
+    chunks = [
+        c.choices[0].delta.audio
+        for c in client.chat.completions.create(**speech, stream=True)
+        if c.choices and c.choices[0].delta.audio
+    ]
+    assert chunks and sum(sf.info(io.BytesIO(base64.b64decode(c.data))).frames for c in chunks) > 0

@@ -11,6 +11,7 @@ from omni_runtime.realtime.settings import prompt_limits
 from omni_runtime.realtime.streaming_input.models import Chunk
 
 QWEN = ("Chelsie", "Ethan")
+QWEN3 = ("Chelsie", "Ethan", "Aiden")
 
 
 @pytest.mark.parametrize(
@@ -23,6 +24,9 @@ QWEN = ("Chelsie", "Ethan")
         ("Nova", QWEN, "Ethan", "Chelsie"),
         ("echo", QWEN, "Chelsie", "Ethan"),
         ("onyx", QWEN, "Chelsie", "Ethan"),
+        ("aiden", QWEN3, "Ethan", "Aiden"),
+        ("echo", QWEN3, "Ethan", "Ethan"),
+        ("echo", ("Chelsie", "Aiden"), "Chelsie", "Aiden"),  # Qwen3's other male speaker
         ("echo", ("Anna",), "Anna", "Anna"),  # no speaker of that style: the default
         ("echo", ("Anna", "Bob"), None, "Anna"),
         ("alloy", (), None, None),  # voices unknown here: OpenAI names mean the default

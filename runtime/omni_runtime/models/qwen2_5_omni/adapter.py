@@ -30,7 +30,7 @@ from omni_runtime.models.common import (
     rope_context,
     sync_stream,
 )
-from omni_runtime.models.qwen2_5_omni.placement import LoadedModel
+from omni_runtime.models.qwen2_5_omni.placement import LoadedModel, stage_stream_initializer
 from omni_runtime.models.qwen2_5_omni.runners import QwenTalkerRunner, QwenThinkerRunner
 from omni_runtime.models.qwen2_5_omni.vocoder import QwenVocoder
 
@@ -304,35 +304,7 @@ class Qwen25OmniAdapter(OmniAdapter):
         )
 
     def thread_initializer(self, stage: str) -> Any:
-        """A CUDA stream per stage thread, so stages on one GPU overlap instead of queueing.
-
-        Every stage function synchronises its stream before handing tensors to another stage and
-        keeps its inputs referenced until then, so no stream reads a tensor another stream is
-        still writing or has freed.
-        """
-        device = {
-            "thinker": self.placement.thinker,
-            "mm_aggregate": self.placement.thinker,
-            "audio_encoder": self.placement.audio,
-            "image_encoder": self.placement.vision,
-            "talker": self.placement.talker,
-            "vocoder": self.placement.talker,
-        }.get(stage)
-        if device is None or device.type != "cuda":
-            return None
-
-        # The talker and the vocoder are the first-audio path: their small kernels go ahead of
-        # the thinker's long GEMMs when they share a GPU (a higher-priority stream is served
-        # first whenever an SM frees up; nothing is preempted). The talker goes first of all:
-        # its step paces every stream (50 steps a second is real time), while the vocoder's
-        # batched windows are throughput work with slack.
-        priority = {"talker": -2, "vocoder": -1}.get(stage, 0)
-
-        def init() -> None:
-            torch.cuda.set_device(device)
-            torch.cuda.set_stream(torch.cuda.Stream(device=device, priority=priority))
-
-        return init
+        return stage_stream_initializer(self.placement, stage)
 
     @property
     def captures_cuda_graphs(self) -> bool:

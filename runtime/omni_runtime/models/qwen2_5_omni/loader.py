@@ -411,13 +411,33 @@ def _text_vectors(loaded: LoadedModel, ckpt: Checkpoint | None) -> dict[int, tor
         {int(s["bos_token"]) for s in loaded.speakers.values()}
         | {int(cfg.tts_text_end_token_id), int(cfg.tts_text_pad_token_id)}
     )
-    if loaded.embed is not None:
+    return thinker_embedding_rows(
+        loaded.embed,
+        ckpt,
+        ids,
+        size=cfg.embedding_size,
+        device=loaded.placement.talker,
+        dtype=loaded.placement.dtype,
+    )
+
+
+def thinker_embedding_rows(
+    embed: Any,
+    ckpt: Checkpoint | None,
+    ids: list[int],
+    *,
+    size: int,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> dict[int, torch.Tensor]:
+    """Rows ``ids`` of the thinker's token embedding (from the loaded table, else the checkpoint,
+    else seeded random for dummy weights) on the talker's device (both families)."""
+    if embed is not None:
         with torch.inference_mode():
-            rows = loaded.embed(torch.tensor(ids, device=loaded.embed.weight.device))
+            rows = embed(torch.tensor(ids, device=embed.weight.device))
     elif ckpt is not None:
         rows = ckpt.rows("thinker.model.embed_tokens.weight", ids)
     else:
         gen = torch.Generator().manual_seed(1)
-        rows = torch.randn(len(ids), cfg.embedding_size, generator=gen) * 0.02
-    device, dtype = loaded.placement.talker, loaded.placement.dtype
+        rows = torch.randn(len(ids), size, generator=gen) * 0.02
     return {i: rows[n].to(device, dtype) for n, i in enumerate(ids)}

@@ -1,4 +1,5 @@
-"""Where each module lives (from the device and GPU flags), and what a stage process loaded."""
+"""Where each module lives (from the device and GPU flags), what a stage process loaded, and the
+CUDA stream each stage thread runs on (both families)."""
 
 from __future__ import annotations
 
@@ -113,3 +114,36 @@ def resolve_placement(options: EngineOptions, *, tp_rank: int = 0, vision_rank: 
     talker = gpu(options.talker_gpu, "talker_gpu") if options.talker_gpu is not None else thinker
     dtype = _dtype(options.dtype, default=torch.bfloat16)
     return Placement(dtype, thinker, thinker, vision, talker, cuda_graphs=True)
+
+
+def stage_stream_initializer(placement: Placement, stage: str) -> Any:
+    """A CUDA stream per stage thread, so stages on one GPU overlap instead of queueing (both
+    families' ``thread_initializer``).
+
+    Every stage function synchronises its stream before handing tensors to another stage and
+    keeps its inputs referenced until then, so no stream reads a tensor another stream is
+    still writing or has freed.
+    """
+    device = {
+        "thinker": placement.thinker,
+        "mm_aggregate": placement.thinker,
+        "audio_encoder": placement.audio,
+        "image_encoder": placement.vision,
+        "talker": placement.talker,
+        "vocoder": placement.talker,
+    }.get(stage)
+    if device is None or device.type != "cuda":
+        return None
+
+    # The talker and the vocoder are the first-audio path: their small kernels go ahead of
+    # the thinker's long GEMMs when they share a GPU (a higher-priority stream is served
+    # first whenever an SM frees up; nothing is preempted). The talker goes first of all:
+    # its step paces every stream (50 steps a second is real time), while the vocoder's
+    # batched windows are throughput work with slack.
+    priority = {"talker": -2, "vocoder": -1}.get(stage, 0)
+
+    def init() -> None:
+        torch.cuda.set_device(device)
+        torch.cuda.set_stream(torch.cuda.Stream(device=device, priority=priority))
+
+    return init

@@ -109,14 +109,23 @@ class QwenThinkerRunner:
         for i, (row, token) in enumerate(zip(rows, tokens.tolist(), strict=True)):
             vectors = None
             if row.want_vectors and hidden is not None:
-                ids = torch.tensor(row.prompt.input_ids, device=self.device)
-                is_media = torch.isin(ids, self.media_ids)[:, None]
-                token_part = embeds[i, : lengths[i]].masked_fill(is_media, 0.0)
-                vectors = token_part + hidden[i, : lengths[i]]
+                vectors = self.prompt_vectors(i, row, embeds[i, : lengths[i]], hidden[i, : lengths[i]])
             results.append((int(token), vectors))
         if self.device.type == "cuda":  # the prompt vectors go to the talker's stream
             torch.cuda.current_stream(self.device).synchronize()
         return results
+
+    def prompt_vectors(self, i: int, row: ThinkerAdmission, embeds: Any, hidden: Any) -> Any:
+        """Row ``i``'s prompt vectors for the talker: Qwen2.5's token embedding (zeroed at media
+        placeholders) plus the last hidden state, per position [L, H]."""
+        ids = torch.tensor(row.prompt.input_ids, device=self.device)
+        is_media = torch.isin(ids, self.media_ids)[:, None]
+        return embeds.masked_fill(is_media, 0.0) + hidden
+
+    def reply_vectors(self, out: Any, index: Any) -> Any:
+        """The talker vectors of a decode step's rows ``index``: Qwen2.5's hidden + input embedding
+        (a fresh tensor: survives the next replay)."""
+        return out.hidden[index] + out.inputs[index]
 
     def prefill_hook(self, rows: list[ThinkerAdmission]) -> Any:
         """What rewrites the prefill's hidden states after each layer (see SlotDecoder.prefill);
@@ -130,7 +139,7 @@ class QwenThinkerRunner:
         vectors: dict[int, Any] = {}
         if vector_slots:
             index = torch.tensor(vector_slots, device=self.device)
-            stacked = out.hidden[index] + out.inputs[index]  # a fresh tensor: survives the next replay
+            stacked = self.reply_vectors(out, index)
             vectors = {slot: stacked[i] for i, slot in enumerate(vector_slots)}
         self.decoder.last_ids[:n] = tokens
         self.decoder.lengths[:n] += 1
@@ -194,6 +203,9 @@ class QwenTalkerRunner:
 
     def text_vector(self, kind: str) -> torch.Tensor:
         return self.text_vectors[self.text_eos if kind == "eos" else self.text_pad]
+
+    def prompt_length(self, row: TalkerAdmission) -> int:
+        return len(row.input_ids) + 2  # the thinker prompt, the speaker's BOS, the first reply token
 
     @torch.inference_mode()
     def admit(self, rows: list[TalkerAdmission]) -> list[int]:

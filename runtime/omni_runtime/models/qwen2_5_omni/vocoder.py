@@ -40,6 +40,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from omni_runtime.models.common import SingleWindow
+
 log = logging.getLogger(__name__)
 MAX_BATCH = 16  # windows of one size from different requests synthesised together
 BATCH_BUCKETS = (1, 2, 4, 8, 16)  # a batch is padded up to one of these: few graph shapes
@@ -48,7 +50,7 @@ MIN_AMPLITUDE = math.exp(-115 / 20.0 * math.log(10))  # BigVGAN's -115 dB floor
 NOISE_BLOCK = 16  # codes of starting noise per generator: a window of 55 codes draws 4 or 5 blocks
 
 
-class QwenVocoder:
+class QwenVocoder(SingleWindow):
     def __init__(
         self,
         token2wav: Any,
@@ -95,24 +97,6 @@ class QwenVocoder:
         if sway is not None:
             times += sway * (torch.cos(torch.pi / 2 * times) - 1 + times)
         return [float(t) for t in times]
-
-    @torch.inference_mode()
-    def synthesize(
-        self,
-        codes: list[int],
-        *,
-        start: int,
-        end: int,
-        ctx_start: int,
-        ctx_end: int,
-        voice: str,
-        seed: int,
-        reusable: bool = False,
-    ) -> np.ndarray:
-        """Audio of ``codes[start:end]``; ``reusable`` windows (a size that recurs) run as a CUDA graph."""
-        window = {"start": start, "end": end, "ctx_start": ctx_start, "ctx_end": ctx_end}
-        item = {"codes": codes, "window": window, "voice": voice, "seed": seed, "reusable": reusable}
-        return self.synthesize_many([item])[0]
 
     @torch.inference_mode()
     def synthesize_many(self, items: list[dict[str, Any]]) -> list[np.ndarray]:

@@ -9,9 +9,13 @@ the MoE text model driven through the runtime's slot KV cache and batched sample
 same cache and rotary inputs). Its MoE blocks use transformers' grouped_mm experts kernel
 (loader.py).
 
-Not here yet (issue 17): audio inside video (``use_audio_in_video``), speech output (talker +
-code predictor, streaming Code2Wav), measured GPU decode (CUDA graphs over the grouped_mm path
-are untested on a GPU) and thinker tensor parallelism.
+Speech: the talker stage runs the MoE talker with its code predictor (talker.py: a frame of
+``num_code_groups`` codes per step, batched in slots) and Code2Wav over windows of frames with
+left context (code2wav.py); ``codec_windows`` sizes those windows for 12.5 frames a second.
+
+Not here yet (issue 17): audio inside video (``use_audio_in_video``), measured GPU decode (CUDA
+graphs over the grouped_mm path and the code predictor are untested on a GPU) and thinker
+tensor parallelism.
 """
 
 from __future__ import annotations
@@ -33,13 +37,16 @@ from omni_runtime.models.common import (
     rope_context,
     sync_stream,
 )
+from omni_runtime.models.qwen2_5_omni.placement import stage_stream_initializer
+from omni_runtime.models.qwen3_omni_moe.code2wav import Qwen3Code2Wav
 from omni_runtime.models.qwen3_omni_moe.loader import LoadedQwen3
 from omni_runtime.models.qwen3_omni_moe.runners import DEEPSTACK, Qwen3ThinkerRunner
+from omni_runtime.models.qwen3_omni_moe.talker import Qwen3TalkerRunner
 
-NO_SPEECH = (
-    "speech output of Qwen3-Omni-MoE (talker, code predictor, Code2Wav) is not in the builtin runtime yet; "
-    "serve this model with --pipeline text"
-)
+# Code2Wav windows in frames (80 ms each): the first audio after 4 + 1 frames, then 1.2 s windows,
+# each with 25 frames of left context (as chunked_decode) and the one frame after it that the
+# transposed convolutions' last samples need.
+CODEC_WINDOWS = {"first_chunk": 4, "chunk": 15, "left_context": 25, "right_context": 1}
 
 
 class Qwen3OmniMoeAdapter(OmniAdapter):
@@ -50,10 +57,12 @@ class Qwen3OmniMoeAdapter(OmniAdapter):
         self.model_name = options.model_name or loaded.path.name
         self.max_model_len = options.max_model_len
         self.output_sample_rate = 24000
-        self.supports_audio_output = False
+        self.supports_audio_output = loaded.talker is not None
         self.eos_token_ids = loaded.eos_token_ids
-        self.voices = ()
-        self.default_voice = None
+        speakers = getattr(loaded.config.talker_config, "speaker_id", None) or {}
+        self.voices = tuple(str(name).capitalize() for name in sorted(speakers, key=speakers.__getitem__))
+        self.default_voice = "Ethan" if "Ethan" in self.voices else (self.voices[0] if self.voices else None)
+        self.codec_windows = dict(CODEC_WINDOWS)
         self.mem_fraction = options.mem_fraction_static
         cfg = loaded.config.thinker_config
         self.audio_token, self.image_token, self.video_token = (
@@ -200,17 +209,20 @@ class Qwen3OmniMoeAdapter(OmniAdapter):
         )
 
     # -- runners -------------------------------------------------------------------------------
-    def thinker_runner(self, *, slots: int, max_len: int) -> ThinkerRunner:
-        cfg = self.loaded.config.thinker_config
-        slots = fit_slots(
-            config=cfg.text_config,
-            device=self.placement.thinker,
+    def _fit_slots(self, config: Any, device: torch.device, slots: int, max_len: int, what: str) -> int:
+        return fit_slots(
+            config=config,
+            device=device,
             dtype=self.placement.dtype,
             mem_fraction=self.mem_fraction,
             slots=slots,
             max_len=max_len,
-            what="thinker",
+            what=what,
         )
+
+    def thinker_runner(self, *, slots: int, max_len: int) -> ThinkerRunner:
+        cfg = self.loaded.config.thinker_config
+        slots = self._fit_slots(cfg.text_config, self.placement.thinker, slots, max_len, "thinker")
         # The runner reads the Qwen2.5 names of the media token ids (for talker vectors).
         names = SimpleNamespace(
             text_config=cfg.text_config,
@@ -228,10 +240,35 @@ class Qwen3OmniMoeAdapter(OmniAdapter):
             device=self.placement.thinker,
             cuda_graphs=self.placement.cuda_graphs,
             decodable_vocab=len(self.tokenizer),
+            accept_layer=int(self.loaded.config.talker_config.accept_hidden_layer),
         )
 
-    def talker_runner(self, *, slots: int, max_len: int) -> Any:
-        raise EngineError(NO_SPEECH, param="pipeline")
+    def talker_runner(self, *, slots: int, max_len: int) -> Qwen3TalkerRunner:
+        loaded = self.loaded
+        if loaded.talker is None or loaded.text_vectors is None:
+            raise EngineError("this worker has no talker loaded", param="modalities")
+        slots = self._fit_slots(
+            loaded.config.talker_config.text_config, self.placement.talker, slots, max_len, "talker"
+        )
+        return Qwen3TalkerRunner(
+            loaded.talker,
+            config=loaded.config,
+            text_vectors=loaded.text_vectors,
+            slots=slots,
+            max_len=max_len,
+            dtype=self.placement.dtype,
+            device=self.placement.talker,
+            cuda_graphs=self.placement.cuda_graphs,
+        )
 
-    def vocoder(self) -> Any:
-        raise EngineError(NO_SPEECH, param="pipeline")
+    def vocoder(self) -> Qwen3Code2Wav:
+        if self.loaded.code2wav is None:
+            raise EngineError("this worker has no Code2Wav loaded", param="modalities")
+        return Qwen3Code2Wav(self.loaded.code2wav, device=self.placement.talker)
+
+    def thread_initializer(self, stage: str) -> Any:
+        return stage_stream_initializer(self.placement, stage)
+
+    def talker_sampling_defaults(self) -> dict[str, Any]:
+        # The released generate() defaults for the talker.
+        return {"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05}

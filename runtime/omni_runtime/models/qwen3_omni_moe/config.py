@@ -12,7 +12,10 @@ a field ``Qwen3OmniMoeTalkerTextConfig`` does not declare (so building the defau
 ``AttributeError``). The released config.json carries it (768); both configs here set it
 explicitly, and :func:`build_config` adds it to any talker text config that lacks it. Likewise
 the talker's rope indexing reads ``spatial_merge_size`` from ``Qwen3OmniMoeTalkerConfig``, which
-does not declare it either (the released config.json carries 2).
+does not declare it either (the released config.json carries 2). And that rope indexing reads
+``audio_config.n_window`` from the talker config, which has no audio config, whenever a prompt
+holds audio and an image or video (transformers' own ``generate`` raises ``AttributeError``
+there): :func:`ensure_talker_fields` lends the talker config the thinker's audio config.
 """
 
 from __future__ import annotations
@@ -187,13 +190,16 @@ def released_30b_a3b_config() -> Any:
 
 
 def ensure_talker_fields(config: Any) -> Any:
-    """A config read from disk: give its talker text config the field 5.23 needs (in place)."""
+    """A config read from disk: give its talker configs the fields 5.23 reads (in place)."""
     talker = getattr(config, "talker_config", None)
     text = getattr(talker, "text_config", None)
     if text is not None and getattr(text, "shared_expert_intermediate_size", None) is None:
         text.shared_expert_intermediate_size = RELEASED_TALKER_SHARED_EXPERT
     if talker is not None and getattr(talker, "spatial_merge_size", None) is None:
         talker.spatial_merge_size = 2
+    thinker = getattr(config, "thinker_config", None)
+    if talker is not None and thinker is not None and getattr(talker, "audio_config", None) is None:
+        talker.audio_config = thinker.audio_config  # read at load, never saved
     return config
 
 

@@ -11,8 +11,10 @@ above the weights. ``load_format=dummy`` builds the same modules with random wei
 blocks run transformers' ``grouped_mm`` experts kernel (``OMNI_MOE_EXPERTS`` picks another), so
 decode has no per-expert Python loop; a fused routing + grouped-GEMM kernel of our own is later.
 
-Speech output (talker, code predictor, Code2Wav) is not loaded yet: the registry refuses the
-speech pipelines for this family with an error that says so.
+The talker stage loads the talker (``talker.model.*`` MoE layers stacked the same way, its
+text/hidden projections, ``codec_head`` and ``code_predictor``), Code2Wav (``code2wav.*``, in
+float32 as transformers runs it) and the thinker embeddings of the three tts tokens it feeds
+itself.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as hf
 
 from omni_runtime.contract.engine import EngineError
 from omni_runtime.contract.options import EngineOptions
-from omni_runtime.models.qwen2_5_omni.loader import Checkpoint, build_module, eos_ids
+from omni_runtime.models.qwen2_5_omni.loader import Checkpoint, build_module, eos_ids, thinker_embedding_rows
 from omni_runtime.models.qwen2_5_omni.placement import Placement, resolve_placement
 from omni_runtime.models.qwen3_omni_moe.config import ensure_talker_fields
 
@@ -72,6 +74,9 @@ class LoadedQwen3:
     lm_head: Any = None
     audio_tower: Any = None
     visual: Any = None  # Qwen3OmniMoeVisionEncoder (merged patches plus DeepStack features)
+    talker: Any = None  # Qwen3OmniMoeTalkerForConditionalGeneration (with its code predictor)
+    code2wav: Any = None  # Qwen3OmniMoeCode2Wav
+    text_vectors: dict[int, torch.Tensor] | None = None  # thinker embeddings of tts bos/eos/pad
     load_seconds: float = 0.0
 
 
@@ -216,6 +221,42 @@ def load_model(options: EngineOptions, *, path: Path, hosted: frozenset[str]) ->
         loaded.visual = tower(
             hf.Qwen3OmniMoeVisionEncoder, thinker_cfg.vision_config, "thinker.visual.", placement.vision
         )
+    if "talker" in hosted:
+        _load_speech(loaded, ckpt, random=random)
     loaded.load_seconds = time.monotonic() - started
     log.info("loaded %s for stages %s in %.1fs", path, ",".join(sorted(hosted)), loaded.load_seconds)
     return loaded
+
+
+def _load_speech(loaded: LoadedQwen3, ckpt: Checkpoint | None, *, random: bool) -> None:
+    """The talker with its code predictor, Code2Wav and the tts text vectors, on the talker device."""
+    config, placement = loaded.config, loaded.placement
+    device, dtype = placement.talker, placement.dtype
+    talker = build_module(
+        hf.Qwen3OmniMoeTalkerForConditionalGeneration,
+        config.talker_config,
+        device=device,
+        dtype=dtype,
+        random=random,
+    )
+    if ckpt is not None:
+        load_text_model(ckpt, talker.model, "talker.model.", device, dtype)
+        for part in ("text_projection", "hidden_projection", "codec_head", "code_predictor"):
+            ckpt.load_into(getattr(talker, part), f"talker.{part}.", device, dtype)
+    else:  # transformers leaves the talker's experts as torch.empty left them
+        from omni_runtime.models.qwen3_omni_moe.tiny import init_experts
+
+        init_experts(talker, generator=torch.Generator().manual_seed(0))
+    use_experts(talker, experts_implementation(os.environ.get("OMNI_MOE_EXPERTS")))
+    loaded.talker = talker
+    code2wav = build_module(
+        hf.Qwen3OmniMoeCode2Wav, config.code2wav_config, device=device, dtype=torch.float32, random=random
+    )
+    if ckpt is not None:
+        ckpt.load_into(code2wav, "code2wav.", device, torch.float32)
+    loaded.code2wav = code2wav
+    ids = sorted({int(config.tts_bos_token_id), int(config.tts_eos_token_id), int(config.tts_pad_token_id)})
+    size = config.thinker_config.text_config.hidden_size
+    loaded.text_vectors = thinker_embedding_rows(
+        loaded.embed, ckpt, ids, size=size, device=device, dtype=dtype
+    )

@@ -1,4 +1,5 @@
-"""The Qwen3-Omni-MoE thinker runner: the Qwen2.5 one plus DeepStack visual features at prefill.
+"""The Qwen3-Omni-MoE thinker runner: the Qwen2.5 one plus DeepStack visual features at prefill,
+and the thinker vectors Qwen3's talker reads.
 
 Qwen3-Omni's vision tower hands the thinker, besides the merged patch embeddings scattered at
 the image/video placeholders, one more feature per placeholder for each of its DeepStack layers
@@ -6,6 +7,12 @@ the image/video placeholders, one more feature per placeholder for each of its D
 decoder layer ``i``, at the visual positions only. Prompts carry them in
 ``talker_context["deepstack"]`` as (positions [n], features [n, k, H]) from mm_aggregate; decode
 steps never see visual tokens, so only prefill changes.
+
+The talker (talker.py) reads, as ``Qwen3OmniMoeForConditionalGeneration.generate`` hands them
+over: per prompt position the thinker's input embedding at text tokens and its hidden state after
+decoder layer ``accept_hidden_layer`` at media placeholders (transformers' ``hidden_states[k]``:
+the layer's output before the DeepStack add; ``k`` = the layer count means the final-norm output),
+and per reply token its input embedding only.
 """
 
 from __future__ import annotations
@@ -21,7 +28,28 @@ DEEPSTACK = "deepstack"
 
 
 class Qwen3ThinkerRunner(QwenThinkerRunner):
+    def __init__(self, *args: Any, accept_layer: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.accept_layer = accept_layer
+        self.layer_count = len(self.decoder.layers)
+        self._captured: torch.Tensor | None = None
+
     def prefill_hook(self, rows: list[ThinkerAdmission]) -> Any:
+        self._captured = None
+        wants = any(r.want_vectors for r in rows) and 0 < self.accept_layer < self.layer_count
+        capture = self.accept_layer - 1 if wants else None
+        add = self._deepstack(rows)
+        if add is None and capture is None:
+            return None
+
+        def hook(layer: int, hidden: torch.Tensor) -> torch.Tensor:
+            if layer == capture:
+                self._captured = hidden  # before the DeepStack add, as transformers records it
+            return hidden if add is None else add(layer, hidden)
+
+        return hook
+
+    def _deepstack(self, rows: list[ThinkerAdmission]) -> Any:
         row_index, positions, features = [], [], []
         for i, row in enumerate(rows):
             deep = row.prompt.talker_context.get(DEEPSTACK)
@@ -43,3 +71,16 @@ class Qwen3ThinkerRunner(QwenThinkerRunner):
             return hidden.index_put(index, stacked[:, layer], accumulate=True)
 
         return add
+
+    def prompt_vectors(self, i: int, row: ThinkerAdmission, embeds: Any, hidden: Any) -> Any:
+        """Input embeddings at text positions, the accepted layer's hidden state at media ones."""
+        length = embeds.shape[0]
+        if self.accept_layer == 0:
+            return embeds.clone()
+        source = hidden if self._captured is None else self._captured[i, :length]
+        ids = torch.tensor(row.prompt.input_ids, device=self.device)
+        is_media = torch.isin(ids, self.media_ids)[:, None]
+        return torch.where(is_media, source.to(embeds.dtype), embeds)
+
+    def reply_vectors(self, out: Any, index: Any) -> Any:
+        return out.inputs[index]  # the reply token's input embedding (a fresh tensor)

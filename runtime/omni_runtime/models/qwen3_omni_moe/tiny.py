@@ -86,12 +86,13 @@ def create_released_shape(path: str | Path) -> Path:
     return out
 
 
-def _init_experts(model: Any, *, generator: Any) -> None:
+def init_experts(model: Any, *, generator: Any) -> None:
     """Seeded normal init of every fused expert tensor.
 
     transformers 5.23 initialises the thinker's experts but leaves the talker's
     (``Qwen3OmniMoeTalkerTextExperts``, built with ``torch.empty``) as whatever memory held, so
-    the checkpoint would differ from run to run and could hold NaNs.
+    the checkpoint would differ from run to run and could hold NaNs (``--load-format dummy``
+    initialises its talker with this too).
     """
     import torch
 
@@ -132,7 +133,7 @@ def create_tiny_checkpoint(path: str | Path, *, seed: int = 0, progress: bool = 
         model = Qwen3OmniMoeForConditionalGeneration(config).float().eval()
     finally:
         hf_logging.set_verbosity(verbosity)
-    _init_experts(model, generator=torch.Generator().manual_seed(seed + 1))
+    init_experts(model, generator=torch.Generator().manual_seed(seed + 1))
     ids = special_token_ids()
     model.generation_config = GenerationConfig(
         eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]], pad_token_id=ids["<|endoftext|>"]

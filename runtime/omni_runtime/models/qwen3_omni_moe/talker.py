@@ -1,0 +1,277 @@
+"""Qwen3-Omni-MoE's talker and code predictor as one continuously batched decoder: a frame per step.
+
+Each step of ``Qwen3OmniMoeTalkerForConditionalGeneration`` makes one codec frame of
+``num_code_groups`` codes: the MoE talker samples the first codebook from its ``codec_head``; the
+code predictor (a small dense decoder) then runs ``num_code_groups - 1`` steps of its own over
+[talker hidden state, first code's embedding], drawing codebook k from ``lm_head[k-1]``. The
+next talker input is the sum of the frame's codec embeddings plus the next text vector. This
+runner does what transformers' ``generate`` does, per request and incrementally, with the
+talker's KV cache in runtime slots (executor/slot_cache.py, as for the thinker):
+
+- the prompt (talker_prompt.py): the user turns, text positions through ``text_projection`` of
+  the thinker's input embedding, media positions through ``hidden_projection`` of its hidden
+  state after ``accept_hidden_layer``; then the assistant header, 4 ``tts_pad``, ``tts_bos`` and
+  the first reply token (``text_projection``), summed with the codec think/speaker/pad/BOS
+  embeddings; rope positions as ``get_rope_index`` gives them for those ids;
+- decode step g adds ``text_projection`` of reply token g+1's embedding, then ``tts_eos`` once,
+  then ``tts_pad``; the codec ids transformers suppresses (the top 1024 but EOS) are never drawn;
+- the frame of a first code is completed in the same call that draws it (generate completes it
+  at the next step), so a frame leaves a step earlier; the arithmetic is the same.
+
+The code predictor runs eagerly over transformers' own cache (its ``num_code_groups - 1`` short
+steps per talker step are the next thing to capture as CUDA graphs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from omni_runtime.contract.adapter import RowSampling, TalkerAdmission
+from omni_runtime.contract.engine import EngineError
+from omni_runtime.executor.sampling import BatchSampler
+from omni_runtime.executor.slot_cache import SlotDecoder
+from omni_runtime.models.qwen3_omni_moe.talker_prompt import (
+    ASSISTANT_HEADER,
+    TurnTokens,
+    assistant_start,
+    talker_prompt_ids,
+    user_positions,
+)
+
+SUPPRESSED_TOP = 1024  # generate never lets the talker draw its top 1024 ids (special codec ids) but EOS
+PREDICTOR_TOP_K, PREDICTOR_TOP_P = 50, 0.8  # generate's code-predictor sampling
+
+
+@dataclass(frozen=True)
+class Projected:
+    """A text vector already in the talker's space (``tts_eos`` / ``tts_pad``)."""
+
+    value: torch.Tensor
+
+
+class Qwen3TalkerRunner:
+    def __init__(
+        self,
+        talker: Any,
+        *,
+        config: Any,
+        text_vectors: dict[int, torch.Tensor],
+        slots: int,
+        max_len: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        cuda_graphs: bool,
+    ) -> None:
+        cfg = talker.config
+        text_cfg = cfg.text_config
+        self.talker, self.config = talker, config
+        self.slots, self.max_len, self.device, self.dtype = slots, max_len, device, dtype
+        self.groups = int(cfg.num_code_groups)
+        self.vocab = int(text_cfg.vocab_size)
+        self.codec_eos = int(cfg.codec_eos_token_id)
+        self.codec_eos_ids: tuple[int, ...] = (self.codec_eos,)
+        self.speakers = {str(k).lower(): int(v) for k, v in cfg.speaker_id.items()}
+        self.turns = TurnTokens(config.im_start_token_id, config.user_token_id, config.assistant_token_id)
+        self.tts_pad_id = int(config.tts_pad_token_id)
+        thinker_cfg = config.thinker_config
+        self.media_ids = torch.tensor(
+            [thinker_cfg.audio_token_id, thinker_cfg.image_token_id, thinker_cfg.video_token_id]
+        )
+        self.suppress = tuple(
+            i for i in range(self.vocab - SUPPRESSED_TOP, self.vocab) if i != self.codec_eos
+        )
+        with torch.inference_mode():  # as generate: the three projected in one call
+            ids = (config.tts_bos_token_id, config.tts_eos_token_id, config.tts_pad_token_id)
+            thinker = torch.stack([text_vectors[int(i)] for i in ids]).to(device, dtype)
+            self.tts_bos, self.tts_eos, self.tts_pad = talker.text_projection(thinker[None])[0]
+        hidden = int(text_cfg.hidden_size)
+        self.decoder = SlotDecoder(
+            layers=talker.model.layers,
+            norm=talker.model.norm,
+            rotary=talker.model.rotary_emb,
+            embed_fn=lambda ids, extra: extra,  # the step input is built before the step
+            head_fn=talker.codec_head,
+            slots=slots,
+            max_len=max_len,
+            kv_heads=text_cfg.num_key_value_heads,
+            head_dim=getattr(text_cfg, "head_dim", None) or hidden // text_cfg.num_attention_heads,
+            hidden_size=hidden,
+            extra_size=hidden,
+            vocab_size=self.vocab,
+            dtype=dtype,
+            device=device,
+            cuda_graphs=cuda_graphs,
+        )
+        self.sampler = BatchSampler(slots=slots, vocab_size=self.vocab, device=device)
+        predictor = talker.code_predictor
+        self.predictor_sampler = BatchSampler(
+            slots=slots, vocab_size=predictor.config.vocab_size, device=device
+        )
+        self.frame_embed = torch.zeros(slots, hidden, dtype=dtype, device=device)  # next step's codec part
+
+    def text_vector(self, kind: str) -> Projected:
+        return Projected(self.tts_eos if kind == "eos" else self.tts_pad)
+
+    def prompt_length(self, row: TalkerAdmission) -> int:
+        return len(talker_prompt_ids(row.input_ids, self.turns, tts_pad=self.tts_pad_id))
+
+    # -- admission -----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def admit(self, rows: list[TalkerAdmission]) -> list[tuple[int, ...]]:
+        return [self._admit_one(row) for row in rows]  # prompts differ in rope layout; admission is rare
+
+    def _prompt(self, row: TalkerAdmission) -> torch.Tensor:
+        talker, ids = self.talker, row.input_ids
+        speaker = self.speakers.get(row.voice.lower())
+        if speaker is None:
+            raise EngineError(
+                f"unknown voice {row.voice!r}; available: {', '.join(self.speakers)}", param="audio.voice"
+            )
+        start = assistant_start(ids, self.turns)
+        if start < 0 or len(ids) - start != ASSISTANT_HEADER:
+            raise EngineError(
+                "the prompt does not end with the assistant header the talker expects", status=500
+            )
+        vectors = row.prompt_vectors.to(self.device, self.dtype)
+        # As generate: every media position through hidden_projection, every text one through
+        # text_projection (one call each), then the user positions gathered.
+        is_media = torch.isin(torch.tensor(ids), self.media_ids).to(self.device)
+        projected = torch.empty(len(ids), self.tts_pad.shape[-1], dtype=self.dtype, device=self.device)
+        if bool(is_media.any()):
+            projected[is_media] = talker.hidden_projection(vectors[None][:, is_media])[0]
+        projected[~is_media] = talker.text_projection(vectors[None][:, ~is_media])[0]
+        users = projected[torch.tensor(user_positions(ids, self.turns), dtype=torch.long, device=self.device)]
+        first = row.first_vector.to(self.device, self.dtype)[None]
+        assistant = talker.text_projection(torch.cat([vectors[start:], first])[None])[0]
+        text = torch.cat([assistant[:3], self.tts_pad.expand(4, -1), self.tts_bos[None], assistant[3:4]])
+        cfg = talker.config
+        special = [cfg.codec_nothink_id, cfg.codec_think_bos_id, cfg.codec_think_eos_id, speaker]
+        special += [cfg.codec_pad_id, cfg.codec_bos_id]
+        codec = talker.get_input_embeddings()(torch.tensor([special], device=self.device))[0]
+        codec = torch.cat([torch.zeros(3, codec.shape[-1], dtype=codec.dtype, device=self.device), codec])
+        return torch.cat([users, text + codec])
+
+    def _admit_one(self, row: TalkerAdmission) -> tuple[int, ...]:
+        if not 0 <= row.slot < self.slots:
+            raise ValueError(f"talker slot {row.slot} outside 0..{self.slots - 1}")
+        embeds = self._prompt(row)
+        prompt_ids = torch.tensor([talker_prompt_ids(row.input_ids, self.turns, tts_pad=self.tts_pad_id)])
+        ctx = row.talker_context
+        media = ctx.get("audio_feature_lengths") is not None or any(
+            ctx.get(k) is not None and ctx[k].numel() > 0 for k in ("image_grid_thw", "video_grid_thw")
+        )
+        if media:
+            positions, delta = self.talker.get_rope_index(
+                prompt_ids,
+                ctx.get("image_grid_thw"),
+                ctx.get("video_grid_thw"),
+                torch.ones_like(prompt_ids),
+                False,
+                ctx.get("audio_feature_lengths"),
+                ctx.get("video_second_per_grid"),
+            )
+        else:
+            positions, delta = (
+                torch.arange(prompt_ids.shape[1]).view(1, 1, -1).expand(3, 1, -1),
+                torch.zeros(1),
+            )
+        length = prompt_ids.shape[1]
+        logits, hidden = self.decoder.prefill(
+            slots=[row.slot],
+            embeds=embeds[None],
+            positions=positions.to(self.device),
+            lengths=[length],
+            want_hidden=True,
+        )
+        assert hidden is not None
+        self.sampler.set_row(row.slot, replace(row.sampling, suppress_tokens=self.suppress), history=[])
+        greedy = row.sampling.temperature <= 0
+        seed = None if row.sampling.seed is None else row.sampling.seed + 1
+        self.predictor_sampler.set_row(
+            row.slot,
+            RowSampling(
+                temperature=0.0 if greedy else 1.0, top_k=PREDICTOR_TOP_K, top_p=PREDICTOR_TOP_P, seed=seed
+            ),
+        )
+        first = self.sampler.sample(logits, rows=[row.slot])
+        frames, embed = self._predict([row.slot], first, hidden[:, length - 1])
+        self.frame_embed[row.slot] = embed[0]
+        self.decoder.last_ids[row.slot] = first[0]
+        self.decoder.lengths[row.slot] = length
+        self.decoder.rope_delta[row.slot] = int(delta.reshape(-1)[0])
+        return frames[0]
+
+    # -- decode --------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self, n: int, *, inputs: list[Any], max_length: int) -> list[tuple[int, ...] | None]:
+        """Advance rows 0..n-1 by one frame; a row whose input is None is held (no frame)."""
+        ready_rows = [i for i, v in enumerate(inputs) if v is not None]
+        index = torch.tensor(ready_rows, dtype=torch.int64, device=self.device)
+        if ready_rows:
+            text = self._project([inputs[i] for i in ready_rows])
+            self.decoder.extra[index] = self.frame_embed[index] + text
+        out = self.decoder.decode(n, max_length=max_length)
+        ready = torch.zeros(n, dtype=torch.bool, device=self.device)
+        ready[index] = True
+        firsts = self.sampler.sample(out.logits, ready=ready)
+        result: list[tuple[int, ...] | None] = [None] * n
+        if ready_rows:
+            frames, embeds = self._predict(ready_rows, firsts[index], out.hidden[index])
+            self.frame_embed[index] = embeds
+            for row, frame in zip(ready_rows, frames, strict=True):
+                result[row] = frame
+        # Held rows keep their state: their write this step is overwritten by their next real one.
+        self.decoder.last_ids[:n] = torch.where(ready, firsts, self.decoder.last_ids[:n])
+        self.decoder.lengths[:n] += ready.long()
+        return result
+
+    def _project(self, vectors: list[Any]) -> torch.Tensor:
+        """Talker-space text vectors: thinker reply embeddings through ``text_projection``."""
+        out: list[torch.Tensor | None] = [v.value if isinstance(v, Projected) else None for v in vectors]
+        raw = [i for i, v in enumerate(out) if v is None]
+        if raw:
+            stacked = torch.stack([vectors[i].to(self.device, self.dtype) for i in raw])
+            for i, value in zip(raw, self.talker.text_projection(stacked[:, None])[:, 0], strict=True):
+                out[i] = value
+        return torch.stack([v for v in out if v is not None])
+
+    def _predict(
+        self, slots: list[int], first: torch.Tensor, past_hidden: torch.Tensor
+    ) -> tuple[list[tuple[int, ...]], torch.Tensor]:
+        """The code predictor over rows ``slots``: their frames and summed codec embeddings [n, H]."""
+        from transformers import DynamicCache
+
+        predictor = self.talker.code_predictor
+        first_embed = self.talker.get_input_embeddings()(first)
+        embeds = [first_embed]
+        codes = [first]
+        step_input = torch.stack([past_hidden.to(self.dtype), first_embed], dim=1)
+        cache = DynamicCache(config=predictor.config)
+        seen = 0
+        for k in range(1, self.groups):
+            seen += step_input.shape[1]
+            mask = torch.ones(len(slots), seen, dtype=torch.long, device=self.device)
+            hidden = predictor.model(
+                inputs_embeds=step_input, attention_mask=mask, past_key_values=cache, use_cache=True
+            ).last_hidden_state
+            logits = predictor.lm_head[k - 1](hidden)[:, -1]
+            code = self.predictor_sampler.sample(logits.float(), rows=slots)
+            codes.append(code)
+            step_input = predictor.model.codec_embedding[k - 1](code)[:, None]
+            embeds.append(step_input[:, 0])
+        summed = torch.stack(embeds, dim=1).sum(1)
+        frames = [tuple(int(c) for c in frame) for frame in torch.stack(codes, dim=1).tolist()]
+        return frames, summed
+
+    @torch.inference_mode()  # the samplers' tables are inference tensors
+    def move(self, src: int, dst: int, length: int) -> None:
+        self.decoder.move(src, dst, length)
+        self.sampler.move(src, dst)
+        self.predictor_sampler.move(src, dst)
+        self.frame_embed[dst] = self.frame_embed[src]
+
+    def warmup(self) -> None:
+        self.decoder.capture_all(max_view=4096)
