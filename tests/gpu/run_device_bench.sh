@@ -26,9 +26,17 @@ LEVELS=${LEVELS:-1,4,16}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' | tee -a "$OUT/gpu.txt"
 
-# A checkpoint directory without weights: the released 7B config (tokenizer and processor files
+# A checkpoint directory without weights: the released config (tokenizer and processor files
 # from the tiny checkpoint); --load-format dummy builds it at full size with random weights.
+# FAMILY=qwen3_omni_moe serves Qwen3-Omni-30B-A3B's shape instead of Qwen2.5-Omni-7B's.
+FAMILY=${FAMILY:-qwen2_5_omni}
+if [ "$FAMILY" = qwen3_omni_moe ]; then
+  DUMMY=/tmp/qwen3-omni-30b-a3b-dummy
+  MODEL_NAME=qwen3-omni-30b-a3b-dummy
+  $OMNI_CLI tiny-checkpoint --family qwen3_omni_moe --shape released --force "$DUMMY" || exit 1
+else
 DUMMY=/tmp/qwen2.5-omni-7b-dummy
+MODEL_NAME=qwen2.5-omni-7b-dummy
 python3 - "$DUMMY" <<'PY' || exit 1
 import shutil, sys
 from omni_runtime.models.qwen2_5_omni.tiny import ensure_tiny_checkpoint
@@ -37,8 +45,11 @@ tiny = ensure_tiny_checkpoint(progress=False)
 shutil.copytree(tiny, sys.argv[1], dirs_exist_ok=True, ignore=shutil.ignore_patterns("model.safetensors", "config.json"))
 released_7b_config(load_processor(None)).save_pretrained(sys.argv[1])
 PY
+fi
+# Codec tokens per speech reply: Qwen2.5's talker makes 50 per second of audio, Qwen3's 12.5.
+TALKER_TOKENS=${TALKER_TOKENS:-400}
 if [ "${RUN_OMNI:-1}" = 1 ]; then
-$OMNI_CLI serve --model-path "$DUMMY" --load-format dummy --device cuda --pipeline "$PIPELINE" --model-name qwen2.5-omni-7b-dummy \
+$OMNI_CLI serve --model-path "$DUMMY" --load-format dummy --device cuda --pipeline "$PIPELINE" --model-name "$MODEL_NAME" \
   --port 8000 --max-batch-size 32 --max-speech-streams "${MAX_SPEECH_STREAMS:-0}" ${SERVE_ARGS:-} > "$OUT/serve.log" 2>&1 &
 SERVER=$!
 for _ in $(seq 1 420); do
@@ -64,11 +75,11 @@ if [ "$PIPELINE" != text ] && [ "${SPEECH:-1}" = 1 ]; then
   $OMNI_CLI bench --url http://127.0.0.1:8000 --concurrency "${SPEECH_LEVELS:-$LEVELS}" --mode speech --stream \
     --requests "${SPEECH_REQUESTS:-8}" \
     --max-tokens 64 --out "$OUT/speech" --label omni-speech \
-    --extra-body '{"stage_params": {"talker": {"max_tokens": 400}}}' 2>&1 | tail -20
+    --extra-body "{\"stage_params\": {\"talker\": {\"max_tokens\": $TALKER_TOKENS}}}" 2>&1 | tail -20
   if [ -n "${SPEECH_RATES:-}" ]; then  # open loop: a steady state instead of one wave
     $OMNI_CLI bench --url http://127.0.0.1:8000 --rate "$SPEECH_RATES" --duration "${SPEECH_DURATION:-60}" \
       --mode speech --stream --max-tokens 64 --out "$OUT/speech-open" --label omni-speech \
-      --extra-body '{"stage_params": {"talker": {"max_tokens": 400}}}' 2>&1 | tail -20
+      --extra-body "{\"stage_params\": {\"talker\": {\"max_tokens\": $TALKER_TOKENS}}}" 2>&1 | tail -20
   fi
 fi
 if [ "${REALTIME:-1}" = 1 ]; then

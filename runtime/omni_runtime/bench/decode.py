@@ -5,6 +5,10 @@ Run on a GPU (the lead runs it on an H100)::
     python -m omni_runtime.bench.decode                     # dummy Qwen2.5-Omni-7B, bf16
     python -m omni_runtime.bench.decode --batches 1,4,16 --steps 128 --prompt 128 --json out.json
     python -m omni_runtime.bench.decode --tp 2 --skip-generate   # thinker TP over GPUs 0,1
+    python -m omni_runtime.bench.decode --family qwen3_omni_moe --batches 1,8,32   # 30B-A3B MoE
+
+``--family qwen3_omni_moe`` times the released Qwen3-Omni-30B-A3B thinker (bench/decode_moe.py:
+its bound counts the experts a batch routes to, so it grows with the batch).
 
 ``--tp N`` builds the thinker the way ``omni serve --load-format dummy --thinker-tp-size N`` does
 (loader, sharding, follower processes on GPUs 1..N-1, the agreed KV slots): this process is
@@ -170,6 +174,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--hbm-tbps", type=float, default=None, help="HBM bandwidth in TB/s (default: by GPU name)"
     )
+    parser.add_argument(
+        "--family",
+        default="qwen2_5_omni",
+        choices=["qwen2_5_omni", "qwen3_omni_moe"],
+        help="model family at its released shape (default qwen2_5_omni: 7B; qwen3_omni_moe: 30B-A3B)",
+    )
     parser.add_argument("--json", default=None, help="also write the results to this file")
     args = parser.parse_args(argv)
 
@@ -183,7 +193,22 @@ def main(argv: list[str] | None = None) -> int:
     max_len = 1 << max(10, (args.prompt + args.steps + 16).bit_length())
     thinker: Any = None
     runner: Any
-    if args.tp:
+    experts: tuple[str, str] | None = None  # (HF's kernel, the runtime's) for an MoE thinker
+    if args.family == "qwen3_omni_moe":
+        if args.tp:
+            print("bench_decode: --tp is not supported for qwen3_omni_moe yet", file=sys.stderr)
+            return 2
+        from omni_runtime.bench import decode_moe
+
+        print(
+            f"building a random-weight Qwen3-Omni-30B-A3B thinker ({args.dtype}) on {name} ...",
+            file=sys.stderr,
+        )
+        thinker, runner, vocab, bytes_for, hf_kernel = decode_moe.build(
+            args.dtype, max_len=max_len, slots=max(batches)
+        )
+        experts = (hf_kernel, "grouped_mm")
+    elif args.tp:
         if args.tp > torch.cuda.device_count():
             print(f"bench_decode: --tp {args.tp} needs {args.tp} GPUs", file=sys.stderr)
             return 2
@@ -200,28 +225,42 @@ def main(argv: list[str] | None = None) -> int:
         thinker, runner = _build(args.dtype, max_len=max_len, slots=max(batches))
         vocab = thinker.config.text_config.vocab_size
         weight_bytes = _weight_bytes(thinker)
+    if experts is None:
+        dense_bytes = weight_bytes
+
+        def bytes_for(batch: int) -> float:
+            return dense_bytes
+
     bandwidth = _bandwidth(name, args.hbm_tbps)
-    bound_ms = weight_bytes / bandwidth * 1000
     results: dict[str, Any] = {
         "gpu": name,
         "thinker_tp_size": args.tp or 1,
         "dtype": args.dtype,
         "prompt_tokens": args.prompt,
         "decode_steps": args.steps,
-        "weight_bytes_per_step": weight_bytes,
+        "family": args.family,
+        "experts_kernels": {"generate": experts[0], "runtime": experts[1]} if experts else None,
         "hbm_bytes_per_s": bandwidth,
-        "bandwidth_bound_ms_per_step": bound_ms,
         "rows": [],
     }
     for batch in batches:
+        if experts is not None:
+            from omni_runtime.bench.decode_moe import set_experts
+
+            set_experts(thinker, experts[1])
         runtime_ms = bench_runtime(runner, batch=batch, prompt=args.prompt, steps=args.steps, vocab=vocab)
         generate_ms = None
         if not args.skip_generate:
+            if experts is not None:
+                set_experts(thinker, experts[0])
             generate_ms = bench_generate(
                 thinker, batch=batch, prompt=args.prompt, steps=args.steps, vocab=vocab
             )
+        step_bytes = bytes_for(batch)
         row = {
             "batch": batch,
+            "bytes_per_step": step_bytes,
+            "bandwidth_bound_ms_per_step": step_bytes / bandwidth * 1000,
             "runtime_ms_per_step": runtime_ms,
             "runtime_tokens_per_s": batch * 1000 / runtime_ms,
             "generate_ms_per_step": generate_ms,
@@ -231,11 +270,12 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row), file=sys.stderr)
     tp_label = f", thinker TP={args.tp} (serving path)" if args.tp else ""
     print(f"\nThinker decode on {name}{tp_label}, {args.dtype}, prompt {args.prompt}, {args.steps} steps")
+    if experts is not None:
+        print(f"experts kernel: generate {experts[0]}, runtime {experts[1]}")
+    print(f"bound = weights a step reads / HBM {bandwidth / 1e12:.2f} TB/s")
     print(
-        f"weights read per step {weight_bytes / 1e9:.2f} GB / HBM {bandwidth / 1e12:.2f} TB/s = {bound_ms:.2f} ms bound"
-    )
-    print(
-        f"{'batch':>5} {'runtime ms/step':>16} {'tok/s':>9} {'x bound':>8} {'generate ms/step':>17} {'tok/s':>9}"
+        f"{'batch':>5} {'GB/step':>8} {'bound ms':>9} {'runtime ms/step':>16} {'tok/s':>9} {'x bound':>8} "
+        f"{'generate ms/step':>17} {'tok/s':>9}"
     )
     for row in results["rows"]:
         gen_ms = row["generate_ms_per_step"]
@@ -244,9 +284,10 @@ def main(argv: list[str] | None = None) -> int:
             if gen_ms is not None
             else f"{'-':>17} {'-':>9}"
         )
+        bound_ms = row["bandwidth_bound_ms_per_step"]
         print(
-            f"{row['batch']:>5} {row['runtime_ms_per_step']:16.2f} {row['runtime_tokens_per_s']:9.1f} "
-            f"{row['runtime_ms_per_step'] / bound_ms:8.2f} {gen}"
+            f"{row['batch']:>5} {row['bytes_per_step'] / 1e9:8.2f} {bound_ms:9.2f} {row['runtime_ms_per_step']:16.2f} "
+            f"{row['runtime_tokens_per_s']:9.1f} {row['runtime_ms_per_step'] / bound_ms:8.2f} {gen}"
         )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:

@@ -1,0 +1,97 @@
+"""The Qwen3-Omni-30B-A3B thinker for the decode bench (``bench.decode --family qwen3_omni_moe``).
+
+One random-weight thinker at the released shape on the GPU serves both sides, as for Qwen2.5:
+transformers' own ``Qwen3OmniMoeThinkerForConditionalGeneration.generate`` with the experts
+kernel transformers picks by default, and the runtime's ``Qwen3ThinkerRunner`` (slot KV cache, CUDA
+graphs) over the same modules with the runtime's experts kernel (``grouped_mm``).
+
+The bandwidth bound of an MoE step depends on the batch: every step reads the dense weights
+(attention, norms, router, shared parts, LM head) and, per layer, each expert that at least one
+row routes to. With top-k of E experts and routing spread evenly (random weights route close to
+evenly), a batch of B rows touches E*(1 - (1 - k/E)^B) experts per layer in expectation: 8 of 128
+at B=1, about 50 at B=8, about 114 at B=32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+
+def expected_experts(experts: int, top_k: int, batch: int) -> float:
+    """Distinct experts per layer that a batch of ``batch`` rows reads, routing spread evenly."""
+    return experts * (1.0 - (1.0 - top_k / experts) ** batch)
+
+
+def moe_bytes(
+    dense_bytes: int, expert_bytes: int, *, layers: int, experts: int, top_k: int
+) -> Callable[[int], float]:
+    """Bytes one decode step reads at batch B: the dense weights plus the experts routed to."""
+
+    def per_step(batch: int) -> float:
+        return dense_bytes + layers * expected_experts(experts, top_k, batch) * expert_bytes
+
+    return per_step
+
+
+def build(dtype_name: str, *, max_len: int, slots: int) -> tuple[Any, Any, int, Callable[[int], float], str]:
+    """(HF thinker, runtime runner, vocab, bytes per step by batch, HF's default experts kernel)."""
+    import torch
+    from transformers import Qwen3OmniMoeThinkerForConditionalGeneration
+
+    from omni_runtime.models.qwen3_omni_moe.config import released_30b_a3b_config
+    from omni_runtime.models.qwen3_omni_moe.runners import Qwen3ThinkerRunner
+
+    dtype = getattr(torch, dtype_name)
+    device = torch.device("cuda", 0)
+    config = released_30b_a3b_config()
+    cfg = config.thinker_config
+    with torch.device(device):
+        thinker = Qwen3OmniMoeThinkerForConditionalGeneration._from_config(
+            cfg, dtype=dtype, attn_implementation="sdpa"
+        ).eval()
+    text = thinker.model.language_model
+    default_kernel = str(getattr(cfg.text_config, "_experts_implementation", None) or "eager")
+    names = SimpleNamespace(
+        text_config=cfg.text_config,
+        audio_token_index=cfg.audio_token_id,
+        image_token_index=cfg.image_token_id,
+        video_token_index=cfg.video_token_id,
+    )
+    runner = Qwen3ThinkerRunner(
+        text,
+        thinker.lm_head,
+        names,
+        slots=slots,
+        max_len=max_len,
+        dtype=dtype,
+        device=device,
+        cuda_graphs=True,
+        accept_layer=int(config.talker_config.accept_hidden_layer),
+    )
+    expert_params = 0
+    for name, param in text.layers.named_parameters():
+        if ".experts." in name:
+            expert_params += param.numel() * param.element_size()
+    text_cfg = cfg.text_config
+    layers, experts, top_k = text_cfg.num_hidden_layers, text_cfg.num_experts, text_cfg.num_experts_per_tok
+    expert_total = expert_params // (layers * experts)
+    dense = sum(
+        p.numel() * p.element_size()
+        for n, p in [
+            *text.layers.named_parameters(),
+            *text.norm.named_parameters(),
+            *thinker.lm_head.named_parameters(),
+        ]
+        if ".experts." not in n
+    )
+    bytes_for = moe_bytes(dense, expert_total, layers=layers, experts=experts, top_k=top_k)
+    return thinker, runner, int(text_cfg.vocab_size), bytes_for, default_kernel
+
+
+def set_experts(thinker: Any, kernel: str) -> None:
+    """Switch the experts kernel of every MoE block (transformers reads it at each forward)."""
+    from omni_runtime.models.qwen3_omni_moe.loader import use_experts
+
+    use_experts(thinker.model.language_model, kernel)
