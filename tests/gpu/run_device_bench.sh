@@ -72,8 +72,10 @@ if [ "${TEXT:-1}" = 1 ]; then
     --max-tokens "$TEXT_TOKENS" --out "$OUT/text" --label omni-text 2>&1 | tail -20
 fi
 if [ "$PIPELINE" != text ] && [ "${SPEECH:-1}" = 1 ]; then
+  # SPEECH_WAVES=N: N x concurrency requests per level; else SPEECH_REQUESTS (8) per level.
+  if [ -n "${SPEECH_WAVES:-}" ]; then SPEECH_COUNT=(--waves "$SPEECH_WAVES"); else SPEECH_COUNT=(--requests "${SPEECH_REQUESTS:-8}"); fi
   $OMNI_CLI bench --url http://127.0.0.1:8000 --concurrency "${SPEECH_LEVELS:-$LEVELS}" --mode speech --stream \
-    --requests "${SPEECH_REQUESTS:-8}" \
+    "${SPEECH_COUNT[@]}" \
     --max-tokens 64 --out "$OUT/speech" --label omni-speech \
     --extra-body "{\"stage_params\": {\"talker\": {\"max_tokens\": $TALKER_TOKENS}}}" 2>&1 | tail -20
   if [ -n "${SPEECH_RATES:-}" ]; then  # open loop: a steady state instead of one wave

@@ -74,6 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--requests", type=positive_int, default=None, help="requests per level (default 4 x concurrency)"
     )
     p.add_argument(
+        "--waves",
+        type=positive_int,
+        default=None,
+        help="requests per level as waves x concurrency (e.g. 1: each level is one wave of concurrent "
+        "requests); --requests wins when both are given",
+    )
+    p.add_argument(
         "--rate",
         type=_rates,
         default=None,
@@ -196,7 +203,7 @@ async def _levels_run(spec: LoadSpec, args: argparse.Namespace) -> list[LevelSum
             )
         return levels
     for concurrency in args.concurrency:
-        total = args.requests or 4 * concurrency
+        total = args.requests or (args.waves or 4) * concurrency
         samples, wall = await run_level(
             spec,
             concurrency=concurrency,

@@ -203,7 +203,7 @@ class OmniAdapter(ABC):
 
     # Overrides of the segmenter's window sizes (pipeline.segmenter.SegmenterConfig fields), in
     # codes: a family whose codes are longer (Qwen3's 80 ms frames) speaks first after fewer.
-    codec_windows: dict[str, int] = {}
+    codec_windows: dict[str, Any] = {}
 
     def thread_initializer(self, stage: str) -> Any:
         """Run once in a stage's worker thread (e.g. to give it its own CUDA stream); None: nothing."""

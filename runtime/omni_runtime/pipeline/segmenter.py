@@ -33,6 +33,11 @@ class Window:
 class SegmenterConfig:
     first_chunk: int = 5  # codes in the first window (50 codes = 1 s of Qwen2.5-Omni audio)
     chunk: int = 40  # codes in each later window
+    # Sizes of the windows between the first and the steady ``chunk`` ones: growing windows let
+    # the talker, which makes audio only somewhat faster than real time under load, stay ahead
+    # of playback while the buffer is still short (a 4-code window plays 0.32 s of Qwen3 audio; a
+    # 15-code one then takes longer than that to make at real-time factor 0.5).
+    ramp: tuple[int, ...] = ()
     left_context: int = 10
     right_context: int = 5
     # Non-streaming: the streaming windows, all at once when the stream ends. ``whole`` instead
@@ -41,7 +46,7 @@ class SegmenterConfig:
     whole: bool = False
 
 
-def family_config(windows: Mapping[str, int], *, at_end: bool = False) -> SegmenterConfig:
+def family_config(windows: Mapping[str, Any], *, at_end: bool = False) -> SegmenterConfig:
     """The default windows with a model family's overrides (``OmniAdapter.codec_windows``)."""
     fields: dict[str, Any] = {**windows, "at_end": at_end}
     return SegmenterConfig(**fields)
@@ -53,6 +58,7 @@ class CodecSegmenter:
     def __init__(self, config: SegmenterConfig | None = None) -> None:
         self.config = config or SegmenterConfig()
         self._next = 0  # first code not yet covered by an emitted window
+        self._emitted = 0  # windows emitted so far (the ramp is indexed by it)
 
     def recurring_sizes(self) -> frozenset[int]:
         """Context sizes (``ctx_end - ctx_start``) of the windows every long stream starts with:
@@ -60,13 +66,13 @@ class CodecSegmenter:
         steady one. These recur across requests, so they are worth a CUDA graph each."""
         probe = CodecSegmenter(replace(self.config, whole=False, at_end=False))
         cfg = self.config
-        windows = probe.push(cfg.first_chunk + 2 * cfg.chunk + cfg.right_context)
+        windows = probe.push(self.codes_to_cover())
         return frozenset(w.ctx_end - w.ctx_start for w in windows)
 
     def codes_to_cover(self) -> int:
         """Codes a stream needs so that every recurring window size has occurred once."""
         cfg = self.config
-        return cfg.first_chunk + 2 * cfg.chunk + cfg.right_context
+        return cfg.first_chunk + sum(cfg.ramp) + 2 * cfg.chunk + cfg.right_context
 
     @property
     def emitted_until(self) -> int:
@@ -84,7 +90,7 @@ class CodecSegmenter:
         if cfg.at_end and not done:
             return windows
         while self._next < available:
-            size = cfg.first_chunk if self._next == 0 else cfg.chunk
+            size = self._size(self._emitted)
             end = self._next + size
             if end + cfg.right_context > available:
                 if not done:
@@ -94,7 +100,15 @@ class CodecSegmenter:
             ctx_end = min(available, end + cfg.right_context)
             windows.append(Window(self._next, end, ctx_start, ctx_end))
             self._next = end
+            self._emitted += 1
         return windows
+
+    def _size(self, index: int) -> int:
+        """Codes in window ``index``: the first, then the ramp, then the steady chunk."""
+        cfg = self.config
+        if index == 0:
+            return cfg.first_chunk
+        return cfg.ramp[index - 1] if index - 1 < len(cfg.ramp) else cfg.chunk
 
 
 def widen_to_recurring(window: Window, sizes: frozenset[int]) -> Window:

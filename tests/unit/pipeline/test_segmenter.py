@@ -99,3 +99,23 @@ def test_recurring_sizes_follow_the_config() -> None:
 )
 def test_last_windows_widen_to_a_recurring_size(window: Window, expected: Window) -> None:
     assert widen_to_recurring(window, frozenset({10, 50, 55})) == expected
+
+
+RAMP = SegmenterConfig(first_chunk=4, ramp=(6, 9), chunk=15, left_context=25, right_context=1)
+
+
+def test_a_ramp_grows_the_windows_before_the_steady_ones() -> None:
+    seg = CodecSegmenter(RAMP)
+    assert seg.push(5) == [Window(0, 4, 0, 5)]
+    assert seg.push(10) == []  # the second window is 6 codes (not 15): it needs 4 + 6 + 1
+    assert seg.push(11) == [Window(4, 10, 0, 11)]
+    assert seg.push(20) == [Window(10, 19, 0, 20)]  # then 9
+    assert seg.push(50) == [Window(19, 34, 0, 35), Window(34, 49, 9, 50)]  # then steady 15s
+    assert seg.push(52, done=True) == [Window(49, 52, 24, 52)]
+
+
+def test_recurring_sizes_cover_the_ramp() -> None:
+    seg = CodecSegmenter(RAMP)
+    # first 5; ramp 11, 20; then 35 (left context cut at 0), 41 (full 25 + 15 + 1)
+    assert seg.codes_to_cover() == 4 + 6 + 9 + 2 * 15 + 1
+    assert seg.recurring_sizes() == frozenset({5, 11, 20, 35, 41})

@@ -46,7 +46,13 @@ from omni_runtime.models.qwen3_omni_moe.talker import Qwen3TalkerRunner
 # Code2Wav windows in frames (80 ms each): the first audio after 4 + 1 frames, then 1.2 s windows,
 # each with 25 frames of left context (as chunked_decode) and the one frame after it that the
 # transposed convolutions' last samples need.
-CODEC_WINDOWS = {"first_chunk": 4, "chunk": 15, "left_context": 25, "right_context": 1}
+CODEC_WINDOWS: dict[str, Any] = {
+    "first_chunk": 4,
+    "ramp": (6, 9, 12),  # 0.32 s, then 0.48, 0.72, 0.96 s of audio before the steady 1.2 s windows
+    "chunk": 15,
+    "left_context": 25,
+    "right_context": 1,
+}
 
 
 class Qwen3OmniMoeAdapter(OmniAdapter):

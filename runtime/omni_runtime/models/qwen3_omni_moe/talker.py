@@ -18,8 +18,10 @@ talker's KV cache in runtime slots (executor/slot_cache.py, as for the thinker):
 - the frame of a first code is completed in the same call that draws it (generate completes it
   at the next step), so a frame leaves a step earlier; the arithmetic is the same.
 
-The code predictor runs eagerly over transformers' own cache (its ``num_code_groups - 1`` short
-steps per talker step are the next thing to capture as CUDA graphs).
+The code predictor runs on the runtime's slot decoder too (``PredictorDecoder``): its 16 positions
+per frame ([talker hidden, first code], then one per further codebook) are 16 single-token steps
+over a 16-long slot cache, each a captured CUDA graph on a GPU, so a frame costs ``num_code_groups``
+graph replays plus the per-codebook heads and sampling instead of 15 eager transformers calls.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
+from torch import nn
 
 from omni_runtime.contract.adapter import RowSampling, TalkerAdmission
 from omni_runtime.contract.engine import EngineError
@@ -43,6 +46,17 @@ from omni_runtime.models.qwen3_omni_moe.talker_prompt import (
 
 SUPPRESSED_TOP = 1024  # generate never lets the talker draw its top 1024 ids (special codec ids) but EOS
 PREDICTOR_TOP_K, PREDICTOR_TOP_P = 50, 0.8  # generate's code-predictor sampling
+
+
+class Rope1D(nn.Module):
+    """The code predictor's plain 1D rotary behind the slot decoder's 3-row position layout."""
+
+    def __init__(self, rotary: nn.Module) -> None:
+        super().__init__()
+        self.rotary = rotary
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> Any:
+        return self.rotary(x, positions[0])
 
 
 @dataclass(frozen=True)
@@ -110,6 +124,25 @@ class Qwen3TalkerRunner:
         self.predictor_sampler = BatchSampler(
             slots=slots, vocab_size=predictor.config.vocab_size, device=device
         )
+        pcfg = predictor.config
+        phidden = int(pcfg.hidden_size)
+        self.predictor = SlotDecoder(  # a frame's positions: talker hidden, first code, 14 more codes
+            layers=predictor.model.layers,
+            norm=predictor.model.norm,
+            rotary=Rope1D(predictor.model.rotary_emb),
+            embed_fn=lambda ids, extra: extra,
+            head_fn=lambda normed: normed,  # the head differs per codebook: applied outside the graph
+            slots=slots,
+            max_len=self.groups + 1,
+            kv_heads=pcfg.num_key_value_heads,
+            head_dim=getattr(pcfg, "head_dim", None) or phidden // pcfg.num_attention_heads,
+            hidden_size=phidden,
+            extra_size=phidden,
+            vocab_size=phidden,
+            dtype=dtype,
+            device=device,
+            cuda_graphs=cuda_graphs,
+        )
         self.frame_embed = torch.zeros(slots, hidden, dtype=dtype, device=device)  # next step's codec part
 
     def text_vector(self, kind: str) -> Projected:
@@ -121,7 +154,40 @@ class Qwen3TalkerRunner:
     # -- admission -----------------------------------------------------------------------------
     @torch.inference_mode()
     def admit(self, rows: list[TalkerAdmission]) -> list[tuple[int, ...]]:
-        return [self._admit_one(row) for row in rows]  # prompts differ in rope layout; admission is rare
+        """Prefill the rows' prompts in one right-padded batch and draw each row's first frame.
+
+        One batch, not one call per row: under load many streams reach the talker together, and
+        serial admissions put each one's first audio behind every earlier one's prefill.
+        """
+        for row in rows:
+            if not 0 <= row.slot < self.slots:
+                raise ValueError(f"talker slot {row.slot} outside 0..{self.slots - 1}")
+        prompts = [self._prompt(row) for row in rows]
+        layouts = [self._positions(row) for row in rows]
+        lengths = [p.shape[0] for p in prompts]
+        longest, hidden_size = max(lengths), prompts[0].shape[-1]
+        embeds = torch.zeros(len(rows), longest, hidden_size, dtype=self.dtype, device=self.device)
+        positions = torch.zeros(3, len(rows), longest, dtype=torch.long, device=self.device)
+        for i, (prompt, (pos, _)) in enumerate(zip(prompts, layouts, strict=True)):
+            embeds[i, : lengths[i]] = prompt
+            positions[:, i, : lengths[i]] = pos[:, 0].to(self.device)
+        slots = [row.slot for row in rows]
+        logits, hidden = self.decoder.prefill(
+            slots=slots, embeds=embeds, positions=positions, lengths=lengths, want_hidden=True
+        )
+        assert hidden is not None
+        for row in rows:
+            self._set_sampling(row)
+        firsts = self.sampler.sample(logits, rows=slots)
+        ends = torch.tensor(lengths, device=self.device) - 1
+        last = hidden[torch.arange(len(rows), device=self.device), ends]
+        frames, frame_embeds = self._predict(slots, firsts, last)
+        for i, row in enumerate(rows):
+            self.frame_embed[row.slot] = frame_embeds[i]
+            self.decoder.last_ids[row.slot] = firsts[i]
+            self.decoder.lengths[row.slot] = lengths[i]
+            self.decoder.rope_delta[row.slot] = int(layouts[i][1].reshape(-1)[0])
+        return frames
 
     def _prompt(self, row: TalkerAdmission) -> torch.Tensor:
         talker, ids = self.talker, row.input_ids
@@ -154,39 +220,27 @@ class Qwen3TalkerRunner:
         codec = torch.cat([torch.zeros(3, codec.shape[-1], dtype=codec.dtype, device=self.device), codec])
         return torch.cat([users, text + codec])
 
-    def _admit_one(self, row: TalkerAdmission) -> tuple[int, ...]:
-        if not 0 <= row.slot < self.slots:
-            raise ValueError(f"talker slot {row.slot} outside 0..{self.slots - 1}")
-        embeds = self._prompt(row)
+    def _positions(self, row: TalkerAdmission) -> tuple[torch.Tensor, torch.Tensor]:
+        """The talker prompt's rope positions [3, 1, L] and delta, as get_rope_index gives them."""
         prompt_ids = torch.tensor([talker_prompt_ids(row.input_ids, self.turns, tts_pad=self.tts_pad_id)])
         ctx = row.talker_context
         media = ctx.get("audio_feature_lengths") is not None or any(
             ctx.get(k) is not None and ctx[k].numel() > 0 for k in ("image_grid_thw", "video_grid_thw")
         )
-        if media:
-            positions, delta = self.talker.get_rope_index(
-                prompt_ids,
-                ctx.get("image_grid_thw"),
-                ctx.get("video_grid_thw"),
-                torch.ones_like(prompt_ids),
-                False,
-                ctx.get("audio_feature_lengths"),
-                ctx.get("video_second_per_grid"),
-            )
-        else:
-            positions, delta = (
-                torch.arange(prompt_ids.shape[1]).view(1, 1, -1).expand(3, 1, -1),
-                torch.zeros(1),
-            )
-        length = prompt_ids.shape[1]
-        logits, hidden = self.decoder.prefill(
-            slots=[row.slot],
-            embeds=embeds[None],
-            positions=positions.to(self.device),
-            lengths=[length],
-            want_hidden=True,
+        if not media:
+            return torch.arange(prompt_ids.shape[1]).view(1, 1, -1).expand(3, 1, -1), torch.zeros(1)
+        positions, delta = self.talker.get_rope_index(
+            prompt_ids,
+            ctx.get("image_grid_thw"),
+            ctx.get("video_grid_thw"),
+            torch.ones_like(prompt_ids),
+            False,
+            ctx.get("audio_feature_lengths"),
+            ctx.get("video_second_per_grid"),
         )
-        assert hidden is not None
+        return positions, delta
+
+    def _set_sampling(self, row: TalkerAdmission) -> None:
         self.sampler.set_row(row.slot, replace(row.sampling, suppress_tokens=self.suppress), history=[])
         greedy = row.sampling.temperature <= 0
         seed = None if row.sampling.seed is None else row.sampling.seed + 1
@@ -196,13 +250,6 @@ class Qwen3TalkerRunner:
                 temperature=0.0 if greedy else 1.0, top_k=PREDICTOR_TOP_K, top_p=PREDICTOR_TOP_P, seed=seed
             ),
         )
-        first = self.sampler.sample(logits, rows=[row.slot])
-        frames, embed = self._predict([row.slot], first, hidden[:, length - 1])
-        self.frame_embed[row.slot] = embed[0]
-        self.decoder.last_ids[row.slot] = first[0]
-        self.decoder.lengths[row.slot] = length
-        self.decoder.rope_delta[row.slot] = int(delta.reshape(-1)[0])
-        return frames[0]
 
     # -- decode --------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -241,27 +288,35 @@ class Qwen3TalkerRunner:
     def _predict(
         self, slots: list[int], first: torch.Tensor, past_hidden: torch.Tensor
     ) -> tuple[list[tuple[int, ...]], torch.Tensor]:
-        """The code predictor over rows ``slots``: their frames and summed codec embeddings [n, H]."""
-        from transformers import DynamicCache
+        """The code predictor over rows ``slots``: their frames and summed codec embeddings [n, H].
 
-        predictor = self.talker.code_predictor
+        Rows 0..max(slots) step together (the predictor keeps nothing between frames, so the other
+        rows' work is discarded); position 0 is the talker's hidden state, position 1 the first
+        code's embedding, position k+1 codebook k's embedding, and the hidden state after position
+        k+1 draws codebook k+1 through ``lm_head[k]``, as transformers' predictor does.
+        """
+        predictor, decoder = self.talker.code_predictor, self.predictor
+        index = torch.tensor(slots, dtype=torch.int64, device=self.device)
+        n = max(slots) + 1
         first_embed = self.talker.get_input_embeddings()(first)
-        embeds = [first_embed]
-        codes = [first]
-        step_input = torch.stack([past_hidden.to(self.dtype), first_embed], dim=1)
-        cache = DynamicCache(config=predictor.config)
-        seen = 0
+        embeds, codes = [first_embed], [first]
+        step_inputs = (past_hidden.to(self.dtype), first_embed)
+        out = None
+        for position, value in enumerate(step_inputs):
+            decoder.lengths[:n] = position
+            decoder.extra[index] = value
+            out = decoder.decode(n, max_length=position + 1)
         for k in range(1, self.groups):
-            seen += step_input.shape[1]
-            mask = torch.ones(len(slots), seen, dtype=torch.long, device=self.device)
-            hidden = predictor.model(
-                inputs_embeds=step_input, attention_mask=mask, past_key_values=cache, use_cache=True
-            ).last_hidden_state
-            logits = predictor.lm_head[k - 1](hidden)[:, -1]
+            assert out is not None
+            logits = predictor.lm_head[k - 1](out.hidden[index])
             code = self.predictor_sampler.sample(logits.float(), rows=slots)
+            embed = predictor.model.codec_embedding[k - 1](code)
             codes.append(code)
-            step_input = predictor.model.codec_embedding[k - 1](code)[:, None]
-            embeds.append(step_input[:, 0])
+            embeds.append(embed)
+            if k < self.groups - 1:
+                decoder.lengths[:n] = k + 1
+                decoder.extra[index] = embed
+                out = decoder.decode(n, max_length=k + 2)
         summed = torch.stack(embeds, dim=1).sum(1)
         frames = [tuple(int(c) for c in frame) for frame in torch.stack(codes, dim=1).tolist()]
         return frames, summed
@@ -275,3 +330,4 @@ class Qwen3TalkerRunner:
 
     def warmup(self) -> None:
         self.decoder.capture_all(max_view=4096)
+        self.predictor.capture_all()
