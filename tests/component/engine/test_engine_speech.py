@@ -10,7 +10,7 @@ import pytest
 from engine_harness import Harness, finished, request, tiny_options
 
 from omni_runtime.contract.engine import AudioChunk, EngineError, TextDelta
-from omni_runtime.pipeline.segmenter import CodecSegmenter, SegmenterConfig
+from omni_runtime.pipeline.segmenter import CodecSegmenter, family_config
 
 
 class VocoderSpy:
@@ -69,7 +69,8 @@ def test_speech_audio_is_24khz_and_its_length_matches_the_codec_tokens(batch_spe
     )
     # Non-streaming speech cuts the finished codes into the streaming windows (each cancellable),
     # all submitted at once: one vocoder call here, and one audio chunk.
-    expected = CodecSegmenter(SegmenterConfig(at_end=True)).push(codes, done=True)
+    windows = batch_speech_engine.engine.adapter.codec_windows  # the family's (with its ramp)
+    expected = CodecSegmenter(family_config(windows, at_end=True)).push(codes, done=True)
     assert spy.windows == [(w.start, w.end) for w in expected]
     assert spy.calls == 1 and len(chunks) == 1
     assert all(c.pcm.dtype == np.float32 and np.all(np.abs(c.pcm) <= 1.0) for c in chunks)

@@ -41,6 +41,9 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 
 
+CODEC_RAMP = (10, 20, 30)  # codes of the windows between the first (5) and the steady (40) ones
+
+
 class Qwen25OmniAdapter(OmniAdapter):
     def __init__(self, loaded: LoadedModel, *, options: EngineOptions, hosted: frozenset[str]) -> None:
         self.loaded = loaded
@@ -58,6 +61,9 @@ class Qwen25OmniAdapter(OmniAdapter):
         )
         self._processor = loaded.processor
         self.mem_fraction = options.mem_fraction_static
+        # 50 codes a second: the first window plays 0.1 s, so the next ones grow (0.2, 0.4, 0.6 s)
+        # before the steady 0.8 s windows, each made while the previous one plays.
+        self.codec_windows = {"ramp": CODEC_RAMP}
         cfg = loaded.config.thinker_config
         self.audio_token, self.image_token, self.video_token = (
             cfg.audio_token_index,
