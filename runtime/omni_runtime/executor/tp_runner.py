@@ -78,6 +78,8 @@ class LeaderDecoder:
 class TPThinkerRunner:
     """The ThinkerRunner the scheduler sees on rank 0: the plain runner plus ``close``."""
 
+    keeps_kv = False  # conversation KV would need its copies replayed on every rank (not yet)
+
     def __init__(self, runner: Any, leader: TPLeader) -> None:
         self.runner = runner
         self.leader = leader

@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -147,7 +148,18 @@ class PipelineEngine:
             prefetch_submitted=prefetch.submitted if prefetch else 0,
             prefetch_done=prefetch.done if prefetch else 0,
             prefetch_failed=prefetch.failed if prefetch else 0,
+            **self._session_kv_stats(),
         )
+
+    def _session_kv_stats(self) -> dict[str, int]:
+        local = self.stages.local.thinker if self.stages is not None else None
+        if local is None:  # no thinker here, or one behind a stage link (its process counts)
+            return {}
+        return {f"session_kv_{name}": value for name, value in asdict(local.kv.counters()).items()}
+
+    def end_session(self, session_key: str) -> None:
+        if self.stages is not None:
+            self.stages.thinker.end_session(session_key)
 
     def prefetch_media(self, media: Sequence[MediaInput]) -> bool:
         if not self._ready or self.encoders is None:
@@ -221,6 +233,7 @@ class PipelineEngine:
             max_tokens=sp.max_tokens,
             ignore_eos=sp.ignore_eos,
             want_vectors=request.want_audio,
+            session=request.session_key,
         )
         state["thinker_job"] = job
         stages.thinker.submit(job)

@@ -21,13 +21,16 @@ DEEPSTACK = "deepstack"
 
 
 class Qwen3ThinkerRunner(QwenThinkerRunner):
-    def prefill_hook(self, rows: list[ThinkerAdmission]) -> Any:
+    def prefill_hook(self, rows: list[ThinkerAdmission], offset: int = 0) -> Any:
         row_index, positions, features = [], [], []
         for i, row in enumerate(rows):
             deep = row.prompt.talker_context.get(DEEPSTACK)
             if deep is None:
                 continue
             where, values = deep
+            if offset:  # kept KV covers the first positions: the prefill starts at ``offset``
+                inside = where >= offset
+                where, values = where[inside] - offset, values[inside]
             row_index.append(torch.full_like(where, i))
             positions.append(where)
             features.append(values)

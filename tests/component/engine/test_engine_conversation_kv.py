@@ -1,0 +1,153 @@
+"""Conversation KV on the real engine (tiny checkpoint, CPU): a session's turn reuses the thinker KV
+its previous turn left and prefills only the rest, with exactly the greedy tokens of a full
+prefill; media is matched by content; a small budget evicts and the next turn rebuilds in full."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from engine_harness import Harness, finished, tiny_options, token_ids, tone
+
+from omni_runtime.contract.engine import (
+    AudioChunk,
+    ChatTurn,
+    EngineStats,
+    GenerationRequest,
+    MediaInput,
+    SamplingParams,
+    TextDelta,
+)
+
+_ids = itertools.count()
+
+
+def ask(turns: list[ChatTurn], *, session: str | None, want_audio: bool = False) -> GenerationRequest:
+    return GenerationRequest(
+        request_id=f"kv{next(_ids)}",
+        turns=tuple(turns),
+        sampling=SamplingParams(max_tokens=10, temperature=0.0, seed=5),
+        want_audio=want_audio,
+        stage_params={"talker": {"max_tokens": 30}},
+        session_key=session,
+    )
+
+
+def reply_text(events: list[Any]) -> str:
+    return "".join(e.text for e in events if isinstance(e, TextDelta))
+
+
+def settled(harness: Harness) -> EngineStats:
+    """The engine's counters once every row ended and its KV was kept."""
+
+    async def wait() -> EngineStats:
+        while not harness.engine.stages.local.quiet:
+            await asyncio.sleep(0.01)
+        return harness.engine.stats()
+
+    return harness.run(wait())
+
+
+def noise(seconds: float, seed: int) -> MediaInput:
+    rng = np.random.default_rng(seed)
+    return MediaInput("audio", (0.1 * rng.standard_normal(int(16000 * seconds))).astype(np.float32), 16000)
+
+
+def test_text_and_audio_turns_equal_a_full_prefill(speech_engine: Harness) -> None:
+    turns: list[ChatTurn] = [ChatTurn(role="system", text="You are terse.")]
+    previous_prompt = 0
+    for index in range(4):
+        media = (tone(0.4 + 0.2 * index),) if index % 2 else ()
+        turns.append(ChatTurn(role="user", text=f"Question {index}: why?", media=media))
+        before = settled(speech_engine)
+        kept = speech_engine.collect(ask(turns, session="conv-a"))
+        after = settled(speech_engine)
+        full = speech_engine.collect(ask(turns, session=None))
+        assert token_ids(kept) == token_ids(full) and token_ids(kept)
+        hits = after.session_kv_hits - before.session_kv_hits
+        reused = after.session_kv_reused_tokens - before.session_kv_reused_tokens
+        assert (hits, after.session_kv_misses - before.session_kv_misses) == ((1, 0) if index else (0, 1))
+        # Every earlier prompt token is reused (and the reply tokens that re-tokenise the same).
+        assert reused >= previous_prompt and reused < finished(kept).usage.prompt_tokens
+        previous_prompt = finished(kept).usage.prompt_tokens
+        turns.append(ChatTurn(role="assistant", text=reply_text(kept)))
+    assert settled(speech_engine).session_kv_entries >= 1
+    speech_engine.run(_end(speech_engine, "conv-a"))
+    assert "conv-a" not in speech_engine.engine.stages.local.thinker.kv
+
+
+async def _end(harness: Harness, session: str) -> None:
+    harness.engine.end_session(session)
+
+
+def test_speech_turns_hand_the_talker_the_same_prompt(speech_engine: Harness) -> None:
+    """A speech turn after a kept prefix: the thinker's tokens equal a full prefill's and the
+    talker (fed kept vectors for the prefix) speaks the same length of audio."""
+    turns = [ChatTurn(role="user", text="Say hi.", media=(tone(0.5),))]
+    first = speech_engine.collect(ask(turns, session="conv-s", want_audio=True))
+    turns += [ChatTurn(role="assistant", text=reply_text(first)), ChatTurn(role="user", text="Again.")]
+    before = settled(speech_engine)
+    kept = speech_engine.collect(ask(turns, session="conv-s", want_audio=True))
+    after = settled(speech_engine)
+    full = speech_engine.collect(ask(turns, session=None, want_audio=True))
+    assert after.session_kv_hits - before.session_kv_hits == 1
+    assert token_ids(kept) == token_ids(full)
+    audio = [np.concatenate([e.pcm for e in ev if isinstance(e, AudioChunk)]) for ev in (kept, full)]
+    assert audio[0].size == audio[1].size > 0
+    np.testing.assert_allclose(audio[0], audio[1], atol=1e-3)
+
+
+def test_other_audio_at_the_same_place_is_not_reused(speech_engine: Harness) -> None:
+    """Same ids and positions (audio of the same length), other sound: the prefix stops at the
+    first audio placeholder, and the answer is the full prefill's."""
+    first = [ChatTurn(role="user", text="Listen.", media=(noise(0.6, seed=1),))]
+    said = reply_text(speech_engine.collect(ask(first, session="conv-m")))
+    other = [
+        ChatTurn(role="user", text="Listen.", media=(noise(0.6, seed=2),)),
+        ChatTurn(role="assistant", text=said),
+        ChatTurn(role="user", text="And now?"),
+    ]
+    request = ask(other, session="conv-m")
+    ids = speech_engine.engine.adapter.preprocess(request).input_ids
+    audio_token = int(speech_engine.engine.stages.local.thinker.runner.media_ids[0])
+    before = settled(speech_engine)
+    kept = speech_engine.collect(request)
+    after = settled(speech_engine)
+    assert after.session_kv_reused_tokens - before.session_kv_reused_tokens == ids.index(audio_token)
+    assert token_ids(kept) == token_ids(speech_engine.collect(ask(other, session=None)))
+
+
+@pytest.fixture(scope="module")
+def small_budget(tiny_checkpoint: Path) -> Iterator[Harness]:
+    # 1 MiB: the tiny thinker keeps 1 KiB a token, so about three of these conversations fit.
+    harness = Harness(tiny_options(tiny_checkpoint, pipeline="text", session_kv_mb=1))
+    yield harness
+    harness.close()
+
+
+def test_eviction_under_a_small_budget_rebuilds_by_a_full_prefill(small_budget: Harness) -> None:
+    long_text = " ".join(f"item {i} is {i * 7 % 13}." for i in range(40))
+    sessions = [f"conv-{i}" for i in range(4)]
+    histories = {s: [ChatTurn(role="user", text=f"{s}: {long_text}")] for s in sessions}
+    for session in sessions:
+        events = small_budget.collect(ask(histories[session], session=session))
+        histories[session] += [ChatTurn(role="assistant", text=reply_text(events))]
+        histories[session] += [ChatTurn(role="user", text="Go on.")]
+    stats = settled(small_budget)
+    store = small_budget.engine.stages.local.thinker.kv
+    assert stats.session_kv_evictions >= 1 and stats.session_kv_bytes <= 1 << 20
+    assert "conv-0" not in store and "conv-3" in store  # least recently used left first
+    for session, expect_hit in (("conv-0", False), ("conv-3", True)):
+        before = settled(small_budget)
+        again = small_budget.collect(ask(histories[session], session=session))
+        after = settled(small_budget)
+        assert after.session_kv_hits - before.session_kv_hits == int(expect_hit)
+        assert after.session_kv_misses - before.session_kv_misses == int(not expect_hit)
+        assert token_ids(again) == token_ids(small_budget.collect(ask(histories[session], session=None)))
+    small_budget.run(_end(small_budget, "conv-3"))
+    assert "conv-3" not in store
