@@ -80,6 +80,7 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     audio_seconds: float = 0.0
+    cached_tokens: int = 0  # prompt tokens served from the session's kept KV (conversation KV)
 
 
 @dataclass(frozen=True)

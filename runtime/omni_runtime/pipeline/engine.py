@@ -294,6 +294,7 @@ class PipelineEngine:
             prompt_tokens=len(thinker_prompt.input_ids),
             completion_tokens=generated,
             audio_seconds=audio_seconds,
+            cached_tokens=job.reused,
         )
         out.put_nowait(Finished(reason, usage))
 

@@ -80,6 +80,7 @@ class RemoteThinker:
                     elif kind == "token":
                         self.running_count = int(reply["running"])
                         self.max_running_batch = max(self.max_running_batch, int(reply["max_running"]))
+                        job.reused = int(reply.get("reused", 0))
                         job.events.put_nowait(ThinkerToken(int(reply["token"]), data.get("vector")))
                     elif job.finish is None:
                         job.finish = reply["reason"]

@@ -86,7 +86,11 @@ class StageHandlers:
                 if isinstance(event, tuple):
                     yield {"type": "prompt_vectors"}, {"vectors": event[1]}
                 elif isinstance(event, ThinkerToken):
-                    stats = {"running": scheduler.running_count, "max_running": scheduler.max_running_batch}
+                    stats = {
+                        "running": scheduler.running_count,
+                        "max_running": scheduler.max_running_batch,
+                        "reused": job.reused,
+                    }
                     extra = {"vector": event.vector} if event.vector is not None else {}
                     yield {"type": "token", "token": event.token, **stats}, extra
                 elif isinstance(event, ThinkerDone):

@@ -41,6 +41,7 @@ class ScriptedEngine:
     cancelled: list[str] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
     prefetched: list[tuple[MediaInput, ...]] = field(default_factory=list)
+    ended_sessions: list[str] = field(default_factory=list)
 
     @property
     def ready(self) -> bool:
@@ -58,6 +59,9 @@ class ScriptedEngine:
     def prefetch_media(self, media: Sequence[MediaInput]) -> bool:
         self.prefetched.append(tuple(media))
         return True
+
+    def end_session(self, session_key: str) -> None:
+        self.ended_sessions.append(session_key)
 
     def reply_words(self, request: GenerationRequest) -> list[str]:
         base = [f"turns{len(request.turns)}"] + [f"w{i}" for i in range(1, self.words)]

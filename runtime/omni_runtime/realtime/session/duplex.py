@@ -93,6 +93,11 @@ def commit_create_response(event: dict[str, Any]) -> bool | None:
     return value
 
 
+def probe_session_key(session_id: str) -> str:
+    """The conversation-KV key of a session's duplex probes."""
+    return f"{session_id}/probe"
+
+
 async def probe_model(session: RealtimeSession, audio: Any) -> Decision:
     """Ask the thinker whether it takes the turn now: its greedy first token decides."""
     config = session.config
@@ -109,6 +114,9 @@ async def probe_model(session: RealtimeSession, audio: Any) -> Decision:
         turns=turns,
         sampling=SamplingParams(max_tokens=1, temperature=0.0),
         want_audio=False,
+        # Probes keep their own conversation KV: their system prompt (the probe hint) differs
+        # from the responses', so sharing one entry would make each undo the other's.
+        session_key=probe_session_key(session.id),
     )
     text, reason = "", "error"
     stream = session.engine.generate(request)

@@ -132,8 +132,10 @@ class ResponseRun:
         turn_ended_at: float | None,
         on_first_output: Callable[[float], None] | None,
         on_finished: Callable[[ResponseRun], None],
+        session_key: str | None = None,
     ) -> None:
         self.id = new_id("resp")
+        self.session_key = session_key  # conversation KV: the engine keeps this session's KV
         self.engine = engine
         self.outbox = outbox
         self.plan = plan
@@ -203,7 +205,7 @@ class ResponseRun:
                 "input_token_details": {
                     "text_tokens": self.usage.prompt_tokens,
                     "audio_tokens": 0,
-                    "cached_tokens": 0,
+                    "cached_tokens": self.usage.cached_tokens,
                 },
                 "output_token_details": {
                     "text_tokens": self.usage.completion_tokens,
@@ -296,6 +298,7 @@ class ResponseRun:
             sampling=SamplingParams(max_tokens=self.plan.max_tokens, temperature=self.plan.temperature),
             want_audio=self.plan.want_audio,
             voice=self.plan.voice,
+            session_key=self.session_key,
         )
         resampler: StreamingResampler | None = None
         finished: Finished | None = None

@@ -44,7 +44,12 @@ from omni_runtime.realtime.protocol import engine_voice, new_id, read_event
 from omni_runtime.realtime.request_types import check_text
 from omni_runtime.realtime.session.config import SessionConfig, apply_update
 from omni_runtime.realtime.session.conversation import Conversation, Item, Part
-from omni_runtime.realtime.session.duplex import DuplexDriver, append_hints, commit_create_response
+from omni_runtime.realtime.session.duplex import (
+    DuplexDriver,
+    append_hints,
+    commit_create_response,
+    probe_session_key,
+)
 from omni_runtime.realtime.session.input_audio import InputAudio
 from omni_runtime.realtime.session.items import parse_item
 from omni_runtime.realtime.session.overlap import Overlap
@@ -139,6 +144,8 @@ class RealtimeSession:
         if self.response is not None:
             self.outbox.bump_epoch()
             await self.response.cancel("session_closed")
+        for key in (self.id, probe_session_key(self.id)):  # the conversation KV it kept
+            self.engine.end_session(key)
         self.outbox.close()
 
     @property
@@ -433,6 +440,7 @@ class RealtimeSession:
             turn_ended_at=turn_ended_at,
             on_first_output=self.metrics.first_output.observe,
             on_finished=self._response_finished,
+            session_key=self.id,
         )
         self.response = run
         self.last_response = run
