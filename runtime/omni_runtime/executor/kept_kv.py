@@ -51,12 +51,12 @@ def keep(
     vectors: torch.Tensor | None,
 ) -> KeptKV:
     """Copy the first ``length`` positions of ``slot`` out of the cache."""
-    kv = torch.stack(
-        [
-            torch.stack([keys[slot, :, :length], values[slot, :, :length]])
-            for keys, values in zip(cache.keys, cache.values, strict=True)
-        ]
-    )
+    first = cache.keys[0]
+    shape = (len(cache.keys), 2, first.shape[1], length, first.shape[3])
+    kv = torch.empty(shape, dtype=first.dtype, device=first.device)
+    for layer, (keys, values) in enumerate(zip(cache.keys, cache.values, strict=True)):
+        kv[layer, 0] = keys[slot, :, :length]
+        kv[layer, 1] = values[slot, :, :length]
     return KeptKV(kv=kv, media_index=media_index, media_rows=media_rows, vectors=vectors)
 
 

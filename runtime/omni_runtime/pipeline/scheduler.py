@@ -233,14 +233,15 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
         longest = 0
         while self.waiting and len(admit) < free:
             job = self.waiting[0]
-            length = len(job.prompt.input_ids)
+            if job.kept is None:
+                self._take_kept(job)
+            length = len(job.prompt.input_ids) - job.kept_length  # what the prefill computes
             padded = max(longest, length) * (len(admit) + 1)
             if admit and padded > self.prefill_token_budget:
                 break
             self.waiting.popleft()
             longest = max(longest, length)
             admit.append(job)
-            self._take_kept(job)
         return admit
 
     # -- conversation KV --------------------------------------------------------------------------

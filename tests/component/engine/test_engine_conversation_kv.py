@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from engine_harness import Harness, finished, tiny_options, token_ids, tone
+from engine_harness import Harness, finished, image, tiny_options, token_ids, tone
 
 from omni_runtime.contract.engine import (
     AudioChunk,
@@ -58,27 +58,45 @@ def noise(seconds: float, seed: int) -> MediaInput:
     return MediaInput("audio", (0.1 * rng.standard_normal(int(16000 * seconds))).astype(np.float32), 16000)
 
 
-def test_text_and_audio_turns_equal_a_full_prefill(speech_engine: Harness) -> None:
+def converse(harness: Harness, session: str, media: list[tuple[MediaInput, ...]]) -> None:
+    """One turn per ``media`` entry; each turn's greedy tokens with the kept KV must equal a full
+    prefill's, and each reuses at least the whole previous prompt."""
     turns: list[ChatTurn] = [ChatTurn(role="system", text="You are terse.")]
     previous_prompt = 0
-    for index in range(4):
-        media = (tone(0.4 + 0.2 * index),) if index % 2 else ()
-        turns.append(ChatTurn(role="user", text=f"Question {index}: why?", media=media))
-        before = settled(speech_engine)
-        kept = speech_engine.collect(ask(turns, session="conv-a"))
-        after = settled(speech_engine)
-        full = speech_engine.collect(ask(turns, session=None))
-        assert token_ids(kept) == token_ids(full) and token_ids(kept)
+    for index, parts in enumerate(media):
+        turns.append(ChatTurn(role="user", text=f"Question {index}: why?", media=parts))
+        before = settled(harness)
+        kept = harness.collect(ask(turns, session=session))
+        after = settled(harness)
+        full = harness.collect(ask(turns, session=None))
+        assert token_ids(kept) == token_ids(full) and token_ids(kept), f"turn {index}"
         hits = after.session_kv_hits - before.session_kv_hits
         reused = after.session_kv_reused_tokens - before.session_kv_reused_tokens
         assert (hits, after.session_kv_misses - before.session_kv_misses) == ((1, 0) if index else (0, 1))
         # Every earlier prompt token is reused (and the reply tokens that re-tokenise the same).
-        assert reused >= previous_prompt and reused < finished(kept).usage.prompt_tokens
-        previous_prompt = finished(kept).usage.prompt_tokens
+        prompt = finished(kept).usage.prompt_tokens
+        assert previous_prompt <= reused == finished(kept).usage.cached_tokens < prompt
+        previous_prompt = prompt
         turns.append(ChatTurn(role="assistant", text=reply_text(kept)))
-    assert settled(speech_engine).session_kv_entries >= 1
-    speech_engine.run(_end(speech_engine, "conv-a"))
-    assert "conv-a" not in speech_engine.engine.stages.local.thinker.kv
+    assert session in harness.engine.stages.local.thinker.kv
+    harness.run(_end(harness, session))
+    assert session not in harness.engine.stages.local.thinker.kv
+
+
+def test_text_and_audio_turns_equal_a_full_prefill(speech_engine: Harness) -> None:
+    converse(speech_engine, "conv-a", [(), (tone(0.6),), (), (tone(1.0), image(seed=3))])
+
+
+def test_qwen3_turns_with_deepstack_images_equal_a_full_prefill(tiny_checkpoint: Path) -> None:
+    """Qwen3-Omni adds DeepStack features at visual positions during prefill: an image in a later
+    turn lies after the kept prefix, so its features land at the suffix's own positions."""
+    from omni_runtime.models.qwen3_omni_moe.tiny import ensure_tiny_checkpoint
+
+    harness = Harness(tiny_options(ensure_tiny_checkpoint(progress=False), pipeline="text"))
+    try:
+        converse(harness, "conv-q3", [(image(seed=1),), (), (image(seed=2),), (tone(0.6),)])
+    finally:
+        harness.close()
 
 
 async def _end(harness: Harness, session: str) -> None:

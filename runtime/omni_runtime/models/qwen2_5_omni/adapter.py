@@ -58,6 +58,8 @@ class Qwen25OmniAdapter(OmniAdapter):
         )
         self._processor = loaded.processor
         self.mem_fraction = options.mem_fraction_static
+        # Kept session KV sits beside the thinker's slots (none under TP: not kept there yet).
+        self.session_kv_bytes = options.session_kv_mb << 20 if options.thinker_tp_size == 1 else 0
         cfg = loaded.config.thinker_config
         self.audio_token, self.image_token, self.video_token = (
             cfg.audio_token_index,
@@ -222,8 +224,18 @@ class Qwen25OmniAdapter(OmniAdapter):
     talker_context = staticmethod(rope_context)
 
     # -- runners -------------------------------------------------------------------------------
-    def _fit_slots(self, *, config: Any, device: torch.device, slots: int, max_len: int, what: str) -> int:
+    def _fit_slots(
+        self,
+        *,
+        config: Any,
+        device: torch.device,
+        slots: int,
+        max_len: int,
+        what: str,
+        reserve_bytes: int = 0,
+    ) -> int:
         return fit_slots(
+            reserve_bytes=reserve_bytes,
             config=config,
             device=device,
             dtype=self.placement.dtype,
@@ -246,6 +258,7 @@ class Qwen25OmniAdapter(OmniAdapter):
             slots=slots,
             max_len=max_len,
             what="thinker",
+            reserve_bytes=self.session_kv_bytes,
         )
         leader = self.loaded.tp
         if leader is None:

@@ -55,6 +55,7 @@ class Qwen3OmniMoeAdapter(OmniAdapter):
         self.voices = ()
         self.default_voice = None
         self.mem_fraction = options.mem_fraction_static
+        self.session_kv_bytes = options.session_kv_mb << 20  # kept session KV beside the slots
         cfg = loaded.config.thinker_config
         self.audio_token, self.image_token, self.video_token = (
             cfg.audio_token_id,
@@ -210,6 +211,7 @@ class Qwen3OmniMoeAdapter(OmniAdapter):
             slots=slots,
             max_len=max_len,
             what="thinker",
+            reserve_bytes=self.session_kv_bytes,
         )
         # The runner reads the Qwen2.5 names of the media token ids (for talker vectors).
         names = SimpleNamespace(
