@@ -187,6 +187,8 @@ async def test_latency_probe_measures_every_turn(served) -> None:
     report = await measure(probe, concurrency=2)
     assert report["samples"] == 4 and report["concurrency"] == 2
     assert 0 <= report["median_s"] <= report["p90_s"] <= report["max_s"] < 5
+    assert [(row["turn_index"], row["samples"]) for row in report["by_turn"]] == [(1, 2), (2, 2)]
+    assert all(row["median_s"] <= row["max_s"] <= report["max_s"] for row in report["by_turn"])
 
 
 # --- vLLM's transcription dialect on the same endpoint --------------------------------------------
