@@ -16,10 +16,16 @@ talker need that token ids do not say:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
-from omni_runtime.executor.slot_cache import SlotKVCache
+
+class SlotKVCache(Protocol):
+    """What the copies need of slot_cache.SlotKVCache: per layer ``[slots, kv_heads, len, d]``."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
 
 
 @dataclass
@@ -41,30 +47,22 @@ class KeptKV:
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def keep(
-    cache: SlotKVCache,
-    *,
-    slot: int,
-    length: int,
-    media_index: torch.Tensor,
-    media_rows: torch.Tensor,
-    vectors: torch.Tensor | None,
-) -> KeptKV:
-    """Copy the first ``length`` positions of ``slot`` out of the cache."""
+def copy_out(cache: SlotKVCache, *, slot: int, length: int) -> torch.Tensor:
+    """The first ``length`` positions of ``slot``, as one new tensor ``[layers, 2, kv_heads, n, d]``."""
     first = cache.keys[0]
     shape = (len(cache.keys), 2, first.shape[1], length, first.shape[3])
     kv = torch.empty(shape, dtype=first.dtype, device=first.device)
     for layer, (keys, values) in enumerate(zip(cache.keys, cache.values, strict=True)):
         kv[layer, 0] = keys[slot, :, :length]
         kv[layer, 1] = values[slot, :, :length]
-    return KeptKV(kv=kv, media_index=media_index, media_rows=media_rows, vectors=vectors)
+    return kv
 
 
-def restore(cache: SlotKVCache, kept: KeptKV, *, slot: int, length: int) -> None:
-    """Copy the first ``length`` kept positions into ``slot``."""
+def copy_in(cache: SlotKVCache, kv: torch.Tensor, *, slot: int, length: int) -> None:
+    """Copy the first ``length`` positions of ``kv`` (from ``copy_out``) into ``slot``."""
     for layer, (keys, values) in enumerate(zip(cache.keys, cache.values, strict=True)):
-        keys[slot, :, :length] = kept.kv[layer, 0, :, :length]
-        values[slot, :, :length] = kept.kv[layer, 1, :, :length]
+        keys[slot, :, :length] = kv[layer, 0, :, :length]
+        values[slot, :, :length] = kv[layer, 1, :, :length]
 
 
 def media_agreement(kept: KeptKV, embeds: torch.Tensor, limit: int) -> int:

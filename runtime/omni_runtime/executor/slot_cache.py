@@ -29,6 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from omni_runtime.executor.kept_kv import copy_in, copy_out
+
 log = logging.getLogger(__name__)
 
 EmbedFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (ids [B], extra [B, E]) -> [B, H]
@@ -330,6 +332,16 @@ class SlotDecoder:
             if progress:
                 progress(f"captured decode graphs up to length {view}")
         return len(self._graphs)
+
+    @torch.inference_mode()
+    def keep_kv(self, slot: int, length: int) -> torch.Tensor:
+        """A copy of the first ``length`` cache positions of ``slot`` (conversation KV)."""
+        return copy_out(self.cache, slot=slot, length=length)
+
+    @torch.inference_mode()
+    def restore_kv(self, kv: torch.Tensor, slot: int, length: int) -> None:
+        """Put the first ``length`` positions of a ``keep_kv`` copy back, into ``slot``."""
+        copy_in(self.cache, kv, slot=slot, length=length)
 
     @torch.inference_mode()
     def move(self, src: int, dst: int, length: int) -> None:

@@ -169,3 +169,60 @@ def test_eviction_under_a_small_budget_rebuilds_by_a_full_prefill(small_budget: 
         assert token_ids(again) == token_ids(small_budget.collect(ask(histories[session], session=None)))
     small_budget.run(_end(small_budget, "conv-3"))
     assert "conv-3" not in store
+
+
+def test_a_barge_in_keeps_what_was_fed_and_the_trimmed_history_reuses_it(speech_engine: Harness) -> None:
+    """A reply cancelled after a few tokens keeps them; the next turn's history holds only what
+    the user heard (less than was generated), and the reuse stops exactly there."""
+    engine = speech_engine.engine
+    turns = [ChatTurn(role="user", text="Tell me a long story.")]
+    first = ask(turns, session="conv-b")
+
+    async def interrupted() -> list[TextDelta]:
+        heard: list[TextDelta] = []
+        stream = engine.generate(first)
+        async for event in stream:
+            if isinstance(event, TextDelta) and event.text:
+                heard.append(event)
+            if len(heard) == 4:
+                break
+        await stream.aclose()  # barge-in: the response is cancelled
+        return heard
+
+    heard = speech_engine.run(interrupted())
+    before = settled(speech_engine)
+    prompt1 = len(engine.adapter.preprocess(first).input_ids)
+    turns += [
+        ChatTurn(role="assistant", text="".join(d.text for d in heard[:2])),  # what was played
+        ChatTurn(role="user", text="Stop. Something else?"),
+    ]
+    kept = speech_engine.collect(ask(turns, session="conv-b"))
+    after = settled(speech_engine)
+    assert after.session_kv_hits - before.session_kv_hits == 1
+    assert prompt1 <= finished(kept).usage.cached_tokens < finished(kept).usage.prompt_tokens
+    assert token_ids(kept) == token_ids(speech_engine.collect(ask(turns, session=None)))
+
+
+def test_two_turns_of_one_session_at_once_each_answer_exactly(speech_engine: Harness) -> None:
+    """Two requests of one session in flight together: at most one takes the kept entry, the
+    other prefills in full, and both answer what a full prefill answers."""
+    base = [ChatTurn(role="user", text="Count.")]
+    said = reply_text(speech_engine.collect(ask(base, session="conv-c")))
+    settled(speech_engine)
+    history = [*base, ChatTurn(role="assistant", text=said)]
+    variants = [[*history, ChatTurn(role="user", text=t)] for t in ("More.", "Less.")]
+
+    async def together() -> list[list[int]]:
+        async def one(turns: list[ChatTurn]) -> list[int]:
+            return token_ids([e async for e in speech_engine.engine.generate(ask(turns, session="conv-c"))])
+
+        return list(await asyncio.gather(*(one(t) for t in variants)))
+
+    before = settled(speech_engine)
+    both = speech_engine.run(together())
+    after = settled(speech_engine)
+    assert both == [token_ids(speech_engine.collect(ask(t, session=None))) for t in variants]
+    assert after.session_kv_hits - before.session_kv_hits <= 1
+    assert (after.session_kv_hits + after.session_kv_misses) - (
+        before.session_kv_hits + before.session_kv_misses
+    ) == 2

@@ -58,8 +58,8 @@ class Qwen25OmniAdapter(OmniAdapter):
         )
         self._processor = loaded.processor
         self.mem_fraction = options.mem_fraction_static
-        # Kept session KV sits beside the thinker's slots (none under TP: not kept there yet).
-        self.session_kv_bytes = options.session_kv_mb << 20 if options.thinker_tp_size == 1 else 0
+        # Kept session KV sits beside the thinker's slots (under TP: each rank's shard of it).
+        self.session_kv_bytes = options.session_kv_mb << 20
         cfg = loaded.config.thinker_config
         self.audio_token, self.image_token, self.video_token = (
             cfg.audio_token_index,

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from omni_runtime.contract.adapter import TalkerAdmission, ThinkerAdmission, ThinkerPrompt, ThinkerStep
-from omni_runtime.executor.kept_kv import KeptKV, keep, media_agreement, restore
+from omni_runtime.executor.kept_kv import KeptKV, media_agreement
 from omni_runtime.executor.sampling import BatchSampler
 from omni_runtime.executor.slot_cache import SlotDecoder
 
@@ -152,7 +152,7 @@ class QwenThinkerRunner:
             start = 0
         row.reused = start
         if start:
-            restore(self.decoder.cache, kept, slot=row.slot, length=start)
+            self.decoder.restore_kv(kept.kv, row.slot, start)
         length = len(row.prompt.input_ids)
         positions = row.prompt.positions.to(self.device)[:, None, start:]
         hook = self.prefill_hook([row], offset=start)
@@ -188,10 +188,8 @@ class QwenThinkerRunner:
         media_index = torch.isin(ids, self.media_ids).nonzero()[:, 0]
         embeds = prompt.embeds.to(self.device)
         media_rows = embeds[media_index.to(embeds.device)].to(self.decoder.dtype)
-        return keep(
-            self.decoder.cache,
-            slot=slot,
-            length=length,
+        return KeptKV(
+            kv=self.decoder.keep_kv(slot, length),
             media_index=media_index,
             media_rows=media_rows,
             vectors=None if joined is None else joined[:length],
