@@ -82,6 +82,11 @@ async def test_openai_client_two_turns_keep_history(served, engine) -> None:
             assert any(e.type == "response.output_audio.delta" for e in events)
     assert [len(request.turns) for request in engine.requests] == [1, 3]
     assert engine.requests[1].turns[1].text == "turns1 w1 w2 w3"
+    # Both turns name the session's conversation KV; the closed socket frees it (and its probes').
+    session_id = created.session.id
+    assert [request.session_key for request in engine.requests] == [session_id, session_id]
+    await settle(lambda: session_id in engine.ended_sessions)
+    assert engine.ended_sessions == [session_id, f"{session_id}/probe"]
 
 
 async def test_beta_clients_get_beta_event_names(served) -> None:
