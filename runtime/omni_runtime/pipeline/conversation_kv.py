@@ -36,15 +36,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-Position = tuple[int, int, int]
+import numpy as np
 
 
 @dataclass
 class KeptPrefix:
     """One session's kept thinker KV and what it was computed from (event-loop side)."""
 
-    ids: list[int]  # token ids of the kept positions: prompt, then the reply tokens fed
-    positions: list[Position]  # their mrope position triples
+    ids: np.ndarray  # [n] token ids of the kept positions: prompt, then the reply tokens fed
+    positions: np.ndarray  # [3, n] their mrope positions
     payload: Any  # the runner's device copy (executor.kept_kv.KeptKV)
     nbytes: int
     has_vectors: bool  # kept the talker's per-position vectors too (speech turns)
@@ -66,35 +66,38 @@ class KVCounters:
     evictions: int = 0  # entries dropped for room (or too large to keep)
 
 
-def common_length(kept: Sequence[Any], new: Sequence[Any]) -> int:
-    """How many leading items two sequences share."""
-    limit = min(len(kept), len(new))
-    for i in range(limit):
-        if kept[i] != new[i]:
-            return i
-    return limit
+def common_length(kept: Any, new: Any) -> int:
+    """How many leading positions two sequences share (``[k, n]`` arrays: on every row). Vectorised:
+    a long conversation is compared on the event loop at each admission."""
+    a, b = np.asarray(kept), np.asarray(new)
+    limit = min(a.shape[-1], b.shape[-1])
+    differs = a[..., :limit] != b[..., :limit]
+    if differs.ndim > 1:
+        differs = differs.any(axis=0)
+    where = np.flatnonzero(differs)
+    return int(where[0]) if where.size else limit
 
 
-def positions_of(positions: Any, count: int) -> list[Position]:
-    """The first ``count`` triples of a ``[3, L]`` position tensor (or nested list) as tuples."""
-    rows = positions[:, :count].tolist() if hasattr(positions, "tolist") else [p[:count] for p in positions]
-    return [(int(t), int(h), int(w)) for t, h, w in zip(*rows, strict=True)]
+def positions_of(positions: Any, count: int) -> np.ndarray:
+    """The first ``count`` columns of a ``[3, L]`` position tensor (or nested list), ``[3, count]``."""
+    if hasattr(positions, "cpu"):  # a torch tensor, without importing torch here
+        positions = positions.cpu()
+    return np.asarray(positions, dtype=np.int64)[:, :count]
 
 
-def decode_positions(start: int, stop: int, rope_delta: int) -> list[Position]:
-    """Positions of tokens fed by decode steps at cache positions ``start..stop-1``."""
-    return [(i + rope_delta, i + rope_delta, i + rope_delta) for i in range(start, stop)]
+def decode_positions(start: int, stop: int, rope_delta: int) -> np.ndarray:
+    """Positions ``[3, n]`` of tokens fed by decode steps at cache positions ``start..stop-1``:
+    the same on all three axes."""
+    return np.tile(np.arange(start, stop, dtype=np.int64) + rope_delta, (3, 1))
 
 
-def reusable_length(
-    *, kept_ids: Sequence[int], kept_positions: Sequence[Position], new_ids: Sequence[int], new_positions: Any
-) -> int:
+def reusable_length(*, kept_ids: Any, kept_positions: Any, new_ids: Sequence[int], new_positions: Any) -> int:
     """Prompt tokens of a new turn that a kept entry covers exactly (ids and positions; media
     rows are the runner's check). Never the whole prompt: its last token is always prefilled."""
-    limit = common_length(kept_ids, new_ids[: max(len(new_ids) - 1, 0)])
+    limit = common_length(kept_ids, list(new_ids[: max(len(new_ids) - 1, 0)]))
     if limit == 0:
         return 0
-    return common_length(kept_positions[:limit], positions_of(new_positions, limit))
+    return common_length(np.asarray(kept_positions)[:, :limit], positions_of(new_positions, limit))
 
 
 class ConversationKV:

@@ -17,6 +17,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import numpy as np
+
 from omni_runtime.contract.adapter import (
     RowSampling,
     ThinkerAdmission,
@@ -285,9 +287,14 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
                 continue
             kept.append(
                 KeptPrefix(
-                    ids=[*prompt.input_ids, *fed],
-                    positions=positions_of(prompt.positions, size)
-                    + decode_positions(size, size + len(fed), prompt.rope_delta),
+                    ids=np.asarray([*prompt.input_ids, *fed], dtype=np.int64),
+                    positions=np.concatenate(
+                        [
+                            positions_of(prompt.positions, size),
+                            decode_positions(size, size + len(fed), prompt.rope_delta),
+                        ],
+                        axis=1,
+                    ),
                     payload=payload,
                     nbytes=int(payload.nbytes),
                     has_vectors=vectors is not None,

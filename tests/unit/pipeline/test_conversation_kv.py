@@ -8,6 +8,7 @@ prompt is the history re-rendered after the client's edits.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from omni_runtime.pipeline.conversation_kv import (
@@ -96,13 +97,17 @@ def test_positions_must_agree_too() -> None:
 
 def test_reply_tokens_sit_at_cache_position_plus_rope_delta() -> None:
     # A prompt of 4 whose media compressed positions (rope_delta -2): fed tokens at 4, 5 sit at 2, 3.
-    assert decode_positions(4, 6, -2) == [(2, 2, 2), (3, 3, 3)]
-    assert positions_of([[0, 1, 1, 1], [0, 1, 2, 2], [0, 1, 2, 3]], 3) == [(0, 0, 0), (1, 1, 1), (1, 2, 2)]
+    assert decode_positions(4, 6, -2).tolist() == [[2, 3], [2, 3], [2, 3]]
+    assert positions_of([[0, 1, 1, 1], [0, 1, 2, 2], [0, 1, 2, 3]], 3).tolist() == [
+        [0, 1, 1],
+        [0, 1, 2],
+        [0, 1, 2],
+    ]
 
 
 def entry(nbytes: int, n: int = 4) -> KeptPrefix:
     return KeptPrefix(
-        ids=list(range(n)),
+        ids=np.arange(n),
         positions=decode_positions(0, n, 0),
         payload=None,
         nbytes=nbytes,
