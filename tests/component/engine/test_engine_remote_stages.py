@@ -6,18 +6,20 @@ and an engine that hosts only preprocessing and decode, as the planner lays out 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from engine_harness import Harness, finished, image, request, tiny_options, token_ids
 
-from omni_runtime.contract.engine import AudioChunk
+from omni_runtime.contract.engine import AudioChunk, ChatTurn, GenerationRequest, TextDelta
 
 STAGE_START_TIMEOUT_S = 600.0
 THINKER_SIDE = "audio_encoder,image_encoder,mm_aggregate,thinker"
@@ -127,3 +129,28 @@ def test_cancel_through_a_stage_link_frees_the_remote_slot(split_engine: Harness
 
     # The stage reports its batch with every token; at the probe's last token nothing else runs.
     assert split_engine.run(scenario()) == 0
+
+
+def test_conversation_kv_through_a_stage_link(split_engine: Harness, speech_engine: Harness) -> None:
+    """The session key travels with the thinker call: the remote scheduler keeps and reuses the
+    KV (the reused count comes back with the tokens), and end_session reaches it."""
+    engine = split_engine.engine
+
+    def ask(turns: list[ChatTurn]) -> GenerationRequest:
+        return replace(request(max_tokens=6), turns=tuple(turns), session_key="link-s")
+
+    turns = [ChatTurn(role="user", text="Hello over the link.")]
+    first = split_engine.collect(ask(turns))
+    text = "".join(e.text for e in first if isinstance(e, TextDelta))
+    turns += [ChatTurn(role="assistant", text=text), ChatTurn(role="user", text="And again?")]
+    second = split_engine.collect(ask(turns))
+    assert finished(first).usage.cached_tokens == 0
+    assert finished(first).usage.prompt_tokens <= finished(second).usage.cached_tokens
+    assert token_ids(second) == token_ids(speech_engine.collect(replace(ask(turns), session_key=None)))
+
+    async def end() -> None:
+        engine.end_session("link-s")
+        await asyncio.gather(*engine.stages.thinker._ending)
+
+    split_engine.run(end())
+    assert finished(split_engine.collect(ask(turns))).usage.cached_tokens == 0  # forgotten remotely
