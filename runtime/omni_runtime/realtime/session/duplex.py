@@ -103,7 +103,7 @@ async def probe_model(session: RealtimeSession, audio: Any) -> Decision:
     config = session.config
     instructions = f"{config.instructions}\n\n{PROBE_HINT}".strip()
     budget = max(256, session.engine.max_model_len - 8)
-    turns = session.conversation.turns(instructions=instructions, token_budget=budget)
+    turns = session.conversation.turns(instructions=instructions, token_budget=budget, window="probe")
     if audio is not None and audio.size:
         turns = (
             *turns,

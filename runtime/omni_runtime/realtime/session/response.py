@@ -90,7 +90,9 @@ def plan_response(
     metadata = body.get("metadata")
     return ResponsePlan(
         turns=conversation.turns(
-            instructions=instructions, token_budget=max(256, engine.max_model_len - max_tokens)
+            instructions=instructions,
+            token_budget=max(256, engine.max_model_len - max_tokens),
+            window="response",
         ),
         want_audio=want_audio,
         voice=engine_voice(voice, engine=engine, param="response.voice"),
