@@ -183,6 +183,11 @@ class Engine(Protocol):
 
     def stats(self) -> EngineStats: ...
 
+    async def warm_session(self, request: GenerationRequest) -> int:
+        """Prefill ``request``'s prompt (a session's history) into the session's kept KV, with no
+        output, so its next turn prefills only what is new; returns the prompt tokens reused."""
+        ...
+
     def end_session(self, session_key: str) -> None:
         """The session is over: free what the engine keeps for it (its conversation KV)."""
         ...

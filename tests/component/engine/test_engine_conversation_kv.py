@@ -17,6 +17,7 @@ from engine_harness import Harness, finished, image, tiny_options, token_ids, to
 from omni_runtime.contract.engine import (
     AudioChunk,
     ChatTurn,
+    EngineError,
     EngineStats,
     GenerationRequest,
     MediaInput,
@@ -226,3 +227,27 @@ def test_two_turns_of_one_session_at_once_each_answer_exactly(speech_engine: Har
     assert (after.session_kv_hits + after.session_kv_misses) - (
         before.session_kv_hits + before.session_kv_misses
     ) == 2
+
+
+def test_a_warmed_history_serves_the_next_turn_and_a_text_turn_serves_speech(speech_engine: Harness) -> None:
+    """Engine.warm_session prefills a session's history with no output; the next turn (here with
+    speech out after a text turn: session rows keep the talker's vectors on a speaking worker)
+    reuses it, and answers exactly what a full prefill answers."""
+    engine = speech_engine.engine
+    history = [
+        ChatTurn(role="system", text="Be kind."),
+        ChatTurn(role="user", text="Hello."),
+        ChatTurn(role="assistant", text="Hi, how can I help?"),
+    ]
+    warm = ask(history, session="conv-w")
+    assert speech_engine.run(engine.warm_session(warm)) == 0  # nothing kept before
+    warm_prompt = len(engine.adapter.preprocess(warm).input_ids)
+    settled(speech_engine)
+    turns = [*history, ChatTurn(role="user", text="Tell me more.", media=(tone(0.4),))]
+    kept = speech_engine.collect(ask(turns, session="conv-w", want_audio=True))
+    opening = len(engine.adapter.tokenizer.encode("assistant\n", add_special_tokens=False))
+    assert finished(kept).usage.cached_tokens == warm_prompt - opening
+    assert token_ids(kept) == token_ids(speech_engine.collect(ask(turns, session=None, want_audio=True)))
+    with pytest.raises(EngineError) as refused:
+        speech_engine.run(engine.warm_session(ask(history, session=None)))
+    assert refused.value.param == "session_key"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -135,9 +135,11 @@ class ResponseRun:
         on_first_output: Callable[[float], None] | None,
         on_finished: Callable[[ResponseRun], None],
         session_key: str | None = None,
+        before: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.id = new_id("resp")
         self.session_key = session_key  # conversation KV: the engine keeps this session's KV
+        self._before = before  # awaited before the engine request (a history warm-up under way)
         self.engine = engine
         self.outbox = outbox
         self.plan = plan
@@ -294,6 +296,8 @@ class ResponseRun:
 
     async def _run(self) -> None:
         self._open()
+        if self._before is not None:
+            await self._before()
         request = GenerationRequest(
             request_id=self.id,
             turns=self.plan.turns,

@@ -64,9 +64,21 @@ from omni_runtime.realtime.session.turn_detection import (
     SpeechStopped,
     TurnDetector,
 )
+from omni_runtime.realtime.session.warmup import PrefixWarmer
 from omni_runtime.realtime.settings import RealtimeSettings, prompt_limits
 
 MIN_COMMIT_MS = 100  # the OpenAI API refuses shorter commits with the same code
+# Client events that change what the next prompt's history holds (see session/warmup.py).
+HISTORY_EVENTS = frozenset(
+    {
+        "session.update",
+        "conversation.item.create",
+        "conversation.item.delete",
+        "conversation.item.truncate",
+        "playback.ack",
+        "barge_in",
+    }
+)
 Handler = Callable[[dict[str, Any]], Awaitable[None]]
 
 
@@ -108,6 +120,7 @@ class RealtimeSession:
         self.playback = PlaybackCursor()
         self.driver = DuplexDriver(self)
         self.overlap = Overlap(self)
+        self.warmer = PrefixWarmer(self)
         self.created_at = time.monotonic()
         self._scorer_factory = scorer_factory
         self._scorer: SpeechScorer | None = None
@@ -141,6 +154,7 @@ class RealtimeSession:
     async def close(self) -> None:
         if self._idle_task is not None:
             self._idle_task.cancel()
+        self.warmer.close()
         if self.response is not None:
             self.outbox.bump_epoch()
             await self.response.cancel("session_closed")
@@ -178,6 +192,8 @@ class RealtimeSession:
                     param="type",
                 )
             await handler(event)
+            if event["type"] in HISTORY_EVENTS:
+                self.warmer.rearm()  # the history changed: warm it again on the user's next audio
         except ProtocolError as exc:
             self.error(exc, event_id=event_id)
 
@@ -236,6 +252,7 @@ class RealtimeSession:
         hints = append_hints(event) if self.duplex else (False, False)  # checked before any audio is kept
         data = decode_b64(event["audio"], param="audio", max_bytes=self.settings.max_event_bytes)
         samples = self.input.append(pcm16_to_float(data, param="audio"))
+        self.warmer.on_user_audio()
         await self._listen(samples)
         if self.duplex:
             await self.driver.on_append(hints, samples.size)
@@ -441,6 +458,7 @@ class RealtimeSession:
             on_first_output=self.metrics.first_output.observe,
             on_finished=self._response_finished,
             session_key=self.id,
+            before=self.warmer.ready,
         )
         self.response = run
         self.last_response = run
@@ -452,6 +470,7 @@ class RealtimeSession:
         self.metrics.responses.labels(status=run.status).inc()
         if self.response is run:
             self.response = None
+        self.warmer.rearm()
         vad = self.config.turn_detection
         if vad is not None and vad.idle_timeout_ms is not None and run.status == "completed":
             # The idle clock starts when the reply has finished playing (OpenAI semantics).
