@@ -32,7 +32,7 @@ RATE = 16_000
 
 @dataclass(frozen=True)
 class TurnSample:
-    latency_s: float  # end of speech to the first response audio
+    latency_s: float | None  # end of speech to the first response audio (None: a reply with none)
     input_tokens: int  # the turn's prompt
     cached_tokens: int  # of those, served from the session's kept KV
 
@@ -103,17 +103,24 @@ async def one_session(probe: Probe) -> list[TurnSample]:
             else:
                 await _next(ws, {"input_audio_buffer.speech_stopped"}, deadline)
                 ended = time.monotonic()
-            await _next(ws, {"response.output_audio.delta"}, deadline)
-            latency = time.monotonic() - ended
-            usage = (await _next(ws, {"response.done"}, deadline))["response"].get("usage") or {}
+            # A reply may carry no audio at all (a random talker can end at once): then it counts
+            # as such instead of leaving the probe waiting for audio that never comes.
+            first = await _next(ws, {"response.output_audio.delta", "response.done"}, deadline)
+            latency = None if first["type"] == "response.done" else time.monotonic() - ended
+            done = first if first["type"] == "response.done" else await _next(ws, {"response.done"}, deadline)
+            usage = done["response"].get("usage") or {}
             cached = (usage.get("input_token_details") or {}).get("cached_tokens", 0)
             samples.append(TurnSample(latency, int(usage.get("input_tokens", 0)), int(cached)))
     return samples
 
 
-def _spread(values: list[float]) -> dict[str, float]:
-    ordered = sorted(values)
+def _spread(samples: list[float | None]) -> dict[str, Any]:
+    """Median, p90 and max of the latencies, and how many replies had no audio."""
+    ordered = sorted(v for v in samples if v is not None)
+    if not ordered:
+        return {"median_s": None, "p90_s": None, "max_s": None, "no_audio": len(samples)}
     return {
+        "no_audio": len(samples) - len(ordered),
         "median_s": round(statistics.median(ordered), 4),
         "p90_s": round(ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))], 4),
         "max_s": round(ordered[-1], 4),

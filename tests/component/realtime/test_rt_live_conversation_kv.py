@@ -52,6 +52,18 @@ async def text_out_session(conn) -> None:
             return
 
 
+async def speak_until_warmed(conn, live, hits_before: float) -> None:
+    """Append audio, then wait (no commit yet: the user still speaks) until the history warm-up
+    it set off was admitted (a response starting earlier would stop it)."""
+    pcm = (TONE * 32767).astype("<i2").tobytes()
+    await conn.input_audio_buffer.append(audio=base64.b64encode(pcm).decode())
+    for _ in range(500):
+        if await metric(live, "omni_session_kv_hits_total") > hits_before:
+            break
+        await asyncio.sleep(0.02)
+    assert await metric(live, "omni_session_kv_hits_total") == hits_before + 1
+
+
 async def kept_sessions_reach(live, count: float) -> float:
     """The kept-session gauge once the last turn's KV is kept (it is copied as its row ends)."""
     for _ in range(500):
@@ -86,9 +98,8 @@ async def test_turn_n_reuses_turn_n_minus_1_kv_and_close_frees_it(live) -> None:
         await kept_sessions_reach(live, sessions0 + 1)
 
         # Turn 2: audio in. Everything of turn 1's prompt comes from the kept KV (the first
-        # append also warmed the history: one more hit, see the test below).
-        pcm = (TONE * 32767).astype("<i2").tobytes()
-        await conn.input_audio_buffer.append(audio=base64.b64encode(pcm).decode())
+        # append also warms the history: one more hit, see the test below).
+        await speak_until_warmed(conn, live, hits0)
         await conn.input_audio_buffer.commit()
         usage2, _ = await turn(conn)
         cached2 = usage2["input_token_details"]["cached_tokens"]
@@ -134,13 +145,7 @@ async def test_the_history_is_prefilled_while_the_user_speaks(live) -> None:
         hits0 = await metric(live, "omni_session_kv_hits_total")
         reused0 = await metric(live, "omni_session_kv_reused_tokens_total")
         prefilled0 = await metric(live, "omni_session_kv_prefilled_tokens_total")
-        pcm = (TONE * 32767).astype("<i2").tobytes()
-        await conn.input_audio_buffer.append(audio=base64.b64encode(pcm).decode())
-        for _ in range(500):  # the warm-up is admitted while the user "speaks" (no commit yet)
-            if await metric(live, "omni_session_kv_hits_total") > hits0:
-                break
-            await asyncio.sleep(0.02)
-        assert await metric(live, "omni_session_kv_hits_total") == hits0 + 1
+        await speak_until_warmed(conn, live, hits0)
         warm_reused = await metric(live, "omni_session_kv_reused_tokens_total") - reused0
         warm_prompt = warm_reused + await metric(live, "omni_session_kv_prefilled_tokens_total") - prefilled0
         await conn.input_audio_buffer.commit()

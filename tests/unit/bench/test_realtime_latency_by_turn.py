@@ -9,11 +9,13 @@ def test_rows_group_samples_by_turn_index_across_sessions() -> None:
     sessions = [
         [TurnSample(0.5, 100, 0), TurnSample(0.2, 160, 120), TurnSample(0.3, 220, 180)],
         [TurnSample(0.7, 100, 0), TurnSample(0.4, 170, 130)],  # this session stopped after 2 turns
+        [TurnSample(None, 100, 0)],  # a reply without audio: counted, not timed
     ]
     assert by_turn(sessions) == [
         {
             "turn_index": 1,
-            "samples": 2,
+            "samples": 3,
+            "no_audio": 1,
             "median_s": 0.6,
             "p90_s": 0.7,
             "max_s": 0.7,
@@ -23,6 +25,7 @@ def test_rows_group_samples_by_turn_index_across_sessions() -> None:
         {
             "turn_index": 2,
             "samples": 2,
+            "no_audio": 0,
             "median_s": 0.3,
             "p90_s": 0.4,
             "max_s": 0.4,
@@ -32,6 +35,7 @@ def test_rows_group_samples_by_turn_index_across_sessions() -> None:
         {
             "turn_index": 3,
             "samples": 1,
+            "no_audio": 0,
             "median_s": 0.3,
             "p90_s": 0.3,
             "max_s": 0.3,
@@ -40,3 +44,13 @@ def test_rows_group_samples_by_turn_index_across_sessions() -> None:
         },
     ]
     assert by_turn([]) == []
+    assert by_turn([[TurnSample(None, 9, 0)]])[0] == {
+        "turn_index": 1,
+        "samples": 1,
+        "no_audio": 1,
+        "median_s": None,
+        "p90_s": None,
+        "max_s": None,
+        "input_tokens": 9,
+        "cached_tokens": 0,
+    }

@@ -393,3 +393,26 @@ async def test_the_history_is_warmed_once_per_turn_on_the_users_first_audio(make
     await asyncio.sleep(0)
     assert len(engine.warmed) == 3 and [t.role for t in engine.warmed[2].turns] == ["user", "assistant"]
     assert session.warmer.started == 3 and not session.warmer.running
+
+
+async def test_a_response_stops_a_warm_up_still_under_way_instead_of_waiting(make_driver, engine) -> None:
+    drv = await make_driver()
+    cancelled = asyncio.Event()
+
+    async def slow_warm_up(request) -> int:  # a warm-up that would outlast the user's turn
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cancelled.set()
+        return 0
+
+    engine.warm_session = slow_warm_up
+    await drv.send(TEXT_ITEM)
+    await drv.send({"type": "input_audio_buffer.append", "audio": b64_pcm16(tone(200))})
+    await asyncio.sleep(0)
+    assert drv.session.warmer.running
+    await drv.send({"type": "input_audio_buffer.commit"})
+    await drv.send({"type": "response.create"})
+    done = await drv.until("response.done")
+    assert done["response"]["status"] == "completed" and cancelled.is_set()
+    assert not drv.session.warmer.running and len(engine.requests) == 1

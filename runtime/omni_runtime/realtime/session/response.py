@@ -139,7 +139,7 @@ class ResponseRun:
     ) -> None:
         self.id = new_id("resp")
         self.session_key = session_key  # conversation KV: the engine keeps this session's KV
-        self._before = before  # awaited before the engine request (a history warm-up under way)
+        self._before = before  # awaited before the engine request (stops a history warm-up)
         self.engine = engine
         self.outbox = outbox
         self.plan = plan

@@ -458,7 +458,7 @@ class RealtimeSession:
             on_first_output=self.metrics.first_output.observe,
             on_finished=self._response_finished,
             session_key=self.id,
-            before=self.warmer.ready,
+            before=self.warmer.settle,
         )
         self.response = run
         self.last_response = run

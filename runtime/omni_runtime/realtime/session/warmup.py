@@ -5,9 +5,12 @@ run past the history: a barge-in or ``conversation.item.truncate`` cuts the repl
 user heard, an edit changes an earlier item, and a busy worker may have evicted the entry. Then
 the next turn would prefill from the first changed token at the end of the user's speech, when
 the answer is due. So once per turn, on the user's first audio, the session asks the engine to
-prefill the history as it stands (``Engine.warm_session``); the response waits for a warm-up
-still under way (its own prefill would only repeat the work) and then prefills only the new
-audio. The warm-up is exact by the same rule as every turn, so it never changes an answer.
+prefill the history as it stands (``Engine.warm_session``), and the response then prefills only
+the new audio. A response that starts while its warm-up is still under way stops it rather than
+wait for it (``settle``): a warm-up already prefilling keeps what it computed (a cancelled row
+keeps its KV), one still queued or preprocessing is dropped and the response does that work
+itself, so a warm-up never delays an answer. It is exact by the same rule as every turn, so it
+never changes one either.
 """
 
 from __future__ import annotations
@@ -82,9 +85,11 @@ class PrefixWarmer:
         except EngineError as exc:  # the turn itself reports what is wrong with its prompt
             log.info("history warm-up of session %s skipped: %s", self.session.id, exc)
 
-    async def ready(self) -> None:
-        """Until a warm-up under way has ended (a response calls this before its request)."""
+    async def settle(self) -> None:
+        """Stop a warm-up under way and wait until it has let go of the session's entry (a
+        response calls this before its request, so the two never race for it)."""
         if self._task is not None and not self._task.done():
+            self._task.cancel()
             await asyncio.wait([self._task])
 
     def close(self) -> None:
