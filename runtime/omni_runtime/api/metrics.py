@@ -120,6 +120,37 @@ class _EngineCollector(Collector):
         yield GaugeMetricFamily(
             "omni_encoder_cache_bytes", "Bytes of encoder outputs kept.", value=stats.encoder_cache_bytes
         )
+        yield from _session_kv_metrics(stats)
+
+
+def _session_kv_metrics(stats: EngineStats) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    """Conversation KV (pipeline/conversation_kv.py): thinker KV kept between a session's turns."""
+    for name, help_text, value in (
+        ("omni_session_kv_hits", "Session turns admitted after a kept KV prefix.", stats.session_kv_hits),
+        ("omni_session_kv_misses", "Session turns prefilled in full.", stats.session_kv_misses),
+        (
+            "omni_session_kv_reused_tokens",
+            "Prompt tokens served from kept session KV instead of a prefill.",
+            stats.session_kv_reused_tokens,
+        ),
+        (
+            "omni_session_kv_prefilled_tokens",
+            "Prompt tokens of session turns that were prefilled.",
+            stats.session_kv_prefilled_tokens,
+        ),
+        ("omni_session_kv_evictions", "Kept session KV dropped for room.", stats.session_kv_evictions),
+    ):
+        yield CounterMetricFamily(name, help_text, value=value)
+    for name, help_text, value in (
+        ("omni_session_kv_sessions", "Sessions with kept thinker KV.", stats.session_kv_entries),
+        ("omni_session_kv_bytes", "Bytes of kept session KV.", stats.session_kv_bytes),
+        (
+            "omni_session_kv_capacity_bytes",
+            "Budget for kept session KV (--session-kv-mb).",
+            stats.session_kv_capacity_bytes,
+        ),
+    ):
+        yield GaugeMetricFamily(name, help_text, value=value)
 
 
 class ApiMetrics:

@@ -5,7 +5,11 @@ opens that many realtime sessions at once; each sends a spoken turn and measures
 end of the user's speech to the first ``response.output_audio.delta``. The end of speech is the
 client's ``input_audio_buffer.commit`` (``--turn commit``) or the server's ``speech_stopped``
 event (``--turn vad``, which needs real speech: ``--wav``). It prints one JSON line per
-concurrency with the median, p90 and max, so the numbers in docs/benchmarks.md can be rerun.
+concurrency with the median, p90 and max, so the numbers in docs/benchmarks.md can be rerun, and
+``by_turn``: the same per turn index (turn 1 vs turn N of every session), with the prompt tokens
+of that turn and how many of them the worker served from the session's kept KV
+(``usage.input_token_details.cached_tokens``): with conversation KV the cost of turn N does not
+grow with the turns before it (``omni serve --session-kv-mb 0`` is the re-prefill baseline).
 """
 
 from __future__ import annotations
@@ -24,6 +28,13 @@ import numpy as np
 import websockets
 
 RATE = 16_000
+
+
+@dataclass(frozen=True)
+class TurnSample:
+    latency_s: float | None  # end of speech to the first response audio (None: a reply with none)
+    input_tokens: int  # the turn's prompt
+    cached_tokens: int  # of those, served from the session's kept KV
 
 
 @dataclass(frozen=True)
@@ -58,10 +69,10 @@ async def _next(ws: Any, wanted: set[str], deadline: float) -> dict[str, Any]:
             return event
 
 
-async def one_session(probe: Probe) -> list[float]:
-    """Latencies (seconds) of ``probe.turns`` spoken turns on one session."""
+async def one_session(probe: Probe) -> list[TurnSample]:
+    """``probe.turns`` spoken turns on one session, in order."""
     vad = {"type": "server_vad", "silence_duration_ms": 500} if probe.turn == "vad" else None
-    latencies: list[float] = []
+    samples: list[TurnSample] = []
     async with websockets.connect(probe.url, max_size=None) as ws:
         deadline = time.monotonic() + probe.timeout_s
         await _next(ws, {"session.created"}, deadline)
@@ -92,22 +103,56 @@ async def one_session(probe: Probe) -> list[float]:
             else:
                 await _next(ws, {"input_audio_buffer.speech_stopped"}, deadline)
                 ended = time.monotonic()
-            await _next(ws, {"response.output_audio.delta"}, deadline)
-            latencies.append(time.monotonic() - ended)
-            await _next(ws, {"response.done"}, deadline)
-    return latencies
+            # A reply may carry no audio at all (a random talker can end at once): then it counts
+            # as such instead of leaving the probe waiting for audio that never comes.
+            first = await _next(ws, {"response.output_audio.delta", "response.done"}, deadline)
+            latency = None if first["type"] == "response.done" else time.monotonic() - ended
+            done = first if first["type"] == "response.done" else await _next(ws, {"response.done"}, deadline)
+            usage = done["response"].get("usage") or {}
+            cached = (usage.get("input_token_details") or {}).get("cached_tokens", 0)
+            samples.append(TurnSample(latency, int(usage.get("input_tokens", 0)), int(cached)))
+    return samples
+
+
+def _spread(samples: list[float | None]) -> dict[str, Any]:
+    """Median, p90 and max of the latencies, and how many replies had no audio."""
+    ordered = sorted(v for v in samples if v is not None)
+    if not ordered:
+        return {"median_s": None, "p90_s": None, "max_s": None, "no_audio": len(samples)}
+    return {
+        "no_audio": len(samples) - len(ordered),
+        "median_s": round(statistics.median(ordered), 4),
+        "p90_s": round(ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))], 4),
+        "max_s": round(ordered[-1], 4),
+    }
+
+
+def by_turn(sessions: list[list[TurnSample]]) -> list[dict[str, Any]]:
+    """Per turn index (1-based), across sessions: latency spread, median prompt and cached tokens."""
+    rows = []
+    for index in range(max((len(s) for s in sessions), default=0)):
+        turn = [s[index] for s in sessions if len(s) > index]
+        rows.append(
+            {
+                "turn_index": index + 1,
+                "samples": len(turn),
+                **_spread([t.latency_s for t in turn]),
+                "input_tokens": int(statistics.median(t.input_tokens for t in turn)),
+                "cached_tokens": int(statistics.median(t.cached_tokens for t in turn)),
+            }
+        )
+    return rows
 
 
 async def measure(probe: Probe, *, concurrency: int) -> dict[str, Any]:
     results = await asyncio.gather(*(one_session(probe) for _ in range(concurrency)))
-    values = sorted(value for session in results for value in session)
+    values = [sample.latency_s for session in results for sample in session]
     return {
         "concurrency": concurrency,
         "turn": probe.turn,
         "samples": len(values),
-        "median_s": round(statistics.median(values), 4),
-        "p90_s": round(values[min(len(values) - 1, int(0.9 * len(values)))], 4),
-        "max_s": round(values[-1], 4),
+        **_spread(values),
+        "by_turn": by_turn(list(results)),
     }
 
 

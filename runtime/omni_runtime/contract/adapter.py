@@ -69,6 +69,13 @@ class ThinkerAdmission:
     prompt: ThinkerPrompt
     sampling: RowSampling
     want_vectors: bool  # keep per-token vectors for the talker
+    # Conversation KV (pipeline/conversation_kv.py): a kept entry of this session (the runner's
+    # own object) whose first ``prefix_length`` positions agree with this prompt by ids and
+    # positions; the runner checks the media rows, sets ``reused`` to the positions it took from
+    # the entry and prefills only the rest.
+    prefix: Any = None
+    prefix_length: int = 0
+    reused: int = 0
 
 
 @dataclass
@@ -92,6 +99,16 @@ class ThinkerRunner(Protocol):
     def move(self, src: int, dst: int, length: int) -> None: ...
 
     def warmup(self) -> None: ...
+
+
+class PrefixKeeper(Protocol):
+    """A thinker runner that can keep a slot's KV between a session's turns (conversation KV)."""
+
+    def keep(self, *, slot: int, length: int, prompt: ThinkerPrompt, vectors: list[Any] | None) -> Any:
+        """A copy of the slot's first ``length`` positions (prompt, then fed reply tokens), with
+        the talker's vectors (the prompt's [L, H], then one [H] per fed token) or None; the copy
+        has ``nbytes``."""
+        ...
 
 
 @dataclass

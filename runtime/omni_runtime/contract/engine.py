@@ -58,6 +58,9 @@ class GenerationRequest:
     voice: str | None = None
     stream_audio: bool = True  # emit audio chunks while the thinker still generates (streaming-speech)
     stage_params: dict[str, dict[str, object]] = field(default_factory=dict)
+    # Conversation KV: requests of one session (a realtime socket, a chat X-Session-Id) reuse the
+    # thinker KV of the session's previous turn for the prompt prefix that is exactly the same.
+    session_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,7 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     audio_seconds: float = 0.0
+    cached_tokens: int = 0  # prompt tokens served from the session's kept KV (conversation KV)
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,17 @@ class EngineStats:
     prefetch_submitted: int = 0
     prefetch_done: int = 0
     prefetch_failed: int = 0
+    # Conversation KV (pipeline/conversation_kv.py): sessions with kept thinker KV, its bytes and
+    # budget; session turns admitted after a kept prefix (hits) or prefilled in full (misses),
+    # prompt tokens served from kept KV, and entries dropped for room.
+    session_kv_entries: int = 0
+    session_kv_bytes: int = 0
+    session_kv_capacity_bytes: int = 0
+    session_kv_hits: int = 0
+    session_kv_misses: int = 0
+    session_kv_reused_tokens: int = 0
+    session_kv_prefilled_tokens: int = 0
+    session_kv_evictions: int = 0
 
 
 class EngineError(Exception):
@@ -167,3 +182,12 @@ class Engine(Protocol):
         ...
 
     def stats(self) -> EngineStats: ...
+
+    async def warm_session(self, request: GenerationRequest) -> int:
+        """Prefill ``request``'s prompt (a session's history) into the session's kept KV, with no
+        output, so its next turn prefills only what is new; returns the prompt tokens reused."""
+        ...
+
+    def end_session(self, session_key: str) -> None:
+        """The session is over: free what the engine keeps for it (its conversation KV)."""
+        ...

@@ -109,6 +109,7 @@ def engine_options(args: argparse.Namespace, *, remote_stages: dict[str, str]) -
         max_batch_size=args.max_batch_size,
         max_model_len=args.max_model_len,
         encoder_cache_mb=args.encoder_cache_mb,
+        session_kv_mb=args.session_kv_mb,
         remote_stages=remote_stages,
         worker_id=args.worker_id,
         revision=args.revision,
@@ -162,6 +163,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=256,
         help="encoder outputs kept by content, for media encoded ahead of its request (streaming input) and"
         " repeated media; 0: off",
+    )
+    pipe.add_argument(
+        "--session-kv-mb",
+        type=non_negative_int,
+        default=1024,
+        help="thinker KV kept between a session's turns (realtime, duplex, chat with X-Session-Id), so a"
+        " turn prefills only what is new; least recently used sessions evicted first; 0: off",
     )
     pipe.add_argument(
         "--remote-stage",

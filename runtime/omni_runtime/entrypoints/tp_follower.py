@@ -37,7 +37,12 @@ def _fit(adapter: Any, *, slots: int, max_len: int) -> int:
     try:
         return int(
             adapter._fit_slots(
-                config=config, device=adapter.placement.thinker, slots=slots, max_len=max_len, what="thinker"
+                config=config,
+                device=adapter.placement.thinker,
+                slots=slots,
+                max_len=max_len,
+                what="thinker",
+                reserve_bytes=adapter.session_kv_bytes,  # this rank's shard of the kept session KV
             )
         )
     except EngineError as exc:
@@ -54,8 +59,11 @@ def serve_ops(adapter: Any, leader_fd: int) -> int:
         OP_BUILD,
         OP_CAPTURE,
         OP_DECODE,
+        OP_FORGET,
+        OP_KEEP,
         OP_MOVE,
         OP_PREFILL,
+        OP_RESTORE,
         OP_STOP,
         read_message,
     )
@@ -63,6 +71,7 @@ def serve_ops(adapter: Any, leader_fd: int) -> int:
 
     device = adapter.placement.thinker
     decoder: Any = None
+    kept: dict[int, Any] = {}  # conversation KV: this rank's shard of each copy rank 0 keeps
     hidden = int(adapter.loaded.config.thinker_config.text_config.hidden_size)
     while True:
         message = read_message(leader_fd)
@@ -82,15 +91,27 @@ def serve_ops(adapter: Any, leader_fd: int) -> int:
             elif op == OP_PREFILL:
                 rows, width = args[0], args[1]
                 slots, lengths = args[2 : 2 + rows], args[2 + rows : 2 + 2 * rows]
+                offset = args[2 + 2 * rows] if len(args) > 2 + 2 * rows else 0
                 embeds = torch.empty(rows, width, hidden, dtype=decoder.dtype, device=device)
                 positions = torch.empty(3, rows, width, dtype=torch.int64, device=device)
                 dist.broadcast(embeds, src=0)
                 dist.broadcast(positions, src=0)
                 decoder.prefill(
-                    slots=slots, embeds=embeds, positions=positions, lengths=lengths, want_hidden=False
+                    slots=slots,
+                    embeds=embeds,
+                    positions=positions,
+                    lengths=lengths,
+                    want_hidden=False,
+                    offset=offset,
                 )
             elif op == OP_MOVE:
                 decoder.move(args[0], args[1], args[2])
+            elif op == OP_KEEP:
+                kept[args[0]] = decoder.keep_kv(args[1], args[2])
+            elif op == OP_RESTORE:
+                decoder.restore_kv(kept[args[0]], args[1], args[2])
+            elif op == OP_FORGET:
+                kept.pop(args[0], None)
             elif op == OP_CAPTURE:
                 decoder.capture_all(max_view=None if args[0] < 0 else args[0])
                 # Warm-up is over (compiled and captured): a full collection in any rank would stall

@@ -29,6 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from omni_runtime.executor.kept_kv import copy_in, copy_out
+
 log = logging.getLogger(__name__)
 
 EmbedFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (ids [B], extra [B, E]) -> [B, H]
@@ -56,6 +58,7 @@ class SlotKVCache:
         self.max_len = max_len
         # Set by the decoder before each forward.
         self.prefill_slots: torch.Tensor | None = None
+        self.prefill_offset = 0  # > 0: one row's prompt continues a prefix already in its slot
         self.write_pos: torch.Tensor | None = None  # [B] decode write positions
         self.view_len = 0
         # Decode steps name the layer's buffers here instead of by ``layer_idx``: a compiled
@@ -70,6 +73,12 @@ class SlotKVCache:
             keys, values = self.keys[layer_idx], self.values[layer_idx]
         if self.prefill_slots is not None:
             length = key_states.shape[2]
+            start = self.prefill_offset
+            if start:  # one row: its suffix attends to the kept prefix and to itself
+                slot = self.prefill_slots[0]
+                keys[slot, :, start : start + length] = key_states[0]
+                values[slot, :, start : start + length] = value_states[0]
+                return keys[slot, :, : start + length][None], values[slot, :, : start + length][None]
             keys[self.prefill_slots, :, :length] = key_states
             values[self.prefill_slots, :, :length] = value_states
             return key_states, value_states  # a fresh prompt attends only to itself
@@ -184,24 +193,37 @@ class SlotDecoder:
         lengths: list[int],
         want_hidden: bool,
         after_layer: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
+        offset: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run prompts (right-padded ``embeds`` [b, L, H], ``positions`` [3, b, L]) into ``slots``.
 
         ``after_layer(i, hidden)``, when given, rewrites the hidden states after decoder layer ``i``
         (Qwen3-Omni adds its vision tower's DeepStack features to the first layers' outputs).
+        ``offset`` > 0 (one row only): the slot already holds that many positions of this prompt
+        (a kept conversation prefix); ``embeds`` are the rest, written after them and attending to
+        them (``lengths`` count the rest only).
 
         Returns the last real position's logits [b, V] (float32) and, when asked, the final-norm
         hidden states of every position [b, L, H]. Causal attention keeps real tokens from seeing
         the right padding; padded positions write cache entries past each row's length, which the
         row's mask never reads and its next tokens overwrite.
         """
+        if offset and len(slots) != 1:
+            raise ValueError("a prefill after a kept prefix takes one row")
         self.cache.prefill_slots = torch.tensor(slots, dtype=torch.int64, device=self.device)
+        self.cache.prefill_offset = offset
+        mask = None
+        if offset:  # causal over [kept prefix | suffix]: query j sees keys 0..offset+j
+            width = embeds.shape[1]
+            keys = torch.arange(offset + width, device=self.device)
+            queries = torch.arange(width, device=self.device) + offset
+            mask = (keys[None, :] <= queries[:, None])[None, None]
         try:
             hidden = embeds.to(self.dtype)
             cos_sin = self.rotary(hidden, positions)
             for index, layer in enumerate(self.layers):
                 hidden = layer(
-                    hidden, attention_mask=None, position_embeddings=cos_sin, past_key_values=self.cache
+                    hidden, attention_mask=mask, position_embeddings=cos_sin, past_key_values=self.cache
                 )
                 if isinstance(hidden, tuple):
                     hidden = hidden[0]
@@ -209,6 +231,7 @@ class SlotDecoder:
                     hidden = after_layer(index, hidden)
         finally:
             self.cache.prefill_slots = None
+            self.cache.prefill_offset = 0
         hidden = self.norm(hidden)
         last = torch.tensor([n - 1 for n in lengths], device=self.device)
         last_hidden = hidden[torch.arange(len(slots), device=self.device), last]
@@ -309,6 +332,16 @@ class SlotDecoder:
             if progress:
                 progress(f"captured decode graphs up to length {view}")
         return len(self._graphs)
+
+    @torch.inference_mode()
+    def keep_kv(self, slot: int, length: int) -> torch.Tensor:
+        """A copy of the first ``length`` cache positions of ``slot`` (conversation KV)."""
+        return copy_out(self.cache, slot=slot, length=length)
+
+    @torch.inference_mode()
+    def restore_kv(self, kv: torch.Tensor, slot: int, length: int) -> None:
+        """Put the first ``length`` positions of a ``keep_kv`` copy back, into ``slot``."""
+        copy_in(self.cache, kv, slot=slot, length=length)
 
     @torch.inference_mode()
     def move(self, src: int, dst: int, length: int) -> None:

@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 OP_PREFILL, OP_DECODE, OP_MOVE, OP_CAPTURE, OP_BUILD, OP_STOP = 1, 2, 3, 4, 5, 6
 OP_VISION = 7  # image-encoder group: one vision tower forward (models/vision_tp.py)
+OP_KEEP, OP_RESTORE, OP_FORGET = 8, 9, 10  # conversation KV: each rank keeps its shard's copy
 INIT_TIMEOUT = timedelta(minutes=30)  # ranks load their weights before they meet
 
 

@@ -77,8 +77,10 @@ def fit_slots(
     slots: int,
     max_len: int,
     what: str,
+    reserve_bytes: int = 0,
 ) -> int:
-    """Slots whose KV cache fits the GPU budget (--mem-fraction-static of the GPU, 0.9 if unset)."""
+    """Slots whose KV cache fits the GPU budget (--mem-fraction-static of the GPU, 0.9 if unset),
+    after ``reserve_bytes`` more for what lives beside the slots (the thinker's kept session KV)."""
     if device.type != "cuda":
         return slots
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -86,13 +88,14 @@ def fit_slots(
     per_slot = 2 * config.num_hidden_layers * config.num_key_value_heads * max_len * head_dim * itemsize
     free, total = torch.cuda.mem_get_info(device)
     fraction = mem_fraction or 0.9
-    budget = fraction * total - (total - free) - KV_RESERVE_BYTES
+    budget = fraction * total - (total - free) - KV_RESERVE_BYTES - reserve_bytes
     fit = int(budget // per_slot)
     if fit < 1:
         raise EngineError(
             f"the {what} KV cache needs {per_slot / 1e9:.2f} GB per request ({max_len} tokens) but only "
             f"{max(budget, 0) / 1e9:.2f} GB of {fraction:g} x {total / 1e9:.0f} GB is left on {device} after the "
-            "weights; lower --max-model-len or raise --mem-fraction-static",
+            f"weights{' and --session-kv-mb' if reserve_bytes else ''}; lower --max-model-len"
+            f"{' or --session-kv-mb' if reserve_bytes else ''} or raise --mem-fraction-static",
             param="mem_fraction_static",
         )
     if fit < slots:

@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -45,6 +46,7 @@ from omni_runtime.pipeline.services import LocalStages
 from omni_runtime.pipeline.stage_set import StageSet, attach_remote_stages
 from omni_runtime.pipeline.talker import TalkerDone, TalkerJob
 from omni_runtime.pipeline.validate import row_sampling, talker_limits, validate_request
+from omni_runtime.pipeline.warmup import warm_prefix
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +150,36 @@ class PipelineEngine:
             prefetch_submitted=prefetch.submitted if prefetch else 0,
             prefetch_done=prefetch.done if prefetch else 0,
             prefetch_failed=prefetch.failed if prefetch else 0,
+            **self._session_kv_stats(),
         )
+
+    def _session_kv_stats(self) -> dict[str, int]:
+        local = self.stages.local.thinker if self.stages is not None else None
+        if local is None:  # no thinker here, or one behind a stage link (its process counts)
+            return {}
+        return {f"session_kv_{name}": value for name, value in asdict(local.kv.counters()).items()}
+
+    def _session_vectors(self, request: GenerationRequest) -> bool:
+        """A session's rows keep the talker's vectors on a worker that speaks, so the kept KV of
+        a text turn (or a warm-up) also serves the session's next speech turn."""
+        return request.session_key is not None and self.supports_audio_output
+
+    async def warm_session(self, request: GenerationRequest) -> int:
+        if self.stages is None or self.encoders is None:
+            raise EngineError("the engine is still loading; retry when /ready says so", status=503)
+        if request.session_key is None:
+            raise EngineError("a warm-up needs the session's key", param="session_key")
+        validate_request(request, engine=self)
+        local = self.stages.local.thinker
+        if local is not None and not local.kv.enabled:
+            return 0  # nothing would be kept (--session-kv-mb 0, or a runner that keeps none)
+        return await warm_prefix(
+            request, stages=self.stages, encoders=self.encoders, want_vectors=self._session_vectors(request)
+        )
+
+    def end_session(self, session_key: str) -> None:
+        if self.stages is not None:
+            self.stages.thinker.end_session(session_key)
 
     def prefetch_media(self, media: Sequence[MediaInput]) -> bool:
         if not self._ready or self.encoders is None:
@@ -221,7 +252,8 @@ class PipelineEngine:
             sampling=row_sampling(sp),
             max_tokens=sp.max_tokens,
             ignore_eos=sp.ignore_eos,
-            want_vectors=request.want_audio,
+            want_vectors=request.want_audio or self._session_vectors(request),
+            session=request.session_key,
         )
         state["thinker_job"] = job
         stages.thinker.submit(job)
@@ -282,6 +314,7 @@ class PipelineEngine:
             prompt_tokens=len(thinker_prompt.input_ids),
             completion_tokens=generated,
             audio_seconds=audio_seconds,
+            cached_tokens=job.reused,
         )
         out.put_nowait(Finished(reason, usage))
 

@@ -31,6 +31,7 @@ class RemoteThinker:
         self.running_count = 0
         self.max_running_batch = 0
         self._tasks: dict[ThinkerJob, asyncio.Task[None]] = {}
+        self._ending: set[asyncio.Task[None]] = set()
 
     def submit(self, job: ThinkerJob) -> None:
         self._tasks[job] = asyncio.get_running_loop().create_task(self._pump(job))
@@ -43,6 +44,17 @@ class RemoteThinker:
         task = self._tasks.pop(job, None)
         if task is not None:
             task.cancel()  # closes the call: the remote scheduler frees the slot
+
+    def end_session(self, session: str) -> None:
+        task = asyncio.get_running_loop().create_task(self._end_session(session))
+        self._ending.add(task)
+        task.add_done_callback(self._ending.discard)
+
+    async def _end_session(self, session: str) -> None:
+        try:
+            await self.client.call_once("thinker.end_session", {"session": session}, {})
+        except LinkError as exc:  # the remote store evicts it under pressure anyway
+            log.info("remote thinker kept session %s: %s", session, exc)
 
     @contextlib.asynccontextmanager
     async def hold(self) -> AsyncIterator[None]:
@@ -57,6 +69,7 @@ class RemoteThinker:
             "max_tokens": job.max_tokens,
             "ignore_eos": job.ignore_eos,
             "want_vectors": job.want_vectors,
+            "session": job.session,
         }
         try:
             async with contextlib.aclosing(self.client.call("thinker.generate", call, tensors)) as replies:
@@ -67,6 +80,7 @@ class RemoteThinker:
                     elif kind == "token":
                         self.running_count = int(reply["running"])
                         self.max_running_batch = max(self.max_running_batch, int(reply["max_running"]))
+                        job.reused = int(reply.get("reused", 0))
                         job.events.put_nowait(ThinkerToken(int(reply["token"]), data.get("vector")))
                     elif job.finish is None:
                         job.finish = reply["reason"]

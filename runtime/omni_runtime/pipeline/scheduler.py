@@ -17,12 +17,21 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import numpy as np
+
 from omni_runtime.contract.adapter import (
     RowSampling,
     ThinkerAdmission,
     ThinkerPrompt,
     ThinkerRunner,
     ThinkerStep,
+)
+from omni_runtime.pipeline.conversation_kv import (
+    ConversationKV,
+    KeptPrefix,
+    decode_positions,
+    positions_of,
+    reusable_length,
 )
 from omni_runtime.pipeline.workers import SchedulerLoop, StageThread
 
@@ -51,6 +60,7 @@ class ThinkerJob:
     max_tokens: int
     ignore_eos: bool = False
     want_vectors: bool = False
+    session: str | None = None  # conversation KV key: the row's KV is kept for the next turn
     events: asyncio.Queue[ThinkerToken | ThinkerDone | tuple[str, Any]] = field(default_factory=asyncio.Queue)
     # Scheduler state (event-loop side only).
     slot: int = -1
@@ -58,6 +68,14 @@ class ThinkerJob:
     generated: int = 0
     finish: FinishReason | None = None
     prompt_vectors: Any = None
+    # Conversation KV (session rows only): the kept entry taken at admission, the tokens
+    # sampled (the cache holds the prompt, then sampled[: length - prompt]), the talker vectors
+    # of the fed tokens, and the prompt positions served from kept KV.
+    kept: KeptPrefix | None = None
+    kept_length: int = 0
+    sampled: list[int] = field(default_factory=list)
+    fed_vectors: list[Any] = field(default_factory=list)
+    reused: int = 0
 
 
 def plan_compaction(
@@ -94,6 +112,7 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
         max_len: int,
         eos_token_ids: tuple[int, ...],
         prefill_token_budget: int = 8192,
+        session_kv_bytes: int = 0,
     ) -> None:
         super().__init__()
         self.runner = runner
@@ -102,6 +121,9 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
         self.max_len = max_len
         self.eos = frozenset(eos_token_ids)
         self.prefill_token_budget = prefill_token_budget
+        # Conversation KV: only a runner that can copy a slot's KV out and back keeps any.
+        keeps = bool(getattr(runner, "keeps_kv", False))
+        self.kv = ConversationKV(session_kv_bytes if keeps else 0)
         self.running: list[ThinkerJob] = []  # running[i].slot == i
         self.max_running_batch = 0
         self.steps = 0
@@ -124,6 +146,13 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
                 self.thread.note_cancel()
         self._end(job, reason)
         self._wake.set()
+
+    def end_session(self, session: str) -> None:
+        """Forget a session's kept KV (closed); its rows still queued or running keep none."""
+        self.kv.drop(session)
+        for job in (*self.waiting, *self.running):
+            if job.session == session:
+                job.session = None
 
     @contextlib.asynccontextmanager
     async def hold(self) -> AsyncIterator[None]:
@@ -155,7 +184,13 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
     async def _iteration(self) -> None:
         await self._resume.wait()
         loop = asyncio.get_running_loop()
+        keep = [j for j in self.running if j.finish is not None and self._keeps(j)]
         moves = self._drop_finished()
+        if keep:  # before the moves and admissions that reuse the slots
+            kept = await self.thread.run(self._keep, keep)
+            for job, entry in zip(keep, kept, strict=True):
+                if entry is not None and job.session is not None:
+                    self.kv.put(job.session, entry)
         admit = self._pick_admissions()
         if not self.running and not admit:
             self._wake.clear()
@@ -200,7 +235,9 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
         longest = 0
         while self.waiting and len(admit) < free:
             job = self.waiting[0]
-            length = len(job.prompt.input_ids)
+            if job.kept is None:
+                self._take_kept(job)
+            length = len(job.prompt.input_ids) - job.kept_length  # what the prefill computes
             padded = max(longest, length) * (len(admit) + 1)
             if admit and padded > self.prefill_token_budget:
                 break
@@ -208,6 +245,62 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
             longest = max(longest, length)
             admit.append(job)
         return admit
+
+    # -- conversation KV --------------------------------------------------------------------------
+    def _keeps(self, job: ThinkerJob) -> bool:
+        """Whether a row that ended leaves its KV for its session's next turn."""
+        return job.session is not None and self.kv.enabled and job.finish != "error" and job.length > 0
+
+    def _take_kept(self, job: ThinkerJob) -> None:
+        """Take the session's kept entry, and note how much of this prompt it may cover."""
+        if job.session is None or not self.kv.enabled:
+            return
+        entry = self.kv.take(job.session)
+        if entry is None or (job.want_vectors and not entry.has_vectors):
+            return
+        length = reusable_length(
+            kept_ids=entry.ids,
+            kept_positions=entry.positions,
+            new_ids=job.prompt.input_ids,
+            new_positions=job.prompt.positions,
+        )
+        if length > 0:
+            job.kept, job.kept_length = entry, length
+
+    def _keep(self, jobs: list[ThinkerJob]) -> list[KeptPrefix | None]:
+        """Thinker thread: copy each ended session row's KV out of its slot."""
+        kept: list[KeptPrefix | None] = []
+        for job in jobs:
+            prompt = job.prompt
+            size = len(prompt.input_ids)
+            fed = job.sampled[: job.length - size]
+            vectors = None
+            if job.want_vectors and job.prompt_vectors is not None and len(job.fed_vectors) >= len(fed):
+                vectors = [job.prompt_vectors, *job.fed_vectors[: len(fed)]]
+            try:
+                payload = self.runner.keep(  # type: ignore[attr-defined]
+                    slot=job.slot, length=size + len(fed), prompt=prompt, vectors=vectors
+                )
+            except Exception:  # a copy that fails (out of memory) costs the next turn a prefill
+                log.exception("keeping the KV of session %s failed", job.session)
+                kept.append(None)
+                continue
+            kept.append(
+                KeptPrefix(
+                    ids=np.asarray([*prompt.input_ids, *fed], dtype=np.int64),
+                    positions=np.concatenate(
+                        [
+                            positions_of(prompt.positions, size),
+                            decode_positions(size, size + len(fed), prompt.rope_delta),
+                        ],
+                        axis=1,
+                    ),
+                    payload=payload,
+                    nbytes=int(payload.nbytes),
+                    has_vectors=vectors is not None,
+                )
+            )
+        return kept
 
     def _iterate(
         self,
@@ -222,16 +315,33 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
         for src, dst, length in moves:
             self.runner.move(src, dst, length)
         if admit:
-            rows = [ThinkerAdmission(j.slot, j.prompt, j.sampling, j.want_vectors) for j in admit]
+            rows = [
+                ThinkerAdmission(
+                    j.slot,
+                    j.prompt,
+                    j.sampling,
+                    j.want_vectors,
+                    prefix=None if j.kept is None else j.kept.payload,
+                    prefix_length=j.kept_length,
+                )
+                for j in admit
+            ]
             firsts = self.runner.admit(rows)
-            loop.call_soon_threadsafe(self._dispatch_admitted, admit, firsts)
+            reused = [r.reused for r in rows]
+            loop.call_soon_threadsafe(self._dispatch_admitted, admit, firsts, reused)
         return self.runner.step(n, vector_slots=vector_slots, max_length=max_length)
 
     # -- results (event loop) ---------------------------------------------------------------------
-    def _dispatch_admitted(self, admit: list[ThinkerJob], firsts: list[tuple[int, Any]]) -> None:
-        for job, (token, vectors) in zip(admit, firsts, strict=True):
+    def _dispatch_admitted(
+        self, admit: list[ThinkerJob], firsts: list[tuple[int, Any]], reused: list[int]
+    ) -> None:
+        for job, (token, vectors), taken in zip(admit, firsts, reused, strict=True):
             job.length = len(job.prompt.input_ids)
             job.prompt_vectors = vectors
+            job.kept, job.reused = None, taken  # the kept copy is in the slot now: free it
+            if job.session is not None and self.kv.enabled:
+                self.kv.note_admission(reused=taken, prompt_tokens=job.length)
+                job.sampled.append(token)
             if job.finish is not None:
                 continue
             if vectors is not None:
@@ -242,6 +352,10 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
         for job in self.running:
             token = step.tokens[job.slot]
             job.length += 1
+            if job.session is not None and self.kv.enabled:  # what the cache holds, for _keep
+                job.sampled.append(token)
+                if job.want_vectors:
+                    job.fed_vectors.append(step.vectors.get(job.slot))
             if job.finish is not None:
                 continue  # ended during this step (stop string, cancel, or EOS at admission)
             self._accept(job, token, step.vectors.get(job.slot))

@@ -65,7 +65,6 @@ class CodecSegmenter:
         the first, the second (its left context is cut short by the stream's start) and the
         steady one. These recur across requests, so they are worth a CUDA graph each."""
         probe = CodecSegmenter(replace(self.config, whole=False, at_end=False))
-        cfg = self.config
         windows = probe.push(self.codes_to_cover())
         return frozenset(w.ctx_end - w.ctx_start for w in windows)
 

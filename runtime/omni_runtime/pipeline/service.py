@@ -30,6 +30,10 @@ class ThinkerService(Protocol):
 
     def finish(self, job: ThinkerJob, reason: FinishReason) -> None: ...
 
+    def end_session(self, session: str) -> None:
+        """Forget the session's conversation KV."""
+        ...
+
     def hold(self) -> AbstractAsyncContextManager[None]:
         """Pause decode steps while held (a thinker in another process is never paused)."""
         ...

@@ -76,6 +76,7 @@ class LocalStages:
                 max_batch=options.max_batch_size,
                 max_len=options.max_model_len,
                 eos_token_ids=adapter.eos_token_ids,
+                session_kv_bytes=options.session_kv_mb << 20,
             )
             self.thinker.start()
         if "talker" in self.hosted:

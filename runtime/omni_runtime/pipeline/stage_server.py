@@ -39,6 +39,7 @@ class StageHandlers:
             table["mm_aggregate.run"] = self.aggregate
         if "thinker" in hosted:
             table["thinker.generate"] = self.thinker_generate
+            table["thinker.end_session"] = self.thinker_end_session
         if "talker" in hosted:
             table["talker.generate"] = self.talker_generate
             table["talker.feed"] = self.talker_feed
@@ -76,6 +77,7 @@ class StageHandlers:
             max_tokens=int(payload["max_tokens"]),
             ignore_eos=bool(payload["ignore_eos"]),
             want_vectors=bool(payload["want_vectors"]),
+            session=None if payload.get("session") is None else str(payload["session"]),
         )
         scheduler.submit(job)
         try:
@@ -84,7 +86,11 @@ class StageHandlers:
                 if isinstance(event, tuple):
                     yield {"type": "prompt_vectors"}, {"vectors": event[1]}
                 elif isinstance(event, ThinkerToken):
-                    stats = {"running": scheduler.running_count, "max_running": scheduler.max_running_batch}
+                    stats = {
+                        "running": scheduler.running_count,
+                        "max_running": scheduler.max_running_batch,
+                        "reused": job.reused,
+                    }
                     extra = {"vector": event.vector} if event.vector is not None else {}
                     yield {"type": "token", "token": event.token, **stats}, extra
                 elif isinstance(event, ThinkerDone):
@@ -93,6 +99,11 @@ class StageHandlers:
         finally:
             if job.finish is None:
                 scheduler.finish(job, "cancelled")
+
+    async def thinker_end_session(self, payload: dict[str, Any], tensors: dict[str, Any]) -> Reply:
+        assert self.local.thinker is not None
+        self.local.thinker.end_session(str(payload["session"]))
+        return {}, {}
 
     async def talker_generate(self, payload: dict[str, Any], tensors: dict[str, Any]) -> AsyncIterator[Reply]:
         scheduler = self.local.talker

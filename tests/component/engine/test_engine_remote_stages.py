@@ -7,6 +7,7 @@ Qwen3-Omni's talker (frames of codes) in its own stage process.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import subprocess
@@ -20,7 +21,7 @@ import numpy as np
 import pytest
 from engine_harness import Harness, finished, image, request, tiny_options, token_ids
 
-from omni_runtime.contract.engine import AudioChunk, GenerationRequest
+from omni_runtime.contract.engine import AudioChunk, ChatTurn, GenerationRequest, TextDelta
 
 STAGE_START_TIMEOUT_S = 600.0
 THINKER_SIDE = "audio_encoder,image_encoder,mm_aggregate,thinker"
@@ -172,3 +173,28 @@ def test_qwen3_frames_through_a_remote_talker_speak_as_in_process(
     assert audio[0].shape == audio[1].shape and audio[0].size > 0
     assert np.abs(audio[0] - audio[1]).max() <= 1e-4 * np.abs(audio[1]).max()
     assert token_ids(remote) == token_ids(local)
+
+
+def test_conversation_kv_through_a_stage_link(split_engine: Harness, speech_engine: Harness) -> None:
+    """The session key travels with the thinker call: the remote scheduler keeps and reuses the
+    KV (the reused count comes back with the tokens), and end_session reaches it."""
+    engine = split_engine.engine
+
+    def ask(turns: list[ChatTurn]) -> GenerationRequest:
+        return replace(request(max_tokens=6), turns=tuple(turns), session_key="link-s")
+
+    turns = [ChatTurn(role="user", text="Hello over the link.")]
+    first = split_engine.collect(ask(turns))
+    text = "".join(e.text for e in first if isinstance(e, TextDelta))
+    turns += [ChatTurn(role="assistant", text=text), ChatTurn(role="user", text="And again?")]
+    second = split_engine.collect(ask(turns))
+    assert finished(first).usage.cached_tokens == 0
+    assert finished(first).usage.prompt_tokens <= finished(second).usage.cached_tokens
+    assert token_ids(second) == token_ids(speech_engine.collect(replace(ask(turns), session_key=None)))
+
+    async def end() -> None:
+        engine.end_session("link-s")
+        await asyncio.gather(*engine.stages.thinker._ending)
+
+    split_engine.run(end())
+    assert finished(split_engine.collect(ask(turns))).usage.cached_tokens == 0  # forgotten remotely

@@ -113,6 +113,49 @@ def test_tp2_runner_greedy_tokens_equal_tp1(runners: dict[int, tuple[Any, Any]])
     assert results[2] == results[1]
 
 
+def _prompt(adapter: Any, ids: list[int]) -> ThinkerPrompt:
+    with torch.inference_mode():
+        embeds = adapter.loaded.embed(torch.tensor(ids))
+    return ThinkerPrompt(
+        input_ids=ids, embeds=embeds, positions=torch.arange(len(ids)).expand(3, -1), rope_delta=0
+    )
+
+
+def test_tp2_keeps_and_reuses_a_conversation_prefix_like_tp1(runners: dict[int, tuple[Any, Any]]) -> None:
+    """Conversation KV under TP: every rank keeps its shard of a finished row, restores it into
+    another slot and prefills only the suffix; the tokens equal a fresh prefill's and TP=1's, and
+    freeing rank 0's copy frees the followers' (the next op carries the forget)."""
+    import gc
+
+    greedy = RowSampling(temperature=0.0)
+    results = {}
+    for tp, (adapter, runner) in runners.items():
+        ids = list(range(700, 720))
+        prompt = _prompt(adapter, ids)
+        [(first, _)] = runner.admit([ThinkerAdmission(0, prompt, greedy, want_vectors=False)])
+        fed = [first]
+        for i in range(3):
+            fed.append(runner.step(1, vector_slots=[], max_length=len(ids) + 2 + i).tokens[0])
+        kept = runner.keep(slot=0, length=len(ids) + 3, prompt=prompt, vectors=None)  # ids + fed[:3]
+        longer = _prompt(adapter, [*ids, *fed[:3], 900, 901, 902])
+        reuse = ThinkerAdmission(1, longer, greedy, False, prefix=kept, prefix_length=len(ids) + 3)
+        fresh = ThinkerAdmission(2, longer, greedy, False)
+        tokens = [[token for token, _ in runner.admit([reuse, fresh])]]
+        del kept
+        reuse.prefix = None
+        gc.collect()  # rank 0's copy is gone: the followers drop theirs at the next op
+        for i in range(4):
+            tokens.append(
+                runner.step(3, vector_slots=[], max_length=len(longer.input_ids) + 1 + i).tokens[1:3]
+            )
+        if tp == 2:  # the forget went out with the first step after the copy was freed
+            assert (runner.decoder._kept, runner.decoder._forgotten) == ({}, [])
+        results[tp] = (reuse.reused, tokens)
+    assert results[2] == results[1]
+    reused, tokens = results[2]
+    assert reused == 23 and all(mine == theirs for mine, theirs in tokens)
+
+
 def test_bad_tp_size_names_the_flag_and_the_choices(tiny_checkpoint: Path) -> None:
     from omni_runtime.executor.tensor_parallel import check_tp_size, valid_tp_sizes
     from omni_runtime.models.qwen2_5_omni.loader import load_model, load_processor, released_7b_config

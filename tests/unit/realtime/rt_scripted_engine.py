@@ -41,6 +41,8 @@ class ScriptedEngine:
     cancelled: list[str] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
     prefetched: list[tuple[MediaInput, ...]] = field(default_factory=list)
+    ended_sessions: list[str] = field(default_factory=list)
+    warmed: list[GenerationRequest] = field(default_factory=list)
 
     @property
     def ready(self) -> bool:
@@ -58,6 +60,13 @@ class ScriptedEngine:
     def prefetch_media(self, media: Sequence[MediaInput]) -> bool:
         self.prefetched.append(tuple(media))
         return True
+
+    def end_session(self, session_key: str) -> None:
+        self.ended_sessions.append(session_key)
+
+    async def warm_session(self, request: GenerationRequest) -> int:
+        self.warmed.append(request)
+        return 0
 
     def reply_words(self, request: GenerationRequest) -> list[str]:
         base = [f"turns{len(request.turns)}"] + [f"w{i}" for i in range(1, self.words)]

@@ -12,7 +12,13 @@ from omni_runtime.media.resample import resample
 from omni_runtime.realtime.audio import StreamingResampler, decode_b64, pcm16_to_float
 from omni_runtime.realtime.errors import ProtocolError
 from omni_runtime.realtime.outbox import Outbox
-from omni_runtime.realtime.session.conversation import Conversation, Item, Part, trim_to_played
+from omni_runtime.realtime.session.conversation import (
+    Conversation,
+    Item,
+    Part,
+    trim_to_played,
+    window_start,
+)
 from omni_runtime.realtime.session.turn_detection import (
     SpeechLong,
     SpeechStarted,
@@ -160,3 +166,40 @@ def test_the_realtime_package_does_not_import_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(
+    ("costs", "budget", "sticky", "expected"),
+    [
+        ([], 10, None, 0),
+        ([3, 3, 3], 10, None, 0),  # everything fits
+        ([3, 3, 3, 3], 10, None, 1),  # no window yet: the newest items that fill the budget
+        ([3, 3, 3, 3], 10, 0, 3),  # the window overflows: it moves on to half the budget at once
+        ([3, 3, 3], 10, 1, 1),  # items before the window stay out while the window fits
+        ([3, 3, 3, 1], 10, 1, 1),  # the window keeps its start as the conversation grows
+        ([3, 3, 3, 3, 3], 10, 1, 4),
+        ([2, 2, 2, 2, 2, 2], 10, 0, 4),  # refilled to 4 of 10: room for 3 more turns
+        ([20, 3], 10, None, 1),  # an item larger than the budget is left out
+        ([3, 20], 10, 0, 1),  # the newest item is always in, even past the budget
+        ([4, 4, 4], 6, 0, 2),  # nothing fits in half the budget but the newest item
+    ],
+)
+def test_window_start_moves_rarely(costs, budget, sticky, expected) -> None:
+    assert window_start(costs, budget=budget, sticky=sticky) == expected
+
+
+def test_a_sticky_window_keeps_the_prompt_prefix_between_moves() -> None:
+    """Each turn adds an item of 10 tokens under a budget of 60: a window that slid every turn
+    would change the prompt right after the instructions; the sticky one moves twice in 12 turns."""
+    conv = Conversation(max_items=100)
+    firsts = []
+    for i in range(12):
+        text = f"item {i:02d} ".ljust(24, "x")  # 24 characters: 6 tokens, plus 4 per item
+        conv.add(Item(id=f"u{i}", role="user", content=[Part(type="input_text", text=text)]))
+        firsts.append(conv.turns(instructions="", token_budget=60, window="response")[0].text[:7])
+    assert firsts == ["item 00"] * 6 + ["item 04"] * 4 + ["item 08"] * 2
+    # Unnamed, the window holds the newest items that fit: its first item moves every turn.
+    assert conv.turns(instructions="", token_budget=60)[0].text[:7] == "item 06"
+    # A deleted first item: the window starts afresh.
+    conv.delete("u8")
+    assert conv.turns(instructions="", token_budget=60, window="response")[0].text[:7] == "item 05"

@@ -362,3 +362,57 @@ async def test_idle_timeout_triggers_a_response(make_driver, engine) -> None:
     await drv.until("input_audio_buffer.timeout_triggered")
     await drv.until("response.done")
     assert len(engine.requests) == 2
+
+
+async def test_the_history_is_warmed_once_per_turn_on_the_users_first_audio(make_driver, engine) -> None:
+    """Conversation KV: the user's first audio of a turn asks the engine to prefill the history
+    (Engine.warm_session, keyed by the session); more audio does not; a response or a history
+    edit re-arms it; a response waits for a warm-up under way."""
+    drv = await make_driver()
+    session = drv.session
+    append = {"type": "input_audio_buffer.append", "audio": b64_pcm16(tone(100))}
+    await drv.send(TEXT_ITEM)
+    await drv.send(append)
+    await drv.send(append)
+    await asyncio.sleep(0)
+    assert len(engine.warmed) == 1 and engine.warmed[0].session_key == session.id
+    assert [t.text for t in engine.warmed[0].turns] == ["hello"]
+    await drv.send({"type": "input_audio_buffer.commit"})
+    await drv.send({"type": "response.create"})
+    await drv.until("response.done")
+    await drv.send(append)  # the next turn: the history now holds the reply
+    await drv.send(append)
+    await asyncio.sleep(0)
+    assert len(engine.warmed) == 2 and [t.role for t in engine.warmed[1].turns] == [
+        "user",
+        "user",
+        "assistant",
+    ]
+    await drv.send({"type": "conversation.item.delete", "item_id": session.conversation.items[0].id})
+    await drv.send(append)  # the history changed: warmed again
+    await asyncio.sleep(0)
+    assert len(engine.warmed) == 3 and [t.role for t in engine.warmed[2].turns] == ["user", "assistant"]
+    assert session.warmer.started == 3 and not session.warmer.running
+
+
+async def test_a_response_stops_a_warm_up_still_under_way_instead_of_waiting(make_driver, engine) -> None:
+    drv = await make_driver()
+    cancelled = asyncio.Event()
+
+    async def slow_warm_up(request) -> int:  # a warm-up that would outlast the user's turn
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cancelled.set()
+        return 0
+
+    engine.warm_session = slow_warm_up
+    await drv.send(TEXT_ITEM)
+    await drv.send({"type": "input_audio_buffer.append", "audio": b64_pcm16(tone(200))})
+    await asyncio.sleep(0)
+    assert drv.session.warmer.running
+    await drv.send({"type": "input_audio_buffer.commit"})
+    await drv.send({"type": "response.create"})
+    done = await drv.until("response.done")
+    assert done["response"]["status"] == "completed" and cancelled.is_set()
+    assert not drv.session.warmer.running and len(engine.requests) == 1

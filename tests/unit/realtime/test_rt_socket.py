@@ -82,6 +82,11 @@ async def test_openai_client_two_turns_keep_history(served, engine) -> None:
             assert any(e.type == "response.output_audio.delta" for e in events)
     assert [len(request.turns) for request in engine.requests] == [1, 3]
     assert engine.requests[1].turns[1].text == "turns1 w1 w2 w3"
+    # Both turns name the session's conversation KV; the closed socket frees it (and its probes').
+    session_id = created.session.id
+    assert [request.session_key for request in engine.requests] == [session_id, session_id]
+    await settle(lambda: session_id in engine.ended_sessions)
+    assert engine.ended_sessions == [session_id, f"{session_id}/probe"]
 
 
 async def test_beta_clients_get_beta_event_names(served) -> None:
@@ -187,6 +192,8 @@ async def test_latency_probe_measures_every_turn(served) -> None:
     report = await measure(probe, concurrency=2)
     assert report["samples"] == 4 and report["concurrency"] == 2
     assert 0 <= report["median_s"] <= report["p90_s"] <= report["max_s"] < 5
+    assert [(row["turn_index"], row["samples"]) for row in report["by_turn"]] == [(1, 2), (2, 2)]
+    assert all(row["median_s"] <= row["max_s"] <= report["max_s"] for row in report["by_turn"])
 
 
 # --- vLLM's transcription dialect on the same endpoint --------------------------------------------

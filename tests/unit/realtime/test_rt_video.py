@@ -128,3 +128,6 @@ def test_video_socket_filters_evicts_answers_and_reports_errors(engine) -> None:
     assert [m.kind for m in first.media] == ["video", "audio"]
     assert first.media[0].data.shape == (2, 48, 64, 3)
     assert events[-1]["stats"]["frames_kept"] == 4
+    # Both queries name the session's conversation KV; the closed socket frees it.
+    (key,) = {request.session_key for request in engine.requests}
+    assert key is not None and engine.ended_sessions == [key]

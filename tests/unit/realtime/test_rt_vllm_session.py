@@ -240,5 +240,7 @@ async def test_close_cancels_the_step_in_flight(make_session, engine) -> None:
     await driver.until("transcription.delta")
     await session.close()
     assert engine.cancelled == [engine.requests[0].request_id]
+    # Its steps share the session's conversation KV, which the close frees.
+    assert engine.requests[0].session_key == session.id and engine.ended_sessions == [session.id]
     await asyncio.sleep(0)
     assert session._runner is not None and session._runner.done()

@@ -362,6 +362,8 @@ class UsageInfo(BaseModel):
     completion_tokens: int = 0
     total_tokens: int = 0
     audio_seconds: float | None = None  # omni extension: seconds of speech generated
+    # OpenAI's field: prompt tokens served from the session's kept KV (X-Session-Id).
+    prompt_tokens_details: dict[str, int] | None = None
 
 
 class AudioReply(BaseModel):

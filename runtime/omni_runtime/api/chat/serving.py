@@ -12,7 +12,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
@@ -56,6 +56,8 @@ from omni_runtime.contract.engine import (
 from omni_runtime.media.audio import encode_wav, to_pcm16
 from omni_runtime.realtime.capacity import SpeechSlot, refusal_headers
 
+SESSION_HEADER = "X-Session-Id"
+MAX_SESSION_KEY = 256
 log = logging.getLogger(__name__)
 
 
@@ -84,6 +86,21 @@ class _Generation:
             self.finished = event
 
 
+def chat_session_key(raw: Request) -> str | None:
+    """The conversation-KV key of a chat request: its ``X-Session-Id`` (the router's sticky
+    session header), kept apart from realtime session ids."""
+    value = raw.headers.get(SESSION_HEADER)
+    if value is None or not value.strip():
+        return None
+    if len(value) > MAX_SESSION_KEY:
+        raise ApiError(
+            f"the {SESSION_HEADER} header is {len(value)} characters; send at most {MAX_SESSION_KEY}",
+            param=SESSION_HEADER,
+            code="invalid_session_id",
+        )
+    return f"chat:{value}"
+
+
 class ChatServing:
     def __init__(self, state: AppState) -> None:
         self.state = state
@@ -101,6 +118,7 @@ class ChatServing:
             )
         limits = state.serving_limits()
         request.check(limits)
+        session = chat_session_key(raw)
         started = time.perf_counter()
         slot = self._admit_speech(request)
         response: Response | None = None
@@ -110,6 +128,8 @@ class ChatServing:
             generation = request.to_generation_request(
                 request_id=f"chatcmpl-{uuid.uuid4().hex}", media=media, limits=limits
             )
+            if session is not None:
+                generation = replace(generation, session_key=session)
             if request.stream:
                 response = await self._stream(request, generation, raw, started, slot)
             else:
@@ -341,6 +361,7 @@ class ChatServing:
             completion_tokens=usage.completion_tokens,
             total_tokens=usage.prompt_tokens + usage.completion_tokens,
             audio_seconds=round(usage.audio_seconds, 3) if want_audio else None,
+            prompt_tokens_details={"cached_tokens": usage.cached_tokens} if usage.cached_tokens else None,
         )
 
     def _record(self, result: _Generation, *, want_audio: bool) -> None:

@@ -64,6 +64,8 @@ class Qwen25OmniAdapter(OmniAdapter):
         # 50 codes a second: the first window plays 0.1 s, so the next ones grow (0.2, 0.4, 0.6 s)
         # before the steady 0.8 s windows, each made while the previous one plays.
         self.codec_windows = {"ramp": CODEC_RAMP}
+        # Kept session KV sits beside the thinker's slots (under TP: each rank's shard of it).
+        self.session_kv_bytes = options.session_kv_mb << 20
         cfg = loaded.config.thinker_config
         self.audio_token, self.image_token, self.video_token = (
             cfg.audio_token_index,
@@ -228,8 +230,18 @@ class Qwen25OmniAdapter(OmniAdapter):
     talker_context = staticmethod(rope_context)
 
     # -- runners -------------------------------------------------------------------------------
-    def _fit_slots(self, *, config: Any, device: torch.device, slots: int, max_len: int, what: str) -> int:
+    def _fit_slots(
+        self,
+        *,
+        config: Any,
+        device: torch.device,
+        slots: int,
+        max_len: int,
+        what: str,
+        reserve_bytes: int = 0,
+    ) -> int:
         return fit_slots(
+            reserve_bytes=reserve_bytes,
             config=config,
             device=device,
             dtype=self.placement.dtype,
@@ -252,6 +264,7 @@ class Qwen25OmniAdapter(OmniAdapter):
             slots=slots,
             max_len=max_len,
             what="thinker",
+            reserve_bytes=self.session_kv_bytes,
         )
         leader = self.loaded.tp
         if leader is None:

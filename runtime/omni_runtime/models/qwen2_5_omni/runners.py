@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from omni_runtime.contract.adapter import TalkerAdmission, ThinkerAdmission, ThinkerStep
+from omni_runtime.contract.adapter import TalkerAdmission, ThinkerAdmission, ThinkerPrompt, ThinkerStep
+from omni_runtime.executor.kept_kv import KeptKV, media_agreement
 from omni_runtime.executor.sampling import BatchSampler
 from omni_runtime.executor.slot_cache import SlotDecoder
 
@@ -30,6 +31,8 @@ def _head_dim(config: Any) -> int:
 
 class QwenThinkerRunner:
     """The thinker LM (layers + lm_head) with a per-slot cache and batched sampling."""
+
+    keeps_kv = True  # conversation KV: ``keep`` and admissions after a kept prefix
 
     def __init__(
         self,
@@ -82,44 +85,35 @@ class QwenThinkerRunner:
     def admit(self, rows: list[ThinkerAdmission]) -> list[tuple[int, Any]]:
         if any(not 0 <= r.slot < self.slots for r in rows):
             raise ValueError(f"thinker slots {[r.slot for r in rows]} outside 0..{self.slots - 1}")
-        lengths = [len(r.prompt.input_ids) for r in rows]
-        longest = max(lengths)
-        hidden_size = rows[0].prompt.embeds.shape[-1]
-        embeds = torch.zeros(len(rows), longest, hidden_size, dtype=self.decoder.dtype, device=self.device)
-        positions = torch.zeros(3, len(rows), longest, dtype=torch.int64, device=self.device)
+        logits: list[Any] = [None] * len(rows)
+        vectors: list[Any] = [None] * len(rows)
+        fresh = [i for i, r in enumerate(rows) if r.prefix is None or r.prefix_length <= 0]
+        if fresh:
+            self._prefill_fresh(rows, fresh, logits, vectors)
         for i, row in enumerate(rows):
-            embeds[i, : lengths[i]] = row.prompt.embeds.to(self.device, self.decoder.dtype)
-            positions[:, i, : lengths[i]] = row.prompt.positions.to(self.device)
-        want_hidden = any(r.want_vectors for r in rows)
+            if i not in fresh:
+                logits[i], vectors[i] = self._prefill_after_prefix(row)
         slots = [r.slot for r in rows]
-        hook = self.prefill_hook(rows)
-        # Only a family with a hook passes one (the TP leader's decoder takes none).
-        extra = {} if hook is None else {"after_layer": hook}
-        logits, hidden = self.decoder.prefill(
-            slots=slots, embeds=embeds, positions=positions, lengths=lengths, want_hidden=want_hidden, **extra
-        )
         for row in rows:
             self.sampler.set_row(row.slot, row.sampling, history=row.prompt.input_ids)
-        tokens = self.sampler.sample(logits, rows=slots)
+        tokens = self.sampler.sample(torch.cat(logits), rows=slots)
         index = torch.tensor(slots, device=self.device)
         self.decoder.last_ids[index] = tokens
-        self.decoder.lengths[index] = torch.tensor(lengths, device=self.device)
+        self.decoder.lengths[index] = torch.tensor(
+            [len(r.prompt.input_ids) for r in rows], device=self.device
+        )
         self.decoder.rope_delta[index] = torch.tensor([r.prompt.rope_delta for r in rows], device=self.device)
-        results: list[tuple[int, Any]] = []
-        for i, (row, token) in enumerate(zip(rows, tokens.tolist(), strict=True)):
-            vectors = None
-            if row.want_vectors and hidden is not None:
-                vectors = self.prompt_vectors(i, row, embeds[i, : lengths[i]], hidden[i, : lengths[i]])
-            results.append((int(token), vectors))
         if self.device.type == "cuda":  # the prompt vectors go to the talker's stream
             torch.cuda.current_stream(self.device).synchronize()
-        return results
+        return [(int(t), v) for t, v in zip(tokens.tolist(), vectors, strict=True)]
 
-    def prompt_vectors(self, i: int, row: ThinkerAdmission, embeds: Any, hidden: Any) -> Any:
-        """Row ``i``'s prompt vectors for the talker: Qwen2.5's token embedding (zeroed at media
-        placeholders) plus the last hidden state, per position [L, H]."""
-        ids = torch.tensor(row.prompt.input_ids, device=self.device)
-        is_media = torch.isin(ids, self.media_ids)[:, None]
+    def prompt_vectors(
+        self, k: int, ids: list[int], embeds: torch.Tensor, hidden: torch.Tensor
+    ) -> torch.Tensor:
+        """The talker's prompt vectors of the prefilled positions (ids, their input embeddings and
+        final hidden states; ``k`` is the row's index in the prefill batch): Qwen2.5's token
+        embedding (zeroed at media placeholders) plus the last hidden state, per position [L, H]."""
+        is_media = torch.isin(torch.tensor(ids, device=self.device), self.media_ids)[:, None]
         return embeds.masked_fill(is_media, 0.0) + hidden
 
     def reply_vectors(self, out: Any, index: Any) -> Any:
@@ -127,9 +121,93 @@ class QwenThinkerRunner:
         (a fresh tensor: survives the next replay)."""
         return out.hidden[index] + out.inputs[index]
 
-    def prefill_hook(self, rows: list[ThinkerAdmission]) -> Any:
+    def _prefill_fresh(
+        self, rows: list[ThinkerAdmission], which: list[int], logits: list[Any], vectors: list[Any]
+    ) -> None:
+        """Whole prompts, batched (right-padded)."""
+        batch = [rows[i] for i in which]
+        lengths = [len(r.prompt.input_ids) for r in batch]
+        longest = max(lengths)
+        hidden_size = batch[0].prompt.embeds.shape[-1]
+        embeds = torch.zeros(len(batch), longest, hidden_size, dtype=self.decoder.dtype, device=self.device)
+        positions = torch.zeros(3, len(batch), longest, dtype=torch.int64, device=self.device)
+        for i, row in enumerate(batch):
+            embeds[i, : lengths[i]] = row.prompt.embeds.to(self.device, self.decoder.dtype)
+            positions[:, i, : lengths[i]] = row.prompt.positions.to(self.device)
+        hook = self.prefill_hook(batch)
+        # Only a family with a hook passes one (the TP leader's decoder takes none).
+        extra = {} if hook is None else {"after_layer": hook}
+        out, hidden = self.decoder.prefill(
+            slots=[r.slot for r in batch],
+            embeds=embeds,
+            positions=positions,
+            lengths=lengths,
+            want_hidden=any(r.want_vectors for r in batch),
+            **extra,
+        )
+        for k, (i, row) in enumerate(zip(which, batch, strict=True)):
+            logits[i] = out[k : k + 1]
+            if row.want_vectors and hidden is not None:
+                n = lengths[k]
+                vectors[i] = self.prompt_vectors(k, row.prompt.input_ids, embeds[k, :n], hidden[k, :n])
+
+    def _prefill_after_prefix(self, row: ThinkerAdmission) -> tuple[torch.Tensor, Any]:
+        """One prompt whose first positions come from the session's kept KV (exactness: see
+        pipeline/conversation_kv.py); sets ``row.reused``."""
+        kept: KeptKV = row.prefix
+        embeds = row.prompt.embeds.to(self.device, self.decoder.dtype)
+        start = media_agreement(kept, embeds, row.prefix_length)
+        if row.want_vectors and kept.vectors is None:
+            start = 0
+        row.reused = start
+        if start:
+            self.decoder.restore_kv(kept.kv, row.slot, start)
+        length = len(row.prompt.input_ids)
+        positions = row.prompt.positions.to(self.device)[:, None, start:]
+        hook = self.prefill_hook([row], offset=start)
+        extra = {} if hook is None else {"after_layer": hook}
+        if start:
+            extra["offset"] = start
+        out, hidden = self.decoder.prefill(
+            slots=[row.slot],
+            embeds=embeds[None, start:],
+            positions=positions,
+            lengths=[length - start],
+            want_hidden=row.want_vectors,
+            **extra,
+        )
+        vectors = None
+        if row.want_vectors and hidden is not None:
+            suffix = self.prompt_vectors(0, row.prompt.input_ids[start:], embeds[start:], hidden[0])
+            if start and kept.vectors is not None:
+                vectors = torch.cat([kept.vectors[:start].to(suffix.dtype), suffix])
+            else:
+                vectors = suffix
+        return out, vectors
+
+    @torch.inference_mode()
+    def keep(self, *, slot: int, length: int, prompt: ThinkerPrompt, vectors: list[Any] | None) -> KeptKV:
+        """The slot's first ``length`` positions, kept for the session's next turn; ``vectors``:
+        the prompt's talker vectors [L, H], then one [H] per fed reply token (or None)."""
+        joined = None
+        if vectors is not None:
+            head = vectors[0].to(self.device)
+            joined = torch.cat([head, *(v.to(self.device, head.dtype)[None] for v in vectors[1:])])
+        ids = torch.tensor(prompt.input_ids[:length], device=self.device)
+        media_index = torch.isin(ids, self.media_ids).nonzero()[:, 0]
+        embeds = prompt.embeds.to(self.device)
+        media_rows = embeds[media_index.to(embeds.device)].to(self.decoder.dtype)
+        return KeptKV(
+            kv=self.decoder.keep_kv(slot, length),
+            media_index=media_index,
+            media_rows=media_rows,
+            vectors=None if joined is None else joined[:length],
+        )
+
+    def prefill_hook(self, rows: list[ThinkerAdmission], offset: int = 0) -> Any:
         """What rewrites the prefill's hidden states after each layer (see SlotDecoder.prefill);
-        None here, a family's runner may add one."""
+        None here, a family's runner may add one. ``offset`` > 0: one row whose first ``offset``
+        positions are kept KV (the prefill covers the rest only)."""
         return None
 
     @torch.inference_mode()

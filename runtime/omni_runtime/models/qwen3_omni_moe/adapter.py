@@ -70,6 +70,7 @@ class Qwen3OmniMoeAdapter(OmniAdapter):
         self.default_voice = "Ethan" if "Ethan" in self.voices else (self.voices[0] if self.voices else None)
         self.codec_windows = dict(CODEC_WINDOWS)
         self.mem_fraction = options.mem_fraction_static
+        self.session_kv_bytes = options.session_kv_mb << 20  # kept session KV beside the slots
         cfg = loaded.config.thinker_config
         self.audio_token, self.image_token, self.video_token = (
             cfg.audio_token_id,
@@ -224,6 +225,8 @@ class Qwen3OmniMoeAdapter(OmniAdapter):
             slots=slots,
             max_len=max_len,
             what=what,
+            # Kept session KV sits beside the thinker's slots (the talker keeps none).
+            reserve_bytes=self.session_kv_bytes if what == "thinker" else 0,
         )
 
     def thinker_runner(self, *, slots: int, max_len: int) -> ThinkerRunner:

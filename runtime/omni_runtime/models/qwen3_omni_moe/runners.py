@@ -34,11 +34,11 @@ class Qwen3ThinkerRunner(QwenThinkerRunner):
         self.layer_count = len(self.decoder.layers)
         self._captured: torch.Tensor | None = None
 
-    def prefill_hook(self, rows: list[ThinkerAdmission]) -> Any:
+    def prefill_hook(self, rows: list[ThinkerAdmission], offset: int = 0) -> Any:
         self._captured = None
         wants = any(r.want_vectors for r in rows) and 0 < self.accept_layer < self.layer_count
         capture = self.accept_layer - 1 if wants else None
-        add = self._deepstack(rows)
+        add = self._deepstack(rows, offset)
         if add is None and capture is None:
             return None
 
@@ -49,13 +49,16 @@ class Qwen3ThinkerRunner(QwenThinkerRunner):
 
         return hook
 
-    def _deepstack(self, rows: list[ThinkerAdmission]) -> Any:
+    def _deepstack(self, rows: list[ThinkerAdmission], offset: int = 0) -> Any:
         row_index, positions, features = [], [], []
         for i, row in enumerate(rows):
             deep = row.prompt.talker_context.get(DEEPSTACK)
             if deep is None:
                 continue
             where, values = deep
+            if offset:  # kept KV covers the first positions: the prefill starts at ``offset``
+                inside = where >= offset
+                where, values = where[inside] - offset, values[inside]
             row_index.append(torch.full_like(where, i))
             positions.append(where)
             features.append(values)
@@ -72,14 +75,16 @@ class Qwen3ThinkerRunner(QwenThinkerRunner):
 
         return add
 
-    def prompt_vectors(self, i: int, row: ThinkerAdmission, embeds: Any, hidden: Any) -> Any:
-        """Input embeddings at text positions, the accepted layer's hidden state at media ones."""
+    def prompt_vectors(
+        self, k: int, ids: list[int], embeds: torch.Tensor, hidden: torch.Tensor
+    ) -> torch.Tensor:
+        """Input embeddings at text positions, the accepted layer's hidden state (captured during
+        this prefill, batch row ``k``) at media ones."""
         length = embeds.shape[0]
         if self.accept_layer == 0:
             return embeds.clone()
-        source = hidden if self._captured is None else self._captured[i, :length]
-        ids = torch.tensor(row.prompt.input_ids, device=self.device)
-        is_media = torch.isin(ids, self.media_ids)[:, None]
+        source = hidden if self._captured is None else self._captured[k, :length]
+        is_media = torch.isin(torch.tensor(ids, device=self.device), self.media_ids)[:, None]
         return torch.where(is_media, source.to(embeds.dtype), embeds)
 
     def reply_vectors(self, out: Any, index: Any) -> Any:

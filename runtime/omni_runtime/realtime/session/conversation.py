@@ -132,6 +132,7 @@ class Conversation:
     def __init__(self, *, max_items: int) -> None:
         self.items: list[Item] = []
         self.max_items = max_items
+        self._windows: dict[str, str] = {}  # sticky context window name -> its first item's id
 
     def get(self, item_id: str) -> Item:
         for item in self.items:
@@ -167,25 +168,54 @@ class Conversation:
         self.items.remove(self.get(item_id))
 
     def turns(
-        self, *, instructions: str, exclude: str | None = None, token_budget: int
+        self,
+        *,
+        instructions: str,
+        exclude: str | None = None,
+        token_budget: int,
+        window: str | None = None,
     ) -> tuple[ChatTurn, ...]:
-        """Chat turns for the engine: instructions first, then items, oldest dropped past the budget."""
-        chosen: list[Item] = []
+        """Chat turns for the engine: instructions first, then items, oldest dropped past the budget.
+
+        ``window`` names a sticky context window (one per kind of request: responses, duplex
+        probes): its first item stays first for as long as everything after it fits, and when the
+        budget runs out the window moves on to half the budget at once. The engine keeps a
+        session's KV for the prompt prefix that does not change (conversation KV), so a window
+        that slid by one item every turn would change the prefix right after the instructions and
+        cost a full prefill each turn; moving it rarely keeps turns cheap between the moves.
+        """
+        items = [i for i in self.items if i.id != exclude and i.status != "in_progress"]
         budget = token_budget - len(instructions) // _CHARS_PER_TOKEN
-        for item in reversed(self.items):
-            if item.id == exclude or item.status == "in_progress":
-                continue
-            cost = item.token_estimate()
-            if chosen and cost > budget:
-                break
-            budget -= cost
-            chosen.append(item)
+        sticky = None
+        if window is not None and (first := self._windows.get(window)) is not None:
+            sticky = next((k for k, item in enumerate(items) if item.id == first), None)
+        start = window_start([item.token_estimate() for item in items], budget=budget, sticky=sticky)
+        if window is not None and items:
+            self._windows[window] = items[start].id
         turns: list[ChatTurn] = []
         if instructions:
             turns.append(ChatTurn(role="system", text=instructions))
-        for item in reversed(chosen):
+        for item in items[start:]:
             text, media = item.history_text(), item.media()
             if not text and not media:
                 continue
             turns.append(ChatTurn(role=item.role, text=text, media=media))
         return tuple(turns)
+
+
+def window_start(costs: list[int], *, budget: int, sticky: int | None, refill: float = 0.5) -> int:
+    """Index of the first item in the context window (the newest item is always in).
+
+    Without a sticky start (none yet, or its item was deleted) every item fits or the window
+    starts where the newest items fill at most the budget; with one, the window keeps it while
+    the items from it fit, and otherwise starts where they fill at most ``refill`` of the budget.
+    """
+    if not costs:
+        return 0
+    tail = [0] * (len(costs) + 1)  # tail[i]: the cost of items i.. to the end
+    for i in range(len(costs) - 1, -1, -1):
+        tail[i] = tail[i + 1] + costs[i]
+    if sticky is not None and tail[sticky] <= budget:
+        return sticky
+    limit = budget if sticky is None else budget * refill
+    return next((i for i in range(len(costs)) if tail[i] <= limit), len(costs) - 1)

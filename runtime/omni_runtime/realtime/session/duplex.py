@@ -93,12 +93,17 @@ def commit_create_response(event: dict[str, Any]) -> bool | None:
     return value
 
 
+def probe_session_key(session_id: str) -> str:
+    """The conversation-KV key of a session's duplex probes."""
+    return f"{session_id}/probe"
+
+
 async def probe_model(session: RealtimeSession, audio: Any) -> Decision:
     """Ask the thinker whether it takes the turn now: its greedy first token decides."""
     config = session.config
     instructions = f"{config.instructions}\n\n{PROBE_HINT}".strip()
     budget = max(256, session.engine.max_model_len - 8)
-    turns = session.conversation.turns(instructions=instructions, token_budget=budget)
+    turns = session.conversation.turns(instructions=instructions, token_budget=budget, window="probe")
     if audio is not None and audio.size:
         turns = (
             *turns,
@@ -109,6 +114,9 @@ async def probe_model(session: RealtimeSession, audio: Any) -> Decision:
         turns=turns,
         sampling=SamplingParams(max_tokens=1, temperature=0.0),
         want_audio=False,
+        # Probes keep their own conversation KV: their system prompt (the probe hint) differs
+        # from the responses', so sharing one entry would make each undo the other's.
+        session_key=probe_session_key(session.id),
     )
     text, reason = "", "error"
     stream = session.engine.generate(request)

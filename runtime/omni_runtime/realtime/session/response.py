@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -90,7 +90,9 @@ def plan_response(
     metadata = body.get("metadata")
     return ResponsePlan(
         turns=conversation.turns(
-            instructions=instructions, token_budget=max(256, engine.max_model_len - max_tokens)
+            instructions=instructions,
+            token_budget=max(256, engine.max_model_len - max_tokens),
+            window="response",
         ),
         want_audio=want_audio,
         voice=engine_voice(voice, engine=engine, param="response.voice"),
@@ -132,8 +134,12 @@ class ResponseRun:
         turn_ended_at: float | None,
         on_first_output: Callable[[float], None] | None,
         on_finished: Callable[[ResponseRun], None],
+        session_key: str | None = None,
+        before: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.id = new_id("resp")
+        self.session_key = session_key  # conversation KV: the engine keeps this session's KV
+        self._before = before  # awaited before the engine request (stops a history warm-up)
         self.engine = engine
         self.outbox = outbox
         self.plan = plan
@@ -203,7 +209,7 @@ class ResponseRun:
                 "input_token_details": {
                     "text_tokens": self.usage.prompt_tokens,
                     "audio_tokens": 0,
-                    "cached_tokens": 0,
+                    "cached_tokens": self.usage.cached_tokens,
                 },
                 "output_token_details": {
                     "text_tokens": self.usage.completion_tokens,
@@ -290,12 +296,15 @@ class ResponseRun:
 
     async def _run(self) -> None:
         self._open()
+        if self._before is not None:
+            await self._before()
         request = GenerationRequest(
             request_id=self.id,
             turns=self.plan.turns,
             sampling=SamplingParams(max_tokens=self.plan.max_tokens, temperature=self.plan.temperature),
             want_audio=self.plan.want_audio,
             voice=self.plan.voice,
+            session_key=self.session_key,
         )
         resampler: StreamingResampler | None = None
         finished: Finished | None = None

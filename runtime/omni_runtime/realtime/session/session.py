@@ -44,7 +44,12 @@ from omni_runtime.realtime.protocol import engine_voice, new_id, read_event
 from omni_runtime.realtime.request_types import check_text
 from omni_runtime.realtime.session.config import SessionConfig, apply_update
 from omni_runtime.realtime.session.conversation import Conversation, Item, Part
-from omni_runtime.realtime.session.duplex import DuplexDriver, append_hints, commit_create_response
+from omni_runtime.realtime.session.duplex import (
+    DuplexDriver,
+    append_hints,
+    commit_create_response,
+    probe_session_key,
+)
 from omni_runtime.realtime.session.input_audio import InputAudio
 from omni_runtime.realtime.session.items import parse_item
 from omni_runtime.realtime.session.overlap import Overlap
@@ -59,9 +64,21 @@ from omni_runtime.realtime.session.turn_detection import (
     SpeechStopped,
     TurnDetector,
 )
+from omni_runtime.realtime.session.warmup import PrefixWarmer
 from omni_runtime.realtime.settings import RealtimeSettings, prompt_limits
 
 MIN_COMMIT_MS = 100  # the OpenAI API refuses shorter commits with the same code
+# Client events that change what the next prompt's history holds (see session/warmup.py).
+HISTORY_EVENTS = frozenset(
+    {
+        "session.update",
+        "conversation.item.create",
+        "conversation.item.delete",
+        "conversation.item.truncate",
+        "playback.ack",
+        "barge_in",
+    }
+)
 Handler = Callable[[dict[str, Any]], Awaitable[None]]
 
 
@@ -103,6 +120,7 @@ class RealtimeSession:
         self.playback = PlaybackCursor()
         self.driver = DuplexDriver(self)
         self.overlap = Overlap(self)
+        self.warmer = PrefixWarmer(self)
         self.created_at = time.monotonic()
         self._scorer_factory = scorer_factory
         self._scorer: SpeechScorer | None = None
@@ -136,9 +154,12 @@ class RealtimeSession:
     async def close(self) -> None:
         if self._idle_task is not None:
             self._idle_task.cancel()
+        self.warmer.close()
         if self.response is not None:
             self.outbox.bump_epoch()
             await self.response.cancel("session_closed")
+        for key in (self.id, probe_session_key(self.id)):  # the conversation KV it kept
+            self.engine.end_session(key)
         self.outbox.close()
 
     @property
@@ -171,6 +192,8 @@ class RealtimeSession:
                     param="type",
                 )
             await handler(event)
+            if event["type"] in HISTORY_EVENTS:
+                self.warmer.rearm()  # the history changed: warm it again on the user's next audio
         except ProtocolError as exc:
             self.error(exc, event_id=event_id)
 
@@ -229,6 +252,7 @@ class RealtimeSession:
         hints = append_hints(event) if self.duplex else (False, False)  # checked before any audio is kept
         data = decode_b64(event["audio"], param="audio", max_bytes=self.settings.max_event_bytes)
         samples = self.input.append(pcm16_to_float(data, param="audio"))
+        self.warmer.on_user_audio()
         await self._listen(samples)
         if self.duplex:
             await self.driver.on_append(hints, samples.size)
@@ -433,6 +457,8 @@ class RealtimeSession:
             turn_ended_at=turn_ended_at,
             on_first_output=self.metrics.first_output.observe,
             on_finished=self._response_finished,
+            session_key=self.id,
+            before=self.warmer.settle,
         )
         self.response = run
         self.last_response = run
@@ -444,6 +470,7 @@ class RealtimeSession:
         self.metrics.responses.labels(status=run.status).inc()
         if self.response is run:
             self.response = None
+        self.warmer.rearm()
         vad = self.config.turn_detection
         if vad is not None and vad.idle_timeout_ms is not None and run.status == "completed":
             # The idle clock starts when the reply has finished playing (OpenAI semantics).

@@ -169,6 +169,7 @@ class TranscriptionSession:
         if self._runner is not None and not self._runner.done():
             self._runner.cancel()  # cancels the step in flight; its engine request is closed
             await asyncio.wait([self._runner])
+        self.engine.end_session(self.id)  # the conversation KV its steps kept
         self.outbox.close()
 
     def error(self, exc: ProtocolError) -> None:
@@ -249,6 +250,7 @@ class TranscriptionSession:
             voice=engine_voice(config.voice, engine=self.engine, param="voice")
             if config.want_audio
             else None,
+            session_key=self.id,  # conversation KV: the next step reuses the history's prefix
         )
 
     async def _step(self, audio: np.ndarray) -> None:

@@ -44,7 +44,7 @@ from omni_runtime.realtime.errors import (
 )
 from omni_runtime.realtime.metrics import RealtimeMetrics
 from omni_runtime.realtime.outbox import Outbox
-from omni_runtime.realtime.protocol import engine_voice
+from omni_runtime.realtime.protocol import engine_voice, new_id
 from omni_runtime.realtime.request_types import Text, check_text
 from omni_runtime.realtime.settings import RealtimeSettings, default_max_tokens, prompt_limits
 from omni_runtime.realtime.video.query import Query, answer
@@ -71,6 +71,7 @@ class QueryEvent(BaseModel):
 class VideoSession:
     def __init__(self, *, engine: Engine, settings: RealtimeSettings, metrics: RealtimeMetrics) -> None:
         self.engine = engine
+        self.kv_key = new_id("video")  # conversation KV: its queries share the history's prefix
         self.settings = settings
         self.metrics = metrics
         self.outbox = Outbox(beta=False, keep_log=False, max_log_events=0, max_log_bytes=0)
@@ -254,6 +255,7 @@ class VideoSession:
                         history=self.history,
                         system_prompt=self.config.system_prompt,
                         report=self.error,
+                        session_key=self.kv_key,
                     )
                 except Exception:  # `answer` reports its own faults: this is the last line
                     log.exception("video query failed")
@@ -268,6 +270,7 @@ class VideoSession:
         self.worker.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self.worker
+        self.engine.end_session(self.kv_key)
 
 
 def _strip_data_uri(value: Any) -> Any:

@@ -68,7 +68,12 @@ class _Reply:
 
 
 def _request(
-    query: Query, *, response_id: str, system_prompt: str | None, history: list[ChatTurn]
+    query: Query,
+    *,
+    response_id: str,
+    system_prompt: str | None,
+    history: list[ChatTurn],
+    session_key: str | None,
 ) -> GenerationRequest:
     turns: list[ChatTurn] = [ChatTurn(role="system", text=system_prompt)] if system_prompt else []
     turns.extend(history)
@@ -80,6 +85,7 @@ def _request(
         want_audio=query.want_audio,
         voice=query.voice,
         stage_params={stage: dict(params) for stage, params in query.sampling.stage_params.items()},
+        session_key=session_key,
     )
 
 
@@ -128,6 +134,7 @@ async def answer(
     history: list[ChatTurn],
     system_prompt: str | None,
     report: Callable[[ProtocolError], None],
+    session_key: str | None = None,
 ) -> None:
     """Run one query and stream its response; ``history`` gains the question and the answer.
 
@@ -140,7 +147,11 @@ async def answer(
     try:
         while True:
             request = _request(
-                query, response_id=reply.response_id, system_prompt=system_prompt, history=history
+                query,
+                response_id=reply.response_id,
+                system_prompt=system_prompt,
+                history=history,
+                session_key=session_key,
             )
             try:
                 await _stream(engine, request, outbox=outbox, reply=reply, report=report)

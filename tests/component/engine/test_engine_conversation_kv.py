@@ -1,0 +1,253 @@
+"""Conversation KV on the real engine (tiny checkpoint, CPU): a session's turn reuses the thinker KV
+its previous turn left and prefills only the rest, with exactly the greedy tokens of a full
+prefill; media is matched by content; a small budget evicts and the next turn rebuilds in full."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from engine_harness import Harness, finished, image, tiny_options, token_ids, tone
+
+from omni_runtime.contract.engine import (
+    AudioChunk,
+    ChatTurn,
+    EngineError,
+    EngineStats,
+    GenerationRequest,
+    MediaInput,
+    SamplingParams,
+    TextDelta,
+)
+
+_ids = itertools.count()
+
+
+def ask(turns: list[ChatTurn], *, session: str | None, want_audio: bool = False) -> GenerationRequest:
+    return GenerationRequest(
+        request_id=f"kv{next(_ids)}",
+        turns=tuple(turns),
+        sampling=SamplingParams(max_tokens=10, temperature=0.0, seed=5),
+        want_audio=want_audio,
+        stage_params={"talker": {"max_tokens": 30}},
+        session_key=session,
+    )
+
+
+def reply_text(events: list[Any]) -> str:
+    return "".join(e.text for e in events if isinstance(e, TextDelta))
+
+
+def settled(harness: Harness) -> EngineStats:
+    """The engine's counters once every row ended and its KV was kept."""
+
+    async def wait() -> EngineStats:
+        while not harness.engine.stages.local.quiet:
+            await asyncio.sleep(0.01)
+        return harness.engine.stats()
+
+    return harness.run(wait())
+
+
+def noise(seconds: float, seed: int) -> MediaInput:
+    rng = np.random.default_rng(seed)
+    return MediaInput("audio", (0.1 * rng.standard_normal(int(16000 * seconds))).astype(np.float32), 16000)
+
+
+def converse(harness: Harness, session: str, media: list[tuple[MediaInput, ...]]) -> None:
+    """One turn per ``media`` entry; each turn's greedy tokens with the kept KV must equal a full
+    prefill's, and each reuses at least the whole previous prompt."""
+    turns: list[ChatTurn] = [ChatTurn(role="system", text="You are terse.")]
+    previous_prompt = 0
+    for index, parts in enumerate(media):
+        turns.append(ChatTurn(role="user", text=f"Question {index}: why?", media=parts))
+        before = settled(harness)
+        kept = harness.collect(ask(turns, session=session))
+        after = settled(harness)
+        full = harness.collect(ask(turns, session=None))
+        assert token_ids(kept) == token_ids(full) and token_ids(kept), f"turn {index}"
+        hits = after.session_kv_hits - before.session_kv_hits
+        reused = after.session_kv_reused_tokens - before.session_kv_reused_tokens
+        assert (hits, after.session_kv_misses - before.session_kv_misses) == ((1, 0) if index else (0, 1))
+        # Every earlier prompt token is reused (and the reply tokens that re-tokenise the same).
+        prompt = finished(kept).usage.prompt_tokens
+        assert previous_prompt <= reused == finished(kept).usage.cached_tokens < prompt
+        previous_prompt = prompt
+        turns.append(ChatTurn(role="assistant", text=reply_text(kept)))
+    assert session in harness.engine.stages.local.thinker.kv
+    harness.run(_end(harness, session))
+    assert session not in harness.engine.stages.local.thinker.kv
+
+
+def test_text_and_audio_turns_equal_a_full_prefill(speech_engine: Harness) -> None:
+    converse(speech_engine, "conv-a", [(), (tone(0.6),), (), (tone(1.0), image(seed=3))])
+
+
+def test_qwen3_turns_with_deepstack_images_equal_a_full_prefill(tiny_checkpoint: Path) -> None:
+    """Qwen3-Omni adds DeepStack features at visual positions during prefill: an image in a later
+    turn lies after the kept prefix, so its features land at the suffix's own positions."""
+    from omni_runtime.models.qwen3_omni_moe.tiny import ensure_tiny_checkpoint
+
+    harness = Harness(tiny_options(ensure_tiny_checkpoint(progress=False), pipeline="text"))
+    try:
+        converse(harness, "conv-q3", [(image(seed=1),), (), (image(seed=2),), (tone(0.6),)])
+    finally:
+        harness.close()
+
+
+async def _end(harness: Harness, session: str) -> None:
+    harness.engine.end_session(session)
+
+
+def test_speech_turns_hand_the_talker_the_same_prompt(speech_engine: Harness) -> None:
+    """A speech turn after a kept prefix: the thinker's tokens equal a full prefill's and the
+    talker (fed kept vectors for the prefix) speaks the same length of audio."""
+    turns = [ChatTurn(role="user", text="Say hi.", media=(tone(0.5),))]
+    first = speech_engine.collect(ask(turns, session="conv-s", want_audio=True))
+    turns += [ChatTurn(role="assistant", text=reply_text(first)), ChatTurn(role="user", text="Again.")]
+    before = settled(speech_engine)
+    kept = speech_engine.collect(ask(turns, session="conv-s", want_audio=True))
+    after = settled(speech_engine)
+    full = speech_engine.collect(ask(turns, session=None, want_audio=True))
+    assert after.session_kv_hits - before.session_kv_hits == 1
+    assert token_ids(kept) == token_ids(full)
+    audio = [np.concatenate([e.pcm for e in ev if isinstance(e, AudioChunk)]) for ev in (kept, full)]
+    assert audio[0].size == audio[1].size > 0
+    np.testing.assert_allclose(audio[0], audio[1], atol=1e-3)
+
+
+def test_other_audio_at_the_same_place_is_not_reused(speech_engine: Harness) -> None:
+    """Same ids and positions (audio of the same length), other sound: the prefix stops at the
+    first audio placeholder, and the answer is the full prefill's."""
+    first = [ChatTurn(role="user", text="Listen.", media=(noise(0.6, seed=1),))]
+    said = reply_text(speech_engine.collect(ask(first, session="conv-m")))
+    other = [
+        ChatTurn(role="user", text="Listen.", media=(noise(0.6, seed=2),)),
+        ChatTurn(role="assistant", text=said),
+        ChatTurn(role="user", text="And now?"),
+    ]
+    request = ask(other, session="conv-m")
+    ids = speech_engine.engine.adapter.preprocess(request).input_ids
+    audio_token = int(speech_engine.engine.stages.local.thinker.runner.media_ids[0])
+    before = settled(speech_engine)
+    kept = speech_engine.collect(request)
+    after = settled(speech_engine)
+    assert after.session_kv_reused_tokens - before.session_kv_reused_tokens == ids.index(audio_token)
+    assert token_ids(kept) == token_ids(speech_engine.collect(ask(other, session=None)))
+
+
+@pytest.fixture(scope="module")
+def small_budget(tiny_checkpoint: Path) -> Iterator[Harness]:
+    # 1 MiB: the tiny thinker keeps 1 KiB a token, so about three of these conversations fit.
+    harness = Harness(tiny_options(tiny_checkpoint, pipeline="text", session_kv_mb=1))
+    yield harness
+    harness.close()
+
+
+def test_eviction_under_a_small_budget_rebuilds_by_a_full_prefill(small_budget: Harness) -> None:
+    long_text = " ".join(f"item {i} is {i * 7 % 13}." for i in range(40))
+    sessions = [f"conv-{i}" for i in range(4)]
+    histories = {s: [ChatTurn(role="user", text=f"{s}: {long_text}")] for s in sessions}
+    for session in sessions:
+        events = small_budget.collect(ask(histories[session], session=session))
+        histories[session] += [ChatTurn(role="assistant", text=reply_text(events))]
+        histories[session] += [ChatTurn(role="user", text="Go on.")]
+    stats = settled(small_budget)
+    store = small_budget.engine.stages.local.thinker.kv
+    assert stats.session_kv_evictions >= 1 and stats.session_kv_bytes <= 1 << 20
+    assert "conv-0" not in store and "conv-3" in store  # least recently used left first
+    for session, expect_hit in (("conv-0", False), ("conv-3", True)):
+        before = settled(small_budget)
+        again = small_budget.collect(ask(histories[session], session=session))
+        after = settled(small_budget)
+        assert after.session_kv_hits - before.session_kv_hits == int(expect_hit)
+        assert after.session_kv_misses - before.session_kv_misses == int(not expect_hit)
+        assert token_ids(again) == token_ids(small_budget.collect(ask(histories[session], session=None)))
+    small_budget.run(_end(small_budget, "conv-3"))
+    assert "conv-3" not in store
+
+
+def test_a_barge_in_keeps_what_was_fed_and_the_trimmed_history_reuses_it(speech_engine: Harness) -> None:
+    """A reply cancelled after a few tokens keeps them; the next turn's history holds only what
+    the user heard (less than was generated), and the reuse stops exactly there."""
+    engine = speech_engine.engine
+    turns = [ChatTurn(role="user", text="Tell me a long story.")]
+    first = ask(turns, session="conv-b")
+
+    async def interrupted() -> list[TextDelta]:
+        heard: list[TextDelta] = []
+        stream = engine.generate(first)
+        async for event in stream:
+            if isinstance(event, TextDelta) and event.text:
+                heard.append(event)
+            if len(heard) == 4:
+                break
+        await stream.aclose()  # barge-in: the response is cancelled
+        return heard
+
+    heard = speech_engine.run(interrupted())
+    before = settled(speech_engine)
+    prompt1 = len(engine.adapter.preprocess(first).input_ids)
+    turns += [
+        ChatTurn(role="assistant", text="".join(d.text for d in heard[:2])),  # what was played
+        ChatTurn(role="user", text="Stop. Something else?"),
+    ]
+    kept = speech_engine.collect(ask(turns, session="conv-b"))
+    after = settled(speech_engine)
+    assert after.session_kv_hits - before.session_kv_hits == 1
+    assert prompt1 <= finished(kept).usage.cached_tokens < finished(kept).usage.prompt_tokens
+    assert token_ids(kept) == token_ids(speech_engine.collect(ask(turns, session=None)))
+
+
+def test_two_turns_of_one_session_at_once_each_answer_exactly(speech_engine: Harness) -> None:
+    """Two requests of one session in flight together: at most one takes the kept entry, the
+    other prefills in full, and both answer what a full prefill answers."""
+    base = [ChatTurn(role="user", text="Count.")]
+    said = reply_text(speech_engine.collect(ask(base, session="conv-c")))
+    settled(speech_engine)
+    history = [*base, ChatTurn(role="assistant", text=said)]
+    variants = [[*history, ChatTurn(role="user", text=t)] for t in ("More.", "Less.")]
+
+    async def together() -> list[list[int]]:
+        async def one(turns: list[ChatTurn]) -> list[int]:
+            return token_ids([e async for e in speech_engine.engine.generate(ask(turns, session="conv-c"))])
+
+        return list(await asyncio.gather(*(one(t) for t in variants)))
+
+    before = settled(speech_engine)
+    both = speech_engine.run(together())
+    after = settled(speech_engine)
+    assert both == [token_ids(speech_engine.collect(ask(t, session=None))) for t in variants]
+    assert after.session_kv_hits - before.session_kv_hits <= 1
+    assert (after.session_kv_hits + after.session_kv_misses) - (
+        before.session_kv_hits + before.session_kv_misses
+    ) == 2
+
+
+def test_a_warmed_history_serves_the_next_turn_and_a_text_turn_serves_speech(speech_engine: Harness) -> None:
+    """Engine.warm_session prefills a session's history with no output; the next turn (here with
+    speech out after a text turn: session rows keep the talker's vectors on a speaking worker)
+    reuses it, and answers exactly what a full prefill answers."""
+    engine = speech_engine.engine
+    history = [
+        ChatTurn(role="system", text="Be kind."),
+        ChatTurn(role="user", text="Hello."),
+        ChatTurn(role="assistant", text="Hi, how can I help?"),
+    ]
+    warm = ask(history, session="conv-w")
+    assert speech_engine.run(engine.warm_session(warm)) == 0  # nothing kept before
+    warm_prompt = len(engine.adapter.preprocess(warm).input_ids)
+    settled(speech_engine)
+    turns = [*history, ChatTurn(role="user", text="Tell me more.", media=(tone(0.4),))]
+    kept = speech_engine.collect(ask(turns, session="conv-w", want_audio=True))
+    opening = len(engine.adapter.tokenizer.encode("assistant\n", add_special_tokens=False))
+    assert finished(kept).usage.cached_tokens == warm_prompt - opening
+    assert token_ids(kept) == token_ids(speech_engine.collect(ask(turns, session=None, want_audio=True)))
+    with pytest.raises(EngineError) as refused:
+        speech_engine.run(engine.warm_session(ask(history, session=None)))
+    assert refused.value.param == "session_key"

@@ -1,0 +1,56 @@
+"""The realtime latency probe's per-turn-index rows (turn 1 vs turn N), as an exact table."""
+
+from __future__ import annotations
+
+from omni_runtime.bench.realtime_latency import TurnSample, by_turn
+
+
+def test_rows_group_samples_by_turn_index_across_sessions() -> None:
+    sessions = [
+        [TurnSample(0.5, 100, 0), TurnSample(0.2, 160, 120), TurnSample(0.3, 220, 180)],
+        [TurnSample(0.7, 100, 0), TurnSample(0.4, 170, 130)],  # this session stopped after 2 turns
+        [TurnSample(None, 100, 0)],  # a reply without audio: counted, not timed
+    ]
+    assert by_turn(sessions) == [
+        {
+            "turn_index": 1,
+            "samples": 3,
+            "no_audio": 1,
+            "median_s": 0.6,
+            "p90_s": 0.7,
+            "max_s": 0.7,
+            "input_tokens": 100,
+            "cached_tokens": 0,
+        },
+        {
+            "turn_index": 2,
+            "samples": 2,
+            "no_audio": 0,
+            "median_s": 0.3,
+            "p90_s": 0.4,
+            "max_s": 0.4,
+            "input_tokens": 165,
+            "cached_tokens": 125,
+        },
+        {
+            "turn_index": 3,
+            "samples": 1,
+            "no_audio": 0,
+            "median_s": 0.3,
+            "p90_s": 0.3,
+            "max_s": 0.3,
+            "input_tokens": 220,
+            "cached_tokens": 180,
+        },
+    ]
+    assert by_turn([]) == []
+    assert by_turn([[TurnSample(None, 9, 0)]])[0] == {
+        "turn_index": 1,
+        "samples": 1,
+        "no_audio": 1,
+        "median_s": None,
+        "p90_s": None,
+        "max_s": None,
+        "input_tokens": 9,
+        "cached_tokens": 0,
+    }
