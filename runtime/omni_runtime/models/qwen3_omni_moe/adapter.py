@@ -165,6 +165,13 @@ class Qwen3OmniMoeAdapter(OmniAdapter):
         sync_stream(device)
         return [{k: (torch.cat(v) if v else None) for k, v in r.items()} for r in results]
 
+    @property
+    def video_groups_independent(self) -> bool:
+        """Qwen3-Omni's vision tower attends within each temporal patch group (cu_seqlens per grid
+        t; its position embeddings and rotary positions are spatial, repeated over t), so a video's
+        groups encode apart exactly: a streaming session's frame pairs are its video's groups."""
+        return True
+
     # -- mm_aggregate ----------------------------------------------------------------------------
     @torch.inference_mode()
     def aggregate(self, prompt: Prompt, *, audio: Any, image: Any, video: Any) -> ThinkerPrompt:
