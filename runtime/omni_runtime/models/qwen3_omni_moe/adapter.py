@@ -23,6 +23,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import torch
 
 from omni_runtime.contract.adapter import OmniAdapter, Prompt, ThinkerPrompt, ThinkerRunner
@@ -47,6 +48,14 @@ from omni_runtime.models.qwen3_omni_moe.talker import Qwen3TalkerRunner
 # each with 25 frames of left context (as chunked_decode) and the one frame after it that the
 # transposed convolutions' last samples need.
 CODEC_WINDOWS = {"first_chunk": 4, "chunk": 15, "left_context": 25, "right_context": 1}
+
+
+def _at_least(audio: Any, samples: int) -> Any:
+    """``audio`` zero-padded to ``samples``. Qwen3's processor pads audio only to the longest of
+    the request (Qwen2.5's to 30 s), and its STFT reflects ``n_fft / 2`` samples at each end, so
+    a clip shorter than that (a 10 ms chunk on the video socket) would fail there."""
+    short = samples - len(audio)
+    return np.pad(audio, (0, short)) if short > 0 else audio
 
 
 class Qwen3OmniMoeAdapter(OmniAdapter):
@@ -83,7 +92,7 @@ class Qwen3OmniMoeAdapter(OmniAdapter):
         fps = media.fps[0] if media.fps else DEFAULT_VIDEO_FPS
         out = proc(
             text=[text],
-            audio=media.audios or None,
+            audio=[_at_least(a, proc.feature_extractor.n_fft) for a in media.audios] or None,
             images=media.images or None,
             videos=media.videos or None,
             return_tensors="pt",
