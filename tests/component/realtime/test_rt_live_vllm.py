@@ -6,7 +6,8 @@ The client (`vllm_client`) is written from the released vLLM server's protocol; 
 ``transcription.*`` events came, and ``final: true`` was ignored.
 
 Both families run the released client's flow (audio in through the family's audio encoder), its
-error events, and audio output; the other tests run on Qwen2.5-Omni.
+error events, the 16 kHz reading, output streamed per commit, and audio output; the dialects side
+by side run on Qwen2.5-Omni.
 """
 
 from __future__ import annotations
@@ -99,8 +100,9 @@ async def test_a_wrong_model_or_malformed_event_is_an_error_event_and_the_sessio
     await until_no_sessions(live)
 
 
-async def test_audio_is_read_at_16_khz(live, speech_wav) -> None:
+async def test_audio_is_read_at_16_khz(family_live, speech_wav) -> None:
     """The prompt of one second of 16 kHz audio equals that of the same second sent as a WAV file."""
+    live = family_live
     speech = speech_wav("One two three four five six seven", "count")[: 2 * RATE]
     client = await VllmRealtimeClient.connect(url(live))
     await client.update(live.engine.model_name, max_tokens=1)
@@ -122,8 +124,9 @@ async def test_audio_is_read_at_16_khz(live, speech_wav) -> None:
     assert reply.usage is not None and streamed == reply.usage.prompt_tokens
 
 
-async def test_commits_stream_output_as_audio_arrives_and_final_ends_it(live, speech_wav) -> None:
+async def test_commits_stream_output_as_audio_arrives_and_final_ends_it(family_live, speech_wav) -> None:
     """Each commit with new audio answers it with the earlier audio and answers as context."""
+    live = family_live
     part1, part2 = speech_wav("What time is it", "time"), speech_wav("in Paris", "paris")
     client = await VllmRealtimeClient.connect(url(live))
     await client.update(live.engine.model_name, max_tokens=3)
