@@ -47,7 +47,6 @@ class LiveWorker:
     worker_host: str
     router_host: str
     servers: list[Any] = field(default_factory=list)
-    family: str = "qwen2_5_omni"
 
     def call(self, coro: Coroutine[Any, Any, Any], timeout: float = 300) -> Any:
         """Run a coroutine on the worker's loop (where the engine lives) and wait for it."""
@@ -98,7 +97,7 @@ async def _start(holder: dict[str, Any], ready: threading.Event, family: str) ->
 
     engine = build_engine(
         EngineOptions(
-            model_path=_checkpoint(family),
+            tiny_family=family,  # no model path: the family's tiny checkpoint (written once)
             pipeline="streaming-speech",
             device="cpu",
             max_batch_size=8,
@@ -136,7 +135,6 @@ async def _start(holder: dict[str, Any], ready: threading.Event, family: str) ->
         worker_host=f"127.0.0.1:{worker_port}",
         router_host=f"127.0.0.1:{router_port}",
         servers=servers,
-        family=family,
     )
     ready.set()
     holder["stop"] = asyncio.Event()
@@ -145,15 +143,6 @@ async def _start(holder: dict[str, Any], ready: threading.Event, family: str) ->
         server.should_exit = True
     await asyncio.sleep(0.5)
     await realtime.aclose()
-
-
-def _checkpoint(family: str) -> str | None:
-    """The tiny checkpoint of ``family`` (None: the engine's default, the Qwen2.5-Omni one)."""
-    if family == "qwen2_5_omni":
-        return None
-    from omni_runtime.models.qwen3_omni_moe.tiny import ensure_tiny_checkpoint
-
-    return str(ensure_tiny_checkpoint(progress=False))
 
 
 def _live(family: str) -> Iterator[LiveWorker]:
@@ -191,19 +180,20 @@ def live_qwen3() -> Iterator[LiveWorker]:
     yield from _live("qwen3_omni_moe")
 
 
-FAMILIES = ("qwen2_5_omni", "qwen3_omni_moe")
+def _live_of(request: pytest.FixtureRequest, family: str) -> LiveWorker:
+    return request.getfixturevalue("live" if family == "qwen2_5_omni" else "live_qwen3")
 
 
-@pytest.fixture(params=FAMILIES)
+@pytest.fixture(params=["qwen2_5_omni", "qwen3_omni_moe"])
 def family_live(request: pytest.FixtureRequest) -> LiveWorker:
     """Each family's live worker in turn, for the tests that run against both."""
-    return request.getfixturevalue("live" if request.param == "qwen2_5_omni" else "live_qwen3")
+    return _live_of(request, request.param)
 
 
 @pytest.fixture
 def live_of(request: pytest.FixtureRequest) -> Callable[[str], LiveWorker]:
     """The live worker of a family named by a test's own parameters (one case of a table per family)."""
-    return lambda family: request.getfixturevalue("live" if family == "qwen2_5_omni" else "live_qwen3")
+    return lambda family: _live_of(request, family)
 
 
 @pytest.fixture(scope="session")
