@@ -104,6 +104,12 @@ def cel_rules() -> list[Schema]:
             f"{_val('model.source.type', chr(39) + 'image' + chr(39))} != 'tiny' || {runtime} == 'builtin'",
             rules.TINY_NEEDS_BUILTIN,
         ),
+        (
+            f"{_val('model.source.type', chr(39) + 'image' + chr(39))} != 'tiny'"
+            f" || {_val('model.architecture', chr(39) + 'auto' + chr(39))} in"
+            f" [{', '.join(repr(a.value) for a in rules.TINY_ARCHITECTURES)}]",
+            rules.TINY_FAMILY,
+        ),
         (f"{tier} != 'cpu' || {runtime} == 'builtin'", rules.CPU_NEEDS_BUILTIN),
         (f"{tier} != 'cpu' || {thinker_tp} == 1", rules.CPU_THINKER_TP),
         (f"{tier} != 'cpu' || {vision_tp} == 1", rules.CPU_VISION_TP),

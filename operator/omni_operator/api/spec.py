@@ -104,7 +104,8 @@ class ModelSource(SpecModel):
         default=SourceType.image,
         description="pvc: a PersistentVolumeClaim mounted read-only; hostPath: a directory on the node; "
         "image: baked into the runtime image at model.path; tiny: the runtime writes the tiny "
-        "random-weight checkpoint itself (builtin runtime only, for tests and demos).",
+        "random-weight checkpoint of model.architecture itself (qwen2_5_omni, the default, or qwen3_omni; "
+        "builtin runtime only, for tests and demos).",
     )
     claim_name: str | None = Field(
         default=None, description="PersistentVolumeClaim name (type pvc).", min_length=1

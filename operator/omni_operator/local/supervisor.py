@@ -334,7 +334,7 @@ class Supervisor:
             }
         )
         self.say(
-            f"ready: {self.dep.spec.workers} workers of {self.plan.model_name!r} behind the router at {url}"
+            f"ready: {self.dep.spec.workers} worker{'s' if self.dep.spec.workers != 1 else ''} of {self.plan.model_name!r} behind the router at {url}"
         )
         self.say(f"try:  curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'")
         self.say("press Ctrl-C to stop; edit the spec and run `omni up -f FILE` again to roll the workers")

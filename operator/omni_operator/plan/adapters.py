@@ -21,7 +21,7 @@ from omni_operator.api.spec import (
     SourceType,
 )
 from omni_operator.api.streaming_input import streaming_input_flags
-from omni_operator.plan.catalogue import SGLANG_OMNI, VLLM_OMNI
+from omni_operator.plan.catalogue import SGLANG_OMNI, TINY_FAMILIES, VLLM_OMNI
 from omni_operator.plan.types import Stage
 
 VLLM_DEPLOY_CONFIG = "deploy_config.yaml"
@@ -34,15 +34,22 @@ class ProcessContext:
     worker: str
     revision: str
     host: str | None  # None: the runtime's default (0.0.0.0), as in pods
+    architecture: Architecture = Architecture.auto  # resolved; picks the tiny checkpoint's family
 
 
 def gpu_list(ids: tuple[int, ...] | list[int]) -> str:
     return ",".join(str(i) for i in ids)
 
 
-def _model_flags(spec: OmniDeploymentSpec) -> list[str]:
-    # The tiny source omits --model-path: the builtin runtime then writes the tiny checkpoint once.
-    flags = [] if spec.model.source.type is SourceType.tiny else ["--model-path", spec.model.path]
+def _model_flags(spec: OmniDeploymentSpec, architecture: Architecture) -> list[str]:
+    # The tiny source omits --model-path: the builtin runtime then writes the family's tiny
+    # checkpoint once (Qwen2.5-Omni's unless --tiny-family says otherwise). A real checkpoint's
+    # config.json names its family, so no flag says it.
+    if spec.model.source.type is SourceType.tiny:
+        family = TINY_FAMILIES[architecture]
+        flags = [] if family == TINY_FAMILIES[Architecture.auto] else ["--tiny-family", family]
+    else:
+        flags = ["--model-path", spec.model.path]
     flags += ["--model-name", spec.model.name, "--pipeline", spec.pipeline.value]
     if spec.model.load_format is LoadFormat.dummy:
         flags += ["--load-format", "dummy"]
@@ -61,7 +68,15 @@ def builtin_serve(
     spec: OmniDeploymentSpec, ctx: ProcessContext, *, port: int, remote: dict[Stage, str]
 ) -> tuple[str, ...]:
     """`omni serve`: the worker API; with `remote`, the named stages run behind stage links."""
-    argv = ["omni", "serve", *_model_flags(spec), *_bind(ctx, port), "--device", "cpu", *_identity(ctx)]
+    argv = [
+        "omni",
+        "serve",
+        *_model_flags(spec, ctx.architecture),
+        *_bind(ctx, port),
+        "--device",
+        "cpu",
+        *_identity(ctx),
+    ]
     for stage, address in remote.items():
         argv += ["--remote-stage", f"{stage.value}={address}"]
     return (
@@ -106,7 +121,7 @@ def builtin_stage(
         "stage",
         "--stages",
         ",".join(s.value for s in stages),
-        *_model_flags(spec),
+        *_model_flags(spec, ctx.architecture),
         *_bind(ctx, port),
         "--device",
         "cuda",

@@ -46,6 +46,14 @@ ARCHITECTURES: dict[Architecture, ArchitectureInfo] = {
     ),
 }
 
+# The builtin runtime's tiny random-weight checkpoints (model.source.type tiny): the family
+# (config.json model_type, `omni serve --tiny-family`) each architecture's tiny checkpoint has.
+TINY_FAMILIES: dict[Architecture, str] = {
+    Architecture.auto: "qwen2_5_omni",
+    Architecture.qwen2_5_omni: "qwen2_5_omni",
+    Architecture.qwen3_omni: "qwen3_omni_moe",
+}
+
 # Substrings of the served name or checkpoint path (lower-cased, '_' read as '-') that name a family.
 # Order matters: the first match wins, so the more specific spelling comes first.
 _NAME_HINTS: tuple[tuple[str, Architecture], ...] = (

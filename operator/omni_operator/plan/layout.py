@@ -97,7 +97,10 @@ class WorkerLayout:
     def worker(self, index: int) -> WorkerPlan:
         name = f"{self.dep.metadata.name}-w{index}"
         ctx = adapters.ProcessContext(
-            worker=name, revision=self.revision, host="127.0.0.1" if self.local else None
+            worker=name,
+            revision=self.revision,
+            host="127.0.0.1" if self.local else None,
+            architecture=self.architecture,
         )
         if self.spec.runtime.type is not RuntimeType.builtin:
             pods = [self._third_party_pod(index, name)]

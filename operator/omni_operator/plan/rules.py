@@ -25,6 +25,7 @@ from omni_operator.plan.catalogue import (
     BYTES_PER_PARAM,
     PEER_VERSIONS,
     SGLANG_OMNI,
+    TINY_FAMILIES,
     VISION_HEADS,
     peer_families,
     peer_variants,
@@ -54,6 +55,12 @@ TINY_NEEDS_BUILTIN = Rule(
     "the tiny checkpoint is written by the builtin runtime only",
     "use runtime.type: builtin, or a real checkpoint source (pvc, hostPath, image)",
 )
+TINY_FAMILY = Rule(
+    "spec.model.architecture",
+    "the builtin runtime writes tiny checkpoints for qwen2_5_omni and qwen3_omni only",
+    "use architecture: qwen2_5_omni or qwen3_omni (auto: qwen2_5_omni), or a real checkpoint source",
+)
+TINY_ARCHITECTURES = tuple(TINY_FAMILIES)
 CPU_NEEDS_BUILTIN = Rule(
     "spec.runtime.type",
     "only the builtin runtime runs on gpu.tier cpu",
@@ -228,6 +235,8 @@ def check_spec(spec: OmniDeploymentSpec, architecture: Architecture) -> None:
     vision = stages.image_encoder
     if spec.model.source.type is SourceType.tiny and runtime is not RuntimeType.builtin:
         raise TINY_NEEDS_BUILTIN.error()
+    if spec.model.source.type is SourceType.tiny and architecture not in TINY_ARCHITECTURES:
+        raise TINY_FAMILY.error()
     if spec.gpu.tier is GpuTier.cpu:
         if runtime is not RuntimeType.builtin:
             raise CPU_NEEDS_BUILTIN.error()

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True)
 class EngineOptions:
     model_path: str | None = None  # None: the tiny checkpoint in the cache directory (created once)
+    # Which family's tiny checkpoint model_path None serves (a real checkpoint's config.json decides).
+    tiny_family: str = "qwen2_5_omni"
     model_name: str | None = None  # served name; defaults to the checkpoint directory name
     pipeline: str = "speech"  # text | speech | streaming-speech | duplex
     text_only: bool = False  # same as pipeline=text

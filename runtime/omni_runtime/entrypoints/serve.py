@@ -94,6 +94,7 @@ def engine_options(args: argparse.Namespace, *, remote_stages: dict[str, str]) -
     pipeline = "text" if args.text_only else (args.pipeline or "speech")
     return EngineOptions(
         model_path=args.model_path,
+        tiny_family=args.tiny_family or "qwen2_5_omni",
         model_name=args.model_name,
         pipeline=pipeline,
         text_only=pipeline == "text",
@@ -123,6 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
     model = p.add_argument_group("model")
     model.add_argument(
         "--model-path", help="checkpoint directory; omitted: the tiny random-weight checkpoint"
+    )
+    model.add_argument(
+        "--tiny-family",
+        choices=["qwen2_5_omni", "qwen3_omni_moe"],
+        default=None,
+        help="without --model-path: the family whose tiny checkpoint to write and serve (default"
+        " qwen2_5_omni); a checkpoint's own config.json names its family",
     )
     model.add_argument("--model-name", help="served model name (default: the checkpoint directory name)")
     model.add_argument("--revision", default="dev", help="worker revision reported by the API (default: dev)")
@@ -298,6 +306,11 @@ def parse_args(argv: list[str]) -> ServeConfig:
         parser.error(
             f"--max-tokens-limit {args.max_tokens_limit} exceeds --max-model-len {args.max_model_len}"
         )
+    if args.model_path is not None and args.tiny_family is not None:
+        parser.error(
+            "--tiny-family applies only without --model-path (the checkpoint's config.json names its family);"
+            " drop one of them"
+        )
     if args.model_path is None and args.load_format == "dummy":
         parser.error("--load-format dummy needs --model-path (a directory with the config to build)")
     stages = [stage for stage, _ in args.remote_stage]
@@ -359,7 +372,8 @@ def main(argv: list[str]) -> int:
     from omni_runtime.api import ApiSettings, build_app
     from omni_runtime.contract.engine import EngineError
     from omni_runtime.entrypoints.console import end_process, quiet_probes
-    from omni_runtime.models.qwen2_5_omni.tiny import ensure_tiny_checkpoint, is_tiny_checkpoint
+    from omni_runtime.models.qwen2_5_omni.tiny import is_tiny_checkpoint
+    from omni_runtime.models.registry import ensure_tiny
     from omni_runtime.pipeline import build_engine
     from omni_runtime.support.cpu_threads import apply_cpu_threads
 
@@ -367,7 +381,7 @@ def main(argv: list[str]) -> int:
     apply_cpu_threads(device=options.device, requested=args.cpu_threads)
     if options.model_path is None:
         log.info("no --model-path: serving the tiny random-weight checkpoint (created once in the cache)")
-        options = _with_model_path(options, str(ensure_tiny_checkpoint(progress=True)))
+        options = _with_model_path(options, str(ensure_tiny(options.tiny_family, progress=True)))
     from omni_runtime.models.qwen3_omni_moe.tiny import is_tiny_checkpoint as is_tiny_qwen3
 
     served = options.model_path or ""

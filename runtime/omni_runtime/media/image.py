@@ -15,6 +15,10 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from omni_runtime.media.errors import IMAGE_TOO_LARGE, INVALID_MEDIA, MediaError
 from omni_runtime.media.limits import MediaLimits
 
+# The served families' vision processors (Qwen2-VL's smart_resize, in Qwen2.5- and Qwen3-Omni)
+# refuse a longer side over 200 times the shorter one.
+MAX_ASPECT_RATIO = 200
+
 
 def decode_image(data: bytes, *, limits: MediaLimits) -> np.ndarray:
     """Decode image bytes to an H x W x 3 uint8 RGB array; raises MediaError when unreadable or too big."""
@@ -25,6 +29,12 @@ def decode_image(data: bytes, *, limits: MediaLimits) -> np.ndarray:
             width, height = img.size
             if width * height > limits.max_image_pixels:
                 raise _too_large(width, height, limits)
+            if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
+                raise MediaError(
+                    f"the image is {width}x{height}, a side over {MAX_ASPECT_RATIO} times the other; the "
+                    f"model's vision processor takes at most {MAX_ASPECT_RATIO}:1 (crop or pad it)",
+                    code=INVALID_MEDIA,
+                )
             img.load()
             oriented = ImageOps.exif_transpose(img) or img
             rgb = oriented.convert("RGB")

@@ -29,9 +29,23 @@ def resolve_model_path(options: EngineOptions) -> Path | None:
         return path
     if options.load_format == "dummy":
         return None
+    return ensure_tiny(options.tiny_family)
+
+
+def ensure_tiny(family: str, *, progress: bool = False) -> Path:
+    """The cached tiny random-weight checkpoint of ``family`` (a config.json model_type), made once."""
+    if family == "qwen3_omni_moe":
+        from omni_runtime.models.qwen3_omni_moe.tiny import ensure_tiny_checkpoint as ensure_qwen3
+
+        return ensure_qwen3(progress=progress)
+    if family != "qwen2_5_omni":
+        raise EngineError(
+            f"no tiny checkpoint for family {family!r}; choose one of {', '.join(SUPPORTED)}",
+            param="tiny_family",
+        )
     from omni_runtime.models.qwen2_5_omni.tiny import ensure_tiny_checkpoint
 
-    return ensure_tiny_checkpoint()
+    return ensure_tiny_checkpoint(progress=progress)
 
 
 def model_type(path: Path | None) -> str:

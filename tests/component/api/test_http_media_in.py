@@ -79,3 +79,24 @@ def test_top_level_lists_from_local_paths_join_the_first_user_message(worker: Wo
     )
     plain = _ask(worker, {"messages": [{"role": "user", "content": "All three?"}]})
     assert _tokens(body)[0] > _tokens(plain)[0]
+
+
+def test_edge_media_is_read_or_refused_by_name_for_both_families(speech_worker: Worker) -> None:
+    """A 5 ms clip is read (Qwen3's processor pads audio only to the request's longest), and an
+    image whose long side is over 200 times its short one is a 400 naming the part, not a 500."""
+    clip = {"data": base64.b64encode(tone_wav(seconds=0.005, sample_rate=16_000)).decode(), "format": "wav"}
+    content = [{"type": "input_audio", "input_audio": clip}, {"type": "text", "text": "What is this?"}]
+    assert _tokens(_ask(speech_worker, {"messages": [{"role": "user", "content": content}]}))[1] >= 1
+
+    strip = {
+        "type": "image_url",
+        "image_url": {"url": data_uri("image/png", png_bytes(width=3000, height=14))},
+    }
+    with speech_worker.client() as client:
+        response = client.post(
+            "/v1/chat/completions", json={"max_tokens": 2, "messages": [{"role": "user", "content": [strip]}]}
+        )
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["param"], error["code"]) == ("messages[0].content[0].image_url.url", "invalid_media")
+    assert "3000x14, a side over 200 times the other" in error["message"]

@@ -1,5 +1,9 @@
 """The encoder cache on the real engine (tiny checkpoint, CPU): units encode exactly as the whole
-prompt does, media prefetched ahead is a hit for its request, and the greedy answer is the same."""
+prompt does, media prefetched ahead is a hit for its request, and the greedy answer is the same.
+
+The first two run for both families (Qwen3-Omni-MoE's vision tower too encodes each temporal
+patch group of a video on its own, with its DeepStack features).
+"""
 
 from __future__ import annotations
 
@@ -28,7 +32,8 @@ def text(events) -> str:
     return "".join(e.text for e in events if isinstance(e, TextDelta))
 
 
-def test_units_encode_exactly_as_the_whole_prompt(speech_engine: Harness) -> None:
+def test_units_encode_exactly_as_the_whole_prompt(family_speech_engine: Harness) -> None:
+    speech_engine = family_speech_engine
     engine = speech_engine.engine
 
     async def go():
@@ -44,7 +49,8 @@ def test_units_encode_exactly_as_the_whole_prompt(speech_engine: Harness) -> Non
         assert torch.equal(mine, theirs)  # bit for bit: 3 video groups encoded apart, joined
 
 
-def test_prefetched_media_is_a_hit_and_the_answer_is_the_same(speech_engine: Harness) -> None:
+def test_prefetched_media_is_a_hit_and_the_answer_is_the_same(family_speech_engine: Harness) -> None:
+    speech_engine = family_speech_engine
     engine = speech_engine.engine
 
     speech_engine.forget_encodings()

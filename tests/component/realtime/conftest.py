@@ -1,11 +1,16 @@
-"""One live worker for the realtime component tests: the real engine on the tiny checkpoint, behind the router.
+"""Live workers for the realtime component tests: the real engine on a tiny checkpoint, behind the router.
 
 A background thread runs its own event loop with: the worker app exactly as `omni serve` builds it
 (`build_app`, which serves the realtime endpoints too), and the router in front of it
 (a static worker table). Tests are clients over real sockets: the official openai client,
 websockets and httpx, through the router. Extra bare workers with other limits share the started
 engine (`live.extra_worker(...)`). Starting the engine costs tens of seconds on a CPU, so it
-happens once per test session.
+happens once per test session and family.
+
+`live` is the Qwen2.5-Omni worker every test uses; `live_qwen3` is a second one on the tiny
+Qwen3-Omni-MoE checkpoint (its own router too). `family_live` is each of them in turn: the tests
+that take it are the representative subset that runs for both families (one per protocol, named in
+each module's docstring), so the run time does not double.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,7 +84,7 @@ async def _serve_extra(live: LiveWorker, overrides: dict[str, Any]) -> tuple[str
     return f"127.0.0.1:{port}", realtime
 
 
-async def _start(holder: dict[str, Any], ready: threading.Event) -> None:
+async def _start(holder: dict[str, Any], ready: threading.Event, family: str) -> None:
     from omni_runtime.api.app import build_app
     from omni_runtime.api.settings import ApiSettings
     from omni_runtime.contract.options import EngineOptions
@@ -91,7 +96,13 @@ async def _start(holder: dict[str, Any], ready: threading.Event) -> None:
     from omni_runtime.router.table import WorkerSpec
 
     engine = build_engine(
-        EngineOptions(pipeline="streaming-speech", device="cpu", max_batch_size=8, worker_id=WORKER_ID)
+        EngineOptions(
+            tiny_family=family,  # no model path: the family's tiny checkpoint (written once)
+            pipeline="streaming-speech",
+            device="cpu",
+            max_batch_size=8,
+            worker_id=WORKER_ID,
+        )
     )
     app = build_app(
         engine=engine,
@@ -134,19 +145,18 @@ async def _start(holder: dict[str, Any], ready: threading.Event) -> None:
     await realtime.aclose()
 
 
-@pytest.fixture(scope="session")
-def live() -> Iterator[LiveWorker]:
+def _live(family: str) -> Iterator[LiveWorker]:
     holder: dict[str, Any] = {}
     ready = threading.Event()
 
     def run() -> None:
         try:
-            asyncio.run(_start(holder, ready))
+            asyncio.run(_start(holder, ready, family))
         except BaseException as exc:  # surfaced to the fixture below
             holder["error"] = exc
             ready.set()
 
-    thread = threading.Thread(target=run, name="realtime-live-worker", daemon=True)
+    thread = threading.Thread(target=run, name=f"realtime-live-{family}", daemon=True)
     thread.start()
     ready.wait(timeout=1200)
     if "error" in holder:
@@ -156,6 +166,34 @@ def live() -> Iterator[LiveWorker]:
     yield holder["live"]
     holder["live"].loop.call_soon_threadsafe(holder["stop"].set)
     thread.join(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def live() -> Iterator[LiveWorker]:
+    """The Qwen2.5-Omni worker behind its router."""
+    yield from _live("qwen2_5_omni")
+
+
+@pytest.fixture(scope="session")
+def live_qwen3() -> Iterator[LiveWorker]:
+    """The Qwen3-Omni-MoE worker (talker frames, windowed Code2Wav) behind its own router."""
+    yield from _live("qwen3_omni_moe")
+
+
+def _live_of(request: pytest.FixtureRequest, family: str) -> LiveWorker:
+    return request.getfixturevalue("live" if family == "qwen2_5_omni" else "live_qwen3")
+
+
+@pytest.fixture(params=["qwen2_5_omni", "qwen3_omni_moe"])
+def family_live(request: pytest.FixtureRequest) -> LiveWorker:
+    """Each family's live worker in turn, for the tests that run against both."""
+    return _live_of(request, request.param)
+
+
+@pytest.fixture
+def live_of(request: pytest.FixtureRequest) -> Callable[[str], LiveWorker]:
+    """The live worker of a family named by a test's own parameters (one case of a table per family)."""
+    return lambda family: _live_of(request, family)
 
 
 @pytest.fixture(scope="session")

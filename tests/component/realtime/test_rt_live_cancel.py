@@ -1,6 +1,10 @@
 """A realtime ``response.cancel`` mid-speech frees the engine: the talker row is finished by the
 cancel, no vocoder window starts after it, the worker's /metrics say so, and the next response
-of the same session completes (the official openai client, through the router)."""
+of the same session completes (the official openai client, through the router).
+
+Both families run the ``response.cancel`` test (Qwen3-Omni-MoE: the talker's frame rows and the
+windowed Code2Wav); the cancel probe and the socket-close test run on Qwen2.5-Omni.
+"""
 
 from __future__ import annotations
 
@@ -77,7 +81,8 @@ async def _speak_with_the_talker_held(live, conn, release: threading.Event) -> N
     assert await holding == 1, "the talker row was still speaking when the cancel came"
 
 
-async def test_response_cancel_mid_speech_stops_the_talker_and_the_vocoder(live) -> None:
+async def test_response_cancel_mid_speech_stops_the_talker_and_the_vocoder(family_live) -> None:
+    live = family_live
     client = AsyncOpenAI(base_url=f"http://{live.router_host}/v1", api_key="unused")
     before = await _metrics(live)
     release = threading.Event()

@@ -3,6 +3,10 @@
 The client (`duplex_client.py`) is written from the published description of vLLM-Omni's duplex
 lane. Each test is one thing such a client needs: the native socket, the unit pair clock, playback
 acknowledgements deciding history, and model-driven listen/speak.
+
+Qwen3-Omni-MoE runs one case of three tables (on /v1/duplex): audio units with their transcript,
+a barge-in over a finished reply, and model-driven listen/speak (its thinker answers the probe);
+every case runs on Qwen2.5-Omni.
 """
 
 from __future__ import annotations
@@ -32,21 +36,27 @@ def probes(worker_host: str) -> float:
     )
 
 
+NATIVE = ("/v1/duplex", "response.audio.delta", "response.audio_transcript.delta", "response.audio.done")
+
+
 @pytest.mark.parametrize(
-    ("path", "audio", "transcript", "done"),
+    ("family", "path", "audio", "transcript", "done"),
     [
-        ("/v1/duplex", "response.audio.delta", "response.audio_transcript.delta", "response.audio.done"),
+        ("qwen2_5_omni", *NATIVE),
         (
+            "qwen2_5_omni",
             "/v1/realtime?duplex=1",
             "response.output_audio.delta",
             "response.output_audio_transcript.delta",
             "response.output_audio.done",
         ),
+        ("qwen3_omni_moe", *NATIVE),
     ],
 )
 async def test_duplex_sockets_send_audio_units_with_their_transcript(
-    live, path, audio, transcript, done
+    live_of, family, path, audio, transcript, done
 ) -> None:
+    live = live_of(family)
     client = await DuplexClient.connect(f"ws://{live.router_host}{path}")
     created = await client.next_of("session.created")
     assert "duplex" in created["session"]
@@ -90,8 +100,18 @@ async def test_playback_ack_decides_history_on_response_cancel(path, live) -> No
     await client.close()
 
 
-@pytest.mark.parametrize("path", ["/v1/duplex", "/v1/realtime?duplex=1"])
-async def test_speech_over_a_finished_reply_is_a_barge_in_trimmed_to_the_ack(path, live, speech_wav) -> None:
+@pytest.mark.parametrize(
+    ("family", "path"),
+    [
+        ("qwen2_5_omni", "/v1/duplex"),
+        ("qwen2_5_omni", "/v1/realtime?duplex=1"),
+        ("qwen3_omni_moe", "/v1/duplex"),
+    ],
+)
+async def test_speech_over_a_finished_reply_is_a_barge_in_trimmed_to_the_ack(
+    family, path, live_of, speech_wav
+) -> None:
+    live = live_of(family)
     interruption = speech_wav("Wait, stop, I have a different question for you", "interrupt")
     client = await DuplexClient.connect(f"ws://{live.router_host}{path}")
     await client.next_of("session.created")
@@ -123,20 +143,26 @@ SEMANTIC = {
 }
 
 
+AUTO = {"extra_body": {"auto_response": True, "force_listen_count": 2}}
+
+
 @pytest.mark.parametrize(
-    ("path", "fields"),
+    ("family", "path", "fields"),
     [
-        ("/v1/duplex", {"extra_body": {"auto_response": True, "force_listen_count": 2}}),
-        ("/v1/realtime?duplex=1", {"extra_body": {"auto_response": True, "force_listen_count": 2}}),
+        ("qwen2_5_omni", "/v1/duplex", AUTO),
+        ("qwen2_5_omni", "/v1/realtime?duplex=1", AUTO),
         (
+            "qwen2_5_omni",
             "/v1/duplex",
             {"audio": SEMANTIC, "duplex": {"force_listen_count": 2}},
         ),  # VAD hears, the model ends turns
+        ("qwen3_omni_moe", "/v1/duplex", AUTO),
     ],
 )
 async def test_model_driven_duplex_listens_first_then_the_model_decides(
-    path, fields, live, speech_wav
+    family, path, fields, live_of, speech_wav
 ) -> None:
+    live = live_of(family)
     speech = speech_wav("Hello there, can you tell me what time it is", "question")
     before = probes(live.worker_host)
     client = await DuplexClient.connect(f"ws://{live.router_host}{path}")

@@ -1,4 +1,8 @@
-"""The official openai client drives /v1/realtime on the real engine, through the router."""
+"""The official openai client drives /v1/realtime on the real engine, through the router.
+
+Both families (Qwen2.5-Omni and Qwen3-Omni-MoE): one full speech turn (text in, audio and its
+transcript out) and one audio-in turn (the family's own audio encoder), with the history kept.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +21,8 @@ async def collect(conn, until: str) -> list:
     raise AssertionError(f"closed before {until}")
 
 
-async def test_two_turns_text_and_audio_in_text_and_audio_out_history_kept(live, speech_wav) -> None:
+async def test_two_turns_text_and_audio_in_text_and_audio_out_history_kept(family_live, speech_wav) -> None:
+    live = family_live
     client = AsyncOpenAI(base_url=f"http://{live.router_host}/v1", api_key="unused")
     speech = speech_wav("What is the weather like", "question")
     async with client.realtime.connect(model="tiny") as conn:

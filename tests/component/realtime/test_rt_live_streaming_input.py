@@ -5,6 +5,9 @@ resource, and Mode A's one chunked chat request whose upload sleeps between fram
 own counters show the early work: images and video frame pairs reach their encoders while input is
 still arriving (prefetch done, encoder misses), and the request built at the end finds them
 (encoder hits, no new misses); the greedy answer is the same as without early work.
+
+Both families run the Mode B early-encoding test (images and video frames through each family's
+vision encoder); the rest runs on Qwen2.5-Omni.
 """
 
 from __future__ import annotations
@@ -85,7 +88,8 @@ async def run_session(client: httpx.AsyncClient, live, policy: str) -> tuple[str
     return result.json()["choices"][0]["message"]["content"], (before, early, after), started
 
 
-async def test_media_is_encoded_before_end_of_input_and_the_request_finds_it(live) -> None:
+async def test_media_is_encoded_before_end_of_input_and_the_request_finds_it(family_live) -> None:
+    live = family_live
     async with httpx.AsyncClient(base_url=f"http://{live.router_host}", timeout=300) as client:
         await clear_cache(live)
         late, (before, early, after), started = await run_session(client, live, "on_end_only")

@@ -4,6 +4,9 @@ The client (`video_client`) is written from the release's description. Real JPEG
 16 kHz PCM16 speech (espeak-ng), the tiny random-weight checkpoint: WAV audio deltas, the audio
 overflow error, per-stage sampling params, bad values refused with an error naming the field,
 no leaked slot after more bad sessions than the worker's limit, back-to-back queries in order.
+
+Both families answer a spoken query about frames with WAV audio deltas (Qwen3-Omni-MoE: its
+audio and vision encoders, talker frames and Code2Wav); the rest runs on Qwen2.5-Omni.
 """
 
 from __future__ import annotations
@@ -54,7 +57,8 @@ async def _speak(live, speech, *, talker: dict) -> tuple[dict, Response]:
     return response.of("response.done")[0], response
 
 
-async def test_audio_deltas_are_wav_files_under_both_names(live, speech_wav) -> None:
+async def test_audio_deltas_are_wav_files_under_both_names(family_live, speech_wav) -> None:
+    live = family_live
     speech = speech_wav("What is moving in the picture?", "video-question")
     done, response = await _speak(live, speech, talker={"max_tokens": 8})
     wavs = response.wavs("response.audio.delta")  # the name REFERENCE.md gives

@@ -1,4 +1,9 @@
-"""Streaming video and streaming-input sessions on the real engine, through the router."""
+"""Streaming video and streaming-input sessions on the real engine, through the router.
+
+Both families answer the video query (frames through the family's vision encoder) and the
+shuffled streaming-input session (audio chunks, the same answer as the whole request); the rest
+runs on Qwen2.5-Omni.
+"""
 
 from __future__ import annotations
 
@@ -29,7 +34,8 @@ def frame(seed: int) -> str:
     return base64.b64encode(buffer.getvalue()).decode()
 
 
-async def test_video_socket_filters_evicts_and_answers(live) -> None:
+async def test_video_socket_filters_evicts_and_answers(family_live) -> None:
+    live = family_live
     rt = await RawRealtime.connect(f"ws://{live.router_host}/v1/video/chat/stream")
     await rt.send(
         {
@@ -69,7 +75,8 @@ def chunk(seq: int, modality: str, data: bytes, *, end: bool = False) -> dict:
     }
 
 
-async def test_shuffled_duplicated_chunks_give_the_whole_request_answer(live) -> None:
+async def test_shuffled_duplicated_chunks_give_the_whole_request_answer(family_live) -> None:
+    live = family_live
     rng = np.random.default_rng(5)
     audio = (0.1 * rng.standard_normal(16_000)).astype(np.float32)
     pcm = (audio * 32767).astype("<i2")

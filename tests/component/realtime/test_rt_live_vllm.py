@@ -4,6 +4,10 @@ The client (`vllm_client`) is written from the released vLLM server's protocol; 
 16 kHz speech made by espeak-ng. Each test is one way such a client used to break here: the flat
 ``session.update`` was refused, the opening commit was "empty", 16 kHz was read as 24 kHz, no
 ``transcription.*`` events came, and ``final: true`` was ignored.
+
+Both families run the released client's flow (audio in through the family's audio encoder), its
+error events, the 16 kHz reading, output streamed per commit, and audio output; the dialects side
+by side run on Qwen2.5-Omni.
 """
 
 from __future__ import annotations
@@ -39,8 +43,9 @@ async def until_no_sessions(live, timeout: float = 10) -> None:
     assert await live_sessions(live) == 0
 
 
-async def test_released_client_flow_commit_append_final(live, speech_wav) -> None:
+async def test_released_client_flow_commit_append_final(family_live, speech_wav) -> None:
     """session.update (flat) -> commit -> appends -> commit final -> deltas and done with usage."""
+    live = family_live
     speech = speech_wav("Tell me about the weather today", "weather")
     client = await VllmRealtimeClient.connect(url(live))
     assert client.session_id.startswith("rt_tiny-w0.") and isinstance(client.created["created"], int)
@@ -68,8 +73,9 @@ async def test_released_client_flow_commit_append_final(live, speech_wav) -> Non
 
 
 async def test_a_wrong_model_or_malformed_event_is_an_error_event_and_the_session_goes_on(
-    live, speech_wav
+    family_live, speech_wav
 ) -> None:
+    live = family_live
     client = await VllmRealtimeClient.connect(url(live, "?protocol=vllm"))
     await client.update("no-such-model")
     error = await client.next_error()
@@ -94,8 +100,9 @@ async def test_a_wrong_model_or_malformed_event_is_an_error_event_and_the_sessio
     await until_no_sessions(live)
 
 
-async def test_audio_is_read_at_16_khz(live, speech_wav) -> None:
+async def test_audio_is_read_at_16_khz(family_live, speech_wav) -> None:
     """The prompt of one second of 16 kHz audio equals that of the same second sent as a WAV file."""
+    live = family_live
     speech = speech_wav("One two three four five six seven", "count")[: 2 * RATE]
     client = await VllmRealtimeClient.connect(url(live))
     await client.update(live.engine.model_name, max_tokens=1)
@@ -117,8 +124,9 @@ async def test_audio_is_read_at_16_khz(live, speech_wav) -> None:
     assert reply.usage is not None and streamed == reply.usage.prompt_tokens
 
 
-async def test_commits_stream_output_as_audio_arrives_and_final_ends_it(live, speech_wav) -> None:
+async def test_commits_stream_output_as_audio_arrives_and_final_ends_it(family_live, speech_wav) -> None:
     """Each commit with new audio answers it with the earlier audio and answers as context."""
+    live = family_live
     part1, part2 = speech_wav("What time is it", "time"), speech_wav("in Paris", "paris")
     client = await VllmRealtimeClient.connect(url(live))
     await client.update(live.engine.model_name, max_tokens=3)
@@ -136,7 +144,8 @@ async def test_commits_stream_output_as_audio_arrives_and_final_ends_it(live, sp
     await client.close()
 
 
-async def test_audio_output_as_vllm_omni_sends_it(live, speech_wav) -> None:
+async def test_audio_output_as_vllm_omni_sends_it(family_live, speech_wav) -> None:
+    live = family_live
     client = await VllmRealtimeClient.connect(url(live, "?protocol=vllm"))
     assert set(client.created) >= {"type", "id", "created"} and "session" not in client.created
     await client.append(speech_wav("Say something", "say"))  # before the first commit: kept

@@ -194,9 +194,11 @@ def test_examples_all_load() -> None:
         "minicpm-duplex",
         "qwen25-omni",
         "qwen25-omni-vllm",
+        "qwen3-omni-builtin",
         "qwen3-omni-sglang",
         "qwen3-omni-duplex",
         "qwen3-omni-streaming",
         "qwen3-omni",
         "tiny-omni",
+        "tiny-qwen3",
     ]

@@ -96,6 +96,11 @@ def test_text_only_is_the_text_pipeline_and_limits_map() -> None:
         ),
         (["--worker-id", "Worker_1"], "argument --worker-id: 'Worker_1' must be a DNS label"),
         (["--load-format", "dummy"], "--load-format dummy needs --model-path"),
+        (
+            ["--model-path", "/m", "--tiny-family", "qwen3_omni_moe"],
+            "--tiny-family applies only without --model-path (the checkpoint's config.json names its family)",
+        ),
+        (["--tiny-family", "ming"], "argument --tiny-family: invalid choice: 'ming'"),
         (["--max-tokens-limit", "9000"], "--max-tokens-limit 9000 exceeds --max-model-len 8192"),
         (["--max-batch-size", "0"], "argument --max-batch-size: 0 must be at least 1"),
     ],
@@ -107,6 +112,25 @@ def test_bad_flags_exit_2_naming_the_flag(
         main(argv)
     assert caught.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_tiny_family_picks_the_tiny_checkpoint_without_a_model_path() -> None:
+    assert parse_args(["--tiny-family", "qwen3_omni_moe"]).options == EngineOptions(
+        pipeline="speech", tiny_family="qwen3_omni_moe"
+    )
+    assert parse_args([]).options.tiny_family == "qwen2_5_omni"
+
+
+def test_a_family_without_a_tiny_checkpoint_is_an_engine_error() -> None:
+    from omni_runtime.contract.engine import EngineError
+    from omni_runtime.models.registry import resolve_model_path
+
+    with pytest.raises(EngineError) as caught:
+        resolve_model_path(EngineOptions(tiny_family="minicpm_o"))
+    assert caught.value.param == "tiny_family"
+    assert "no tiny checkpoint for family 'minicpm_o'; choose one of qwen2_5_omni, qwen3_omni_moe" in str(
+        caught.value
+    )
 
 
 def test_gpu_list_forms() -> None:

@@ -15,7 +15,13 @@ from omni_operator.plan.main import plan_file
 from omni_operator.plan.types import Target
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
-BUILTIN = ["tiny-cpu.yaml", "qwen2.5-omni-7b-h100.yaml", "minicpm-o-duplex.yaml"]
+BUILTIN = [
+    "tiny-cpu.yaml",
+    "tiny-qwen3-cpu.yaml",
+    "qwen2.5-omni-7b-h100.yaml",
+    "qwen3-omni-builtin-h200.yaml",
+    "minicpm-o-duplex.yaml",
+]
 
 
 def _parser(module: str):

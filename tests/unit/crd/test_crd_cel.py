@@ -36,6 +36,7 @@ def test_examples_pass_every_cel_rule(path: Path) -> None:
 CEL_CASES = [
     {"model": {"name": "m", "source": {"type": "tiny"}}, "runtime": {"type": "sglang-omni"}},
     {"model": {"name": "m"}, "runtime": {"type": "vllm-omni"}, "gpu": {"tier": "cpu"}},
+    {"model": {"name": "m", "architecture": "minicpm_o", "source": {"type": "tiny"}}, "gpu": {"tier": "cpu"}},
     {"model": {"name": "m"}, "gpu": {"tier": "cpu"}, "stages": {"thinker": {"tensorParallelSize": 2}}},
     {"model": {"name": "m"}, "gpu": {"tier": "cpu"}, "stages": {"imageEncoder": {"placement": "dedicated"}}},
     {"model": {"name": "m"}, "pipeline": "text", "stages": {"talker": {"enabled": True}}},

@@ -50,6 +50,21 @@ def test_pixel_cap_names_size_and_flag() -> None:
     assert decode_image(data, limits=MediaLimits(max_image_pixels=600)).shape == (20, 30, 3)
 
 
+@pytest.mark.parametrize(("width", "height"), [(201, 1), (1, 201), (3000, 14)])
+def test_a_side_over_200_times_the_other_is_refused_naming_the_ratio(width: int, height: int) -> None:
+    with pytest.raises(MediaError) as caught:
+        decode_image(encode_png(np.zeros((height, width, 3), dtype=np.uint8)), limits=LIMITS)
+    assert caught.value.code == INVALID_MEDIA
+    assert str(caught.value) == (
+        f"the image is {width}x{height}, a side over 200 times the other; the model's vision processor takes at "
+        "most 200:1 (crop or pad it)"
+    )
+
+
+def test_a_side_200_times_the_other_decodes() -> None:
+    assert decode_image(encode_png(np.zeros((1, 200, 3), dtype=np.uint8)), limits=LIMITS).shape == (1, 200, 3)
+
+
 @pytest.mark.parametrize("data", [b"", b"\x89PNG\r\n\x1a\n truncated", b"GIF89a-nope"])
 def test_unreadable_image_is_invalid_media(data: bytes) -> None:
     with pytest.raises(MediaError) as caught:

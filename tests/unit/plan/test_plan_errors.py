@@ -10,6 +10,10 @@ from omni_operator.plan.rules import GpuAllocation, check_disjoint
 
 MING = {"model.name": "Ming-flash-omni-2.0", "runtime.type": "sglang-omni"}
 CPU = {"gpu.tier": "cpu"}
+TINY_FAMILY = (
+    "spec.model.architecture: the builtin runtime writes tiny checkpoints for qwen2_5_omni and qwen3_omni only; "
+    "use architecture: qwen2_5_omni or qwen3_omni (auto: qwen2_5_omni), or a real checkpoint source"
+)
 
 CASES = [
     pytest.param(
@@ -85,6 +89,16 @@ CASES = [
         "spec.model.source.type: the tiny checkpoint is written by the builtin runtime only; use runtime.type: "
         "builtin, or a real checkpoint source (pvc, hostPath, image)",
         id="tiny-on-third-party",
+    ),
+    pytest.param(
+        {"model.source.type": "tiny", "model.architecture": "minicpm_o"},
+        TINY_FAMILY,
+        id="tiny-of-a-family-without-one",
+    ),
+    pytest.param(
+        {"model.source.type": "tiny", "model.name": "Ming-flash-omni-2.0"},
+        TINY_FAMILY,
+        id="tiny-of-a-family-named-by-the-model-name",
     ),
     pytest.param(
         {**CPU, "runtime.type": "sglang-omni"},
@@ -256,7 +270,9 @@ def test_fit_check_passes_at_the_suggested_size() -> None:
 def test_tiny_and_unknown_families_skip_the_fit_check() -> None:
     # An unknown family with no declared size has nothing to check; the tiny checkpoint is tiny.
     assert plan_deployment(deployment(**{"model.name": "custom"})).architecture == "auto"
-    assert plan_deployment(deployment(**{"model.name": "Ming-flash-omni-2.0", "model.source.type": "tiny"}))
+    # 30.5B in bf16 would not fit an A100 40 GB; the tiny Qwen3-Omni-MoE checkpoint does.
+    tiny = {"model.name": "Qwen3-Omni-30B-A3B", "model.source.type": "tiny", "gpu.tier": "a100-40gb"}
+    assert plan_deployment(deployment(**tiny)).architecture == "qwen3_omni"
 
 
 def test_overlap_guard_names_the_gpu() -> None:

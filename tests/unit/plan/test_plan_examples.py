@@ -219,11 +219,43 @@ QWEN25 = (
     "--pipeline",
     "speech",
 )
+QWEN3 = (
+    "--model-path",
+    "/models/Qwen3-Omni-30B-A3B-Instruct",
+    "--model-name",
+    "Qwen3-Omni-30B-A3B-Instruct",
+    "--pipeline",
+    "streaming-speech",
+)
 MINICPM = ("--model-path", "/models/MiniCPM-o-4_5", "--model-name", "MiniCPM-o-4_5", "--pipeline", "duplex")
 
 
 def _thinker_addr(worker: str, port: int = 9100) -> str:
     return f"thinker.{worker}.default.svc.cluster.local:{port}"
+
+
+def _builtin_split(worker: str, flags: tuple[str, ...], *, mem: str, streaming: bool = False) -> list:
+    """The builtin runtime's split layout of one worker: api pod (CPU), thinker GPU 0, talker GPU 1."""
+    thinker, talker = _thinker_addr(worker), f"talker.{worker}.default.svc.cluster.local:9101"
+    talker_stages = (S.talker, S.talker_stream) if streaming else (S.talker,)
+    api_stages = (S.preprocessing, S.decode, S.segmenter) if streaming else (S.preprocessing, S.decode)
+    remote = [
+        ("--remote-stage", f"{stage}={thinker}")
+        for stage in ("audio_encoder", "image_encoder", "mm_aggregate", "thinker")
+    ]
+    return [
+        (f"{worker}-api", Role.api, api_stages, (),
+         ("omni", "serve", *flags, "--port", "8000", "--device", "cpu", "--worker-id", worker, "--revision", "{rev}",
+          *(arg for pair in remote for arg in pair), "--remote-stage", f"talker={talker}")),
+        (f"{worker}-thinker", Role.thinker, (S.audio_encoder, S.image_encoder, S.mm_aggregate, S.thinker), (0,),
+         ("omni", "stage", "--stages", "audio_encoder,image_encoder,mm_aggregate,thinker", *flags,
+          "--port", "9100", "--device", "cuda", "--thinker-tp-size", "1", "--thinker-gpus", "0",
+          "--image-encoder-tp-size", "1", "--image-encoder-gpus", "0", "--mem-fraction-static", mem,
+          "--worker-id", worker, "--revision", "{rev}")),
+        (f"{worker}-talker", Role.talker, talker_stages, (1,),
+         ("omni", "stage", "--stages", ",".join(s.value for s in talker_stages), *flags, "--port", "9101",
+          "--device", "cuda", "--talker-gpu", "0", "--worker-id", worker, "--revision", "{rev}")),
+    ]  # fmt: skip
 
 
 # (example, architecture, gpus per worker, mem fraction, [(pod name, role, stages, logical GPUs, command)])
@@ -280,84 +312,33 @@ EXAMPLE_TABLE = [
             for i in range(2)
         ],
     ),
+    ("qwen2.5-omni-7b-h100.yaml", "qwen2_5_omni", 2, 0.8, _builtin_split("qwen25-omni-w0", QWEN25, mem="0.8")),
     (
-        "qwen2.5-omni-7b-h100.yaml",
-        "qwen2_5_omni",
+        "qwen3-omni-builtin-h200.yaml",
+        "qwen3_omni",
         2,
+        0.9,
+        _builtin_split("qwen3-omni-builtin-w0", QWEN3, mem="0.9", streaming=True),
+    ),
+    (
+        "tiny-qwen3-cpu.yaml",
+        "qwen3_omni",
+        0,
         0.8,
         [
             (
-                "qwen25-omni-w0-api",
-                Role.api,
-                (S.preprocessing, S.decode),
+                "tiny-qwen3-w0-worker",
+                Role.worker,
+                (*SPEECH_STAGES, S.segmenter, S.talker_stream),
                 (),
-                ("omni", "serve", *QWEN25, "--port", "8000", "--device", "cpu", "--worker-id", "qwen25-omni-w0",
-                 "--revision", "{rev}",
-                 "--remote-stage", f"audio_encoder={_thinker_addr('qwen25-omni-w0')}",
-                 "--remote-stage", f"image_encoder={_thinker_addr('qwen25-omni-w0')}",
-                 "--remote-stage", f"mm_aggregate={_thinker_addr('qwen25-omni-w0')}",
-                 "--remote-stage", f"thinker={_thinker_addr('qwen25-omni-w0')}",
-                 "--remote-stage", "talker=talker.qwen25-omni-w0.default.svc.cluster.local:9101"),
-            ),
-            (
-                "qwen25-omni-w0-thinker",
-                Role.thinker,
-                (S.audio_encoder, S.image_encoder, S.mm_aggregate, S.thinker),
-                (0,),
-                ("omni", "stage", "--stages", "audio_encoder,image_encoder,mm_aggregate,thinker", *QWEN25,
-                 "--port", "9100", "--device", "cuda", "--thinker-tp-size", "1", "--thinker-gpus", "0",
-                 "--image-encoder-tp-size", "1", "--image-encoder-gpus", "0", "--mem-fraction-static", "0.8",
-                 "--worker-id", "qwen25-omni-w0", "--revision", "{rev}"),
-            ),
-            (
-                "qwen25-omni-w0-talker",
-                Role.talker,
-                (S.talker,),
-                (1,),
-                ("omni", "stage", "--stages", "talker", *QWEN25, "--port", "9101", "--device", "cuda",
-                 "--talker-gpu", "0", "--worker-id", "qwen25-omni-w0", "--revision", "{rev}"),
+                # No --model-path: the runtime writes the family's tiny checkpoint (--tiny-family).
+                ("omni", "serve", "--tiny-family", "qwen3_omni_moe", "--model-name", "tiny-qwen3-omni",
+                 "--pipeline", "streaming-speech", "--port", "8000", "--device", "cpu",
+                 "--worker-id", "tiny-qwen3-w0", "--revision", "{rev}"),
             ),
         ],
     ),
-    (
-        "minicpm-o-duplex.yaml",
-        "minicpm_o",
-        2,
-        0.8,
-        [
-            (
-                "minicpm-duplex-w0-api",
-                Role.api,
-                (S.preprocessing, S.decode),
-                (),
-                ("omni", "serve", *MINICPM, "--port", "8000", "--device", "cpu", "--worker-id", "minicpm-duplex-w0",
-                 "--revision", "{rev}",
-                 "--remote-stage", f"audio_encoder={_thinker_addr('minicpm-duplex-w0')}",
-                 "--remote-stage", f"image_encoder={_thinker_addr('minicpm-duplex-w0')}",
-                 "--remote-stage", f"mm_aggregate={_thinker_addr('minicpm-duplex-w0')}",
-                 "--remote-stage", f"thinker={_thinker_addr('minicpm-duplex-w0')}",
-                 "--remote-stage", "talker=talker.minicpm-duplex-w0.default.svc.cluster.local:9101"),
-            ),
-            (
-                "minicpm-duplex-w0-thinker",
-                Role.thinker,
-                (S.audio_encoder, S.image_encoder, S.mm_aggregate, S.thinker),
-                (0,),
-                ("omni", "stage", "--stages", "audio_encoder,image_encoder,mm_aggregate,thinker", *MINICPM,
-                 "--port", "9100", "--device", "cuda", "--thinker-tp-size", "1", "--thinker-gpus", "0",
-                 "--image-encoder-tp-size", "1", "--image-encoder-gpus", "0", "--mem-fraction-static", "0.8",
-                 "--worker-id", "minicpm-duplex-w0", "--revision", "{rev}"),
-            ),
-            (
-                "minicpm-duplex-w0-talker",
-                Role.talker,
-                (S.talker,),
-                (1,),
-                ("omni", "stage", "--stages", "talker", *MINICPM, "--port", "9101", "--device", "cuda",
-                 "--talker-gpu", "0", "--worker-id", "minicpm-duplex-w0", "--revision", "{rev}"),
-            ),
-        ],
-    ),
+    ("minicpm-o-duplex.yaml", "minicpm_o", 2, 0.8, _builtin_split("minicpm-duplex-w0", MINICPM, mem="0.8")),
 ]  # fmt: skip
 
 

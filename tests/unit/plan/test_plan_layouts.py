@@ -219,3 +219,21 @@ def test_image_overrides_per_role() -> None:
     )
     pods = {p.role: p.container.image for p in plan_deployment(dep).workers[0].pods}
     assert pods == {Role.api: "api:1", Role.thinker: "thinker:2", Role.talker: "talker:1"}
+
+
+def test_every_process_of_a_tiny_qwen3_worker_on_gpus_names_the_tiny_family() -> None:
+    # Each stage process writes (once, into its own cache) and loads the same seeded checkpoint.
+    dep = deployment(**{"model.source.type": "tiny", "model.architecture": "qwen3_omni", "gpu.tier": "h100"})
+    plan = plan_deployment(dep, target=Target.local, base_port=7000)
+    got = [(p.role, p.container.command[:8]) for p in plan.workers[0].pods]
+    assert got == [
+        (Role.api, ("omni", "serve", "--tiny-family", "qwen3_omni_moe", "--model-name", "demo-model", "--pipeline", "speech")),
+        (Role.thinker, ("omni", "stage", "--stages", "audio_encoder,image_encoder,mm_aggregate,thinker", "--tiny-family",
+                        "qwen3_omni_moe", "--model-name", "demo-model")),
+        (Role.talker, ("omni", "stage", "--stages", "talker", "--tiny-family", "qwen3_omni_moe", "--model-name",
+                       "demo-model")),
+    ]  # fmt: skip
+    qwen25 = plan_deployment(
+        deployment(**{"model.source.type": "tiny", "gpu.tier": "h100"}), target=Target.local
+    )
+    assert not [p for p in qwen25.workers[0].pods if "--tiny-family" in p.container.command]

@@ -43,6 +43,7 @@ class ScriptedEngine:
     prefetched: list[tuple[MediaInput, ...]] = field(default_factory=list)
     ended_sessions: list[str] = field(default_factory=list)
     warmed: list[GenerationRequest] = field(default_factory=list)
+    fault: str | None = None  # set: every request ends at once as a worker fault with this detail
 
     @property
     def ready(self) -> bool:
@@ -81,6 +82,9 @@ class ScriptedEngine:
         samples = self.output_sample_rate * self.chunk_ms // 1000
         t = np.arange(samples) / self.output_sample_rate
         tone = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+        if self.fault is not None:
+            yield Finished(reason="error", error=self.fault)
+            return
         try:
             for index, word in enumerate(words):
                 if self.step_s:

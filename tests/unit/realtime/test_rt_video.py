@@ -11,6 +11,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from PIL import Image
+from rt_scripted_engine import ScriptedEngine
 
 from omni_runtime.media.limits import MediaLimits
 from omni_runtime.realtime import RealtimeServer, RealtimeSettings
@@ -131,3 +132,27 @@ def test_video_socket_filters_evicts_answers_and_reports_errors(engine) -> None:
     # Both queries name the session's conversation KV; the closed socket frees it.
     (key,) = {request.session_key for request in engine.requests}
     assert key is not None and engine.ended_sessions == [key]
+
+
+def test_a_worker_fault_is_a_server_error_without_its_details_and_the_session_goes_on() -> None:
+    engine = ScriptedEngine(fault="RuntimeError: padding (200, 200) at dimension 2 of input [1, 1, 160]")
+    server = RealtimeServer(engine=engine, settings=RealtimeSettings(worker_id="w0"))
+    app = FastAPI()
+    app.include_router(server.router())
+    with TestClient(app) as client, client.websocket_connect("/v1/video/chat/stream") as ws:
+        ws.send_json({"type": "session.config", "modalities": ["text"]})
+        ws.send_json({"type": "video.frame", "data": _b64(frame_png(1))})
+        ws.send_json({"type": "video.query", "text": "what happens?"})
+        ws.send_json({"type": "video.done"})
+        events = []
+        while not events or events[-1]["type"] != "session.done":
+            events.append(json.loads(ws.receive_text()))
+    (error,) = [event["error"] for event in events if event["type"] == "error"]
+    assert error == {
+        "type": "server_error",
+        "code": "engine_error",
+        "message": "the engine failed this query; the details are in the worker log; the session goes on, send "
+        "another video.query",
+        "param": None,
+    }
+    assert [event["status"] for event in events if event["type"] == "response.done"] == ["failed"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import torch
 
 from omni_runtime.contract.adapter import OmniAdapter, Prompt, ThinkerPrompt, ThinkerRunner
@@ -53,6 +54,14 @@ CODEC_WINDOWS: dict[str, Any] = {
     "left_context": 25,
     "right_context": 1,
 }
+
+
+def _at_least(audio: Any, samples: int) -> Any:
+    """``audio`` zero-padded to ``samples``. Qwen3's processor pads audio only to the longest of
+    the request (Qwen2.5's to 30 s), and its STFT reflects ``n_fft / 2`` samples at each end, so
+    a clip shorter than that (a 10 ms chunk on the video socket) would fail there."""
+    short = samples - len(audio)
+    return np.pad(audio, (0, short)) if short > 0 else audio
 
 
 class Qwen3OmniMoeAdapter(OmniAdapter):
@@ -90,7 +99,7 @@ class Qwen3OmniMoeAdapter(OmniAdapter):
         fps = media.fps[0] if media.fps else DEFAULT_VIDEO_FPS
         out = proc(
             text=[text],
-            audio=media.audios or None,
+            audio=[_at_least(a, proc.feature_extractor.n_fft) for a in media.audios] or None,
             images=media.images or None,
             videos=media.videos or None,
             return_tensors="pt",
@@ -171,6 +180,13 @@ class Qwen3OmniMoeAdapter(OmniAdapter):
             results[owner][kind].append(part)
         sync_stream(device)
         return [{k: (torch.cat(v) if v else None) for k, v in r.items()} for r in results]
+
+    @property
+    def video_groups_independent(self) -> bool:
+        """Qwen3-Omni's vision tower attends within each temporal patch group (cu_seqlens per grid
+        t; its position embeddings and rotary positions are spatial, repeated over t), so a video's
+        groups encode apart exactly: a streaming session's frame pairs are its video's groups."""
+        return True
 
     # -- mm_aggregate ----------------------------------------------------------------------------
     @torch.inference_mode()

@@ -114,14 +114,23 @@ async def _stream(
                         sample_rate=item.sample_rate,
                     )
             elif isinstance(item, Finished):
-                reply.status = "completed" if item.reason in ("stop", "length") else item.reason
+                stopped = {"stop": "completed", "length": "completed", "error": "failed"}
+                reply.status = stopped.get(item.reason, item.reason)
                 reply.usage = {
                     "prompt_tokens": item.usage.prompt_tokens,
                     "completion_tokens": item.usage.completion_tokens,
                     "total_tokens": item.usage.prompt_tokens + item.usage.completion_tokens,
                 }
-                if item.reason == "error":
-                    report(ProtocolError(item.error or "the engine failed this query", code=ENGINE_ERROR))
+                if item.reason == "error":  # a worker fault: its details go to the log, not the client
+                    log.error("video query %s failed in the engine: %s", reply.response_id, item.error)
+                    report(
+                        ProtocolError(
+                            "the engine failed this query; the details are in the worker log; the session "
+                            "goes on, send another video.query",
+                            code=ENGINE_ERROR,
+                            type=SERVER_ERROR,
+                        )
+                    )
     finally:
         await close_quietly(stream)
 
