@@ -85,8 +85,9 @@ if [ "$PIPELINE" != text ] && [ "${SPEECH:-1}" = 1 ]; then
   fi
 fi
 if [ "${REALTIME:-1}" = 1 ]; then
-  timeout 120 python3 -m omni_runtime.bench.realtime_latency --url ws://127.0.0.1:8000/v1/realtime \
-    --concurrency 1,8 --turns 2 --turn commit 2>&1 | tail -8 | tee "$OUT/realtime.txt"
+  # RT_TURNS turns per session (the by_turn rows show turn 1 vs turn N); RT_LABEL names the file.
+  timeout "${RT_TIMEOUT:-120}" python3 -m omni_runtime.bench.realtime_latency --url ws://127.0.0.1:8000/v1/realtime \
+    --concurrency 1,8 --turns "${RT_TURNS:-2}" --turn commit 2>&1 | tail -"${RT_LINES:-8}" | tee "$OUT/realtime${RT_LABEL:-}.txt"
 fi
 kill $SERVER; sleep 5; kill -9 $SERVER 2>/dev/null
 tail -5 "$OUT/serve.log"

@@ -27,7 +27,7 @@ class EngineOptions:
     # Encoder outputs kept by content (media encoded ahead of a request, repeated media); 0: off.
     encoder_cache_mb: int = 256
     # Thinker KV kept between a session's turns (conversation KV), in MiB; 0: off.
-    session_kv_mb: int = 1024
+    session_kv_mb: int = 0  # off by default: see --session-kv-mb
     # Stages served by another process: stage name -> "host:port" of its stage link.
     remote_stages: dict[str, str] = field(default_factory=dict)
     worker_id: str = "worker-0"

@@ -58,7 +58,12 @@ def make_engine(checkpoint: Path, *, pipeline: str = "streaming-speech") -> Engi
     from omni_runtime.pipeline import build_engine
 
     options = EngineOptions(
-        model_path=str(checkpoint), pipeline=pipeline, device="cpu", max_batch_size=8, max_model_len=2048
+        model_path=str(checkpoint),
+        pipeline=pipeline,
+        device="cpu",
+        max_batch_size=8,
+        max_model_len=2048,
+        session_kv_mb=64,  # conversation KV on (off by default in omni serve)
     )
     return build_engine(options)
 
