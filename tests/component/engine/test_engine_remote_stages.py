@@ -38,6 +38,7 @@ def _start_stage(checkpoint: Path, stages: str, port: int, log: Path) -> subproc
         sys.executable, "-m", "omni_operator.cli", "stage", "--stages", stages,
         "--model-path", str(checkpoint), "--pipeline", "streaming-speech", "--device", "cpu",
         "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "1024", "--max-batch-size", "8",
+        "--session-kv-mb", "64",  # conversation KV on, as the in-process harness has it
     ]  # fmt: skip
     return subprocess.Popen(argv, stdout=log.open("w"), stderr=subprocess.STDOUT, env={**os.environ})
 
