@@ -38,7 +38,7 @@ step "container images (make images: buildah, Debian base via mmdebstrap, cached
 bash images/build.sh
 bash images/build.sh test-client
 
-if [ -x tests/e2e/controlplane/build.sh ]; then
+if [ -x tests/e2e/node/build.sh ]; then
   step "real test node: kubelet, kube-proxy, CoreDNS (Go modules, cached), containerd and CNI (Debian)"
   bash tests/e2e/node/build.sh
 fi

@@ -71,6 +71,10 @@ def host_ip() -> str:
 
 def _sysctl(key: str, value: str) -> None:
     path = Path("/proc/sys") / key.replace(".", "/")
+    if not path.exists():
+        raise ControlPlaneError(
+            f"the kernel has no {key}: the node needs it (for net.bridge.*: modprobe br_netfilter)"
+        )
     if path.read_text().strip() != value:
         path.write_text(value)
 

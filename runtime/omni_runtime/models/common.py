@@ -68,6 +68,17 @@ def collect_messages(request: GenerationRequest, *, default_system: str | None) 
     return out
 
 
+def check_prompt_length(prompt: Prompt, max_model_len: int) -> Prompt:
+    """The prompt, or a 400 naming ``messages`` when it (media included) leaves no room to answer."""
+    if len(prompt.input_ids) >= max_model_len:
+        raise EngineError(
+            f"the prompt is {len(prompt.input_ids)} tokens (media included) but this model serves at most "
+            f"{max_model_len}; shorten the messages or send smaller media",
+            param="messages",
+        )
+    return prompt
+
+
 def fit_slots(
     *,
     config: Any,

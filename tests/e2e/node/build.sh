@@ -21,7 +21,8 @@ K8S_VERSION="v1.36.3"
 BINARIES=(kubelet kube-proxy coredns)
 # The Debian packages the node runs on (containerd 1.6 is still supported by kubelet 1.36, which
 # falls back to its configured cgroup driver for runtimes without the RuntimeConfig call).
-PACKAGES=(containerd runc containernetworking-plugins iptables conntrack socat ethtool buildah podman gcc libc6-dev)
+PACKAGES=(containerd runc containernetworking-plugins iptables conntrack socat ethtool iproute2 procps mount
+  buildah podman gcc libc6-dev)
 PAUSE_IMAGE="localhost/omni-pause:1"
 K8S_LDFLAGS="-s -w \
  -X k8s.io/component-base/version.gitVersion=${K8S_VERSION} \

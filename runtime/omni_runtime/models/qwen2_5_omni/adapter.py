@@ -23,6 +23,7 @@ from omni_runtime.executor.tensor_parallel import sharded_thinker_config
 from omni_runtime.executor.tp_runner import TPThinkerRunner
 from omni_runtime.models.common import (
     DEFAULT_VIDEO_FPS,
+    check_prompt_length,
     collect_messages,
     fit_slots,
     per_request,
@@ -120,13 +121,7 @@ class Qwen25OmniAdapter(OmniAdapter):
                 "video_grid_thw": out["video_grid_thw"],
                 "video_second_per_grid": torch.tensor([temporal / f for f in fps]),
             }
-        if len(prompt.input_ids) >= self.max_model_len:
-            raise EngineError(
-                f"the prompt is {len(prompt.input_ids)} tokens (media included) but this model serves at most "
-                f"{self.max_model_len}; shorten the messages or send smaller media",
-                param="messages",
-            )
-        return prompt
+        return check_prompt_length(prompt, self.max_model_len)
 
     # -- encoders ------------------------------------------------------------------------------
     @torch.inference_mode()

@@ -31,6 +31,7 @@ from omni_runtime.contract.engine import EngineError, GenerationRequest
 from omni_runtime.contract.options import EngineOptions
 from omni_runtime.models.common import (
     DEFAULT_VIDEO_FPS,
+    check_prompt_length,
     collect_messages,
     fit_slots,
     per_request,
@@ -119,13 +120,7 @@ class Qwen3OmniMoeAdapter(OmniAdapter):
                 "video_grid_thw": out["video_grid_thw"],
                 "video_second_per_grid": torch.as_tensor(out["video_second_per_grid"], dtype=torch.float32),
             }
-        if len(prompt.input_ids) >= self.max_model_len:
-            raise EngineError(
-                f"the prompt is {len(prompt.input_ids)} tokens (media included) but this model serves at most "
-                f"{self.max_model_len}; shorten the messages or send smaller media",
-                param="messages",
-            )
-        return prompt
+        return check_prompt_length(prompt, self.max_model_len)
 
     # -- encoders ------------------------------------------------------------------------------
     @torch.inference_mode()
