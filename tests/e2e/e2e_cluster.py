@@ -131,6 +131,23 @@ def wait_for(
     raise ControlPlaneError(f"timed out after {timeout:.0f} s waiting for {what}{tail}")
 
 
+def spawn(name: str, argv: list[str], workdir: Path, env: dict[str, str]) -> Component:
+    """A component process logging to ``workdir/logs/NAME.log``, killed with the test process."""
+    log_path = workdir / "logs" / f"{name}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=workdir,
+            env={"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), **env},
+            preexec_fn=die_with_parent(os.getpid()),
+        )
+    return Component(name=name, proc=proc, log_path=log_path)
+
+
 @dataclass
 class ControlPlane:
     """A running control plane; `kubeconfig` is what clients (and the operator) use."""
@@ -144,19 +161,7 @@ class ControlPlane:
     nodes: list[NodeShape] = field(default_factory=list)
 
     def start(self, name: str, args: list[str]) -> Component:
-        log_path = self.workdir / "logs" / f"{name}.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with log_path.open("ab") as log:
-            proc = subprocess.Popen(
-                [str(self.bin_dir / name), *args],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=self.workdir,
-                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.workdir)},
-                preexec_fn=die_with_parent(os.getpid()),
-            )
-        component = Component(name=name, proc=proc, log_path=log_path)
+        component = spawn(name, [str(self.bin_dir / name), *args], self.workdir, {"HOME": str(self.workdir)})
         self.components[name] = component
         return component
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
-from e2e_cluster import Component, ControlPlane, ControlPlaneError, die_with_parent, free_port, wait_for
+from e2e_cluster import Component, ControlPlane, ControlPlaneError, free_port, spawn, wait_for
 
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "node" / "build.sh"
@@ -130,20 +130,8 @@ def _unmount_under(directory: Path) -> None:
         subprocess.run(["umount", "--lazy", mount], capture_output=True)
 
 
-def _start(node: RealNode, name: str, argv: list[str], env: dict[str, str] | None = None) -> Component:
-    log_path = node.workdir / "logs" / f"{name}.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log:
-        proc = subprocess.Popen(
-            argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            cwd=node.workdir,
-            env={"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), **(env or {})},
-            preexec_fn=die_with_parent(os.getpid()),
-        )
-    component = Component(name=name, proc=proc, log_path=log_path)
+def _start(node: RealNode, name: str, argv: list[str]) -> Component:
+    component = spawn(name, argv, node.workdir, {})
     node.components[name] = component
     return component
 
