@@ -72,7 +72,7 @@ make_base() {
 
 # A digest of everything a build reads: the Dockerfile, the context .dockerignore lets in, the
 # base image and the build arguments. An image labelled with the same digest is up to date, which
-# spares buildah's layer-cache check (it hashes the 6 GB venv COPY --from=builder: ~1 minute).
+# spares buildah's layer-cache checks (they hash the build context for every COPY).
 inputs_digest() {  # inputs_digest DOCKERFILE [buildah args...]
   {
     podman image inspect --format '{{.Id}}' "$BASE"
@@ -110,9 +110,9 @@ fi
 build operator images/operator.Dockerfile "$REPO/omni-operator:$VERSION"
 mkdir -p "$UV_CACHE"
 build runtime images/runtime.Dockerfile "$REPO/omni-runtime:$VERSION-cpu" \
-  --build-arg PYTHON="$PYTHON" --build-arg TORCH_INDEX_URL=https://pypi.org/simple \
+  --build-arg PYTHON="$PYTHON" --build-arg TORCH_INDEX_URL=https://pypi.org/simple --build-arg DROP_PACKAGES=triton \
   -v "$UV_CACHE:/root/.cache/uv"
-# Every source change leaves a superseded 6 GB runtime image behind (and buildah's intermediate
+# Every source change leaves a superseded 5 GB runtime image behind (and buildah's intermediate
 # layers): drop the untagged ones so repeated builds do not fill the disk. The next build after a
 # source change reinstalls the locked wheels from the uv cache instead of reusing that layer.
 podman image prune --force >/dev/null

@@ -27,80 +27,91 @@ ARG TORCHVISION_VERSION=0.29.2
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
 ARG UV_VERSION=0.13.9
 
-FROM ${BASE_IMAGE} AS builder
+# The installer and the lock, read by the image's RUN steps through a bind mount: neither reaches
+# the image. (The venv itself is built in the final stage: copying a 6 GB venv from a builder stage
+# held it twice in the build's storage, and a CI machine ran out of disk on that copy.)
+FROM ${BASE_IMAGE} AS tools
 ARG PYTHON
-ARG TORCH_VERSION
-ARG TORCHVISION_VERSION
-ARG TORCH_INDEX_URL
 ARG UV_VERSION
-# The CA bundle of a TLS-intercepting egress proxy, where the build host sits behind one
-# (images/build.sh passes the host's; unset otherwise). Build arguments: nothing reaches the image.
 ARG PIP_CERT
 ARG SSL_CERT_FILE
 ENV DEBIAN_FRONTEND=noninteractive \
     PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PYTHONDONTWRITEBYTECODE=1 \
-    UV_LINK_MODE=copy \
-    UV_PYTHON_DOWNLOADS=never
-# The base's Python (the final stage has the same one, so the venv's interpreter link resolves
-# there). Ubuntu re-publishes patch versions under the same name: pinning them would break the
-# build on every security update, so the base image tag is the pin.
+    PIP_DISABLE_PIP_VERSION_CHECK=1
 # hadolint ignore=DL3008
 RUN if ! "${PYTHON}" -c "import ensurepip, venv" 2>/dev/null; then \
         apt-get update \
         && apt-get install -y --no-install-recommends "${PYTHON}" "${PYTHON}-venv" \
         && rm -rf /var/lib/apt/lists/*; \
-    fi
-RUN "${PYTHON}" -m venv /opt/omni/venv \
+    fi \
     && "${PYTHON}" -m venv /opt/uv \
     && /opt/uv/bin/pip install "uv==${UV_VERSION}"
-ENV PATH=/opt/omni/venv/bin:$PATH \
-    VIRTUAL_ENV=/opt/omni/venv
-WORKDIR /src
-# The lock, as constraints: the versions the test suite runs with. `make images` mounts the host's
-# uv cache on /root/.cache/uv, so what `make setup` downloaded is not downloaded again.
-COPY pyproject.toml uv.lock /src/
-RUN /opt/uv/bin/uv export --frozen --no-emit-project --no-hashes --quiet --output-file /src/locked.txt
-# torch first, in its own layer (the big one, rarely changed).
-# hadolint ignore=DL3059
-RUN /opt/uv/bin/uv pip install --index-url "${TORCH_INDEX_URL}" --extra-index-url https://pypi.org/simple \
-        --index-strategy unsafe-best-match --constraint /src/locked.txt \
-        "torch==${TORCH_VERSION}" "torchvision==${TORCHVISION_VERSION}"
-# The project's other dependencies (read from pyproject.toml), rebuilt only when it or the lock change.
-# hadolint ignore=DL3059
-RUN /opt/uv/bin/uv pip install --constraint /src/locked.txt --requirement pyproject.toml
-COPY README.md /src/
-COPY operator /src/operator
-COPY runtime /src/runtime
-# The project itself; torch is already satisfied and stays the build the index gave. Bytecode is
-# compiled here because the root filesystem is read-only at run time (torch's test helpers hold
-# files for newer Pythons, which do not compile and are never imported).
-RUN /opt/uv/bin/uv pip install --no-deps . \
-    && python -m compileall -q -x '/torch/testing/_internal/' /opt/omni/venv \
-    && omni --help >/dev/null
+WORKDIR /opt/uv/lock
+# The lock, as constraints: the versions the test suite runs with.
+COPY pyproject.toml uv.lock /opt/uv/lock/
+RUN /opt/uv/bin/uv export --frozen --no-emit-project --no-hashes --quiet --output-file /opt/uv/lock/locked.txt
 
 FROM ${BASE_IMAGE}
 ARG PYTHON
+ARG TORCH_VERSION
+ARG TORCHVISION_VERSION
+ARG TORCH_INDEX_URL
+# Packages a variant never imports, removed in the layer that installs them: the CPU image drops
+# triton (torch's GPU kernel compiler, 1 GB); `import torch` does not need it.
+ARG DROP_PACKAGES=""
+# The CA bundle of a TLS-intercepting egress proxy, where the build host sits behind one
+# (images/build.sh passes the host's; unset otherwise). Build arguments: nothing reaches the image.
+ARG PIP_CERT
+ARG SSL_CERT_FILE
 LABEL org.opencontainers.image.title="omni-runtime" \
       org.opencontainers.image.description="omni model runtime: stage servers, worker API, session router" \
       org.opencontainers.image.version="0.1.0" \
       org.opencontainers.image.licenses="Apache-2.0"
 ENV DEBIAN_FRONTEND=noninteractive
+# The base's Python with venv. Ubuntu re-publishes patch versions under the same name: pinning
+# them would break the build on every security update, so the base image tag is the pin.
 # hadolint ignore=DL3008
-RUN if ! command -v "${PYTHON}" >/dev/null || [ ! -e /etc/ssl/certs/ca-certificates.crt ]; then \
+RUN if ! "${PYTHON}" -c "import ensurepip, venv" 2>/dev/null || [ ! -e /etc/ssl/certs/ca-certificates.crt ]; then \
         apt-get update \
-        && apt-get install -y --no-install-recommends "${PYTHON}" ca-certificates \
+        && apt-get install -y --no-install-recommends "${PYTHON}" "${PYTHON}-venv" ca-certificates \
         && rm -rf /var/lib/apt/lists/*; \
     fi \
     && groupadd --gid 10001 omni \
     && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin omni \
     && mkdir -p /var/cache/omni /models \
-    && chown 10001:10001 /var/cache/omni
-COPY --from=builder /opt/omni/venv /opt/omni/venv
-# Every cache a library might write points at a writable volume, never at the image.
+    && chown 10001:10001 /var/cache/omni \
+    && "${PYTHON}" -m venv --without-pip /opt/omni/venv
 ENV PATH=/opt/omni/venv/bin:$PATH \
-    HOME=/tmp \
+    VIRTUAL_ENV=/opt/omni/venv
+# torch first, in its own layer (the big one, rarely changed). `make images` mounts the host's uv
+# cache on /root/.cache/uv, so what `make setup` downloaded is not downloaded again.
+# hadolint ignore=DL3059
+RUN --mount=type=bind,from=tools,source=/opt/uv,target=/opt/uv \
+    /opt/uv/bin/uv pip install --link-mode copy --index-url "${TORCH_INDEX_URL}" --extra-index-url https://pypi.org/simple \
+        --index-strategy unsafe-best-match --constraint /opt/uv/lock/locked.txt \
+        "torch==${TORCH_VERSION}" "torchvision==${TORCHVISION_VERSION}" \
+    && if [ -n "${DROP_PACKAGES}" ]; then /opt/uv/bin/uv pip uninstall ${DROP_PACKAGES}; fi
+# The project's other dependencies (read from pyproject.toml), rebuilt only when it or the lock change.
+# hadolint ignore=DL3059
+RUN --mount=type=bind,from=tools,source=/opt/uv,target=/opt/uv \
+    /opt/uv/bin/uv pip install --link-mode copy --constraint /opt/uv/lock/locked.txt --requirement /opt/uv/lock/pyproject.toml \
+    && if [ -n "${DROP_PACKAGES}" ]; then /opt/uv/bin/uv pip uninstall ${DROP_PACKAGES}; fi
+# The project itself (a wheel built from /src, which stays in the image: a few MB of source); torch
+# is already satisfied and stays the build the index gave. Bytecode is compiled here because the
+# root filesystem is read-only at run time (torch's test helpers hold files for newer Pythons, which
+# do not compile and are never imported).
+COPY pyproject.toml README.md /src/
+COPY operator /src/operator
+COPY runtime /src/runtime
+WORKDIR /src
+# hadolint ignore=DL3059
+RUN --mount=type=bind,from=tools,source=/opt/uv,target=/opt/uv \
+    /opt/uv/bin/uv pip install --no-deps --no-cache . \
+    && rm -rf /src/build \
+    && python -m compileall -q -x '/torch/testing/_internal/' /opt/omni/venv \
+    && omni --help >/dev/null
+# Every cache a library might write points at a writable volume, never at the image.
+ENV HOME=/tmp \
     XDG_CACHE_HOME=/tmp/.cache \
     OMNI_CACHE_DIR=/var/cache/omni \
     HF_HOME=/var/cache/omni/hf \

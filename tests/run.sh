@@ -7,6 +7,14 @@ cd "$(dirname "$0")/.."
 BIN=.venv/bin
 
 step() { printf '\n==> %s\n' "$*"; }
+# Free disk where the caches, the image store and the node's containerd live: a cold run fills
+# about 30 GB (uv and Go caches, the 5.4 GB runtime image in containers-storage and unpacked again
+# in the node's containerd). Printed at the start and before the tests, so a full disk is plain in
+# the log.
+disk() { df -h --output=avail,size,target "$HOME" /var/lib/containers 2>/dev/null | sed "s/^/    /" || true; }
+
+step "free disk"
+disk
 
 step "generated CRD is fresh"
 "$BIN/omni" crd --check
@@ -43,7 +51,8 @@ if [ -x tests/e2e/node/build.sh ]; then
   bash tests/e2e/node/build.sh
 fi
 
-step "tests"
+step "tests (free disk before them below)"
+disk
 set +e
 "$BIN/pytest" -p no:cacheprovider tests "$@"
 rc=$?
