@@ -5,6 +5,7 @@ the graph replay alone (GPU time of one step, no host work between replays), the
 step (replay + sampling + the host round trip), and the kernels that dominate a replay.
 
     python tests/gpu/profile_decode.py --batches 1,4 --out /tmp/decode-profile.txt
+    python tests/gpu/profile_decode.py --family qwen3_omni_moe --batches 1,8   # per experts kernel
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", default="1,4")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--family", default="qwen2_5_omni", choices=["qwen2_5_omni", "qwen3_omni_moe"])
+    parser.add_argument("--experts", default="omni_fused,grouped_mm", help="qwen3_omni_moe: kernels profiled")
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     lines: list[str] = []
@@ -54,6 +57,23 @@ def main() -> int:
         print(text, flush=True)
         lines.append(text)
 
+    if args.family == "qwen3_omni_moe":
+        from omni_runtime.bench.decode_moe import build, set_experts
+
+        thinker, make_runner, vocab, _, _ = build("bfloat16", max_len=1024, slots=max(batches))
+        for kernel in args.experts.split(","):
+            runner = make_runner(kernel)
+            for batch in batches:
+                set_experts(thinker, kernel)
+                step_ms = bench_runtime(runner, batch=batch, prompt=128, steps=64, vocab=vocab)
+                replay_ms = _replay_ms(runner, batch, 200)
+                say(f"{kernel:10s} batch {batch:3d}: step {step_ms:6.2f} ms, replay only {replay_ms:6.2f} ms")
+                say(_top_kernels(runner, batch, 200, limit=25))
+            del runner
+        if args.out:
+            with open(args.out, "w", encoding="utf-8") as f:
+                f.write("\n".join(lines) + "\n")
+        return 0
     thinker, runner = _build("bfloat16", max_len=1024, slots=max(batches))
     vocab = thinker.config.text_config.vocab_size
     variants = {"eager": list(runner.decoder.layers), "compiled": slot_cache._compiled(runner.decoder.layers)}

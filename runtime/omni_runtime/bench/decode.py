@@ -180,6 +180,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=["qwen2_5_omni", "qwen3_omni_moe"],
         help="model family at its released shape (default qwen2_5_omni: 7B; qwen3_omni_moe: 30B-A3B)",
     )
+    parser.add_argument(
+        "--experts",
+        default="omni_fused,grouped_mm",
+        help="qwen3_omni_moe: the runtime's experts kernels to time, one runner each; the first "
+        "is the runtime row (default omni_fused,grouped_mm)",
+    )
     parser.add_argument("--json", default=None, help="also write the results to this file")
     args = parser.parse_args(argv)
 
@@ -194,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     thinker: Any = None
     runner: Any
     experts: tuple[str, str] | None = None  # (HF's kernel, the runtime's) for an MoE thinker
+    others: dict[str, Any] = {}  # MoE: runners of the other experts kernels timed beside it
     if args.family == "qwen3_omni_moe":
         if args.tp:
             print("bench_decode: --tp is not supported for qwen3_omni_moe yet", file=sys.stderr)
@@ -204,10 +211,13 @@ def main(argv: list[str] | None = None) -> int:
             f"building a random-weight Qwen3-Omni-30B-A3B thinker ({args.dtype}) on {name} ...",
             file=sys.stderr,
         )
-        thinker, runner, vocab, bytes_for, hf_kernel = decode_moe.build(
+        thinker, make_runner, vocab, bytes_for, hf_kernel = decode_moe.build(
             args.dtype, max_len=max_len, slots=max(batches)
         )
-        experts = (hf_kernel, "grouped_mm")
+        kernels = [k.strip() for k in args.experts.split(",") if k.strip()]
+        experts = (hf_kernel, kernels[0])
+        runner = make_runner(kernels[0])
+        others = {kernel: make_runner(kernel) for kernel in kernels[1:]}
     elif args.tp:
         if args.tp > torch.cuda.device_count():
             print(f"bench_decode: --tp {args.tp} needs {args.tp} GPUs", file=sys.stderr)
@@ -249,6 +259,14 @@ def main(argv: list[str] | None = None) -> int:
 
             set_experts(thinker, experts[1])
         runtime_ms = bench_runtime(runner, batch=batch, prompt=args.prompt, steps=args.steps, vocab=vocab)
+        by_kernel = {experts[1]: runtime_ms} if experts is not None else {}
+        for kernel, other in others.items():
+            from omni_runtime.bench.decode_moe import set_experts
+
+            set_experts(thinker, kernel)
+            by_kernel[kernel] = bench_runtime(
+                other, batch=batch, prompt=args.prompt, steps=args.steps, vocab=vocab
+            )
         generate_ms = None
         if not args.skip_generate:
             if experts is not None:
@@ -263,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
             "bandwidth_bound_ms_per_step": step_bytes / bandwidth * 1000,
             "runtime_ms_per_step": runtime_ms,
             "runtime_tokens_per_s": batch * 1000 / runtime_ms,
+            "runtime_ms_per_step_by_experts_kernel": by_kernel or None,
             "generate_ms_per_step": generate_ms,
             "generate_tokens_per_s": None if generate_ms is None else batch * 1000 / generate_ms,
         }
@@ -289,6 +308,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['batch']:>5} {row['bytes_per_step'] / 1e9:8.2f} {bound_ms:9.2f} {row['runtime_ms_per_step']:16.2f} "
             f"{row['runtime_tokens_per_s']:9.1f} {row['runtime_ms_per_step'] / bound_ms:8.2f} {gen}"
         )
+        for kernel, ms in (row["runtime_ms_per_step_by_experts_kernel"] or {}).items():
+            if experts is not None and kernel != experts[1]:
+                print(
+                    f"{'':>5} runtime with experts kernel {kernel}: {ms:.2f} ms/step ({ms / bound_ms:.2f} x bound)"
+                )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(results, f, indent=2)

@@ -3,7 +3,9 @@
 One random-weight thinker at the released shape on the GPU serves both sides, as for Qwen2.5:
 transformers' own ``Qwen3OmniMoeThinkerForConditionalGeneration.generate`` with the experts
 kernel transformers picks by default, and the runtime's ``Qwen3ThinkerRunner`` (slot KV cache, CUDA
-graphs) over the same modules with the runtime's experts kernel (``grouped_mm``).
+graphs) over the same modules, one runner per experts kernel compared (the runtime's fused decode
+kernels ``omni_fused`` and transformers' ``grouped_mm``): a captured graph keeps the kernel it was
+captured with.
 
 The bandwidth bound of an MoE step depends on the batch: every step reads the dense weights
 (attention, norms, router, shared parts, LM head) and, per layer, each expert that at least one
@@ -35,8 +37,11 @@ def moe_bytes(
     return per_step
 
 
-def build(dtype_name: str, *, max_len: int, slots: int) -> tuple[Any, Any, int, Callable[[int], float], str]:
-    """(HF thinker, runtime runner, vocab, bytes per step by batch, HF's default experts kernel)."""
+def build(
+    dtype_name: str, *, max_len: int, slots: int
+) -> tuple[Any, Callable[[str], Any], int, Callable[[int], float], str]:
+    """(HF thinker, a runtime runner per experts kernel, vocab, bytes per step by batch, HF's
+    default experts kernel)."""
     import torch
     from transformers import Qwen3OmniMoeThinkerForConditionalGeneration
 
@@ -59,17 +64,21 @@ def build(dtype_name: str, *, max_len: int, slots: int) -> tuple[Any, Any, int, 
         image_token_index=cfg.image_token_id,
         video_token_index=cfg.video_token_id,
     )
-    runner = Qwen3ThinkerRunner(
-        text,
-        thinker.lm_head,
-        names,
-        slots=slots,
-        max_len=max_len,
-        dtype=dtype,
-        device=device,
-        cuda_graphs=True,
-        accept_layer=int(config.talker_config.accept_hidden_layer),
-    )
+
+    def make_runner(kernel: str) -> Any:
+        set_experts(thinker, kernel)
+        return Qwen3ThinkerRunner(
+            text,
+            thinker.lm_head,
+            names,
+            slots=slots,
+            max_len=max_len,
+            dtype=dtype,
+            device=device,
+            cuda_graphs=True,
+            accept_layer=int(config.talker_config.accept_hidden_layer),
+        )
+
     expert_params = 0
     for name, param in text.layers.named_parameters():
         if ".experts." in name:
@@ -87,11 +96,12 @@ def build(dtype_name: str, *, max_len: int, slots: int) -> tuple[Any, Any, int, 
         if ".experts." not in n
     )
     bytes_for = moe_bytes(dense, expert_total, layers=layers, experts=experts, top_k=top_k)
-    return thinker, runner, int(text_cfg.vocab_size), bytes_for, default_kernel
+    return thinker, make_runner, int(text_cfg.vocab_size), bytes_for, default_kernel
 
 
 def set_experts(thinker: Any, kernel: str) -> None:
-    """Switch the experts kernel of every MoE block (transformers reads it at each forward)."""
-    from omni_runtime.models.qwen3_omni_moe.loader import use_experts
+    """Switch the experts kernel of every MoE block (transformers reads it at each forward; a
+    captured graph keeps the one it was captured with)."""
+    from omni_runtime.models.qwen3_omni_moe.loader import experts_implementation, use_experts
 
-    use_experts(thinker.model.language_model, kernel)
+    use_experts(thinker.model.language_model, experts_implementation(kernel))

@@ -8,8 +8,9 @@ stores each expert's ``gate_proj``/``up_proj``/``down_proj`` apart while transfo
 block holds them fused (``experts.gate_up_proj`` [E, 2I, H], ``experts.down_proj`` [E, H, I]):
 :func:`load_text_model` stacks them, one decoder layer at a time so the peak stays one layer
 above the weights. ``load_format=dummy`` builds the same modules with random weights. The MoE
-blocks run transformers' ``grouped_mm`` experts kernel (``OMNI_MOE_EXPERTS`` picks another), so
-decode has no per-expert Python loop; a fused routing + grouped-GEMM kernel of our own is later.
+blocks run transformers' ``grouped_mm`` experts kernel; ``OMNI_MOE_EXPERTS`` picks another, such
+as the runtime's fused decode kernels (executor.moe_decode, ``omni_fused``). No path has a
+per-expert Python loop.
 
 The talker stage loads the talker (``talker.model.*`` MoE layers stacked the same way, its
 text/hidden projections, ``codec_head`` and ``code_predictor``), Code2Wav (``code2wav.*``, in
@@ -32,6 +33,7 @@ from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as hf
 
 from omni_runtime.contract.engine import EngineError
 from omni_runtime.contract.options import EngineOptions
+from omni_runtime.executor import moe_decode
 from omni_runtime.models.qwen2_5_omni.loader import Checkpoint, build_module, eos_ids, thinker_embedding_rows
 from omni_runtime.models.qwen2_5_omni.placement import Placement, resolve_placement
 from omni_runtime.models.qwen3_omni_moe.config import ensure_talker_fields
@@ -39,10 +41,11 @@ from omni_runtime.models.qwen3_omni_moe.config import ensure_talker_fields
 log = logging.getLogger(__name__)
 
 _FUSED = {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}
-# transformers' experts kernels: grouped_mm (torch's grouped GEMM over tokens sorted by expert,
-# routing on the device, no host sync: CUDA-graph capturable), batched_mm (a gathered bmm per
-# token-expert pair) and eager (its per-expert Python loop, with a host sync per step).
-MOE_EXPERTS = ("grouped_mm", "batched_mm", "eager")
+# The experts kernels: the runtime's omni_fused (two Triton kernels per MoE block at decode,
+# executor.moe_decode), and transformers' grouped_mm (torch's grouped GEMM over tokens sorted by
+# expert, routing on the device, no host sync: CUDA-graph capturable), batched_mm (a gathered bmm
+# per token-expert pair) and eager (its per-expert Python loop, with a host sync per step).
+MOE_EXPERTS = (moe_decode.NAME, "grouped_mm", "batched_mm", "eager")
 
 
 class RopeIndex:
@@ -136,11 +139,18 @@ def _chunks(items: list[torch.Tensor], size: int) -> list[list[torch.Tensor]]:
 
 def experts_implementation(value: str | None) -> str:
     """The MoE experts kernel from ``OMNI_MOE_EXPERTS``: ``grouped_mm`` unless told otherwise."""
-    choice = (value or "grouped_mm").strip()
+    choice = (value or "").strip() or "grouped_mm"
     if choice not in MOE_EXPERTS:
         raise EngineError(
             f"OMNI_MOE_EXPERTS is {choice!r}; use one of {', '.join(MOE_EXPERTS)}", param="OMNI_MOE_EXPERTS"
         )
+    if choice == moe_decode.NAME:
+        if not moe_decode.triton_available():
+            raise EngineError(
+                f"OMNI_MOE_EXPERTS is {choice!r} but Triton is not installed; install triton or use grouped_mm",
+                param="OMNI_MOE_EXPERTS",
+            )
+        moe_decode.register()
     return choice
 
 

@@ -1,0 +1,264 @@
+"""Fused MoE experts for decode: two Triton kernels in place of the grouped GEMM.
+
+A decode step of an MoE model sends a handful of rows (one per live slot) through each layer's
+experts, each row to its top-k experts. transformers' ``grouped_mm`` path sorts the row-expert
+pairs by expert, counts them per expert (a histogram over all E experts), gathers, runs two grouped
+GEMMs over all E expert groups (most of them empty at decode), scatters back and sums: about a
+dozen kernels per layer, for work that is two matrix-vector products per pair. Here it is two
+kernels, each reading only the experts the rows were routed to:
+
+1. ``gate_up``: for every (row, k) pair and a block of intermediate units, the gate and up
+   products of the row with that expert's ``gate_up_proj`` rows, then ``silu(gate) * up``.
+2. ``down``: for every row and a block of hidden units, the sum over its k experts of the routing
+   weight times that expert's ``down_proj`` rows applied to the pair's activation. No atomics: a
+   program owns its output block.
+
+Both accumulate in float32 and are CUDA-graph capturable (the pair count is static per captured
+batch). Prefill and larger batches, where a grouped GEMM reuses each expert's weights across many
+rows, keep transformers' ``grouped_mm`` (``MAX_FUSED_ROWS``). Registered in transformers'
+``ExpertsInterface`` as ``omni_fused``; selected with ``OMNI_MOE_EXPERTS=omni_fused``
+(models.qwen3_omni_moe.loader). It becomes the default on CUDA once the decode bench has measured
+it against ``grouped_mm`` on a GPU (``python -m omni_runtime.bench.moe_kernel`` and
+``bench.decode --family qwen3_omni_moe`` time both). Triton's interpreter (``TRITON_INTERPRET=1``)
+runs the same kernels on CPU tensors, which is how the CPU tests check them against transformers'
+experts; the CPU tests also compile them for sm_90 without a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+NAME = "omni_fused"
+# Rows (tokens) per call up to which the fused kernels run; above, transformers' grouped_mm.
+MAX_FUSED_ROWS = 16
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Block sizes of the two kernels (a program's share of the work) and warps per program."""
+
+    gate_rows: int  # intermediate units per gate_up program (its gate and its up rows each)
+    gate_cols: int  # hidden columns per inner step of gate_up
+    down_rows: int  # hidden units per down program
+    down_cols: int  # intermediate columns per inner step of down
+    warps: int = 4
+
+
+def launch_config(rows: int, hidden: int, intermediate: int, top_k: int) -> LaunchConfig:
+    """Block sizes for ``rows`` tokens routed to ``top_k`` experts each: enough programs to cover
+    the GPU's SMs several times over (a matrix-vector product is bound by how many loads are in
+    flight), inner tiles wide enough for 16-byte loads."""
+    pairs = rows * top_k
+    gate_rows = 8 if pairs * intermediate // 16 < 1024 else 16
+    down_rows = 4 if rows * hidden // 16 < 1024 else 16
+    return LaunchConfig(
+        gate_rows=gate_rows,
+        gate_cols=min(256, _pow2_at_least(hidden)),
+        down_rows=down_rows,
+        down_cols=min(256, _pow2_at_least(intermediate)),
+    )
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(4, (n - 1).bit_length())
+
+
+def triton_available() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def register() -> None:
+    """Make ``omni_fused`` a valid ``config._experts_implementation`` in transformers."""
+    from transformers.integrations.moe import ExpertsInterface
+
+    ExpertsInterface.register(NAME, fused_experts_forward)
+
+
+def fusable(experts: Any, hidden_states: torch.Tensor) -> bool:
+    """Whether this experts module and input take the fused path (else: grouped_mm)."""
+    return (
+        hidden_states.dim() == 2
+        and hidden_states.size(0) <= MAX_FUSED_ROWS
+        and getattr(experts, "has_gate", False)
+        and getattr(experts, "is_concatenated", False)
+        and not getattr(experts, "has_bias", True)
+        and not getattr(experts, "is_transposed", True)
+        and not getattr(experts, "has_post_expert_norm", True)
+        and not getattr(experts, "_is_expert_parallel", True)
+        and _is_silu(experts.act_fn)
+        and (hidden_states.is_cuda or _interpreting())
+    )
+
+
+def fused_experts_forward(
+    experts: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+) -> torch.Tensor:
+    """transformers' experts-forward signature: ``hidden_states`` [T, H], ``top_k_index`` and
+    ``top_k_weights`` [T, K] -> [T, H]."""
+    if not fusable(experts, hidden_states):
+        from transformers.integrations.moe import grouped_mm_experts_forward
+
+        return grouped_mm_experts_forward(experts, hidden_states, top_k_index, top_k_weights)
+    return fused_experts(hidden_states, top_k_index, top_k_weights, experts.gate_up_proj, experts.down_proj)
+
+
+def fused_experts(
+    hidden_states: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    config: LaunchConfig | None = None,
+) -> torch.Tensor:
+    """The two kernels over rows ``hidden_states`` [T, H] with experts ``gate_up_proj`` [E, 2I, H]
+    (gate rows first) and ``down_proj`` [E, H, I]."""
+    rows, hidden = hidden_states.shape
+    top_k = top_k_index.size(-1)
+    intermediate = down_proj.size(-1)
+    if gate_up_proj.shape[1:] != (2 * intermediate, hidden) or down_proj.shape[1] != hidden:
+        raise ValueError(
+            f"expert shapes gate_up {tuple(gate_up_proj.shape)} and down {tuple(down_proj.shape)} "
+            f"do not match hidden size {hidden}"
+        )
+    cfg = config or launch_config(rows, hidden, intermediate, top_k)
+    x = hidden_states.contiguous()
+    index = top_k_index.reshape(-1).contiguous()
+    weights = top_k_weights.reshape(-1).contiguous()
+    gate_up = gate_up_proj if gate_up_proj.stride(-1) == 1 else gate_up_proj.contiguous()
+    down = down_proj if down_proj.stride(-1) == 1 else down_proj.contiguous()
+    act = torch.empty(rows * top_k, intermediate, dtype=x.dtype, device=x.device)
+    out = torch.empty_like(x)
+    gate_up_kernel, down_kernel = _kernels()
+    gate_up_kernel[(rows * top_k, _cdiv(intermediate, cfg.gate_rows))](
+        x,
+        index,
+        gate_up,
+        act,
+        hidden,
+        intermediate,
+        x.stride(0),
+        gate_up.stride(0),
+        gate_up.stride(1),
+        TOP_K=top_k,
+        BLOCK_N=cfg.gate_rows,
+        BLOCK_H=cfg.gate_cols,
+        num_warps=cfg.warps,
+    )
+    down_kernel[(rows, _cdiv(hidden, cfg.down_rows))](
+        act,
+        index,
+        weights,
+        down,
+        out,
+        hidden,
+        intermediate,
+        down.stride(0),
+        down.stride(1),
+        out.stride(0),
+        TOP_K=top_k,
+        BLOCK_D=cfg.down_rows,
+        BLOCK_I=cfg.down_cols,
+        num_warps=cfg.warps,
+    )
+    return out
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _is_silu(act: Any) -> bool:
+    return isinstance(act, torch.nn.SiLU) or type(act).__name__ in ("SiLUActivation", "SiLU")
+
+
+def _interpreting() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@functools.cache
+def _kernels() -> tuple[Any, Any]:
+    """The Triton kernels, built on first use (Triton is imported only where they run)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def gate_up_kernel(
+        x_ptr,
+        index_ptr,
+        w_ptr,
+        act_ptr,
+        hidden,
+        intermediate,
+        stride_x,
+        stride_we,
+        stride_wn,
+        TOP_K: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_H: tl.constexpr,
+    ):
+        pair = tl.program_id(0)
+        block = tl.program_id(1)
+        token = pair // TOP_K
+        expert = tl.load(index_ptr + pair).to(tl.int64)
+        units = block * BLOCK_N + tl.arange(0, BLOCK_N)
+        unit_ok = units < intermediate
+        gate_ptrs = w_ptr + expert * stride_we + units[:, None] * stride_wn
+        up_ptrs = gate_ptrs + intermediate * stride_wn
+        acc_gate = tl.zeros([BLOCK_N], dtype=tl.float32)
+        acc_up = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for start in range(0, hidden, BLOCK_H):
+            cols = start + tl.arange(0, BLOCK_H)
+            col_ok = cols < hidden
+            x = tl.load(x_ptr + token * stride_x + cols, mask=col_ok, other=0.0).to(tl.float32)
+            mask = unit_ok[:, None] & col_ok[None, :]
+            w_gate = tl.load(gate_ptrs + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            w_up = tl.load(up_ptrs + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            acc_gate += tl.sum(w_gate * x[None, :], axis=1)
+            acc_up += tl.sum(w_up * x[None, :], axis=1)
+        act = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up  # silu(gate) * up
+        tl.store(act_ptr + pair * intermediate + units, act.to(act_ptr.dtype.element_ty), mask=unit_ok)
+
+    @triton.jit
+    def down_kernel(
+        act_ptr,
+        index_ptr,
+        weight_ptr,
+        w_ptr,
+        out_ptr,
+        hidden,
+        intermediate,
+        stride_we,
+        stride_wh,
+        stride_out,
+        TOP_K: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        BLOCK_I: tl.constexpr,
+    ):
+        token = tl.program_id(0)
+        block = tl.program_id(1)
+        units = block * BLOCK_D + tl.arange(0, BLOCK_D)
+        unit_ok = units < hidden
+        acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+        for k in tl.static_range(TOP_K):
+            pair = token * TOP_K + k
+            expert = tl.load(index_ptr + pair).to(tl.int64)
+            route = tl.load(weight_ptr + pair).to(tl.float32)
+            w_ptrs = w_ptr + expert * stride_we + units[:, None] * stride_wh
+            part = tl.zeros([BLOCK_D], dtype=tl.float32)
+            for start in range(0, intermediate, BLOCK_I):
+                cols = start + tl.arange(0, BLOCK_I)
+                col_ok = cols < intermediate
+                a = tl.load(act_ptr + pair * intermediate + cols, mask=col_ok, other=0.0).to(tl.float32)
+                w = tl.load(w_ptrs + cols[None, :], mask=unit_ok[:, None] & col_ok[None, :], other=0.0)
+                part += tl.sum(w.to(tl.float32) * a[None, :], axis=1)
+            acc += route * part
+        tl.store(out_ptr + token * stride_out + units, acc.to(out_ptr.dtype.element_ty), mask=unit_ok)
+
+    return gate_up_kernel, down_kernel

@@ -1,0 +1,79 @@
+"""The fused MoE decode kernels compiled on a GPU: equal to transformers' grouped_mm experts on the
+released Qwen3-Omni-30B-A3B thinker's expert shapes (128 experts, hidden 2048, 768 per expert,
+top-8), in eager mode and replayed from a CUDA graph.
+
+Skipped without a CUDA GPU. Run on the GPU machine with ``pytest tests/gpu -q``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+pytest.importorskip("triton")
+
+from transformers import Qwen3OmniMoeConfig  # noqa: E402
+from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as hf  # noqa: E402
+
+from omni_runtime.executor import moe_decode  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def block():
+    text = Qwen3OmniMoeConfig().thinker_config.text_config
+    text.num_experts, text.hidden_size, text.moe_intermediate_size, text.num_experts_per_tok = (
+        128,
+        2048,
+        768,
+        8,
+    )
+    text._experts_implementation = "grouped_mm"
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        module = hf.Qwen3OmniMoeThinkerTextSparseMoeBlock(text).to(torch.bfloat16)
+        with torch.no_grad():
+            for param in module.parameters():
+                param.copy_(torch.randn_like(param) / param.shape[-1] ** 0.5)
+    moe_decode.register()
+    return module
+
+
+def _both(block, x):
+    with torch.no_grad():
+        block.experts.config._experts_implementation = "grouped_mm"
+        expected = block(x)
+        block.experts.config._experts_implementation = moe_decode.NAME
+        got = block(x)
+    return got, expected
+
+
+@pytest.mark.parametrize("rows", [1, 4, 16])
+def test_fused_equals_grouped_mm(block, rows: int) -> None:
+    x = torch.randn(1, rows, 2048, device="cuda", dtype=torch.bfloat16)
+    got, expected = _both(block, x)
+    scale = expected.float().abs().max().item()
+    assert (got.float() - expected.float()).abs().max().item() <= 2e-2 * scale
+
+
+def test_fused_replays_from_a_cuda_graph(block) -> None:
+    static_x = torch.randn(1, 4, 2048, device="cuda", dtype=torch.bfloat16)
+    block.experts.config._experts_implementation = moe_decode.NAME
+    with torch.no_grad():
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            block(static_x)  # compile and warm up outside the capture
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = block(static_x)
+        fresh = torch.randn_like(static_x)
+        static_x.copy_(fresh)
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = block(fresh)
+    torch.testing.assert_close(static_out, eager, rtol=0, atol=0)
