@@ -42,6 +42,9 @@ class Prompt:
     )
     images: dict[str, Any] | None = None  # pixel_values [patches, dim], image_grid_thw [n, 3]
     videos: dict[str, Any] | None = None  # pixel_values_videos, video_grid_thw, video_second_per_grid
+    # The videos' audio tracks are among ``audio``, their tokens interleaved with the video's by
+    # time (the processor's use_audio_in_video); rope indexing must know it.
+    audio_in_video: bool = False
 
     @property
     def media_count(self) -> dict[str, int]:

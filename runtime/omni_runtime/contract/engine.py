@@ -20,13 +20,17 @@ class MediaInput:
     """Decoded media, ready for the processor.
 
     audio: float32 mono waveform at ``sample_rate`` (16 kHz for the audio encoder);
-    image: uint8 array H x W x 3 (RGB); video: uint8 array T x H x W x 3 with ``fps``.
+    image: uint8 array H x W x 3 (RGB); video: uint8 array T x H x W x 3 with ``fps``, and
+    ``soundtrack``: its audio track (float32 mono, 16 kHz) when the request puts the audio in the
+    video (``mm_processor_kwargs.use_audio_in_video``): its tokens are then interleaved with the
+    video's by time, as Qwen-Omni's processor does.
     """
 
     kind: MediaKind
     data: np.ndarray
     sample_rate: int | None = None
     fps: float | None = None
+    soundtrack: np.ndarray | None = None
 
 
 @dataclass(frozen=True)

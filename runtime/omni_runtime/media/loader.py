@@ -66,7 +66,15 @@ async def load_image(
 
 
 async def load_video(
-    source: str, *, options: VideoOptions, limits: MediaLimits, client: httpx.AsyncClient | None = None
+    source: str,
+    *,
+    options: VideoOptions,
+    limits: MediaLimits,
+    client: httpx.AsyncClient | None = None,
+    soundtrack: bool = False,
 ) -> DecodedVideo:
+    """Sampled frames, and with ``soundtrack`` the video's audio track at 16 kHz."""
     data = await load_source(source, limits=limits, client=client)
-    return await _decode(source, lambda: decode_video(data, options=options, limits=limits))
+    return await _decode(
+        source, lambda: decode_video(data, options=options, limits=limits, soundtrack=soundtrack)
+    )

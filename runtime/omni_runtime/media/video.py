@@ -40,6 +40,7 @@ class VideoOptions:
 class DecodedVideo:
     frames: np.ndarray  # T x H x W x 3 uint8
     fps: float  # the rate of the sampled frames (T / duration)
+    soundtrack: np.ndarray | None = None  # its audio track, mono float32 at 16 kHz, when asked for
 
 
 def plan_frame_count(*, duration_s: float, fps: float, max_frames: int) -> int:
@@ -66,8 +67,12 @@ def plan_frame_size(*, width: int, height: int, min_pixels: int | None, max_pixe
     return new_w - new_w % 2, new_h - new_h % 2
 
 
-def decode_video(data: bytes, *, options: VideoOptions, limits: MediaLimits) -> DecodedVideo:
-    """Decode and sample a video; raises MediaError when unreadable, too long or without frames."""
+def decode_video(
+    data: bytes, *, options: VideoOptions, limits: MediaLimits, soundtrack: bool = False
+) -> DecodedVideo:
+    """Decode and sample a video, and with ``soundtrack`` its audio track too (the request puts the
+    audio in the video); raises MediaError when unreadable, too long, without frames, or without
+    the audio track asked for."""
     import av
 
     if not data:
@@ -116,7 +121,24 @@ def decode_video(data: bytes, *, options: VideoOptions, limits: MediaLimits) -> 
     while len(frames) < count:  # a clip shorter than its metadata: repeat the last frame
         frames.append(frames[-1])
     sampled_fps = count / duration if duration > 0 else fps
-    return DecodedVideo(frames=np.stack(frames), fps=float(sampled_fps))
+    track = decode_soundtrack(data, limits=limits) if soundtrack else None
+    return DecodedVideo(frames=np.stack(frames), fps=float(sampled_fps), soundtrack=track)
+
+
+def decode_soundtrack(data: bytes, *, limits: MediaLimits) -> np.ndarray:
+    """A video's audio track as the audio encoder takes it (mono float32, 16 kHz)."""
+    import av
+
+    from omni_runtime.media.audio import decode_audio
+
+    with av.open(io.BytesIO(data), mode="r") as container:
+        if not container.streams.audio:
+            raise MediaError(
+                "the video has no audio track to put in the video; send it with "
+                "mm_processor_kwargs.use_audio_in_video false",
+                code=INVALID_MEDIA,
+            )
+    return decode_audio(data, limits=limits)
 
 
 def _duration_s(container: av.container.InputContainer, stream: av.video.stream.VideoStream) -> float | None:

@@ -42,6 +42,20 @@ class ChatMedia:
     images: list[np.ndarray] = field(default_factory=list)
     videos: list[np.ndarray] = field(default_factory=list)
     fps: list[float] = field(default_factory=list)  # per video
+    # Per audio (in prompt order): None for an audio of its own, i for the soundtrack of videos[i]
+    # (the processor's audio_from_video_indices).
+    audio_from_video: list[int | None] = field(default_factory=list)
+
+    @property
+    def audio_in_video(self) -> bool:
+        return any(i is not None for i in self.audio_from_video)
+
+    def processor_audio_kwargs(self) -> dict[str, Any]:
+        """The processor arguments for the audio: the videos' soundtracks interleaved with their
+        frames (``load_audio_from_video`` with one decoded audio per slot) when there are any."""
+        if not self.audio_in_video:
+            return {}
+        return {"load_audio_from_video": True, "audio_from_video_indices": list(self.audio_from_video)}
 
 
 def collect_messages(request: GenerationRequest, *, default_system: str | None) -> ChatMedia:
@@ -57,9 +71,13 @@ def collect_messages(request: GenerationRequest, *, default_system: str | None) 
             if media.kind == "audio":
                 wave = np.asarray(media.data, dtype=np.float32).reshape(-1)
                 out.audios.append(_resample(wave, media.sample_rate or AUDIO_RATE))
+                out.audio_from_video.append(None)
             elif media.kind == "image":
                 out.images.append(np.asarray(media.data, dtype=np.uint8))
             else:
+                if media.soundtrack is not None:  # 16 kHz already (media.video.decode_soundtrack)
+                    out.audios.append(np.asarray(media.soundtrack, dtype=np.float32).reshape(-1))
+                    out.audio_from_video.append(len(out.videos))
                 out.videos.append(np.asarray(media.data, dtype=np.uint8))
                 out.fps.append(float(media.fps or DEFAULT_VIDEO_FPS))
         if turn.text or not content:
@@ -141,7 +159,18 @@ def rope_context(prompt: Prompt) -> dict[str, Any]:
     if prompt.videos is not None:
         context["video_grid_thw"] = prompt.videos["video_grid_thw"]
         context["video_second_per_grid"] = prompt.videos["video_second_per_grid"]
+    if prompt.audio_in_video:
+        context[AUDIO_IN_VIDEO] = torch.tensor(True)  # a tensor: the context crosses stage links
     return context
+
+
+AUDIO_IN_VIDEO = "use_audio_in_video"
+
+
+def audio_in_video(context: dict[str, Any]) -> bool:
+    """Whether the prompt's video tokens interleave their soundtrack's (get_rope_index's flag)."""
+    flag = context.get(AUDIO_IN_VIDEO)
+    return bool(flag is not None and bool(flag))
 
 
 def placeholder_mask(ids: torch.Tensor, token: int, features: Any) -> torch.Tensor | None:

@@ -26,6 +26,8 @@ def pack_request(request: GenerationRequest) -> Frame:
         for m, item in enumerate(turn.media):
             name = f"media.{t}.{m}"
             tensors[name] = np.ascontiguousarray(item.data)
+            if item.soundtrack is not None:
+                tensors[f"{name}.soundtrack"] = np.ascontiguousarray(item.soundtrack)
             media.append(
                 {"kind": item.kind, "tensor": name, "sample_rate": item.sample_rate, "fps": item.fps}
             )
@@ -55,6 +57,11 @@ def unpack_request(payload: dict[str, Any], tensors: dict[str, Any]) -> Generati
                     data=np.asarray(tensors[m["tensor"]]),
                     sample_rate=m["sample_rate"],
                     fps=m["fps"],
+                    soundtrack=(
+                        np.asarray(tensors[f"{m['tensor']}.soundtrack"])
+                        if f"{m['tensor']}.soundtrack" in tensors
+                        else None
+                    ),
                 )
                 for m in turn["media"]
             ),
@@ -89,7 +96,7 @@ def pack_prompt(prompt: Prompt) -> Frame:
         **_prefixed("images", prompt.images),
         **_prefixed("videos", prompt.videos),
     }
-    return {"input_ids": prompt.input_ids}, tensors
+    return {"input_ids": prompt.input_ids, "audio_in_video": prompt.audio_in_video}, tensors
 
 
 def unpack_prompt(payload: dict[str, Any], tensors: dict[str, Any]) -> Prompt:
@@ -98,6 +105,7 @@ def unpack_prompt(payload: dict[str, Any], tensors: dict[str, Any]) -> Prompt:
         audio=_strip("audio", tensors),
         images=_strip("images", tensors),
         videos=_strip("videos", tensors),
+        audio_in_video=bool(payload.get("audio_in_video", False)),
     )
 
 

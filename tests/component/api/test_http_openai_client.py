@@ -8,6 +8,7 @@ import struct
 
 import openai
 import soundfile as sf
+from api_media import data_uri, mp4_bytes
 
 from conftest import SHORT_SPEECH, Worker
 
@@ -130,3 +131,45 @@ def test_qwen3_speech_is_code2wav_audio_streamed_or_whole(qwen3_worker: Worker) 
     streamed = [sf.info(io.BytesIO(base64.b64decode(c.data))).frames for c in chunks]
     assert streamed[0] == 4 * 1920
     assert sum(streamed) == frames
+
+
+def test_audio_in_video_through_mm_processor_kwargs(speech_worker: Worker) -> None:
+    """vLLM's ``mm_processor_kwargs: {use_audio_in_video: true}`` (both families): the video's own
+    audio track goes in with its frames, so the prompt grows by the soundtrack's tokens; a video
+    without a track is a 400 naming the video and the fix, not a 5xx."""
+    client = _client(speech_worker)
+    video = {
+        "type": "video_url",
+        "video_url": {"url": data_uri("video/mp4", mp4_bytes(frames=8, fps=4, tone_hz=440))},
+    }
+    messages = [{"role": "user", "content": [video, {"type": "text", "text": "What do you hear?"}]}]
+
+    def ask(**extra_body: object):
+        return client.chat.completions.create(
+            model=_model(client),
+            messages=messages,
+            max_tokens=4,
+            extra_body=extra_body,  # type: ignore[arg-type]
+        )
+
+    plain = ask()
+    with_audio = ask(mm_processor_kwargs={"use_audio_in_video": True})
+    assert plain.usage is not None and with_audio.usage is not None
+    assert with_audio.usage.prompt_tokens > plain.usage.prompt_tokens + 10  # 2 s of audio tokens
+    assert with_audio.choices[0].message.content is not None
+
+    silent = {"type": "video_url", "video_url": {"url": data_uri("video/mp4", mp4_bytes(frames=8, fps=4))}}
+    try:
+        client.chat.completions.create(
+            model=_model(client),
+            messages=[{"role": "user", "content": [silent]}],  # type: ignore[list-item]
+            max_tokens=4,
+            extra_body={"mm_processor_kwargs": {"use_audio_in_video": True}},
+        )
+        raise AssertionError("a silent video with use_audio_in_video was accepted")
+    except openai.BadRequestError as err:
+        error = err.body if isinstance(err.body, dict) else {}
+        assert error.get("param") == "messages[0].content[0].video_url.url", err.body
+        assert "no audio track" in str(error.get("message")) and "use_audio_in_video false" in str(
+            error.get("message")
+        )

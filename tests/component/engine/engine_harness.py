@@ -119,6 +119,14 @@ def video(frames: int = 4, size: int = 56, seed: int = 0) -> MediaInput:
     return MediaInput(kind="video", data=data, fps=2.0)
 
 
+def video_with_soundtrack(
+    seconds: float = 2.0, fps: float = 2.0, size: int = 56, seed: int = 0
+) -> MediaInput:
+    """A video whose audio track goes in with it (use_audio_in_video): frames and a 16 kHz tone."""
+    frames = video(frames=int(seconds * fps), size=size, seed=seed)
+    return MediaInput(kind="video", data=frames.data, fps=fps, soundtrack=tone(seconds).data)
+
+
 def tiny_options(checkpoint: Path, **overrides: Any) -> EngineOptions:
     base: dict[str, Any] = {
         "model_path": str(checkpoint),

@@ -13,7 +13,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_harness import Harness, image, request, tiny_options, token_ids, tone, video
+from engine_harness import (
+    Harness,
+    image,
+    request,
+    tiny_options,
+    token_ids,
+    tone,
+    video,
+    video_with_soundtrack,
+)
 
 from omni_runtime.contract.engine import GenerationRequest, SamplingParams
 
@@ -55,7 +64,37 @@ def test_greedy_text_equals_transformers_generate(speech_whole: Harness, hf_mode
     assert ours == [t for t in theirs if t not in eos]
 
 
-def _reference_talker_codes(hf_model, inputs: dict, *, thinker_tokens: int, steps: int) -> tuple[list, list]:
+@pytest.mark.parametrize(
+    "media",
+    # 4 s: Qwen2.5 interleaves per 2 s chunk (each chunk's frames, then its audio).
+    [(video_with_soundtrack(seconds=4.0),), (tone(0.5), video_with_soundtrack(seconds=4.0, seed=2))],
+    ids=["video-with-audio", "audio-then-video-with-audio"],
+)
+def test_audio_in_video_equals_transformers_generate(speech_whole: Harness, hf_model, media) -> None:
+    """use_audio_in_video: the soundtrack's tokens interleaved with the frames' by time (in 2 s
+    chunks), and get_rope_index told so, as ``generate(use_audio_in_video=True)`` does."""
+    req = request("What is this?", max_tokens=10, media=media, ignore_eos=False)
+    ours = token_ids(speech_whole.collect(req))
+    prompt = speech_whole.engine.adapter.preprocess(req)
+    assert prompt.audio_in_video and _interleaved(speech_whole.engine.adapter, prompt.input_ids)
+    inputs = _hf_inputs(speech_whole, req)
+    with torch.inference_mode():
+        out = hf_model.thinker.generate(**inputs, use_audio_in_video=True, max_new_tokens=10, do_sample=False)
+    theirs = out[0, inputs["input_ids"].shape[1] :].tolist()
+    eos = set(speech_whole.engine.adapter.eos_token_ids)
+    assert ours == [t for t in theirs if t not in eos]
+
+
+def _interleaved(adapter, ids: list[int]) -> bool:
+    """The soundtrack's tokens sit between the video's (not after them): the processor's interleave."""
+    audio = [i for i, t in enumerate(ids) if t == adapter.audio_token]
+    frames = [i for i, t in enumerate(ids) if t == adapter.video_token]
+    return bool(frames) and any(frames[0] < a < frames[-1] for a in audio)
+
+
+def _reference_talker_codes(
+    hf_model, inputs: dict, *, thinker_tokens: int, steps: int, use_audio_in_video: bool = False
+) -> tuple[list, list]:
     """Greedy thinker + talker, wired as ``Qwen2_5OmniForConditionalGeneration.generate`` wires them.
 
     The talker is stepped by hand: in transformers 5.23 ``generate`` drops the talker's attention
@@ -69,7 +108,7 @@ def _reference_talker_codes(hf_model, inputs: dict, *, thinker_tokens: int, step
     ids = inputs["input_ids"]
     result = thinker.generate(
         **inputs, max_new_tokens=thinker_tokens, do_sample=False, output_hidden_states=True,
-        return_dict_in_generate=True,
+        return_dict_in_generate=True, use_audio_in_video=use_audio_in_video,
     )  # fmt: skip
     text = result.sequences[0, ids.shape[1] :].tolist()
     hidden = result.hidden_states
@@ -91,9 +130,18 @@ def _reference_talker_codes(hf_model, inputs: dict, *, thinker_tokens: int, step
     ends = {talker.codec_pad_token, talker.codec_eos_token}
     talker.rope_deltas = None
     cache, codes, history = DynamicCache(config=talker.config), [], list(codec_ids)
+    # The media geometry and use_audio_in_video, as generate hands them to the talker.
+    media = {
+        key: inputs[key]
+        for key in ("image_grid_thw", "video_grid_thw", "video_second_per_grid")
+        if key in inputs
+    }
+    if "feature_attention_mask" in inputs:
+        media["audio_feature_lengths"] = inputs["feature_attention_mask"].sum(dim=1)
     out = talker(
         input_ids=torch.tensor([codec_ids]), inputs_embeds=prompt.clone(), attention_mask=torch.ones(1, len(codec_ids)),
         input_text_ids=text_ids, use_cache=True, past_key_values=cache, thinker_reply_part=reply,
+        use_audio_in_video=use_audio_in_video, **media,
     )  # fmt: skip
     for step in range(steps):
         scores = out.logits[0, -1].clone()
@@ -114,11 +162,16 @@ def _reference_talker_codes(hf_model, inputs: dict, *, thinker_tokens: int, step
     return text, codes
 
 
-def test_greedy_codec_tokens_equal_the_transformers_talker(speech_whole: Harness, hf_model) -> None:
-    talker_steps = 30
+@pytest.mark.parametrize(
+    "media", [(), (video_with_soundtrack(seconds=4.0),)], ids=["text", "video-with-audio"]
+)
+def test_greedy_codec_tokens_equal_the_transformers_talker(speech_whole: Harness, hf_model, media) -> None:
+    # With the video the tiny talker settles into repeating one code by step 12, and at step 27
+    # another code wins by a hair (float summation order, ours vs transformers' cache): 24 steps.
+    talker_steps = 24 if media else 30
     req = GenerationRequest(
-        request_id="hf-talker",
-        turns=request("Say something.").turns,
+        request_id=f"hf-talker-{len(media)}",
+        turns=request("Say something.", media=media).turns,
         sampling=SamplingParams(max_tokens=12, temperature=0.0),
         want_audio=True,
         stage_params={"talker": {"max_tokens": talker_steps, "temperature": 0.0}},
@@ -144,8 +197,9 @@ def test_greedy_codec_tokens_equal_the_transformers_talker(speech_whole: Harness
     assert talker.rows_stepped - rows_before > talker.thread.calls - calls_before
     with torch.inference_mode():
         text, codes = _reference_talker_codes(
-            hf_model, _hf_inputs(speech_whole, req), thinker_tokens=12, steps=talker_steps
-        )
+            hf_model, _hf_inputs(speech_whole, req), thinker_tokens=12, steps=talker_steps,
+            use_audio_in_video=bool(media),
+        )  # fmt: skip
     eos = set(speech_whole.engine.adapter.eos_token_ids)
     assert ours_text == [t for t in text if t not in eos]
     assert seen[0] == codes

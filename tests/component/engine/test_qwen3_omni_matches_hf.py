@@ -15,7 +15,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_harness import Harness, image, request, tiny_options, token_ids, tone, video
+from engine_harness import (
+    Harness,
+    image,
+    request,
+    tiny_options,
+    token_ids,
+    tone,
+    video,
+    video_with_soundtrack,
+)
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +67,38 @@ def test_greedy_text_equals_transformers_generate(qwen3_text: Harness, hf_thinke
     ends = [i for i, t in enumerate(theirs) if t in eos]
     assert len(ours) > 0
     assert ours == theirs[: ends[0] if ends else None]
+
+
+@pytest.mark.parametrize(
+    "media",
+    [(video_with_soundtrack(),), (tone(0.5), video_with_soundtrack(seed=2), image(seed=1))],
+    ids=["video-with-audio", "audio-video-with-audio-image"],
+)
+def test_audio_in_video_equals_transformers_generate(qwen3_text: Harness, hf_thinker, media) -> None:
+    """use_audio_in_video: the soundtrack's tokens interleaved with the frames' by time, and
+    get_rope_index told so, as ``generate(use_audio_in_video=True)`` does."""
+    req = request("What is this?", max_tokens=12, media=media, ignore_eos=False)
+    ours = token_ids(qwen3_text.collect(req))
+    prompt = qwen3_text.engine.adapter.preprocess(req)
+    assert prompt.audio_in_video and _interleaved(qwen3_text.engine.adapter, prompt.input_ids)
+    ids = torch.tensor([prompt.input_ids])
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    for part in (prompt.audio, prompt.images, prompt.videos):
+        inputs.update(part or {})
+    with torch.inference_mode():
+        out = hf_thinker.generate(**inputs, use_audio_in_video=True, max_new_tokens=12, do_sample=False)
+    theirs = out[0, ids.shape[1] :].tolist()
+    eos = set(qwen3_text.engine.adapter.eos_token_ids)
+    ends = [i for i, t in enumerate(theirs) if t in eos]
+    assert len(ours) > 0
+    assert ours == theirs[: ends[0] if ends else None]
+
+
+def _interleaved(adapter, ids: list[int]) -> bool:
+    """The soundtrack's tokens sit between the video's (not after them): the processor's interleave."""
+    audio = [i for i, t in enumerate(ids) if t == adapter.audio_token]
+    frames = [i for i, t in enumerate(ids) if t == adapter.video_token]
+    return bool(frames) and any(frames[0] < a < frames[-1] for a in audio)
 
 
 def test_batched_rows_match_their_solo_runs(qwen3_text: Harness) -> None:

@@ -31,7 +31,17 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from engine_harness import Harness, finished, image, request, tiny_options, token_ids, tone, video
+from engine_harness import (
+    Harness,
+    finished,
+    image,
+    request,
+    tiny_options,
+    token_ids,
+    tone,
+    video,
+    video_with_soundtrack,
+)
 
 from omni_runtime.contract.engine import AudioChunk, ChatTurn, EngineError, GenerationRequest, SamplingParams
 from omni_runtime.models.qwen3_omni_moe.adapter import CODEC_WINDOWS
@@ -111,6 +121,7 @@ def _theirs(harness: Harness, hf_model, req: GenerationRequest, speaker: str):
                 thinker_do_sample=False,
                 talker_do_sample=False,
                 talker_max_new_tokens=TALKER_STEPS + 1,  # the last code drawn gets no frame
+                use_audio_in_video=prompt.audio_in_video,
             )
     finally:
         del hf_model.code2wav.chunked_decode
@@ -136,8 +147,9 @@ SYSTEM_MULTI_TURN = (
         request("What is this?", media=(video(),)).turns,
         request("What is this?", media=(tone(0.4), image(seed=3), video(seed=1))).turns,
         SYSTEM_MULTI_TURN,
+        request("What is this?", media=(video_with_soundtrack(),)).turns,
     ],
-    ids=["text", "audio", "image", "video", "audio-image-video", "system-multi-turn"],
+    ids=["text", "audio", "image", "video", "audio-image-video", "system-multi-turn", "video-with-audio"],
 )
 def test_greedy_talker_frames_and_audio_equal_transformers_generate(
     qwen3_speech: Harness, hf_model, turns

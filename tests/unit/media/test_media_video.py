@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from media_synth import encode_mp4
+from media_synth import encode_mp4, peak_frequency
 
 from omni_runtime.media import MediaError, MediaLimits, VideoOptions, decode_video
 from omni_runtime.media.errors import IMAGE_TOO_LARGE, INVALID_MEDIA, VIDEO_TOO_LONG
@@ -84,3 +84,22 @@ def test_unreadable_video(data: bytes) -> None:
     with pytest.raises(MediaError) as caught:
         decode_video(data, options=VideoOptions(), limits=LIMITS)
     assert caught.value.code == INVALID_MEDIA
+
+
+def test_soundtrack_comes_with_the_frames_when_asked_for() -> None:
+    """use_audio_in_video: the video's own audio track, mono at the audio encoder's 16 kHz."""
+    data = encode_mp4(frames=8, fps=4, width=64, height=48, with_audio=True)  # 2 s, a 440 Hz tone
+    plain = decode_video(data, options=VideoOptions(fps=2.0), limits=LIMITS)
+    assert plain.soundtrack is None
+    video = decode_video(data, options=VideoOptions(fps=2.0), limits=LIMITS, soundtrack=True)
+    assert video.frames.shape == plain.frames.shape
+    assert video.soundtrack is not None and video.soundtrack.dtype == np.float32
+    assert 2.0 <= video.soundtrack.size / 16_000 < 2.0 + 2 * 1024 / 16_000  # AAC pads to whole frames
+    assert peak_frequency(video.soundtrack, 16_000) == pytest.approx(440, abs=5)
+
+
+def test_a_silent_video_asked_for_its_soundtrack_names_the_fix(three_seconds: bytes) -> None:
+    with pytest.raises(MediaError) as err:
+        decode_video(three_seconds, options=VideoOptions(fps=2.0), limits=LIMITS, soundtrack=True)
+    assert err.value.code == INVALID_MEDIA
+    assert "no audio track" in err.value.message and "use_audio_in_video false" in err.value.message

@@ -34,6 +34,34 @@ def test_generation_request_round_trip() -> None:
     assert (back.voice, back.want_audio, back.stage_params) == ("Ethan", True, {"talker": {"max_tokens": 9}})
 
 
+def test_a_videos_soundtrack_and_the_audio_in_video_flag_cross_the_wire() -> None:
+    from omni_runtime.models.common import audio_in_video, rope_context
+
+    track = np.linspace(-1, 1, 32, dtype=np.float32)
+    video = MediaInput(kind="video", data=np.zeros((2, 4, 4, 3), np.uint8), fps=2.0, soundtrack=track)
+    request = GenerationRequest(request_id="r2", turns=(ChatTurn(role="user", text="hi", media=(video,)),))
+    back = wire.unpack_request(*_unpack(wire.pack_request(request)))
+    np.testing.assert_array_equal(back.turns[0].media[0].soundtrack, track)
+    plain = wire.unpack_request(
+        *_unpack(
+            wire.pack_request(GenerationRequest(request_id="r3", turns=(ChatTurn(role="user", text="hi"),)))
+        )
+    )
+    assert plain.turns[0].media == ()
+    prompt = Prompt(input_ids=[1], audio_in_video=True)
+    assert wire.unpack_prompt(*_unpack(wire.pack_prompt(prompt))).audio_in_video is True
+    assert wire.unpack_prompt(*_unpack(wire.pack_prompt(Prompt(input_ids=[1])))).audio_in_video is False
+    tp = ThinkerPrompt(
+        input_ids=[1],
+        embeds=torch.zeros(1, 2),
+        positions=torch.zeros(3, 1, dtype=torch.long),
+        rope_delta=0,
+        talker_context=rope_context(prompt),
+    )
+    assert audio_in_video(wire.unpack_thinker_prompt(*_unpack(wire.pack_thinker_prompt(tp))).talker_context)
+    assert not audio_in_video(rope_context(Prompt(input_ids=[1])))
+
+
 def test_prompt_and_thinker_prompt_round_trip() -> None:
     prompt = Prompt(
         input_ids=[1, 2, 3],

@@ -21,15 +21,17 @@ from omni_runtime.media import (
 from omni_runtime.media.video import VideoOptions
 
 
-async def _load_one(ref: MediaRef, *, limits: MediaLimits, video: VideoOptions) -> MediaInput:
+async def _load_one(
+    ref: MediaRef, *, limits: MediaLimits, video: VideoOptions, soundtrack: bool
+) -> MediaInput:
     try:
         if ref.kind == "audio":
             pcm = await load_audio(ref.source, limits=limits, inline_base64=ref.inline_base64)
             return MediaInput(kind="audio", data=pcm, sample_rate=ENCODER_SAMPLE_RATE)
         if ref.kind == "image":
             return MediaInput(kind="image", data=await load_image(ref.source, limits=limits))
-        decoded = await load_video(ref.source, options=video, limits=limits)
-        return MediaInput(kind="video", data=decoded.frames, fps=decoded.fps)
+        decoded = await load_video(ref.source, options=video, limits=limits, soundtrack=soundtrack)
+        return MediaInput(kind="video", data=decoded.frames, fps=decoded.fps, soundtrack=decoded.soundtrack)
     except MediaError as exc:
         raise exc.with_param(ref.param) from exc
 
@@ -40,8 +42,10 @@ async def load_request_media(request: ChatCompletionRequest, *, limits: MediaLim
     if not refs:
         return {}
     video = request.video_options()
+    soundtrack = request.use_audio_in_video
     results = await asyncio.gather(
-        *(_load_one(r, limits=limits, video=video) for r in refs), return_exceptions=True
+        *(_load_one(r, limits=limits, video=video, soundtrack=soundtrack) for r in refs),
+        return_exceptions=True,
     )
     loaded: dict[str, MediaInput] = {}
     for ref, result in zip(refs, results, strict=True):

@@ -117,6 +117,13 @@ class StreamOptions(_Model):
     include_usage: Flag | None = None
 
 
+class MMProcessorKwargs(_Model):
+    """vLLM's ``mm_processor_kwargs``: of the processor's options, the one that changes a prompt."""
+
+    # Qwen-Omni: a video's audio track goes in with it, its tokens interleaved with the frames'.
+    use_audio_in_video: Flag = False
+
+
 @dataclass(frozen=True)
 class MediaRef:
     """One media item named by the request: what it is, where it is, which field named it."""
@@ -153,6 +160,7 @@ class ChatCompletionRequest(_Model):
     stream: Flag = False
     stream_options: StreamOptions | None = None
     stage_params: dict[str, dict[str, Any]] | None = None
+    mm_processor_kwargs: MMProcessorKwargs | None = None  # vLLM's extension (use_audio_in_video)
     # vLLM's extension, used by `omni bench`: generate exactly max_tokens, ignoring end-of-sequence.
     ignore_eos: Flag = False
     # Standard fields with only one supported value: refused with a clear message otherwise.
@@ -183,6 +191,10 @@ class ChatCompletionRequest(_Model):
         return self
 
     # --- what this worker can serve ----------------------------------------------------------
+
+    @property
+    def use_audio_in_video(self) -> bool:
+        return bool(self.mm_processor_kwargs and self.mm_processor_kwargs.use_audio_in_video)
 
     @property
     def wants_audio(self) -> bool:

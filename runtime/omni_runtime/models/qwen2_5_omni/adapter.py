@@ -23,6 +23,7 @@ from omni_runtime.executor.tensor_parallel import sharded_thinker_config
 from omni_runtime.executor.tp_runner import TPThinkerRunner
 from omni_runtime.models.common import (
     DEFAULT_VIDEO_FPS,
+    audio_in_video,
     check_prompt_length,
     collect_messages,
     fit_slots,
@@ -105,8 +106,9 @@ class Qwen25OmniAdapter(OmniAdapter):
             videos=videos or None,
             return_tensors="pt",
             videos_kwargs=video_kwargs,
+            **media.processor_audio_kwargs(),
         )
-        prompt = Prompt(input_ids=out["input_ids"][0].tolist())
+        prompt = Prompt(input_ids=out["input_ids"][0].tolist(), audio_in_video=media.audio_in_video)
         if audios:
             prompt.audio = {
                 "input_features": out["input_features"],
@@ -208,7 +210,7 @@ class Qwen25OmniAdapter(OmniAdapter):
             context.get("image_grid_thw"),
             context.get("video_grid_thw"),
             torch.ones(1, len(prompt.input_ids), dtype=torch.long),
-            False,
+            audio_in_video(context),
             context.get("audio_feature_lengths"),
             context.get("video_second_per_grid"),
         )

@@ -23,6 +23,7 @@ from omni_runtime.contract.adapter import TalkerAdmission, ThinkerAdmission, Thi
 from omni_runtime.executor.kept_kv import KeptKV, media_agreement
 from omni_runtime.executor.sampling import BatchSampler
 from omni_runtime.executor.slot_cache import SlotDecoder
+from omni_runtime.models.common import audio_in_video
 
 
 def _head_dim(config: Any) -> int:
@@ -316,7 +317,7 @@ class QwenTalkerRunner:
             ctx.get("image_grid_thw"),
             ctx.get("video_grid_thw"),
             torch.ones_like(text_ids),
-            False,
+            audio_in_video(ctx),
             ctx.get("audio_feature_lengths"),
             ctx.get("video_second_per_grid"),
         )

@@ -13,9 +13,11 @@ Speech: the talker stage runs the MoE talker with its code predictor (talker.py:
 ``num_code_groups`` codes per step, batched in slots) and Code2Wav over windows of frames with
 left context (code2wav.py); ``codec_windows`` sizes those windows for 12.5 frames a second.
 
-Not here yet (issue 17): audio inside video (``use_audio_in_video``), measured GPU decode (CUDA
-graphs over the grouped_mm path and the code predictor are untested on a GPU) and thinker
-tensor parallelism.
+A video's soundtrack, when the request puts the audio in the video, is one of the prompt's audios
+and the processor interleaves its tokens with the video's by time (``Prompt.audio_in_video``;
+get_rope_index is told so, here and in the talker).
+
+Not here yet (issue 17): thinker tensor parallelism.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from omni_runtime.contract.engine import EngineError, GenerationRequest
 from omni_runtime.contract.options import EngineOptions
 from omni_runtime.models.common import (
     DEFAULT_VIDEO_FPS,
+    audio_in_video,
     check_prompt_length,
     collect_messages,
     fit_slots,
@@ -105,8 +108,9 @@ class Qwen3OmniMoeAdapter(OmniAdapter):
             videos=media.videos or None,
             return_tensors="pt",
             videos_kwargs={"fps": fps},
+            **media.processor_audio_kwargs(),
         )
-        prompt = Prompt(input_ids=out["input_ids"][0].tolist())
+        prompt = Prompt(input_ids=out["input_ids"][0].tolist(), audio_in_video=media.audio_in_video)
         if media.audios:
             prompt.audio = {
                 "input_features": out["input_features"],
@@ -211,7 +215,7 @@ class Qwen3OmniMoeAdapter(OmniAdapter):
             context.get("image_grid_thw"),
             context.get("video_grid_thw"),
             torch.ones(1, len(prompt.input_ids), dtype=torch.long),
-            False,
+            audio_in_video(context),
             context.get("audio_feature_lengths"),
             context.get("video_second_per_grid"),
         )

@@ -234,6 +234,9 @@ class Qwen3TalkerRunner:
             ctx.get("image_grid_thw"),
             ctx.get("video_grid_thw"),
             torch.ones_like(prompt_ids),
+            # Not audio_in_video(ctx): transformers' Qwen3-Omni generate hands the talker the media
+            # geometry but not use_audio_in_video, so its talker indexes an interleaved video as if
+            # it were not (Qwen2.5's hands it over; its talker runner passes it on).
             False,
             ctx.get("audio_feature_lengths"),
             ctx.get("video_second_per_grid"),
