@@ -127,6 +127,13 @@ def video_with_soundtrack(
     return MediaInput(kind="video", data=frames.data, fps=fps, soundtrack=tone(seconds).data)
 
 
+def interleaved(adapter: Any, ids: list[int]) -> bool:
+    """A video's soundtrack tokens sit between its frames' tokens (the processor's interleave)."""
+    audio = [i for i, t in enumerate(ids) if t == adapter.audio_token]
+    frames = [i for i, t in enumerate(ids) if t == adapter.video_token]
+    return bool(frames) and any(frames[0] < a < frames[-1] for a in audio)
+
+
 def tiny_options(checkpoint: Path, **overrides: Any) -> EngineOptions:
     base: dict[str, Any] = {
         "model_path": str(checkpoint),

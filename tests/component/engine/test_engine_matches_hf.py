@@ -16,6 +16,7 @@ import torch
 from engine_harness import (
     Harness,
     image,
+    interleaved,
     request,
     tiny_options,
     token_ids,
@@ -76,20 +77,13 @@ def test_audio_in_video_equals_transformers_generate(speech_whole: Harness, hf_m
     req = request("What is this?", max_tokens=10, media=media, ignore_eos=False)
     ours = token_ids(speech_whole.collect(req))
     prompt = speech_whole.engine.adapter.preprocess(req)
-    assert prompt.audio_in_video and _interleaved(speech_whole.engine.adapter, prompt.input_ids)
+    assert prompt.audio_in_video and interleaved(speech_whole.engine.adapter, prompt.input_ids)
     inputs = _hf_inputs(speech_whole, req)
     with torch.inference_mode():
         out = hf_model.thinker.generate(**inputs, use_audio_in_video=True, max_new_tokens=10, do_sample=False)
     theirs = out[0, inputs["input_ids"].shape[1] :].tolist()
     eos = set(speech_whole.engine.adapter.eos_token_ids)
     assert ours == [t for t in theirs if t not in eos]
-
-
-def _interleaved(adapter, ids: list[int]) -> bool:
-    """The soundtrack's tokens sit between the video's (not after them): the processor's interleave."""
-    audio = [i for i, t in enumerate(ids) if t == adapter.audio_token]
-    frames = [i for i, t in enumerate(ids) if t == adapter.video_token]
-    return bool(frames) and any(frames[0] < a < frames[-1] for a in audio)
 
 
 def _reference_talker_codes(

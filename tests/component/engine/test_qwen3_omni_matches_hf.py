@@ -18,6 +18,7 @@ import torch
 from engine_harness import (
     Harness,
     image,
+    interleaved,
     request,
     tiny_options,
     token_ids,
@@ -80,7 +81,7 @@ def test_audio_in_video_equals_transformers_generate(qwen3_text: Harness, hf_thi
     req = request("What is this?", max_tokens=12, media=media, ignore_eos=False)
     ours = token_ids(qwen3_text.collect(req))
     prompt = qwen3_text.engine.adapter.preprocess(req)
-    assert prompt.audio_in_video and _interleaved(qwen3_text.engine.adapter, prompt.input_ids)
+    assert prompt.audio_in_video and interleaved(qwen3_text.engine.adapter, prompt.input_ids)
     ids = torch.tensor([prompt.input_ids])
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     for part in (prompt.audio, prompt.images, prompt.videos):
@@ -92,13 +93,6 @@ def test_audio_in_video_equals_transformers_generate(qwen3_text: Harness, hf_thi
     ends = [i for i, t in enumerate(theirs) if t in eos]
     assert len(ours) > 0
     assert ours == theirs[: ends[0] if ends else None]
-
-
-def _interleaved(adapter, ids: list[int]) -> bool:
-    """The soundtrack's tokens sit between the video's (not after them): the processor's interleave."""
-    audio = [i for i, t in enumerate(ids) if t == adapter.audio_token]
-    frames = [i for i, t in enumerate(ids) if t == adapter.video_token]
-    return bool(frames) and any(frames[0] < a < frames[-1] for a in audio)
 
 
 def test_batched_rows_match_their_solo_runs(qwen3_text: Harness) -> None:
