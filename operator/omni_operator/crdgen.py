@@ -130,6 +130,7 @@ def cel_rules() -> list[Schema]:
             f"{runtime} != 'builtin' || {_val('stages.thinker.cpuOffloadGb', '0')} == 0",
             rules.BUILTIN_NO_OFFLOAD,
         ),
+        (f"{runtime} == 'builtin' || !({_set('sessionKv.maxMib')})", rules.SESSION_KV_NEEDS_BUILTIN),
         (f"{runtime} != 'vllm-omni' || {placement} != 'dedicated'", rules.VLLM_VISION_DEDICATED),
         (f"{runtime} != 'vllm-omni' || {vision_tp} == 1", rules.VLLM_VISION_TP),
         (f"16 % {vision_tp} == 0", rules.VISION_TP_DIVIDES_HEADS),

@@ -84,6 +84,7 @@ def builtin_serve(
         *_media_flags(spec),
         *streaming_input_flags(spec.streaming_input),
         *_speech_flags(spec),
+        *([] if Stage.thinker in remote else session_kv_flags(spec)),
         *spec.runtime.extra_args,
     )
 
@@ -92,6 +93,12 @@ def _speech_flags(spec: OmniDeploymentSpec) -> list[str]:
     """spec.speech as `omni serve` flags: the worker API process admits speech streams."""
     limit = spec.speech.max_streams
     return [] if limit is None else ["--max-speech-streams", str(limit)]
+
+
+def session_kv_flags(spec: OmniDeploymentSpec) -> list[str]:
+    """spec.sessionKv as flags of the process that runs the thinker (its scheduler keeps the KV)."""
+    size = spec.session_kv.max_mib
+    return [] if size is None else ["--session-kv-mb", str(size)]
 
 
 def _media_flags(spec: OmniDeploymentSpec) -> list[str]:
@@ -127,6 +134,7 @@ def builtin_stage(
         "cuda",
         *placement,
         *_identity(ctx),
+        *(session_kv_flags(spec) if Stage.thinker in stages else []),
     ]
     return (*argv, *spec.runtime.extra_args, *extra)
 

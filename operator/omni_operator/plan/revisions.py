@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from omni_operator.api.spec import MediaSpec, OmniDeploymentSpec, SpeechSpec
+from omni_operator.api.spec import MediaSpec, OmniDeploymentSpec, SessionKVSpec, SpeechSpec
 from omni_operator.api.streaming_input import StreamingInputSpec
 from omni_operator.plan.types import StagePod
 
@@ -23,7 +23,7 @@ def _digest(payload: object) -> str:
 def worker_revision(spec: OmniDeploymentSpec) -> str:
     """Hash of everything that shapes a worker; workers count, router and rollout are left out.
 
-    spec.media, spec.streamingInput and spec.speech count only when set, so a deployment that leaves
+    spec.media, spec.streamingInput, spec.speech and spec.sessionKv count only when set, so a deployment that leaves
     them alone keeps the revision it had before the fields existed (an operator upgrade does not roll
     its workers).
     """
@@ -34,6 +34,8 @@ def worker_revision(spec: OmniDeploymentSpec) -> str:
         shaping.add("streaming_input")
     if spec.speech != SpeechSpec():
         shaping.add("speech")
+    if spec.session_kv != SessionKVSpec():
+        shaping.add("session_kv")
     return _digest(spec.model_dump(mode="json", by_alias=True, include=shaping))
 
 

@@ -96,6 +96,11 @@ BUILTIN_NO_QUANTIZATION = Rule(
     "the builtin runtime does not load quantized weights",
     "remove quantization, or use runtime.type: sglang-omni or vllm-omni",
 )
+SESSION_KV_NEEDS_BUILTIN = Rule(
+    "spec.sessionKv.maxMib",
+    "only the builtin runtime keeps a session's KV between turns",
+    "remove sessionKv.maxMib, or use runtime.type: builtin",
+)
 BUILTIN_NO_OFFLOAD = Rule(
     "spec.stages.thinker.cpuOffloadGb",
     "the builtin runtime does not offload weights to host memory",
@@ -277,6 +282,8 @@ def _check_runtime(spec: OmniDeploymentSpec, architecture: Architecture) -> None
         if thinker.cpu_offload_gb:
             raise BUILTIN_NO_OFFLOAD.error()
         return
+    if spec.session_kv.max_mib is not None:
+        raise SESSION_KV_NEEDS_BUILTIN.error()
     version = spec.runtime.version or PEER_VERSIONS[runtime][-1]
     if version not in PEER_VERSIONS[runtime]:
         raise version_rule(runtime).error()
