@@ -91,11 +91,20 @@ def serve_ops(adapter: Any, leader_fd: int) -> int:
             elif op == OP_PREFILL:
                 rows, width = args[0], args[1]
                 slots, lengths = args[2 : 2 + rows], args[2 + rows : 2 + 2 * rows]
-                offset = args[2 + 2 * rows] if len(args) > 2 + 2 * rows else 0
+                offset, features, depth = args[2 + 2 * rows : 5 + 2 * rows]
                 embeds = torch.empty(rows, width, hidden, dtype=decoder.dtype, device=device)
                 positions = torch.empty(3, rows, width, dtype=torch.int64, device=device)
                 dist.broadcast(embeds, src=0)
                 dist.broadcast(positions, src=0)
+                extra = {}
+                if features:  # a family's features added after decoder layers (Qwen3's DeepStack)
+                    from omni_runtime.models.qwen3_omni_moe.runners import deepstack_add
+
+                    index = torch.empty(2, features, dtype=torch.int64, device=device)
+                    stacked = torch.empty(features, depth, hidden, dtype=decoder.dtype, device=device)
+                    dist.broadcast(index, src=0)
+                    dist.broadcast(stacked, src=0)
+                    extra["after_layer"] = deepstack_add(index, stacked)
                 decoder.prefill(
                     slots=slots,
                     embeds=embeds,
@@ -103,6 +112,7 @@ def serve_ops(adapter: Any, leader_fd: int) -> int:
                     lengths=lengths,
                     want_hidden=False,
                     offset=offset,
+                    **extra,
                 )
             elif op == OP_MOVE:
                 decoder.move(args[0], args[1], args[2])
@@ -166,28 +176,28 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=_watch_parent, args=(os.getppid(),), name="parent-watch", daemon=True).start()
 
     from omni_runtime.executor.tp_group import end_process_if_nccl, init_group, options_from_json
-    from omni_runtime.models.qwen2_5_omni.adapter import Qwen25OmniAdapter
-    from omni_runtime.models.qwen2_5_omni.loader import load_model
+    from omni_runtime.models.registry import load_adapter
 
     options = options_from_json(args.options)
     path = Path(args.model_path) if args.model_path else None
     hosted = frozenset({args.role})
     try:
-        loaded = load_model(options, path=path, hosted=hosted, tp_rank=args.rank)
-        if args.role == "image_encoder":
+        if args.role == "image_encoder":  # the vision tower's group: Qwen2.5-Omni's tower
+            from omni_runtime.models.qwen2_5_omni.loader import load_model
             from omni_runtime.models.qwen2_5_omni.vision_tp import serve_vision_ops
 
+            loaded = load_model(options, path=path, hosted=hosted, tp_rank=args.rank)
             device = loaded.placement.vision
             init_group(rank=args.rank, world=args.world, init_method=args.init_method, device=device)
             code = serve_vision_ops(loaded.visual, device, leader_fd)
-        else:
+        else:  # the thinker's group, of the checkpoint's family
+            adapter: Any = load_adapter(options, hosted=hosted, path=path, tp_rank=args.rank)
             init_group(
                 rank=args.rank,
                 world=args.world,
                 init_method=args.init_method,
-                device=loaded.placement.thinker,
+                device=adapter.placement.thinker,
             )
-            adapter = Qwen25OmniAdapter(loaded, options=options, hosted=hosted)
             code = serve_ops(adapter, leader_fd)
     except Exception:
         log.exception("%s TP rank %d failed", args.role.replace("_", "-"), args.rank)

@@ -12,7 +12,11 @@ tensors, as sglang and vLLM do:
   too): each rank owns ``heads / tp`` attention heads and ``intermediate / tp`` MLP channels;
 - ``rowwise`` linears (o_proj, down_proj) keep the matching slice of their input features and
   become ``RowParallelLinear``: the partial product is all-reduced, then the bias is added once;
-- embeddings, norms, the rotary table and the LM head stay replicated on every rank.
+- embeddings, norms, the rotary table and the LM head stay replicated on every rank;
+- MoE experts (transformers' fused experts: ``gate_up_proj`` [E, 2I, H], ``down_proj`` [E, H, I];
+  the plan's ``packed_colwise``, ``rowwise`` on a parameter and ``moe_tp_experts``): every rank
+  keeps ``I / tp`` channels of every expert (its slice of the gate rows and of the up rows), the
+  router stays replicated so every rank routes alike, and the experts' output is all-reduced.
 
 Sharding happens on the HF modules right after loading, before any SlotDecoder is built, so a
 runner that fuses q/k/v or gate/up later fuses the per-rank shards, which is still correct.
@@ -45,11 +49,12 @@ DEFAULT_PLAN = {
 
 
 def valid_tp_sizes(text_config: Any) -> list[int]:
-    """TP sizes that split attention heads, KV heads and MLP channels evenly."""
+    """TP sizes that split attention heads, KV heads and MLP (and MoE expert) channels evenly."""
     common = math.gcd(
         int(text_config.num_attention_heads),
         int(text_config.num_key_value_heads),
         int(text_config.intermediate_size),
+        int(getattr(text_config, "moe_intermediate_size", 0) or 0),
     )
     return [size for size in range(1, common + 1) if common % size == 0]
 
@@ -85,6 +90,8 @@ def sharded_text_config(text_config: Any, tp: int) -> Any:
     config.num_attention_heads = text_config.num_attention_heads // tp
     config.num_key_value_heads = text_config.num_key_value_heads // tp
     config.intermediate_size = text_config.intermediate_size // tp
+    if getattr(text_config, "moe_intermediate_size", None):
+        config.moe_intermediate_size = text_config.moe_intermediate_size // tp
     return config
 
 
@@ -204,9 +211,41 @@ def shard_linears(
     return count
 
 
+@torch.no_grad()
+def shard_experts(root: nn.Module, plan: dict[str, str], *, rank: int, world: int, group: Any) -> int:
+    """Shard in place every fused experts module under ``root`` the plan names ``moe_tp_experts``:
+    this rank's ``I / world`` channels of each expert (``packed_colwise`` gate_up_proj: its slice of
+    the gate half and of the up half; ``rowwise`` down_proj: the matching input channels), and an
+    all-reduce of the module's output. Returns the number of experts modules sharded."""
+    count = 0
+    for name, module in root.named_modules():
+        if not any(fnmatch.fnmatchcase(name, p) for p, s in plan.items() if s == "moe_tp_experts"):
+            continue
+        experts: Any = module
+        gate, up = experts.gate_up_proj.chunk(2, dim=1)
+        experts.gate_up_proj = nn.Parameter(
+            torch.cat([slice_features(gate, 1, rank, world), slice_features(up, 1, rank, world)], dim=1),
+            requires_grad=False,
+        )
+        experts.down_proj = nn.Parameter(
+            slice_features(experts.down_proj, 2, rank, world), requires_grad=False
+        )
+        if hasattr(experts, "intermediate_dim"):
+            experts.intermediate_dim = experts.down_proj.shape[-1]
+        group_id = register_group(group)
+        experts.register_forward_hook(lambda _m, _args, out, gid=group_id: tp_all_reduce(out, gid))
+        count += 1
+    return count
+
+
+# The plan's styles for a fused experts module and its parameters (handled by shard_experts).
+_EXPERT_STYLES = ("packed_colwise", "moe_tp_experts")
+
+
 def _plan(text_config: Any) -> dict[str, str]:
     plan = getattr(text_config, "base_model_tp_plan", None) or DEFAULT_PLAN
-    unknown = sorted({style for style in plan.values() if style not in ("colwise", "rowwise")})
+    known = ("colwise", "rowwise", *_EXPERT_STYLES)
+    unknown = sorted({style for style in plan.values() if style not in known})
     if unknown:  # a new model family brings styles this runtime does not implement yet
         raise EngineError(
             f"the model's tensor-parallel plan uses {', '.join(unknown)}, which the builtin runtime does not "
@@ -224,7 +263,16 @@ def shard_text_model(text_model: nn.Module, text_config: Any, *, rank: int, worl
     if world == 1:
         return 0
     check_tp_size(text_config, world)
-    count = shard_linears(text_model, _plan(text_config), rank=rank, world=world, group=group)
+    plan = _plan(text_config)
+    experts = {p for p, s in plan.items() if s == "moe_tp_experts"}
+    # The experts' own parameters are sharded with their module (shard_experts), not as linears.
+    linears = {
+        p: s
+        for p, s in plan.items()
+        if not any(p.startswith(e + ".") for e in experts) and s in ("colwise", "rowwise")
+    }
+    count = shard_linears(text_model, linears, rank=rank, world=world, group=group)
+    count += shard_experts(text_model, plan, rank=rank, world=world, group=group)
     if not count:
         raise EngineError("the thinker's tensor-parallel plan matched no layer", param="thinker_tp_size")
     for module in text_model.modules():

@@ -6,7 +6,9 @@ and, before each op, sends the op to the followers (tp_group.TPLeader) so they r
 shards in the same order:
 
 - ``prefill``: slots and lengths in the header, then the prompt embeddings and mrope positions
-  by broadcast (they hold media features only rank 0 computed);
+  by broadcast (they hold media features only rank 0 computed), and a family's features added
+  after decoder layers (Qwen3-Omni's DeepStack: the hook's ``deepstack`` (index [2, n], features
+  [n, k, H]), their sizes in the header) which the followers add with the same function;
 - ``decode``: n and max_length in the header, then rank 0's row state (``last_ids``, ``lengths``,
   ``rope_delta`` of rows 0..n-1) by broadcast: the tokens rank 0 sampled reach the followers
   just before the step that feeds them, whatever the runner did to its state in between;
@@ -70,14 +72,22 @@ class LeaderDecoder:
         lengths: list[int],
         want_hidden: bool,
         offset: int = 0,
+        after_layer: Any = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         inner = self._inner
         embeds = embeds.to(inner.device, inner.dtype).contiguous()
         positions = positions.to(inner.device, torch.int64).contiguous()
         rows, width = embeds.shape[0], embeds.shape[1]
-        self._send(OP_PREFILL, rows, width, *slots, *lengths, offset)
+        deep = getattr(after_layer, "deepstack", None)
+        features = 0 if deep is None else int(deep[1].shape[0])
+        depth = 0 if deep is None else int(deep[1].shape[1])
+        self._send(OP_PREFILL, rows, width, *slots, *lengths, offset, features, depth)
         self._leader.broadcast(embeds)
         self._leader.broadcast(positions)
+        if deep is not None:
+            self._leader.broadcast(deep[0].contiguous())
+            self._leader.broadcast(deep[1].contiguous())
+        extra = {} if after_layer is None else {"after_layer": after_layer}
         return inner.prefill(  # type: ignore[no-any-return]
             slots=slots,
             embeds=embeds,
@@ -85,6 +95,7 @@ class LeaderDecoder:
             lengths=lengths,
             want_hidden=want_hidden,
             offset=offset,
+            **extra,
         )
 
     def keep_kv(self, slot: int, length: int) -> torch.Tensor:

@@ -132,6 +132,17 @@ def fit_slots(
     return min(slots, fit)
 
 
+def thinker_runner_over(leader: Any, *, slots: int, max_len: int, build: Any) -> Any:
+    """``build(slots)``'s thinker runner; under TP (``leader``, tp_group.TPLeader) after every rank
+    agreed on the slot count, wrapped so each decoder op reaches the followers."""
+    if leader is None:
+        return build(slots)
+    from omni_runtime.executor.tp_runner import TPThinkerRunner
+
+    agreed = leader.agree_slots(slots, max_len)
+    return TPThinkerRunner(build(agreed), leader)
+
+
 def sync_stream(device: torch.device) -> None:
     """Finish this thread's stream before its outputs go to a stage on another stream."""
     if device.type == "cuda":

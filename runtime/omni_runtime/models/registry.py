@@ -57,16 +57,22 @@ def model_type(path: Path | None) -> str:
         raise EngineError(f"cannot read {path / 'config.json'}: {exc}", param="model_path") from exc
 
 
-def load_adapter(options: EngineOptions, *, hosted: frozenset[str]) -> OmniAdapter:
-    """Load the modules for the ``hosted`` stages and wrap them in the family's adapter."""
-    path = resolve_model_path(options)
+def load_adapter(
+    options: EngineOptions, *, hosted: frozenset[str], path: Path | None = None, tp_rank: int = 0
+) -> OmniAdapter:
+    """Load the modules for the ``hosted`` stages and wrap them in the family's adapter.
+
+    ``path`` (default: from the options) and ``tp_rank`` > 0 for a thinker TP follower, which
+    loads and keeps its shard of the thinker (entrypoints/tp_follower.py).
+    """
+    path = path if tp_rank else resolve_model_path(options)
     kind = model_type(path)
     if kind == "qwen2_5_omni":
         from omni_runtime.models.qwen2_5_omni.adapter import Qwen25OmniAdapter
         from omni_runtime.models.qwen2_5_omni.loader import load_model
 
         return Qwen25OmniAdapter(
-            load_model(options, path=path, hosted=hosted), options=options, hosted=hosted
+            load_model(options, path=path, hosted=hosted, tp_rank=tp_rank), options=options, hosted=hosted
         )
     if kind == "qwen3_omni_moe":
         from omni_runtime.models.qwen3_omni_moe.adapter import Qwen3OmniMoeAdapter
@@ -74,7 +80,7 @@ def load_adapter(options: EngineOptions, *, hosted: frozenset[str]) -> OmniAdapt
 
         assert path is not None  # model_type() names qwen2_5_omni for a dummy model without a directory
         return Qwen3OmniMoeAdapter(
-            load_qwen3(options, path=path, hosted=hosted), options=options, hosted=hosted
+            load_qwen3(options, path=path, hosted=hosted, tp_rank=tp_rank), options=options, hosted=hosted
         )
     if kind in PLANNED:
         raise EngineError(

@@ -33,7 +33,7 @@ CASES = [
     pytest.param(
         HEAD + "spec:\n  model:\n    name: x\n  zzz: 1\n",
         "d.yaml: spec.zzz: unknown field 'zzz'; remove it; fields of spec: model, runtime, pipeline, workers, "
-        "stages, gpu, router, rollout, media, streamingInput, speech",
+        "stages, gpu, router, rollout, media, streamingInput, speech, sessionKv",
         id="unknown-field",
     ),
     pytest.param(
@@ -195,6 +195,7 @@ def test_examples_all_load() -> None:
         "qwen25-omni",
         "qwen25-omni-vllm",
         "qwen3-omni-builtin",
+        "qwen3-omni-builtin-tp2",
         "qwen3-omni-sglang",
         "qwen3-omni-duplex",
         "qwen3-omni-streaming",

@@ -83,7 +83,7 @@ def test_render_unknown_field(tmp_path: Path) -> None:
         omni("render", "-f", str(bad)),
         2,
         f"omni render: error: {bad}: spec.worker: unknown field 'worker'; did you mean workers? fields of spec: "
-        "model, runtime, pipeline, workers, stages, gpu, router, rollout, media, streamingInput, speech",
+        "model, runtime, pipeline, workers, stages, gpu, router, rollout, media, streamingInput, speech, sessionKv",
     )
 
 

@@ -20,7 +20,6 @@ from omni_runtime.contract.adapter import OmniAdapter, Prompt, ThinkerPrompt, Th
 from omni_runtime.contract.engine import EngineError, GenerationRequest
 from omni_runtime.contract.options import EngineOptions
 from omni_runtime.executor.tensor_parallel import sharded_thinker_config
-from omni_runtime.executor.tp_runner import TPThinkerRunner
 from omni_runtime.models.common import (
     DEFAULT_VIDEO_FPS,
     audio_in_video,
@@ -31,6 +30,7 @@ from omni_runtime.models.common import (
     placeholder_mask,
     rope_context,
     sync_stream,
+    thinker_runner_over,
 )
 from omni_runtime.models.qwen2_5_omni.placement import LoadedModel, stage_stream_initializer
 from omni_runtime.models.qwen2_5_omni.runners import QwenTalkerRunner, QwenThinkerRunner
@@ -263,11 +263,12 @@ class Qwen25OmniAdapter(OmniAdapter):
             what="thinker",
             reserve_bytes=self.session_kv_bytes,
         )
-        leader = self.loaded.tp
-        if leader is None:
-            return self.build_thinker_runner(slots=slots, max_len=max_len)
-        slots = leader.agree_slots(slots, max_len)
-        return TPThinkerRunner(self.build_thinker_runner(slots=slots, max_len=max_len), leader)
+        return thinker_runner_over(  # type: ignore[no-any-return]
+            self.loaded.tp,
+            slots=slots,
+            max_len=max_len,
+            build=lambda agreed: self.build_thinker_runner(slots=agreed, max_len=max_len),
+        )
 
     def build_thinker_runner(self, *, slots: int, max_len: int) -> QwenThinkerRunner:
         """A runner over this process's thinker (its shard under TP), with exactly ``slots`` slots."""

@@ -17,7 +17,9 @@ A video's soundtrack, when the request puts the audio in the video, is one of th
 and the processor interleaves its tokens with the video's by time (``Prompt.audio_in_video``;
 get_rope_index is told so, here and in the talker).
 
-Not here yet (issue 17): thinker tensor parallelism.
+With --thinker-tp-size N the thinker is sharded over N GPUs as Qwen2.5's is (executor/
+tensor_parallel: attention heads, and every expert's channels with the router replicated), rank 0
+here and followers in their own processes (tp_group); DeepStack features reach every rank.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import torch
 from omni_runtime.contract.adapter import OmniAdapter, Prompt, ThinkerPrompt, ThinkerRunner
 from omni_runtime.contract.engine import EngineError, GenerationRequest
 from omni_runtime.contract.options import EngineOptions
+from omni_runtime.executor.tensor_parallel import sharded_thinker_config
 from omni_runtime.models.common import (
     DEFAULT_VIDEO_FPS,
     audio_in_video,
@@ -41,6 +44,7 @@ from omni_runtime.models.common import (
     placeholder_mask,
     rope_context,
     sync_stream,
+    thinker_runner_over,
 )
 from omni_runtime.models.qwen2_5_omni.placement import stage_stream_initializer
 from omni_runtime.models.qwen3_omni_moe.code2wav import Qwen3Code2Wav
@@ -231,7 +235,15 @@ class Qwen3OmniMoeAdapter(OmniAdapter):
         )
 
     # -- runners -------------------------------------------------------------------------------
-    def _fit_slots(self, config: Any, device: torch.device, slots: int, max_len: int, what: str) -> int:
+    def _fit_slots(
+        self,
+        config: Any,
+        device: torch.device,
+        slots: int,
+        max_len: int,
+        what: str,
+        reserve_bytes: int | None = None,  # default: the kept session KV beside the thinker's slots
+    ) -> int:
         return fit_slots(
             config=config,
             device=device,
@@ -241,12 +253,29 @@ class Qwen3OmniMoeAdapter(OmniAdapter):
             max_len=max_len,
             what=what,
             # Kept session KV sits beside the thinker's slots (the talker keeps none).
-            reserve_bytes=self.session_kv_bytes if what == "thinker" else 0,
+            reserve_bytes=(self.session_kv_bytes if what == "thinker" else 0)
+            if reserve_bytes is None
+            else reserve_bytes,
         )
 
+    @property
+    def tp_world(self) -> int:
+        return self.loaded.tp_world
+
     def thinker_runner(self, *, slots: int, max_len: int) -> ThinkerRunner:
-        cfg = self.loaded.config.thinker_config
-        slots = self._fit_slots(cfg.text_config, self.placement.thinker, slots, max_len, "thinker")
+        """The thinker runner; under TP, rank 0's, after all ranks agreed on the slot count."""
+        text_cfg = sharded_thinker_config(self.loaded.config.thinker_config, self.tp_world).text_config
+        slots = self._fit_slots(text_cfg, self.placement.thinker, slots, max_len, "thinker")
+        return thinker_runner_over(  # type: ignore[no-any-return]
+            self.loaded.tp,
+            slots=slots,
+            max_len=max_len,
+            build=lambda agreed: self.build_thinker_runner(slots=agreed, max_len=max_len),
+        )
+
+    def build_thinker_runner(self, *, slots: int, max_len: int) -> Qwen3ThinkerRunner:
+        """A runner over this process's thinker (its shard under TP), with exactly ``slots`` slots."""
+        cfg = sharded_thinker_config(self.loaded.config.thinker_config, self.tp_world)
         # The runner reads the Qwen2.5 names of the media token ids (for talker vectors).
         names = SimpleNamespace(
             text_config=cfg.text_config,

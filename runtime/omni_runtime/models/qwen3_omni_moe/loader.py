@@ -34,7 +34,15 @@ from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as hf
 from omni_runtime.contract.engine import EngineError
 from omni_runtime.contract.options import EngineOptions
 from omni_runtime.executor import moe_decode
-from omni_runtime.models.qwen2_5_omni.loader import Checkpoint, build_module, eos_ids, thinker_embedding_rows
+from omni_runtime.executor.tensor_parallel import check_tp_size, shard_text_model
+from omni_runtime.executor.tp_group import TPLeader
+from omni_runtime.models.qwen2_5_omni.loader import (
+    DUMMY_TP_SEED,
+    Checkpoint,
+    build_module,
+    eos_ids,
+    thinker_embedding_rows,
+)
 from omni_runtime.models.qwen2_5_omni.placement import Placement, resolve_placement
 from omni_runtime.models.qwen3_omni_moe.config import ensure_talker_fields
 
@@ -81,6 +89,9 @@ class LoadedQwen3:
     code2wav: Any = None  # Qwen3OmniMoeCode2Wav
     text_vectors: dict[int, torch.Tensor] | None = None  # thinker embeddings of tts bos/eos/pad
     load_seconds: float = 0.0
+    tp: Any = None  # rank 0 under thinker TP: tp_group.TPLeader driving the follower processes
+    tp_rank: int = 0
+    tp_world: int = 1
 
 
 def load_text_model(
@@ -165,8 +176,36 @@ def use_experts(model: nn.Module, implementation: str) -> int:
     return count
 
 
-def load_model(options: EngineOptions, *, path: Path, hosted: frozenset[str]) -> LoadedQwen3:
-    """Build or load the thinker-side modules the ``hosted`` stages need, on their devices."""
+def load_model(
+    options: EngineOptions, *, path: Path, hosted: frozenset[str], tp_rank: int = 0
+) -> LoadedQwen3:
+    """Build or load the thinker-side modules the ``hosted`` stages need, on their devices.
+
+    With --thinker-tp-size N a process hosting the thinker is rank 0 of its TP group (it spawns
+    the followers, tp_group) or, with ``tp_rank`` > 0, a follower (entrypoints/tp_follower.py):
+    every rank builds the whole text model (dummy weights from one seed) and keeps its shard.
+    """
+    tp_world = options.thinker_tp_size if "thinker" in hosted else 1
+    if tp_world > 1:  # before any follower starts
+        from transformers import AutoConfig
+
+        check_tp_size(AutoConfig.from_pretrained(str(path)).thinker_config.text_config, tp_world)
+    leader = TPLeader(options, model_path=path) if tp_world > 1 and tp_rank == 0 else None
+    try:
+        loaded = _load(options, path=path, hosted=hosted, tp_rank=tp_rank, tp_world=tp_world)
+        if leader is not None:
+            leader.connect(loaded.placement.thinker)  # waits for every follower to load its shard
+    except BaseException:
+        if leader is not None:
+            leader.close()
+        raise
+    loaded.tp = leader
+    return loaded
+
+
+def _load(
+    options: EngineOptions, *, path: Path, hosted: frozenset[str], tp_rank: int, tp_world: int
+) -> LoadedQwen3:
     from transformers import AutoConfig, Qwen3OmniMoeProcessor
 
     started = time.monotonic()
@@ -174,13 +213,13 @@ def load_model(options: EngineOptions, *, path: Path, hosted: frozenset[str]) ->
         raise EngineError(
             f"unknown load format {options.load_format!r}; use auto or dummy", param="load_format"
         )
-    if options.thinker_tp_size > 1 or options.image_encoder_tp_size > 1:
+    if options.image_encoder_tp_size > 1:
         raise EngineError(
-            "tensor parallelism is not supported for Qwen3-Omni-MoE in the builtin runtime yet; "
-            "use --thinker-tp-size 1 and --image-encoder-tp-size 1",
-            param="thinker_tp_size",
+            "image-encoder tensor parallelism is not supported for Qwen3-Omni-MoE in the builtin runtime "
+            "yet (its vision tower is small); use --image-encoder-tp-size 1",
+            param="image_encoder_tp_size",
         )
-    placement = resolve_placement(options)
+    placement = resolve_placement(options, tp_rank=tp_rank)
     processor = Qwen3OmniMoeProcessor.from_pretrained(str(path))
     config = ensure_talker_fields(AutoConfig.from_pretrained(str(path)))
     thinker_cfg = config.thinker_config
@@ -193,19 +232,26 @@ def load_model(options: EngineOptions, *, path: Path, hosted: frozenset[str]) ->
         placement=placement,
         path=path,
         rope=RopeIndex(thinker_cfg),
+        tp_rank=tp_rank,
+        tp_world=tp_world,
     )
     dtype, text_cfg = placement.dtype, thinker_cfg.text_config
     if "thinker" in hosted:
+        if random and tp_world > 1:
+            torch.manual_seed(DUMMY_TP_SEED)  # every rank draws the same full weights, then keeps its shard
         text = build_module(
             hf.Qwen3OmniMoeThinkerTextModel, text_cfg, device=placement.thinker, dtype=dtype, random=random
         )
         if ckpt is not None:
             load_text_model(ckpt, text, "thinker.model.", placement.thinker, dtype)
         use_experts(text, experts_implementation(os.environ.get("OMNI_MOE_EXPERTS")))
+        shard_text_model(text, text_cfg, rank=tp_rank, world=tp_world, group=None)
         loaded.text, loaded.embed = text, text.embed_tokens
         with torch.device(placement.thinker):
             head = nn.Linear(text_cfg.hidden_size, text_cfg.vocab_size, bias=False, dtype=dtype)
-        if ckpt is not None:
+        if tp_rank > 0:
+            nn.init.zeros_(head.weight)  # followers never sample: their logits are discarded
+        elif ckpt is not None:
             ckpt.load_into(head, "thinker.lm_head.", placement.thinker, dtype)
         else:
             nn.init.normal_(head.weight, std=0.02)
@@ -234,7 +280,8 @@ def load_model(options: EngineOptions, *, path: Path, hosted: frozenset[str]) ->
     if "talker" in hosted:
         _load_speech(loaded, ckpt, random=random)
     loaded.load_seconds = time.monotonic() - started
-    log.info("loaded %s for stages %s in %.1fs", path, ",".join(sorted(hosted)), loaded.load_seconds)
+    rank = f" (thinker TP rank {tp_rank} of {tp_world})" if tp_world > 1 else ""
+    log.info("loaded %s for stages %s in %.1fs%s", path, ",".join(sorted(hosted)), loaded.load_seconds, rank)
     return loaded
 
 

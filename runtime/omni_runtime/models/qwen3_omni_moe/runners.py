@@ -27,6 +27,20 @@ from omni_runtime.models.qwen2_5_omni.runners import QwenThinkerRunner
 DEEPSTACK = "deepstack"
 
 
+def deepstack_add(index: torch.Tensor, stacked: torch.Tensor) -> Any:
+    """The after-layer hook that adds DeepStack feature ``layer`` at (row, position) ``index``
+    [2, n] of the prefill batch; ``stacked`` [n, k, H] holds k layers' features."""
+    where = (index[0], index[1])
+    depth = stacked.shape[1]
+
+    def add(layer: int, hidden: torch.Tensor) -> torch.Tensor:
+        if layer >= depth:
+            return hidden
+        return hidden.index_put(where, stacked[:, layer], accumulate=True)
+
+    return add
+
+
 class Qwen3ThinkerRunner(QwenThinkerRunner):
     def __init__(self, *args: Any, accept_layer: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -38,7 +52,8 @@ class Qwen3ThinkerRunner(QwenThinkerRunner):
         self._captured = None
         wants = any(r.want_vectors for r in rows) and 0 < self.accept_layer < self.layer_count
         capture = self.accept_layer - 1 if wants else None
-        add = self._deepstack(rows, offset)
+        deep = self._deepstack(rows, offset)
+        add = None if deep is None else deepstack_add(*deep)
         if add is None and capture is None:
             return None
 
@@ -47,9 +62,12 @@ class Qwen3ThinkerRunner(QwenThinkerRunner):
                 self._captured = hidden  # before the DeepStack add, as transformers records it
             return hidden if add is None else add(layer, hidden)
 
+        # Under thinker TP every rank adds the same features (tp_runner broadcasts them).
+        hook.deepstack = deep  # type: ignore[attr-defined]
         return hook
 
     def _deepstack(self, rows: list[ThinkerAdmission], offset: int = 0) -> Any:
+        """(batch rows [n], positions [n]) and the features [n, k, H] of this prefill, or None."""
         row_index, positions, features = [], [], []
         for i, row in enumerate(rows):
             deep = row.prompt.talker_context.get(DEEPSTACK)
@@ -64,16 +82,8 @@ class Qwen3ThinkerRunner(QwenThinkerRunner):
             features.append(values)
         if not features:
             return None
-        index = (torch.cat(row_index).to(self.device), torch.cat(positions).to(self.device))
-        stacked = torch.cat(features).to(self.device, self.decoder.dtype)  # [n, k, H]
-        depth = stacked.shape[1]
-
-        def add(layer: int, hidden: torch.Tensor) -> torch.Tensor:
-            if layer >= depth:
-                return hidden
-            return hidden.index_put(index, stacked[:, layer], accumulate=True)
-
-        return add
+        index = torch.stack([torch.cat(row_index), torch.cat(positions)]).to(self.device, torch.int64)
+        return index, torch.cat(features).to(self.device, self.decoder.dtype)  # [2, n], [n, k, H]
 
     def prompt_vectors(
         self, k: int, ids: list[int], embeds: torch.Tensor, hidden: torch.Tensor
