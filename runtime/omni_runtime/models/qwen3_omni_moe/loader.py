@@ -189,7 +189,8 @@ def load_model(
     if tp_world > 1:  # before any follower starts
         from transformers import AutoConfig
 
-        check_tp_size(AutoConfig.from_pretrained(str(path)).thinker_config.text_config, tp_world)
+        config = ensure_talker_fields(AutoConfig.from_pretrained(str(path)))
+        check_tp_size(config.thinker_config.text_config, tp_world)
     leader = TPLeader(options, model_path=path) if tp_world > 1 and tp_rank == 0 else None
     try:
         loaded = _load(options, path=path, hosted=hosted, tp_rank=tp_rank, tp_world=tp_world)
