@@ -49,16 +49,16 @@ if [ -x tests/e2e/controlplane/build.sh ]; then
   export OMNI_E2E=1
 fi
 
-step "container images (make images: buildah, Debian base via mmdebstrap, cached)"
-bash images/build.sh
-bash images/build.sh test-client
-
 if [ -x tests/e2e/node/build.sh ]; then
   step "real test node: kubelet, kube-proxy, CoreDNS (Go modules, cached), containerd and CNI (Debian)"
   bash tests/e2e/node/build.sh
 fi
-
+# The Go builds are done: their cache goes before the images take their disk.
 [ -n "${OMNI_GOCACHE:-}" ] || rm -rf "$GOCACHE"
+
+step "container images (make images: buildah, Debian base via mmdebstrap, cached)"
+bash images/build.sh
+bash images/build.sh test-client
 
 step "tests (free disk before them below)"
 disk
