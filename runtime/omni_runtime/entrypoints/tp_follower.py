@@ -31,20 +31,10 @@ log = logging.getLogger("omni.tp_follower")
 def _fit(adapter: Any, *, slots: int, max_len: int) -> int:
     """This rank's KV-cache slot budget; 0 when not even one request fits (rank 0 reports it)."""
     from omni_runtime.contract.engine import EngineError
-    from omni_runtime.executor.tensor_parallel import sharded_thinker_config
+    from omni_runtime.models.common import thinker_slots
 
-    config = sharded_thinker_config(adapter.loaded.config.thinker_config, adapter.tp_world).text_config
     try:
-        return int(
-            adapter._fit_slots(
-                config=config,
-                device=adapter.placement.thinker,
-                slots=slots,
-                max_len=max_len,
-                what="thinker",
-                reserve_bytes=adapter.session_kv_bytes,  # this rank's shard of the kept session KV
-            )
-        )
+        return thinker_slots(adapter, slots=slots, max_len=max_len)
     except EngineError as exc:
         log.error("%s", exc)
         return 0
@@ -55,6 +45,7 @@ def serve_ops(adapter: Any, leader_fd: int) -> int:
     import torch
     import torch.distributed as dist
 
+    from omni_runtime.executor.slot_cache import add_after_layers
     from omni_runtime.executor.tp_group import (
         OP_BUILD,
         OP_CAPTURE,
@@ -96,15 +87,13 @@ def serve_ops(adapter: Any, leader_fd: int) -> int:
                 positions = torch.empty(3, rows, width, dtype=torch.int64, device=device)
                 dist.broadcast(embeds, src=0)
                 dist.broadcast(positions, src=0)
-                extra = {}
+                after_layer = None
                 if features:  # a family's features added after decoder layers (Qwen3's DeepStack)
-                    from omni_runtime.models.qwen3_omni_moe.runners import deepstack_add
-
                     index = torch.empty(2, features, dtype=torch.int64, device=device)
                     stacked = torch.empty(features, depth, hidden, dtype=decoder.dtype, device=device)
                     dist.broadcast(index, src=0)
                     dist.broadcast(stacked, src=0)
-                    extra["after_layer"] = deepstack_add(index, stacked)
+                    after_layer = add_after_layers(index, stacked)
                 decoder.prefill(
                     slots=slots,
                     embeds=embeds,
@@ -112,7 +101,7 @@ def serve_ops(adapter: Any, leader_fd: int) -> int:
                     lengths=lengths,
                     want_hidden=False,
                     offset=offset,
-                    **extra,
+                    after_layer=after_layer,
                 )
             elif op == OP_MOVE:
                 decoder.move(args[0], args[1], args[2])

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -177,8 +178,6 @@ def _is_silu(act: Any) -> bool:
 
 
 def _interpreting() -> bool:
-    import os
-
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 

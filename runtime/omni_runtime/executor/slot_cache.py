@@ -46,6 +46,23 @@ def _buckets(limit: int, start: int) -> list[int]:
     return sizes
 
 
+def add_after_layers(
+    index: torch.Tensor, stacked: torch.Tensor
+) -> Callable[[int, torch.Tensor], torch.Tensor]:
+    """A prefill's ``after_layer`` hook that adds ``stacked[:, i]`` ([n, k, H]: k layers' features)
+    at the (batch row, position) pairs ``index`` [2, n] after decoder layer ``i`` < k (Qwen3-Omni's
+    DeepStack visual features; under thinker TP every rank adds the same, tp_runner)."""
+    where = (index[0], index[1])
+    depth = stacked.shape[1]
+
+    def add(layer: int, hidden: torch.Tensor) -> torch.Tensor:
+        if layer >= depth:
+            return hidden
+        return hidden.index_put(where, stacked[:, layer], accumulate=True)
+
+    return add
+
+
 class SlotKVCache:
     """Per-slot static KV buffers; duck-types ``transformers.Cache.update`` for the attention modules."""
 

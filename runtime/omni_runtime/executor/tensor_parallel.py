@@ -72,10 +72,11 @@ def check_tp_size(
     sizes = valid_tp_sizes(text_config)
     if tp in sizes:
         return
+    experts = getattr(text_config, "moe_intermediate_size", None)
     raise EngineError(
         f"{flag} {tp} does not divide the {what}'s {text_config.num_attention_heads} attention heads / "
-        f"{text_config.num_key_value_heads} KV heads (MLP width {text_config.intermediate_size}); "
-        f"use {one_of(sizes)}",
+        f"{text_config.num_key_value_heads} KV heads (MLP width {text_config.intermediate_size}"
+        f"{f', expert width {experts}' if experts else ''}); use {one_of(sizes)}",
         param=flag.lstrip("-").replace("-", "_"),
     )
 
@@ -264,13 +265,8 @@ def shard_text_model(text_model: nn.Module, text_config: Any, *, rank: int, worl
         return 0
     check_tp_size(text_config, world)
     plan = _plan(text_config)
-    experts = {p for p, s in plan.items() if s == "moe_tp_experts"}
-    # The experts' own parameters are sharded with their module (shard_experts), not as linears.
-    linears = {
-        p: s
-        for p, s in plan.items()
-        if not any(p.startswith(e + ".") for e in experts) and s in ("colwise", "rowwise")
-    }
+    # The experts' weights are parameters, not linears: shard_experts takes them with their module.
+    linears = {pattern: style for pattern, style in plan.items() if style in ("colwise", "rowwise")}
     count = shard_linears(text_model, linears, rank=rank, world=world, group=group)
     count += shard_experts(text_model, plan, rank=rank, world=world, group=group)
     if not count:

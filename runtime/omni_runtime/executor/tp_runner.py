@@ -8,7 +8,8 @@ shards in the same order:
 - ``prefill``: slots and lengths in the header, then the prompt embeddings and mrope positions
   by broadcast (they hold media features only rank 0 computed), and a family's features added
   after decoder layers (Qwen3-Omni's DeepStack: the hook's ``deepstack`` (index [2, n], features
-  [n, k, H]), their sizes in the header) which the followers add with the same function;
+  [n, k, H]), their sizes in the header) which the followers add with the same
+  ``slot_cache.add_after_layers``;
 - ``decode``: n and max_length in the header, then rank 0's row state (``last_ids``, ``lengths``,
   ``rope_delta`` of rows 0..n-1) by broadcast: the tokens rank 0 sampled reach the followers
   just before the step that feeds them, whatever the runner did to its state in between;
@@ -87,7 +88,6 @@ class LeaderDecoder:
         if deep is not None:
             self._leader.broadcast(deep[0].contiguous())
             self._leader.broadcast(deep[1].contiguous())
-        extra = {} if after_layer is None else {"after_layer": after_layer}
         return inner.prefill(  # type: ignore[no-any-return]
             slots=slots,
             embeds=embeds,
@@ -95,7 +95,7 @@ class LeaderDecoder:
             lengths=lengths,
             want_hidden=want_hidden,
             offset=offset,
-            **extra,
+            after_layer=after_layer,
         )
 
     def keep_kv(self, slot: int, length: int) -> torch.Tensor:

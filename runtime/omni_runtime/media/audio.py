@@ -32,7 +32,20 @@ def decode_audio(data: bytes, *, limits: MediaLimits, target_sr: int = ENCODER_S
     try:
         pcm, sample_rate = _decode_soundfile(data, limits=limits)
     except (sf.SoundFileError, RuntimeError, TypeError):
-        pcm, sample_rate = _decode_pyav(data, limits=limits)
+        return decode_audio_track(data, limits=limits, target_sr=target_sr)
+    return _resampled(pcm, sample_rate, target_sr)
+
+
+def decode_audio_track(
+    data: bytes, *, limits: MediaLimits, target_sr: int = ENCODER_SAMPLE_RATE
+) -> np.ndarray:
+    """The first audio track of a container FFmpeg reads (a video's soundtrack, WebM, MP3, M4A ...),
+    mono float32 at ``target_sr``."""
+    pcm, sample_rate = _decode_pyav(data, limits=limits)
+    return _resampled(pcm, sample_rate, target_sr)
+
+
+def _resampled(pcm: np.ndarray, sample_rate: int, target_sr: int) -> np.ndarray:
     if pcm.size == 0:
         raise MediaError("the audio decodes to no samples", code=INVALID_MEDIA)
     return resample(pcm, orig_sr=sample_rate, target_sr=target_sr)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from omni_runtime.media.audio import decode_audio_track
 from omni_runtime.media.errors import IMAGE_TOO_LARGE, INVALID_MEDIA, VIDEO_TOO_LONG, MediaError
 from omni_runtime.media.limits import MediaLimits
 
@@ -89,6 +90,12 @@ def decode_video(
     with container:
         if not container.streams.video:
             raise MediaError("the media has no video track", code=INVALID_MEDIA)
+        if soundtrack and not container.streams.audio:
+            raise MediaError(
+                "the video has no audio track to put in the video; send it with "
+                "mm_processor_kwargs.use_audio_in_video false",
+                code=INVALID_MEDIA,
+            )
         stream = container.streams.video[0]
         width, height = stream.codec_context.width, stream.codec_context.height
         if width * height > limits.max_image_pixels:
@@ -121,24 +128,8 @@ def decode_video(
     while len(frames) < count:  # a clip shorter than its metadata: repeat the last frame
         frames.append(frames[-1])
     sampled_fps = count / duration if duration > 0 else fps
-    track = decode_soundtrack(data, limits=limits) if soundtrack else None
+    track = decode_audio_track(data, limits=limits) if soundtrack else None
     return DecodedVideo(frames=np.stack(frames), fps=float(sampled_fps), soundtrack=track)
-
-
-def decode_soundtrack(data: bytes, *, limits: MediaLimits) -> np.ndarray:
-    """A video's audio track as the audio encoder takes it (mono float32, 16 kHz)."""
-    import av
-
-    from omni_runtime.media.audio import decode_audio
-
-    with av.open(io.BytesIO(data), mode="r") as container:
-        if not container.streams.audio:
-            raise MediaError(
-                "the video has no audio track to put in the video; send it with "
-                "mm_processor_kwargs.use_audio_in_video false",
-                code=INVALID_MEDIA,
-            )
-    return decode_audio(data, limits=limits)
 
 
 def _duration_s(container: av.container.InputContainer, stream: av.video.stream.VideoStream) -> float | None:

@@ -75,7 +75,7 @@ def collect_messages(request: GenerationRequest, *, default_system: str | None) 
             elif media.kind == "image":
                 out.images.append(np.asarray(media.data, dtype=np.uint8))
             else:
-                if media.soundtrack is not None:  # 16 kHz already (media.video.decode_soundtrack)
+                if media.soundtrack is not None:  # 16 kHz already (media.video.decode_video)
                     out.audios.append(np.asarray(media.soundtrack, dtype=np.float32).reshape(-1))
                     out.audio_from_video.append(len(out.videos))
                 out.videos.append(np.asarray(media.data, dtype=np.uint8))
@@ -132,15 +132,36 @@ def fit_slots(
     return min(slots, fit)
 
 
-def thinker_runner_over(leader: Any, *, slots: int, max_len: int, build: Any) -> Any:
-    """``build(slots)``'s thinker runner; under TP (``leader``, tp_group.TPLeader) after every rank
-    agreed on the slot count, wrapped so each decoder op reaches the followers."""
+def thinker_slots(adapter: Any, *, slots: int, max_len: int) -> int:
+    """This process's thinker KV slots (its rank's heads under TP), with the kept session KV
+    reserved beside them. Both families' adapters, and a TP follower for its own GPU."""
+    from omni_runtime.executor.tensor_parallel import sharded_thinker_config
+
+    text = sharded_thinker_config(adapter.loaded.config.thinker_config, adapter.tp_world).text_config
+    return fit_slots(
+        config=text,
+        device=adapter.placement.thinker,
+        dtype=adapter.placement.dtype,
+        mem_fraction=adapter.mem_fraction,
+        slots=slots,
+        max_len=max_len,
+        what="thinker",
+        reserve_bytes=adapter.session_kv_bytes,
+    )
+
+
+def thinker_runner(adapter: Any, *, slots: int, max_len: int) -> Any:
+    """The adapter's thinker runner over the slots that fit; under TP (``adapter.loaded.tp``, a
+    tp_group.TPLeader) after every rank agreed on the slot count, wrapped so each decoder op
+    reaches the followers."""
+    fit = thinker_slots(adapter, slots=slots, max_len=max_len)
+    leader = adapter.loaded.tp
     if leader is None:
-        return build(slots)
+        return adapter.build_thinker_runner(slots=fit, max_len=max_len)
     from omni_runtime.executor.tp_runner import TPThinkerRunner
 
-    agreed = leader.agree_slots(slots, max_len)
-    return TPThinkerRunner(build(agreed), leader)
+    agreed = leader.agree_slots(fit, max_len)
+    return TPThinkerRunner(adapter.build_thinker_runner(slots=agreed, max_len=max_len), leader)
 
 
 def sync_stream(device: torch.device) -> None:
@@ -180,8 +201,7 @@ AUDIO_IN_VIDEO = "use_audio_in_video"
 
 def audio_in_video(context: dict[str, Any]) -> bool:
     """Whether the prompt's video tokens interleave their soundtrack's (get_rope_index's flag)."""
-    flag = context.get(AUDIO_IN_VIDEO)
-    return bool(flag is not None and bool(flag))
+    return bool(context.get(AUDIO_IN_VIDEO, False))
 
 
 def placeholder_mask(ids: torch.Tensor, token: int, features: Any) -> torch.Tensor | None:

@@ -65,7 +65,8 @@ def load_adapter(
     ``path`` (default: from the options) and ``tp_rank`` > 0 for a thinker TP follower, which
     loads and keeps its shard of the thinker (entrypoints/tp_follower.py).
     """
-    path = path if tp_rank else resolve_model_path(options)
+    if path is None:
+        path = resolve_model_path(options)
     kind = model_type(path)
     if kind == "qwen2_5_omni":
         from omni_runtime.models.qwen2_5_omni.adapter import Qwen25OmniAdapter

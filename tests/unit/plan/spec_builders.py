@@ -26,3 +26,8 @@ def deployment(name: str = "demo", **settings: Any) -> OmniDeployment:
             node = node.setdefault(part, {})
         node[leaf] = value
     return OmniDeployment.model_validate({"metadata": {"name": name}, "spec": spec})
+
+
+def flag(command: tuple[str, ...], name: str) -> list[str]:
+    """``name`` and the value after it, wherever they stand in ``command`` ([] when absent)."""
+    return [part for i, part in enumerate(command) if name in (part, command[i - 1])]

@@ -6,14 +6,10 @@ from __future__ import annotations
 
 import pydantic
 import pytest
-from spec_builders import deployment
+from spec_builders import deployment, flag
 
 from omni_operator.plan import plan_deployment, worker_revision
 from omni_operator.plan.types import PlanError, Role
-
-
-def _kv(command: tuple[str, ...]) -> list[str]:
-    return [part for i, part in enumerate(command) if "--session-kv-mb" in (part, command[i - 1])]
 
 
 @pytest.mark.parametrize(
@@ -24,12 +20,15 @@ def test_session_kv_goes_to_the_process_that_runs_the_thinker(value: int | None,
     plan = plan_deployment(deployment(**{"model.name": "Qwen2.5-Omni-7B", **extra}))
     pods = {p.role: p for p in plan.workers[0].pods}
     assert pods[Role.thinker].container.command[:2] == ("omni", "stage")
-    assert _kv(pods[Role.thinker].container.command) == flags
+    assert flag(pods[Role.thinker].container.command, "--session-kv-mb") == flags
     for role in (Role.api, Role.talker):  # the thinker runs elsewhere: they keep nothing
-        assert _kv(pods[role].container.command) == []
+        assert flag(pods[role].container.command, "--session-kv-mb") == []
     cpu = plan_deployment(deployment(**{"gpu.tier": "cpu", **extra}))
     (pod,) = cpu.workers[0].pods
-    assert pod.container.command[:2] == ("omni", "serve") and _kv(pod.container.command) == flags
+    assert (
+        pod.container.command[:2] == ("omni", "serve")
+        and flag(pod.container.command, "--session-kv-mb") == flags
+    )
 
 
 def test_negative_size_is_refused_naming_the_field() -> None:

@@ -5,14 +5,10 @@ from __future__ import annotations
 
 import pydantic
 import pytest
-from spec_builders import deployment
+from spec_builders import deployment, flag
 
 from omni_operator.plan import plan_deployment
 from omni_operator.plan.types import Role
-
-
-def _limit(command: tuple[str, ...]) -> list[str]:
-    return [part for i, part in enumerate(command) if "--max-speech-streams" in (part, command[i - 1])]
 
 
 @pytest.mark.parametrize(
@@ -23,11 +19,11 @@ def test_speech_limit_goes_to_the_serve_process_only(value: int | None, flags: l
     plan = plan_deployment(deployment(**{"model.name": "Qwen2.5-Omni-7B", **extra}))
     pods = {p.role: p for p in plan.workers[0].pods}
     assert pods[Role.api].container.command[:2] == ("omni", "serve")
-    assert _limit(pods[Role.api].container.command) == flags
+    assert flag(pods[Role.api].container.command, "--max-speech-streams") == flags
     for role in (Role.thinker, Role.talker):  # `omni stage` admits nothing
-        assert _limit(pods[role].container.command) == []
+        assert flag(pods[role].container.command, "--max-speech-streams") == []
     cpu = plan_deployment(deployment(**{"gpu.tier": "cpu", **extra}))
-    assert _limit(cpu.workers[0].pods[0].container.command) == flags
+    assert flag(cpu.workers[0].pods[0].container.command, "--max-speech-streams") == flags
 
 
 def test_negative_limit_is_refused_naming_the_field() -> None:

@@ -30,7 +30,7 @@ from omni_runtime.models.common import (
     placeholder_mask,
     rope_context,
     sync_stream,
-    thinker_runner_over,
+    thinker_runner,
 )
 from omni_runtime.models.qwen2_5_omni.placement import LoadedModel, stage_stream_initializer
 from omni_runtime.models.qwen2_5_omni.runners import QwenTalkerRunner, QwenThinkerRunner
@@ -235,10 +235,8 @@ class Qwen25OmniAdapter(OmniAdapter):
         slots: int,
         max_len: int,
         what: str,
-        reserve_bytes: int = 0,
     ) -> int:
         return fit_slots(
-            reserve_bytes=reserve_bytes,
             config=config,
             device=device,
             dtype=self.placement.dtype,
@@ -254,21 +252,7 @@ class Qwen25OmniAdapter(OmniAdapter):
 
     def thinker_runner(self, *, slots: int, max_len: int) -> ThinkerRunner:
         """The thinker runner; under TP, rank 0's, after all ranks agreed on the slot count."""
-        config = sharded_thinker_config(self.loaded.config.thinker_config, self.tp_world)
-        slots = self._fit_slots(
-            config=config.text_config,
-            device=self.placement.thinker,
-            slots=slots,
-            max_len=max_len,
-            what="thinker",
-            reserve_bytes=self.session_kv_bytes,
-        )
-        return thinker_runner_over(  # type: ignore[no-any-return]
-            self.loaded.tp,
-            slots=slots,
-            max_len=max_len,
-            build=lambda agreed: self.build_thinker_runner(slots=agreed, max_len=max_len),
-        )
+        return thinker_runner(self, slots=slots, max_len=max_len)  # type: ignore[no-any-return]
 
     def build_thinker_runner(self, *, slots: int, max_len: int) -> QwenThinkerRunner:
         """A runner over this process's thinker (its shard under TP), with exactly ``slots`` slots."""

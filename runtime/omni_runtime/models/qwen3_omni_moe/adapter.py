@@ -44,7 +44,7 @@ from omni_runtime.models.common import (
     placeholder_mask,
     rope_context,
     sync_stream,
-    thinker_runner_over,
+    thinker_runner,
 )
 from omni_runtime.models.qwen2_5_omni.placement import stage_stream_initializer
 from omni_runtime.models.qwen3_omni_moe.code2wav import Qwen3Code2Wav
@@ -235,15 +235,7 @@ class Qwen3OmniMoeAdapter(OmniAdapter):
         )
 
     # -- runners -------------------------------------------------------------------------------
-    def _fit_slots(
-        self,
-        config: Any,
-        device: torch.device,
-        slots: int,
-        max_len: int,
-        what: str,
-        reserve_bytes: int | None = None,  # default: the kept session KV beside the thinker's slots
-    ) -> int:
+    def _fit_slots(self, config: Any, device: torch.device, slots: int, max_len: int, what: str) -> int:
         return fit_slots(
             config=config,
             device=device,
@@ -252,10 +244,6 @@ class Qwen3OmniMoeAdapter(OmniAdapter):
             slots=slots,
             max_len=max_len,
             what=what,
-            # Kept session KV sits beside the thinker's slots (the talker keeps none).
-            reserve_bytes=(self.session_kv_bytes if what == "thinker" else 0)
-            if reserve_bytes is None
-            else reserve_bytes,
         )
 
     @property
@@ -264,14 +252,7 @@ class Qwen3OmniMoeAdapter(OmniAdapter):
 
     def thinker_runner(self, *, slots: int, max_len: int) -> ThinkerRunner:
         """The thinker runner; under TP, rank 0's, after all ranks agreed on the slot count."""
-        text_cfg = sharded_thinker_config(self.loaded.config.thinker_config, self.tp_world).text_config
-        slots = self._fit_slots(text_cfg, self.placement.thinker, slots, max_len, "thinker")
-        return thinker_runner_over(  # type: ignore[no-any-return]
-            self.loaded.tp,
-            slots=slots,
-            max_len=max_len,
-            build=lambda agreed: self.build_thinker_runner(slots=agreed, max_len=max_len),
-        )
+        return thinker_runner(self, slots=slots, max_len=max_len)  # type: ignore[no-any-return]
 
     def build_thinker_runner(self, *, slots: int, max_len: int) -> Qwen3ThinkerRunner:
         """A runner over this process's thinker (its shard under TP), with exactly ``slots`` slots."""

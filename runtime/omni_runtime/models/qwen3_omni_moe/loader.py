@@ -185,31 +185,10 @@ def load_model(
     the followers, tp_group) or, with ``tp_rank`` > 0, a follower (entrypoints/tp_follower.py):
     every rank builds the whole text model (dummy weights from one seed) and keeps its shard.
     """
-    tp_world = options.thinker_tp_size if "thinker" in hosted else 1
-    if tp_world > 1:  # before any follower starts
-        from transformers import AutoConfig
-
-        config = ensure_talker_fields(AutoConfig.from_pretrained(str(path)))
-        check_tp_size(config.thinker_config.text_config, tp_world)
-    leader = TPLeader(options, model_path=path) if tp_world > 1 and tp_rank == 0 else None
-    try:
-        loaded = _load(options, path=path, hosted=hosted, tp_rank=tp_rank, tp_world=tp_world)
-        if leader is not None:
-            leader.connect(loaded.placement.thinker)  # waits for every follower to load its shard
-    except BaseException:
-        if leader is not None:
-            leader.close()
-        raise
-    loaded.tp = leader
-    return loaded
-
-
-def _load(
-    options: EngineOptions, *, path: Path, hosted: frozenset[str], tp_rank: int, tp_world: int
-) -> LoadedQwen3:
-    from transformers import AutoConfig, Qwen3OmniMoeProcessor
+    from transformers import AutoConfig
 
     started = time.monotonic()
+    # Every refusal comes before any follower starts.
     if options.load_format not in ("auto", "dummy"):
         raise EngineError(
             f"unknown load format {options.load_format!r}; use auto or dummy", param="load_format"
@@ -220,9 +199,33 @@ def _load(
             "yet (its vision tower is small); use --image-encoder-tp-size 1",
             param="image_encoder_tp_size",
         )
+    config = ensure_talker_fields(AutoConfig.from_pretrained(str(path)))
+    tp_world = options.thinker_tp_size if "thinker" in hosted else 1
+    if tp_world > 1:
+        check_tp_size(config.thinker_config.text_config, tp_world)
+    leader = TPLeader(options, model_path=path) if tp_world > 1 and tp_rank == 0 else None
+    try:
+        loaded = _load(options, path=path, config=config, hosted=hosted, tp_rank=tp_rank, tp_world=tp_world)
+        if leader is not None:
+            leader.connect(loaded.placement.thinker)  # waits for every follower to load its shard
+    except BaseException:
+        if leader is not None:
+            leader.close()
+        raise
+    loaded.tp = leader
+    loaded.load_seconds = time.monotonic() - started
+    rank = f" (thinker TP rank {tp_rank} of {tp_world})" if tp_world > 1 else ""
+    log.info("loaded %s for stages %s in %.1fs%s", path, ",".join(sorted(hosted)), loaded.load_seconds, rank)
+    return loaded
+
+
+def _load(
+    options: EngineOptions, *, path: Path, config: Any, hosted: frozenset[str], tp_rank: int, tp_world: int
+) -> LoadedQwen3:
+    from transformers import Qwen3OmniMoeProcessor
+
     placement = resolve_placement(options, tp_rank=tp_rank)
     processor = Qwen3OmniMoeProcessor.from_pretrained(str(path))
-    config = ensure_talker_fields(AutoConfig.from_pretrained(str(path)))
     thinker_cfg = config.thinker_config
     random = options.load_format == "dummy"
     ckpt = None if random else Checkpoint(path)
@@ -280,9 +283,6 @@ def _load(
         )
     if "talker" in hosted:
         _load_speech(loaded, ckpt, random=random)
-    loaded.load_seconds = time.monotonic() - started
-    rank = f" (thinker TP rank {tp_rank} of {tp_world})" if tp_world > 1 else ""
-    log.info("loaded %s for stages %s in %.1fs%s", path, ",".join(sorted(hosted)), loaded.load_seconds, rank)
     return loaded
 
 

@@ -22,23 +22,10 @@ from typing import Any
 import torch
 
 from omni_runtime.contract.adapter import ThinkerAdmission
+from omni_runtime.executor.slot_cache import add_after_layers
 from omni_runtime.models.qwen2_5_omni.runners import QwenThinkerRunner
 
 DEEPSTACK = "deepstack"
-
-
-def deepstack_add(index: torch.Tensor, stacked: torch.Tensor) -> Any:
-    """The after-layer hook that adds DeepStack feature ``layer`` at (row, position) ``index``
-    [2, n] of the prefill batch; ``stacked`` [n, k, H] holds k layers' features."""
-    where = (index[0], index[1])
-    depth = stacked.shape[1]
-
-    def add(layer: int, hidden: torch.Tensor) -> torch.Tensor:
-        if layer >= depth:
-            return hidden
-        return hidden.index_put(where, stacked[:, layer], accumulate=True)
-
-    return add
 
 
 class Qwen3ThinkerRunner(QwenThinkerRunner):
@@ -53,7 +40,7 @@ class Qwen3ThinkerRunner(QwenThinkerRunner):
         wants = any(r.want_vectors for r in rows) and 0 < self.accept_layer < self.layer_count
         capture = self.accept_layer - 1 if wants else None
         deep = self._deepstack(rows, offset)
-        add = None if deep is None else deepstack_add(*deep)
+        add = None if deep is None else add_after_layers(*deep)
         if add is None and capture is None:
             return None
 
