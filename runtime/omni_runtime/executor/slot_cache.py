@@ -118,17 +118,28 @@ def _compiled(layers: nn.ModuleList) -> list[Callable[..., Any]]:
     """The layers behind ``torch.compile`` for decode steps (prefill stays eager: its shapes vary
     with every prompt and it runs once per request).
 
-    ``dynamic=True`` keeps one compiled graph for every (batch, length) bucket; the layers share
-    one code object, so the guard cache must hold an entry per layer at least.
+    ``dynamic=True`` keeps one compiled graph for every (batch, length) bucket. Decoder layers
+    share one code object (transformers' ``GradientCheckpointingLayer.__call__``), and so do the
+    layers of every stack a process compiles (a thinker, a talker, a code predictor), so dynamo's
+    guard cache for that code must hold ``GUARD_ENTRIES_PER_LAYER`` entries for every layer of
+    every stack. Past its limit dynamo runs the layer eagerly, without a word beyond one warning.
     """
     import torch._dynamo
 
-    limit = len(layers) * 4
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, limit)
-    torch._dynamo.config.accumulated_cache_size_limit = max(
-        torch._dynamo.config.accumulated_cache_size_limit, limit * 4
-    )
+    global _COMPILED_LAYERS
+    _COMPILED_LAYERS += len(layers)
+    limit = GUARD_ENTRIES_PER_LAYER * _COMPILED_LAYERS
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, limit)
+    config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, limit * 2)
     return [torch.compile(layer, dynamic=True) for layer in layers]
+
+
+# Guard entries one compiled layer may need: a row count of 1 is specialised apart from the
+# dynamic one, and a branch on the row count (an MoE block's fused decode path up to
+# moe_decode.MAX_FUSED_ROWS rows, grouped GEMMs above) splits the dynamic range again.
+GUARD_ENTRIES_PER_LAYER = 8
+_COMPILED_LAYERS = 0  # layers this process has compiled, over every stack
 
 
 @dataclass

@@ -111,13 +111,17 @@ def test_batched_rows_match_their_solo_runs(qwen3_text: Harness) -> None:
     assert qwen3_text.run(together()) == solo
 
 
-def test_the_moe_blocks_run_the_grouped_gemm_kernel(qwen3_text: Harness) -> None:
-    """No per-expert Python loop: every experts module of the served thinker uses grouped_mm
-    (the reference above runs the per-expert loop, so the equalities cover the kernel)."""
+def test_the_moe_blocks_run_the_runtime_experts_kernel(qwen3_text: Harness) -> None:
+    """No per-expert Python loop: every experts module of the served thinker uses the runtime's
+    omni_fused (on CPU tensors it hands every call to grouped_mm) and every router the fused one;
+    the reference above runs the per-expert loop, so the equalities cover both."""
     text = qwen3_text.engine.adapter.loaded.text
     experts = [m for m in text.modules() if hasattr(m, "_is_expert_parallel")]
     assert len(experts) == len(text.layers) == 2
-    assert {m.config._experts_implementation for m in experts} == {"grouped_mm"}
+    assert {m.config._experts_implementation for m in experts} == {"omni_fused"}
+    assert {type(layer.mlp.gate).__name__ for layer in text.layers} == {
+        "FusedQwen3OmniMoeThinkerTextTopKRouter"
+    }
 
 
 def test_dummy_load_format_builds_random_weights_of_the_checkpoint_shape(qwen3_checkpoint: Path) -> None:

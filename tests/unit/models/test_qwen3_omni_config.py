@@ -141,8 +141,8 @@ def test_tiny_config_has_the_released_layout() -> None:
 @pytest.mark.parametrize(
     ("value", "chosen"),
     [
-        (None, "grouped_mm"),
-        ("", "grouped_mm"),
+        (None, "omni_fused"),  # the default where Triton is installed (it is in the test venv)
+        ("", "omni_fused"),
         ("grouped_mm", "grouped_mm"),
         ("batched_mm", "batched_mm"),
         (" eager ", "eager"),
@@ -158,6 +158,34 @@ def test_experts_implementation_from_the_environment(value, chosen) -> None:
     assert chosen == "eager" or chosen in ALL_EXPERTS_FUNCTIONS
 
 
+def test_default_experts_without_triton_or_for_the_talker_is_grouped_mm(monkeypatch) -> None:
+    from omni_runtime.executor import moe_decode
+    from omni_runtime.models.qwen3_omni_moe.loader import experts_implementation
+
+    assert experts_implementation(None, stage="talker") == "grouped_mm"
+    assert experts_implementation("omni_fused", stage="talker") == "omni_fused"  # the variable wins
+    monkeypatch.setattr(moe_decode, "triton_available", lambda: False)
+    assert experts_implementation(None) == "grouped_mm"
+
+
+def test_omni_fused_also_fuses_the_routers_and_grouped_mm_gives_them_back() -> None:
+    from transformers import Qwen3OmniMoeConfig
+
+    from omni_runtime.models.qwen3_omni_moe.loader import experts_implementation, use_experts
+
+    text = Qwen3OmniMoeConfig().thinker_config.text_config
+    text.num_experts, text.hidden_size, text.moe_intermediate_size, text.num_experts_per_tok = 4, 8, 4, 2
+    model = torch.nn.Sequential(
+        hf.Qwen3OmniMoeThinkerTextSparseMoeBlock(text), hf.Qwen3OmniMoeThinkerTextSparseMoeBlock(text)
+    )
+    assert use_experts(model, experts_implementation("omni_fused")) == 2
+    assert {type(block.gate).__name__ for block in model} == {"FusedQwen3OmniMoeThinkerTextTopKRouter"}
+    assert use_experts(model, experts_implementation("omni_fused")) == 2  # again: no double wrap
+    assert {type(block.gate).__bases__ for block in model} == {(hf.Qwen3OmniMoeThinkerTextTopKRouter,)}
+    assert use_experts(model, experts_implementation("grouped_mm")) == 2
+    assert {type(block.gate) for block in model} == {hf.Qwen3OmniMoeThinkerTextTopKRouter}
+
+
 def test_unknown_experts_implementation_names_the_variable() -> None:
     from omni_runtime.contract.engine import EngineError
     from omni_runtime.models.qwen3_omni_moe.loader import experts_implementation
@@ -166,3 +194,19 @@ def test_unknown_experts_implementation_names_the_variable() -> None:
         experts_implementation("triton")
     assert err.value.param == "OMNI_MOE_EXPERTS"
     assert "grouped_mm" in str(err.value)
+
+
+def test_a_fused_router_on_cpu_tensors_is_transformers_router() -> None:
+    from transformers import Qwen3OmniMoeConfig
+
+    from omni_runtime.executor import moe_decode
+
+    text = Qwen3OmniMoeConfig().thinker_config.text_config
+    text.num_experts, text.hidden_size, text.num_experts_per_tok = 8, 16, 2
+    router = hf.Qwen3OmniMoeThinkerTextTopKRouter(text)
+    torch.nn.init.normal_(router.weight)
+    x = torch.randn(3, 16)
+    want = router(x)
+    moe_decode.fuse_routers(router, True)
+    for got, expected in zip(router(x), want, strict=True):
+        assert torch.equal(got, expected)

@@ -7,10 +7,10 @@ filled from the safetensors shards of the released layout (``thinker.model.*``,
 stores each expert's ``gate_proj``/``up_proj``/``down_proj`` apart while transformers 5.23's MoE
 block holds them fused (``experts.gate_up_proj`` [E, 2I, H], ``experts.down_proj`` [E, H, I]):
 :func:`load_text_model` stacks them, one decoder layer at a time so the peak stays one layer
-above the weights. ``load_format=dummy`` builds the same modules with random weights. The MoE
-blocks run transformers' ``grouped_mm`` experts kernel; ``OMNI_MOE_EXPERTS`` picks another, such
-as the runtime's fused decode kernels (executor.moe_decode, ``omni_fused``). No path has a
-per-expert Python loop.
+above the weights. ``load_format=dummy`` builds the same modules with random weights. The
+thinker's MoE blocks run the runtime's fused decode kernels (executor.moe_decode, ``omni_fused``:
+Triton at decode, transformers' ``grouped_mm`` for prefill), the talker's ``grouped_mm``;
+``OMNI_MOE_EXPERTS`` picks one for both. No path has a per-expert Python loop.
 
 The talker stage loads the talker (``talker.model.*`` MoE layers stacked the same way, its
 text/hidden projections, ``codec_head`` and ``code_predictor``), Code2Wav (``code2wav.*``, in
@@ -148,9 +148,15 @@ def _chunks(items: list[torch.Tensor], size: int) -> list[list[torch.Tensor]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-def experts_implementation(value: str | None) -> str:
-    """The MoE experts kernel from ``OMNI_MOE_EXPERTS``: ``grouped_mm`` unless told otherwise."""
-    choice = (value or "").strip() or "grouped_mm"
+def experts_implementation(value: str | None, *, stage: str = "thinker") -> str:
+    """The MoE experts kernel from ``OMNI_MOE_EXPERTS`` (both stages). Unset: for the thinker the
+    runtime's ``omni_fused`` where Triton is installed (decode rows on CUDA; prefill, larger batches
+    and CPU tensors go to ``grouped_mm`` inside it), else ``grouped_mm``; for the talker
+    ``grouped_mm``. On an H200 ``omni_fused`` made the 30B-A3B thinker's decode step 1.1-1.4x
+    faster, while streaming speech (talker-bound) was no faster with it on the talker
+    (docs/benchmarks.md)."""
+    fused_default = stage == "thinker" and moe_decode.triton_available()
+    choice = (value or "").strip() or (moe_decode.NAME if fused_default else "grouped_mm")
     if choice not in MOE_EXPERTS:
         raise EngineError(
             f"OMNI_MOE_EXPERTS is {choice!r}; use one of {', '.join(MOE_EXPERTS)}", param="OMNI_MOE_EXPERTS"
@@ -166,13 +172,15 @@ def experts_implementation(value: str | None) -> str:
 
 
 def use_experts(model: nn.Module, implementation: str) -> int:
-    """Point every experts module of ``model`` at ``implementation``; how many there are."""
+    """Point every experts module of ``model`` at ``implementation``; how many there are. The
+    runtime's ``omni_fused`` also fuses each router's softmax, top-k and renormalisation."""
     count = 0
     for module in model.modules():
         if hasattr(module, "_is_expert_parallel"):  # transformers' use_experts_implementation classes
             config: Any = module.config
             config._experts_implementation = implementation
             count += 1
+    moe_decode.fuse_routers(model, implementation == moe_decode.NAME)
     return count
 
 
@@ -305,7 +313,7 @@ def _load_speech(loaded: LoadedQwen3, ckpt: Checkpoint | None, *, random: bool) 
         from omni_runtime.models.qwen3_omni_moe.tiny import init_experts
 
         init_experts(talker, generator=torch.Generator().manual_seed(0))
-    use_experts(talker, experts_implementation(os.environ.get("OMNI_MOE_EXPERTS")))
+    use_experts(talker, experts_implementation(os.environ.get("OMNI_MOE_EXPERTS"), stage="talker"))
     loaded.talker = talker
     code2wav = build_module(
         hf.Qwen3OmniMoeCode2Wav, config.code2wav_config, device=device, dtype=torch.float32, random=random

@@ -90,3 +90,63 @@ def test_rows_above_the_limit_take_transformers_grouped_gemm(monkeypatch) -> Non
         block.experts.config._experts_implementation = "eager"
         expected = block.experts(x, index, weights)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_block_keeps_the_fused_call_whole_at_any_row_count() -> None:
+    """The runtime compiles decode layers (dynamic row count); the kernels' grid depends on the
+    rows, so the launch sits behind the ``omni::fused_experts`` operator: one graph, no break, and
+    the compiled block gives the eager block's result at several row counts."""
+    block = experts_module(experts=16, hidden=96, intermediate=40, top_k=4, dtype=torch.float32, seed=3)
+    moe_decode.register()
+    block.experts.config._experts_implementation = moe_decode.NAME
+    torch._dynamo.reset()
+    compiled = torch.compile(block, backend="aot_eager", fullgraph=True, dynamic=True)
+    with torch.no_grad():
+        for rows in (2, 3, 5):
+            x = torch.randn(1, rows, 96, generator=torch.Generator().manual_seed(rows))
+            assert torch.allclose(compiled(x), block(x), atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("rows", "experts", "top_k", "normalize", "dtype"),
+    [
+        (1, 128, 8, True, torch.bfloat16),  # the 30B-A3B thinker's router
+        (4, 128, 6, True, torch.bfloat16),  # its talker's top-6
+        (3, 20, 4, False, torch.float32),  # a width that is no power of two, no renormalisation
+    ],
+)
+def test_fused_router_equals_transformers_router(rows, experts, top_k, normalize, dtype) -> None:
+    text = Qwen3OmniMoeConfig().thinker_config.text_config
+    text.num_experts, text.hidden_size, text.num_experts_per_tok = experts, 64, top_k
+    text.norm_topk_prob = normalize
+    router = hf.Qwen3OmniMoeThinkerTextTopKRouter(text).to(dtype)
+    with torch.no_grad():
+        router.weight.copy_(torch.randn(router.weight.shape, generator=torch.Generator().manual_seed(rows)))
+        x = torch.randn(rows, 64, generator=torch.Generator().manual_seed(11)).to(dtype)
+        logits, weights, index = router(x)
+        assert moe_decode.fuse_routers(router, True) == 1
+        got_logits, got_weights, got_index = router(x)
+        assert moe_decode.fuse_routers(router, False) == 1
+        assert type(router) is hf.Qwen3OmniMoeThinkerTextTopKRouter
+    assert torch.equal(got_logits, logits)
+    assert torch.equal(got_index, index)  # same experts, same order
+    assert got_weights.dtype == weights.dtype
+    assert torch.allclose(
+        got_weights.float(), weights.float(), atol=1e-6, rtol=1e-2 if dtype == torch.bfloat16 else 1e-6
+    )
+
+
+def test_compiled_router_keeps_the_fused_call_whole() -> None:
+    text = Qwen3OmniMoeConfig().thinker_config.text_config
+    text.num_experts, text.hidden_size, text.num_experts_per_tok = 16, 32, 4
+    router = hf.Qwen3OmniMoeThinkerTextTopKRouter(text)
+    with torch.no_grad():
+        router.weight.copy_(torch.randn(router.weight.shape, generator=torch.Generator().manual_seed(1)))
+    moe_decode.fuse_routers(router, True)
+    torch._dynamo.reset()
+    compiled = torch.compile(router, backend="aot_eager", fullgraph=True, dynamic=True)
+    with torch.no_grad():
+        for rows in (2, 5):
+            x = torch.randn(rows, 32, generator=torch.Generator().manual_seed(rows))
+            for got, want in zip(compiled(x), router(x), strict=True):
+                assert torch.equal(got, want)
