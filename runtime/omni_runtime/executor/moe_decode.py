@@ -248,7 +248,8 @@ def router_forward(router: Any, hidden_states: torch.Tensor) -> tuple[torch.Tens
     """A fused forward for transformers' ``*TopKRouter`` modules (linear, softmax, top-k,
     renormalise): the same ``(logits, weights, indices)``, the last three steps one kernel."""
     if not (hidden_states.is_cuda or _interpreting()):  # transformers' own forward
-        return _ORIGINAL.get(type(router), type(router)).forward(router, hidden_states)
+        original: Any = _ORIGINAL.get(type(router), type(router))
+        return original.forward(router, hidden_states)
     hidden_states = hidden_states.reshape(-1, router.hidden_dim)
     logits = torch.nn.functional.linear(hidden_states, router.weight)
     weights, index = route(logits, router.top_k, router.norm_topk_prob)
