@@ -48,7 +48,11 @@ def main() -> int:
     parser.add_argument("--batches", default="1,4")
     parser.add_argument("--out", default=None)
     parser.add_argument("--family", default="qwen2_5_omni", choices=["qwen2_5_omni", "qwen3_omni_moe"])
-    parser.add_argument("--experts", default="omni_fused,grouped_mm", help="qwen3_omni_moe: kernels profiled")
+    parser.add_argument(
+        "--experts",
+        default="omni_fused+qkv,grouped_mm",
+        help="qwen3_omni_moe: kernels profiled (+qkv: fused q/k/v)",
+    )
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     lines: list[str] = []

@@ -77,3 +77,25 @@ def test_fused_replays_from_a_cuda_graph(block) -> None:
         torch.cuda.synchronize()
         eager = block(fresh)
     torch.testing.assert_close(static_out, eager, rtol=0, atol=0)
+
+
+def test_fused_qkv_thinker_equals_transformers_on_cuda() -> None:
+    """models/qwen3_omni_moe/attention.py on the GPU, bf16: one projection for q, k and v gives the
+    separate projections' hidden states (cuBLAS may pick other tiles for the wider GEMM)."""
+    from omni_runtime.models.qwen3_omni_moe.attention import fuse_qkv
+
+    text = Qwen3OmniMoeConfig().thinker_config.text_config
+    text.hidden_size, text.num_hidden_layers, text.num_attention_heads = 2048, 2, 32
+    text.num_key_value_heads, text.head_dim, text.vocab_size = 4, 128, 1024
+    text.num_experts, text.moe_intermediate_size, text.num_experts_per_tok = 8, 256, 2
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = hf.Qwen3OmniMoeThinkerTextModel(text).to(torch.bfloat16).eval()
+        for param in model.parameters():
+            torch.nn.init.normal_(param, std=0.02)
+        ids = torch.randint(0, 1024, (4, 1))
+    with torch.no_grad():
+        want = model(input_ids=ids).last_hidden_state.float()
+        assert fuse_qkv(model) == 2
+        got = model(input_ids=ids).last_hidden_state.float()
+    assert (got - want).abs().max().item() <= 2e-2 * max(want.abs().max().item(), 1.0)

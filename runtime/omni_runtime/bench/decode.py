@@ -182,9 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--experts",
-        default="omni_fused,grouped_mm",
-        help="qwen3_omni_moe: the runtime's experts kernels to time, one runner each; the first "
-        "is the runtime row (default omni_fused,grouped_mm)",
+        default="omni_fused+qkv,omni_fused,grouped_mm",
+        help="qwen3_omni_moe: the runtime's experts kernels to time, one runner each, +qkv for the "
+        "fused q/k/v projection; the first is the runtime row (default omni_fused+qkv, as served, "
+        "then omni_fused and grouped_mm)",
     )
     parser.add_argument("--json", default=None, help="also write the results to this file")
     args = parser.parse_args(argv)

@@ -100,8 +100,15 @@ def build(
 
 
 def set_experts(thinker: Any, kernel: str) -> None:
-    """Switch the experts kernel of every MoE block (transformers reads it at each forward; a
-    captured graph keeps the one it was captured with)."""
+    """Switch the experts kernel of every MoE block, and with a ``+qkv`` suffix (``omni_fused+qkv``,
+    the serving default) the attention's fused q/k/v projection; transformers reads both at each
+    forward, and a captured graph keeps what it was captured with."""
+    from omni_runtime.models.qwen3_omni_moe.attention import fuse_qkv
     from omni_runtime.models.qwen3_omni_moe.loader import experts_implementation, use_experts
 
-    use_experts(thinker.model.language_model, experts_implementation(kernel))
+    name, plus, extra = kernel.partition("+")
+    if plus and extra != "qkv":
+        raise ValueError(f"unknown suffix in {kernel!r}: the one suffix is +qkv")
+    text = thinker.model.language_model
+    use_experts(text, experts_implementation(name))
+    fuse_qkv(text, fused=bool(plus))

@@ -44,6 +44,7 @@ from omni_runtime.models.qwen2_5_omni.loader import (
     thinker_embedding_rows,
 )
 from omni_runtime.models.qwen2_5_omni.placement import Placement, resolve_placement
+from omni_runtime.models.qwen3_omni_moe.attention import fuse_qkv
 from omni_runtime.models.qwen3_omni_moe.config import ensure_talker_fields
 
 log = logging.getLogger(__name__)
@@ -258,6 +259,8 @@ def _load(
             load_text_model(ckpt, text, "thinker.model.", placement.thinker, dtype)
         use_experts(text, experts_implementation(os.environ.get("OMNI_MOE_EXPERTS")))
         shard_text_model(text, text_cfg, rank=tp_rank, world=tp_world, group=None)
+        if placement.thinker.type == "cuda":
+            fuse_qkv(text)  # one GEMM for q, k and v (attention.py); on CPU the launches cost nothing
         loaded.text, loaded.embed = text, text.embed_tokens
         with torch.device(placement.thinker):
             head = nn.Linear(text_cfg.hidden_size, text_cfg.vocab_size, bias=False, dtype=dtype)
