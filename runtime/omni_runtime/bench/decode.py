@@ -187,7 +187,9 @@ def main(argv: list[str] | None = None) -> int:
         "fused q/k/v projection; the first is the runtime row (default omni_fused+qkv, as served, "
         "then omni_fused and grouped_mm)",
     )
-    parser.add_argument("--json", default=None, help="also write the results to this file")
+    parser.add_argument(
+        "--json", default=None, help="also write the results to this file, and a plot beside it (.png)"
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -315,8 +317,14 @@ def main(argv: list[str] | None = None) -> int:
                     f"{'':>5} runtime with experts kernel {kernel}: {ms:.2f} ms/step ({ms / bound_ms:.2f} x bound)"
                 )
     if args.json:
+        from pathlib import Path
+
+        from omni_runtime.bench.report import plot_decode
+
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(results, f, indent=2)
+        plot_decode(Path(args.json).with_suffix(".png"), results)
+        print(f"wrote {args.json} and its plot {Path(args.json).with_suffix('.png')}")
     close = getattr(runner, "close", None)
     if close is not None:  # TP followers
         close()

@@ -139,12 +139,19 @@ def _line(axis: Any, series: list[LevelSummary], field: str, style: str, name: s
 
 
 def _finish(
-    plt: Any, fig: Any, path: Path, title: str, *, left: tuple[str, str], right: tuple[str, str]
+    plt: Any,
+    fig: Any,
+    path: Path,
+    title: str,
+    *,
+    left: tuple[str, str],
+    right: tuple[str, str],
+    xlabel: str = "concurrency (open loop: arrivals/s)",
 ) -> None:
     """Log-2 x axes, grids, legends, each axis's (y label, title); save and close."""
     for axis, (ylabel, name) in zip(fig.axes, (left, right), strict=True):
         axis.set_xscale("log", base=2)
-        axis.set_xlabel("concurrency (open loop: arrivals/s)")
+        axis.set_xlabel(xlabel)
         axis.grid(True, alpha=0.3)
         axis.legend(fontsize=8)
         axis.set_ylabel(ylabel)
@@ -175,4 +182,40 @@ def plot_speech(path: Path, *, rows: Sequence[LevelSummary], title: str) -> None
         title,
         left=("seconds", "time to first audio"),
         right=("underrun seconds per stream", "playback stall (playback starts at first audio)"),
+    )
+
+
+def plot_decode(path: Path, results: dict[str, Any]) -> None:
+    """``bench.decode``'s results: ms per decode step against batch size for each runtime build,
+    HF ``generate`` and the bandwidth bound (left), and each build as a multiple of the bound
+    (right)."""
+    plt = _pyplot()
+    rows = results["rows"]
+    batches = [row["batch"] for row in rows]
+    bound = [row["bandwidth_bound_ms_per_step"] for row in rows]
+    builds: dict[str, list[float]] = {}
+    for row in rows:
+        by_build = row.get("runtime_ms_per_step_by_experts_kernel") or {"runtime": row["runtime_ms_per_step"]}
+        for name, ms in by_build.items():
+            builds.setdefault(name, []).append(ms)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name, ms in builds.items():
+        left.plot(batches, ms, marker="o", label=f"runtime: {name}")
+        right.plot(batches, [m / b for m, b in zip(ms, bound, strict=True)], marker="o", label=name)
+    generate = [
+        (row["batch"], row["generate_ms_per_step"]) for row in rows if row.get("generate_ms_per_step")
+    ]
+    if generate:
+        left.plot(*zip(*generate, strict=True), marker="s", linestyle="--", label="HF generate")
+    left.plot(batches, bound, linestyle=":", color="black", label="bandwidth bound")
+    left.set_yscale("log")
+    right.axhline(1.0, linestyle=":", color="black")
+    _finish(
+        plt,
+        fig,
+        path,
+        f"thinker decode step on {results['gpu']} ({results.get('family', '')}, {results['dtype']})",
+        left=("ms per step", "step time"),
+        right=("x bandwidth bound", "distance from the bound"),
+        xlabel="batch (rows per step)",
     )

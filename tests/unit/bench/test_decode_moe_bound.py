@@ -25,3 +25,30 @@ def test_step_bytes_grow_with_the_experts_routed_to() -> None:
     per_step = moe_bytes(1000, 10, layers=2, experts=128, top_k=8)
     assert per_step(1) == 1000 + 2 * 8 * 10
     assert per_step(1) < per_step(8) < per_step(32) < 1000 + 2 * 128 * 10
+
+
+def test_decode_plot_is_a_png_for_the_committed_h200_results(tmp_path) -> None:
+    """bench.decode writes a plot beside its JSON; the committed H200 results draw (each build,
+    HF generate and the bound), as do results without per-build rows or generate."""
+    import json
+    from pathlib import Path
+
+    from omni_runtime.bench.report import plot_decode
+
+    results = json.loads((Path(__file__).parents[3] / "docs/bench/decode-qwen3-h200.json").read_text())
+    assert set(results["rows"][0]["runtime_ms_per_step_by_experts_kernel"]) == {
+        "omni_fused+qkv",
+        "omni_fused",
+        "grouped_mm",
+    }
+    plot_decode(tmp_path / "decode.png", results)
+    bare = {
+        **results,
+        "rows": [
+            {**row, "runtime_ms_per_step_by_experts_kernel": None, "generate_ms_per_step": None}
+            for row in results["rows"]
+        ],
+    }
+    plot_decode(tmp_path / "bare.png", bare)
+    for name in ("decode.png", "bare.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
