@@ -15,13 +15,15 @@ kernels, each reading only the experts the rows were routed to:
 
 Both accumulate in float32 and are CUDA-graph capturable (the pair count is static per captured
 batch). Prefill and larger batches, where a grouped GEMM reuses each expert's weights across many
-rows, keep transformers' ``grouped_mm`` (``MAX_FUSED_ROWS``). Registered in transformers'
-``ExpertsInterface`` as ``omni_fused``; selected with ``OMNI_MOE_EXPERTS=omni_fused``
-(models.qwen3_omni_moe.loader). It becomes the default on CUDA once the decode bench has measured
-it against ``grouped_mm`` on a GPU (``python -m omni_runtime.bench.moe_kernel`` and
-``bench.decode --family qwen3_omni_moe`` time both). Triton's interpreter (``TRITON_INTERPRET=1``)
-runs the same kernels on CPU tensors, which is how the CPU tests check them against transformers'
-experts; the CPU tests also compile them for sm_90 without a GPU.
+rows, keep transformers' ``grouped_mm`` (``MAX_FUSED_ROWS``). A third kernel fuses the router's
+softmax, top-k and renormalisation (``fuse_routers``). The launches go through ``torch.library``
+custom ops, so ``torch.compile``d layers keep each as one opaque call. Registered in transformers'
+``ExpertsInterface`` as ``omni_fused``: the Qwen3 thinker's default where Triton is installed
+(models.qwen3_omni_moe.loader; ``OMNI_MOE_EXPERTS`` overrides). On an H200 the experts call at one
+row takes 29 µs against grouped_mm's 88 (``python -m omni_runtime.bench.moe_kernel``;
+docs/benchmarks.md). Triton's interpreter (``TRITON_INTERPRET=1``) runs the same kernels on CPU
+tensors, which is how the CPU tests check them against transformers' experts and router; the CPU
+tests also compile them for sm_90 without a GPU.
 """
 
 from __future__ import annotations
