@@ -143,3 +143,18 @@ def hf_weights(checkpoint: Path) -> torch.Tensor:
 
     with safe_open(str(checkpoint / "model.safetensors"), "pt") as f:
         return f.get_tensor("thinker.model.embed_tokens.weight")
+
+
+def test_fused_qkv_engine_gives_the_same_greedy_text(qwen3_checkpoint: Path, qwen3_text: Harness) -> None:
+    """The loader fuses q/k/v on CUDA only; here the same fusion on CPU runs through the engine's
+    slot decoder (prefill and batched decode, media prompts) and must not change a token."""
+    from omni_runtime.models.qwen3_omni_moe.attention import fuse_qkv
+
+    fused = Harness(tiny_options(qwen3_checkpoint, pipeline="text"))
+    try:
+        assert fuse_qkv(fused.engine.adapter.loaded.text) == 2
+        for media in [(), (image(),), (tone(0.4), video(seed=1))]:
+            req = request("What is this?", max_tokens=12, media=media, ignore_eos=False)
+            assert token_ids(fused.collect(req)) == token_ids(qwen3_text.collect(req))
+    finally:
+        fused.close()
