@@ -7,6 +7,7 @@
 # Speech rows are what a listener hears (TTFA p50/p95/p99, stall per stream, RTF, streams in real
 # time, audio s/s): closed loop at SPEECH_LEVELS, open loop at SPEECH_RATES (arrivals/s, Poisson,
 # SPEECH_DURATION s each) when set; speech-vs-hf/ puts them next to the HF rows of the same run.
+# HF_SPEECH_LEVELS sets the HF baseline's speech levels (default SPEECH_LEVELS, else 1,4).
 # MAX_SPEECH_STREAMS is the worker's admission limit (default 0: none, so the bench sees the
 # worker past its capacity; set it to see the 429s instead).
 # AFTER_READY runs a command once the server is ready (SERVER holds its pid).
@@ -92,13 +93,14 @@ fi
 kill $SERVER; sleep 5; kill -9 $SERVER 2>/dev/null
 tail -5 "$OUT/serve.log"
 fi
-if [ "${BASELINE:-1}" = 1 ]; then  # 64 text + 400 codec tokens, as the speech rows above
-  python3 -m omni_runtime.bench.hf_baseline --concurrency "$LEVELS" --max-tokens "$TEXT_TOKENS" --speech \
-    --speech-concurrency "${SPEECH_LEVELS:-1,4}" \
-    --out "$OUT/hf.json" 2>&1 | grep -v Warning | tail -12
+if [ "${BASELINE:-1}" = 1 ]; then  # 64 text + TALKER_TOKENS codec tokens, as the speech rows above
+  HF_TEXT=(); [ "${TEXT:-1}" = 1 ] || HF_TEXT=(--no-text)  # no omni text rows: no HF text rows either
+  python3 -m omni_runtime.bench.hf_baseline --family "$FAMILY" --concurrency "$LEVELS" --max-tokens "$TEXT_TOKENS" \
+    --speech --speech-concurrency "${HF_SPEECH_LEVELS:-${SPEECH_LEVELS:-1,4}}" --talker-tokens "$TALKER_TOKENS" \
+    "${HF_TEXT[@]}" --out "$OUT/hf.json" 2>&1 | grep -v Warning | tail -12
 fi
 SPEECH_FILES=$(ls "$OUT"/speech/bench.json "$OUT"/speech-open/bench.json "$OUT"/hf.json 2>/dev/null)
 if [ -n "$SPEECH_FILES" ]; then  # one table: omni's speech rows and HF's, same run, same GPU
   python3 -m omni_runtime.bench.combine --speech $SPEECH_FILES --out "$OUT/speech-vs-hf" \
-    --title "speech: 64 text + 400 codec tokens per reply" 2>&1 | tee "$OUT/speech-vs-hf.txt"
+    --title "speech: 64 text + $TALKER_TOKENS codec tokens per reply" 2>&1 | tee "$OUT/speech-vs-hf.txt"
 fi

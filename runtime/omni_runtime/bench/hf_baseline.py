@@ -1,15 +1,16 @@
 """Plain HF transformers `generate` on the same GPU: the baseline `omni bench` is compared with.
 
-It builds Qwen2.5-Omni-7B-shaped modules with random weights (the released talker shape; or the
-config of ``--model-path``, weights still random) and times the monolithic ``generate`` with a
-fixed output length, at batch = concurrency (the best a plain ``generate`` server can do: static
-batches, all output at the end).
+It builds the released shapes of ``--family`` with random weights (Qwen2.5-Omni-7B, the default,
+or Qwen3-Omni-30B-A3B; or the config of ``--model-path``, whose ``model_type`` names the family,
+weights still random) and times the monolithic ``generate`` with a fixed output length, at batch =
+concurrency (the best a plain ``generate`` server can do: static batches, all output at the end).
 
-- text: ``Qwen2_5OmniThinkerForConditionalGeneration.generate``, greedy, exactly ``--max-tokens``.
-- ``--speech``: ``Qwen2_5OmniForConditionalGeneration.generate`` with audio out,
-  ``--speech-text-tokens`` text tokens and ``--talker-tokens`` codec tokens per request (each
-  codec token is 2 mel frames = 480 samples at 24 kHz), one call with a batch of N prompts per
-  level; what it takes to run on random weights, and why, is in ``hf_speech``'s docstring.
+- text: the family's ``ThinkerForConditionalGeneration.generate``, greedy, exactly ``--max-tokens``.
+- ``--speech``: the family's ``ForConditionalGeneration.generate`` with audio out,
+  ``--speech-text-tokens`` text tokens and ``--talker-tokens`` codec tokens per request (a
+  Qwen2.5 codec token is 2 mel frames = 480 samples at 24 kHz, a Qwen3 frame 1920 samples), one
+  call with a batch of N prompts per level; what it takes to run on random weights, and why, is
+  in ``hf_speech``'s docstring.
 
 ``levels`` in the output JSON are rows in ``omni bench``'s format, so ``--baseline-json`` shows
 them next to ours (for a ``generate`` call, time to first token and first audio = latency).
@@ -17,6 +18,7 @@ them next to ours (for a ``generate`` call, time to first token and first audio 
 samples per request. ``meta`` names the device.
 
     python -m omni_runtime.bench.hf_baseline --concurrency 1,4,16 --max-tokens 128 --speech --out hf.json
+    python -m omni_runtime.bench.hf_baseline --family qwen3_omni_moe --speech --talker-tokens 125 --out hf.json
 """
 
 from __future__ import annotations
@@ -72,7 +74,36 @@ def prompt_ids(*, batch: int, length: int, config: Any, device: Any) -> Any:
     return torch.where(torch.isin(ids, torch.tensor(markers, device=device)), low, ids)
 
 
-def _config_and_speakers(model_path: Path | None) -> tuple[Any, dict[str, dict[str, Any]]]:
+FAMILIES = ("qwen2_5_omni", "qwen3_omni_moe")
+# The family's transformers classes: (whole model with talker, thinker alone).
+CLASSES = {
+    "qwen2_5_omni": ("Qwen2_5OmniForConditionalGeneration", "Qwen2_5OmniThinkerForConditionalGeneration"),
+    "qwen3_omni_moe": ("Qwen3OmniMoeForConditionalGeneration", "Qwen3OmniMoeThinkerForConditionalGeneration"),
+}
+SHAPES = {"qwen2_5_omni": "Qwen2.5-Omni-7B", "qwen3_omni_moe": "Qwen3-Omni-30B-A3B"}
+
+
+def family_of(model_path: Path | None, family: str | None) -> str:
+    """``--family``, else the ``model_type`` of ``--model-path``'s config.json, else Qwen2.5."""
+    if model_path is not None:
+        found = json.loads((model_path / "config.json").read_text()).get("model_type")
+        if found not in FAMILIES:
+            raise ValueError(f"--model-path: model_type {found!r} is not one of {', '.join(FAMILIES)}")
+        if family is not None and family != found:
+            raise ValueError(f"--family {family} but --model-path holds a {found} config; drop one")
+        return str(found)
+    return family or FAMILIES[0]
+
+
+def _config_and_speakers(model_path: Path | None, family: str) -> tuple[Any, dict[str, dict[str, Any]]]:
+    if family == "qwen3_omni_moe":
+        from omni_runtime.models.qwen3_omni_moe.config import ensure_talker_fields, released_30b_a3b_config
+
+        if model_path is None:
+            return released_30b_a3b_config(), {}
+        from transformers import AutoConfig
+
+        return ensure_talker_fields(AutoConfig.from_pretrained(str(model_path))), {}
     from omni_runtime.models.qwen2_5_omni import loader
 
     if model_path is None:
@@ -98,31 +129,36 @@ def run(
     talker_tokens: int = 400,
     device_name: str = "cuda",
     model_path: Path | None = None,
+    family: str = "qwen2_5_omni",
 ) -> dict[str, Any]:
     """Time the levels; returns ``{"meta": ..., "levels": [rows], "speech": [extras]}``."""
     import torch
-    from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as hf
+    import transformers
 
     from omni_runtime.bench import hf_speech
 
     device = torch.device(device_name)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # bf16 matmuls crawl on CPUs
     torch.manual_seed(0)
-    config, speakers = _config_and_speakers(model_path)
+    config, speakers = _config_and_speakers(model_path, family)
+    whole, thinker_only = (getattr(transformers, name) for name in CLASSES[family])
     with torch.device(device):
         if speech:  # one full model; its thinker serves the text levels too
-            model = hf.Qwen2_5OmniForConditionalGeneration._from_config(config, dtype=dtype).eval()
+            model = whole._from_config(config, dtype=dtype).eval()
             thinker = model.thinker
         else:
-            thinker = hf.Qwen2_5OmniThinkerForConditionalGeneration._from_config(
-                config.thinker_config, dtype=dtype
-            ).eval()
+            thinker = thinker_only._from_config(config.thinker_config, dtype=dtype).eval()
     weight_gb = sum(p.numel() * p.element_size() for p in thinker.model.parameters()) / 1e9
     print(f"thinker LM weights {weight_gb:.1f} GB {dtype} on {device}", file=sys.stderr)
     rows: list[dict[str, Any]] = []
     extras: list[dict[str, Any]] = []
+
+    def prompt(batch: int) -> Any:
+        ids = prompt_ids(batch=batch, length=prompt_len, config=config, device=device)
+        return hf_speech.chat_prompt(ids, config) if family == hf_speech.QWEN3 else ids
+
     for c in levels if text else []:
-        ids = prompt_ids(batch=c, length=prompt_len, config=config, device=device)
+        ids = prompt(c)
 
         def gen(ids: Any = ids) -> None:
             thinker.generate(
@@ -149,7 +185,7 @@ def run(
     if speech:
         guard = hf_speech.prepare(model, speakers=speakers)
         for c in speech_levels or levels:
-            ids = prompt_ids(batch=c, length=prompt_len, config=config, device=device)
+            ids = prompt(c)
             result = hf_speech.time_speech(
                 model, guard, ids, text_tokens=speech_text_tokens, talker_tokens=talker_tokens
             )
@@ -172,7 +208,8 @@ def run(
     meta = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "dtype": str(dtype),
-        "model": str(model_path) if model_path else "Qwen2.5-Omni-7B shapes, random weights",
+        "model": str(model_path) if model_path else f"{SHAPES[family]} shapes, random weights",
+        "family": family,
         "torch": torch.__version__,
         "transformers": __import__("transformers").__version__,
     }
@@ -211,10 +248,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--device", default="cuda", help="cuda (default), cuda:N or cpu")
     parser.add_argument(
+        "--family",
+        choices=FAMILIES,
+        help="the model family (default: --model-path's model_type, else qwen2_5_omni)",
+    )
+    parser.add_argument(
         "--model-path",
         type=Path,
         help="checkpoint directory whose config.json (and spk_dict.pt) to use; weights stay random. "
-        "Default: the released Qwen2.5-Omni-7B shapes",
+        "Default: the family's released shapes",
     )
     parser.add_argument("--out", required=True, type=Path)
     return parser
@@ -224,6 +266,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.model_path is not None and not (args.model_path / "config.json").is_file():
         print(f"--model-path: no config.json in {args.model_path}", file=sys.stderr)
+        return 2
+    try:
+        family = family_of(args.model_path, args.family)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
         return 2
     result = run(
         levels=args.concurrency,
@@ -236,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         talker_tokens=args.talker_tokens,
         device_name=args.device,
         model_path=args.model_path,
+        family=family,
     )
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     return 0

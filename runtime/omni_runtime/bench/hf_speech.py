@@ -1,8 +1,12 @@
-"""The speech half of the plain-HF baseline: `Qwen2_5OmniForConditionalGeneration.generate` with audio.
+"""The speech half of the plain-HF baseline: the family's ``ForConditionalGeneration.generate`` with audio.
 
-transformers' monolithic ``generate`` runs thinker -> talker -> token2wav in one call and returns
-all audio at the end. On random ("dummy") weights it needs three things a trained checkpoint
-never exercises; each is done the way the runtime does it, so both sides do the same work:
+transformers' monolithic ``generate`` runs thinker -> talker -> vocoder in one call and returns
+all audio at the end, for both families: ``Qwen2_5OmniForConditionalGeneration`` (talker ->
+token2wav's DiT + BigVGAN) and ``Qwen3OmniMoeForConditionalGeneration`` (MoE talker + code
+predictor -> Code2Wav, decoded in 300-frame chunks).
+
+**Qwen2.5-Omni.** On random ("dummy") weights it needs three things a trained checkpoint never
+exercises; each is done the way the runtime does it, so both sides do the same work:
 
 - **Codes the DiT's table lacks.** The talker samples from its whole codec vocabulary (8448 ids
   in the released 7B), but token2wav's ``DiTCodecEmbedding`` has only ``num_embeds + 1`` rows
@@ -21,6 +25,12 @@ never exercises; each is done the way the runtime does it, so both sides do the 
   the thinker's embedding table (it is the speaker's text-side start token). With no
   ``spk_dict.pt`` the runtime's loader makes ``tts_text_start_token_id`` entries with random
   ``cond``/``ref_mel``; this module uses that same loader function, so the speaker inputs match.
+
+**Qwen3-Omni-MoE** needs two: the prompt in the chat layout its ``generate`` reads (it finds the
+user turn and the assistant's start by ``<|im_start|>`` + role id and feeds the talker from them:
+:func:`chat_prompt`), and a seeded init of the talker's experts, which transformers 5.23 leaves as
+``torch.empty`` left them (the runtime's dummy loader does the same, ``tiny.init_experts``). Its
+talker already suppresses every id above the codebook but its end code, so no code guard.
 
 Fixed output length, like ``omni bench`` (``ignore_eos``): ``thinker_min_new_tokens`` =
 ``thinker_max_new_tokens`` and ``talker_min_new_tokens`` = ``talker_max_new_tokens`` (the min
@@ -42,7 +52,8 @@ from typing import Any
 
 from omni_runtime.bench.playback import Chunk, summarize_speech
 
-SAMPLE_RATE = 24000  # Qwen2.5-Omni's BigVGAN output rate
+SAMPLE_RATE = 24000  # Qwen2.5-Omni's BigVGAN and Qwen3-Omni's Code2Wav output rate
+QWEN3 = "qwen3_omni_moe"
 
 
 @dataclass
@@ -65,17 +76,53 @@ class CodeGuard:
         return args, {**kwargs, "code": code}
 
 
-def prepare(model: Any, *, speakers: dict[str, dict[str, Any]]) -> CodeGuard:
-    """Install the runtime's speaker entries and the code guard on a built speech model."""
+def prepare(model: Any, *, speakers: dict[str, dict[str, Any]]) -> CodeGuard | None:
+    """Install the runtime's speaker entries and the code guard on a built speech model (Qwen2.5);
+    seed the talker's experts (Qwen3, which needs no guard)."""
+    if model.config.model_type == QWEN3:
+        import torch
+
+        from omni_runtime.models.qwen3_omni_moe.tiny import init_experts
+
+        init_experts(model.talker, generator=torch.Generator().manual_seed(0))
+        return None
     model.speaker_map = dict(speakers)
     guard = CodeGuard(num_embeds=int(model.config.token2wav_config.dit_config.num_embeds))
     model.token2wav.register_forward_pre_hook(guard, with_kwargs=True)
     return guard
 
 
+def chat_prompt(ids: Any, config: Any) -> Any:
+    """Qwen3: random ordinary ids laid out as one user turn and the assistant's start, in place.
+
+    ``<|im_start|>user x ... x<|im_end|> x<|im_start|>assistant x`` where each ``x`` stays an
+    ordinary id (the newlines of the real template are ordinary tokens too); needs 8 columns.
+    """
+    if ids.shape[1] < 8:
+        raise ValueError(f"a Qwen3 chat prompt needs at least 8 tokens, got {ids.shape[1]}")
+    ids[:, 0] = int(config.im_start_token_id)
+    ids[:, 1] = int(config.user_token_id)
+    ids[:, -5] = int(config.im_end_token_id)
+    ids[:, -3] = int(config.im_start_token_id)
+    ids[:, -2] = int(config.assistant_token_id)
+    return ids
+
+
 def generate_kwargs(config: Any, *, text_tokens: int, talker_tokens: int) -> dict[str, Any]:
     """The keyword arguments of every timed ``generate`` call (see the module docstring)."""
     talker = config.talker_config
+    if config.model_type == QWEN3:
+        return {
+            "speaker": "Ethan",
+            "return_audio": True,
+            "thinker_max_new_tokens": text_tokens,
+            "thinker_min_new_tokens": text_tokens,
+            "thinker_do_sample": False,
+            # The talker's last drawn code gets no frame: one more step makes talker_tokens frames,
+            # what the runtime's talker max_tokens makes.
+            "talker_max_new_tokens": talker_tokens + 1,
+            "talker_min_new_tokens": talker_tokens + 1,
+        }
     return {
         "speaker": "Chelsie",
         "thinker_max_new_tokens": text_tokens,
@@ -127,7 +174,7 @@ class SpeechRun:
 
 def time_speech(
     model: Any,
-    guard: CodeGuard,
+    guard: CodeGuard | None,
     ids: Any,
     *,
     text_tokens: int,
@@ -142,7 +189,7 @@ def time_speech(
         short = generate_kwargs(model.config, text_tokens=2, talker_tokens=4)
         model.generate(input_ids=ids, attention_mask=mask, **short)
     kwargs = generate_kwargs(model.config, text_tokens=text_tokens, talker_tokens=talker_tokens)
-    before = guard.replaced
+    before = guard.replaced if guard else 0
     synchronize(ids.device)
     start = time.perf_counter()
     _, audio = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
@@ -153,5 +200,5 @@ def time_speech(
         concurrency=int(ids.shape[0]),
         latency_s=latency,
         samples=[int(w.numel()) for w in waves],
-        codes_replaced=guard.replaced - before,
+        codes_replaced=guard.replaced - before if guard else 0,
     )

@@ -101,3 +101,63 @@ def test_prompt_ids_stay_below_the_specials_and_avoid_marker_ids() -> None:
     assert ids.shape == (4, 500)
     # vocab 64: ids from 48 // 4 = 12 up to the top quarter (48..63, where specials live), markers out
     assert set(ids.unique().tolist()) == set(range(12, 48)) - {20, 21, 30}
+
+
+def test_qwen3_speech_baseline_runs_its_chat_prompt_through_generate(tmp_path: Path) -> None:
+    """Qwen3-Omni-MoE's generate, batched: the user turn and assistant start it looks for, the
+    talker's frames (one per talker token) through Code2Wav at 24 kHz, the family in the meta."""
+    from omni_runtime.bench.hf_baseline import main
+    from omni_runtime.models.qwen3_omni_moe.tiny import ensure_tiny_checkpoint
+
+    frames, samples_per_frame = 10, 1920  # Code2Wav's upsampling: 12.5 frames a second at 24 kHz
+    out = tmp_path / "hf.json"
+    rc = main(
+        [
+            "--model-path", str(ensure_tiny_checkpoint(progress=False)),
+            "--device", "cpu",
+            "--concurrency", "1,2",
+            "--speech",
+            "--prompt-len", "12",
+            "--max-tokens", "4",
+            "--speech-text-tokens", "5",
+            "--talker-tokens", str(frames),
+            "--out", str(out),
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    result = json.loads(out.read_text())
+    assert result["meta"]["family"] == "qwen3_omni_moe"
+    assert [r["label"] for r in result["levels"]] == ["hf-generate"] * 2 + ["hf-generate-speech"] * 2
+    one, two = result["speech"]
+    assert (one["concurrency"], two["concurrency"]) == (1, 2)
+    (alone,) = one["samples_per_request"]
+    assert two["samples_per_request"] == [alone, alone]
+    # Code2Wav's causal transposed convolutions drop a few trailing samples of the last frame.
+    assert (frames - 1) * samples_per_frame < alone <= frames * samples_per_frame
+    assert one["codes_replaced"] == two["codes_replaced"] == 0
+
+
+def test_qwen3_chat_prompt_places_the_turn_markers() -> None:
+    import torch
+
+    from omni_runtime.bench.hf_speech import chat_prompt
+    from omni_runtime.models.qwen3_omni_moe.config import released_30b_a3b_config
+
+    config = released_30b_a3b_config()
+    ids = chat_prompt(torch.full((2, 9), 7), config)
+    start, end, user, assistant = 151644, 151645, 872, 77091
+    assert ids.tolist() == [[start, user, 7, 7, end, 7, start, assistant, 7]] * 2
+    with pytest.raises(ValueError, match="at least 8 tokens"):
+        chat_prompt(torch.full((1, 7), 7), config)
+
+
+def test_family_must_match_the_model_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from omni_runtime.bench.hf_baseline import main
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2_5_omni"}))
+    args = ["--model-path", str(tmp_path), "--out", str(tmp_path / "x.json")]
+    assert main([*args, "--family", "qwen3_omni_moe"]) == 2
+    assert "--family qwen3_omni_moe but --model-path holds a qwen2_5_omni config" in capsys.readouterr().err
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    assert main(args) == 2
+    assert "model_type 'llama' is not one of qwen2_5_omni, qwen3_omni_moe" in capsys.readouterr().err
