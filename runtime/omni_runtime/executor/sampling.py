@@ -147,6 +147,36 @@ class BatchSampler:
             self._seen[slots, tokens] |= advance.bool()
         return tokens
 
+    @torch.inference_mode()
+    def sample_dense(self, logits: torch.Tensor, *, ready: torch.Tensor) -> torch.Tensor:
+        """``sample`` for rows ``0..n-1`` with no host reads: one fixed path a CUDA graph can hold.
+
+        Every pass runs for every row, whatever its settings (a captured graph must not branch on
+        them): suppression and the repetition penalty when their tables exist, then greedy and the
+        filtered, hash-seeded draw, picked per row by its temperature. A row's token is the one
+        ``sample`` draws for the same seed and step wherever its settings filter (top-k, top-p or
+        min-p set, as the code predictor's always are); with none set, the top-p pass still drops
+        tokens whose preceding probability mass rounds above 1.0 (float32 cumsum; a vanishing
+        tail). ``ready`` (bool [n]) marks the rows whose step counter and history advance.
+        """
+        n = logits.shape[0]
+        logits = logits[:, : self.vocab_size].float()
+        if self._suppress is not None:
+            logits = logits.masked_fill(self._suppress[:n], float("-inf"))
+        if self._seen is not None:
+            pen = self.penalty[:n][:, None]
+            logits = torch.where(self._seen[:n], torch.where(logits > 0, logits / pen, logits * pen), logits)
+        greedy = torch.argmax(logits, dim=-1)
+        temp = self.temperature[:n][:, None]
+        scaled = self._filter(logits / torch.where(temp > 0, temp, torch.ones_like(temp)), slice(0, n))
+        u = hash_uniform(self.seed[:n], self.step[:n], scaled.shape[-1])
+        sampled = torch.argmax(scaled - torch.log(-torch.log(u)), dim=-1)
+        tokens = torch.where(temp[:, 0] > 0, sampled, greedy)
+        self.step[:n] += ready.long()
+        if self._seen is not None:
+            self._seen[torch.arange(n, device=self.device), tokens] |= ready
+        return tokens
+
     def _filter(self, scaled: torch.Tensor, index: slice | torch.Tensor) -> torch.Tensor:
         """Mask tokens outside min-p, top-k and top-p (nucleus) per row; at least one survives."""
         probs = torch.softmax(scaled, dim=-1)

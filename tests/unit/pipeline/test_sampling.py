@@ -124,3 +124,26 @@ def test_sampling_rows_by_slot_index() -> None:
     logits = torch.tensor([[0.0, 5.0, 1.0]])
     assert sampler.sample(logits, rows=[1]).tolist() == [2]
     assert sampler.sample(logits, rows=[0]).tolist() == [1]
+
+
+def test_the_dense_path_draws_what_sample_draws_and_advances_ready_rows_only() -> None:
+    """``sample_dense`` (the host-free path a CUDA graph holds) against ``sample``, row for row:
+    greedy and filtered seeded rows, a suppressed id, a penalised history; held rows keep their
+    step counters and draw the same numbers when they resume."""
+    rows = [
+        RowSampling(temperature=0.0, top_k=50, top_p=0.8),
+        RowSampling(temperature=1.0, top_k=50, top_p=0.8, seed=3),
+        RowSampling(temperature=0.7, top_k=5, seed=11, repetition_penalty=1.3, suppress_tokens=(2,)),
+        RowSampling(temperature=1.3, min_p=0.05, seed=29),
+    ]
+    history = [[], [], [4, 7], []]
+    reference, dense = _sampler(rows, 64, history), _sampler(rows, 64, history)
+    generator = torch.Generator().manual_seed(0)
+    for step in range(12):
+        logits = torch.randn(4, 64, generator=generator) * 3
+        ready = torch.tensor([True, step % 2 == 0, True, step % 3 != 0])
+        expected = reference.sample(logits, ready=ready)
+        assert dense.sample_dense(logits, ready=ready).tolist() == expected.tolist(), step
+        assert dense.step.tolist() == reference.step.tolist()
+    assert dense.step[:4].tolist() == [12, 6, 12, 8]
+    assert torch.equal(dense._seen_table(), reference._seen_table())

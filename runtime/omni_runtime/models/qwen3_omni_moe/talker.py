@@ -18,14 +18,19 @@ talker's KV cache in runtime slots (executor/slot_cache.py, as for the thinker):
 - the frame of a first code is completed in the same call that draws it (generate completes it
   at the next step), so a frame leaves a step earlier; the arithmetic is the same.
 
-The code predictor runs on the runtime's slot decoder too (``PredictorDecoder``): its 16 positions
-per frame ([talker hidden, first code], then one per further codebook) are 16 single-token steps
-over a 16-long slot cache, each a captured CUDA graph on a GPU, so a frame costs ``num_code_groups``
-graph replays plus the per-codebook heads and sampling instead of 15 eager transformers calls.
+The code predictor runs on the runtime's slot decoder too: its 16 positions per frame ([talker
+hidden, first code], then one per further codebook) are 16 single-token steps over a 16-long slot
+cache. On a GPU the whole frame (those 16 steps, the 15 per-codebook heads, the draws and the
+codec embeddings) is **one CUDA graph per batch bucket** (``_frame``): one replay per frame, not
+16 replays and some 150 eager launches between them, which had made a frame cost about 26 ms at
+one stream, most of it launch overhead. The draws use the sampler's host-free path
+(``BatchSampler.sample_dense``), so the graph needs no host round trip until the frame's codes
+are read.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -43,6 +48,8 @@ from omni_runtime.models.qwen3_omni_moe.talker_prompt import (
     talker_prompt_ids,
     user_positions,
 )
+
+log = logging.getLogger(__name__)
 
 SUPPRESSED_TOP = 1024  # generate never lets the talker draw its top 1024 ids (special codec ids) but EOS
 PREDICTOR_TOP_K, PREDICTOR_TOP_P = 50, 0.8  # generate's code-predictor sampling
@@ -144,6 +151,16 @@ class Qwen3TalkerRunner:
             cuda_graphs=cuda_graphs,
         )
         self.frame_embed = torch.zeros(slots, hidden, dtype=dtype, device=device)  # next step's codec part
+        # The frame graph's fixed buffers: inputs (first code, talker hidden, rows whose draws count)
+        # and outputs (the frame's codes, their summed embeddings).
+        self.frame_first = torch.zeros(slots, dtype=torch.int64, device=device)
+        self.frame_hidden = torch.zeros(slots, phidden, dtype=dtype, device=device)
+        self.frame_ready = torch.zeros(slots, dtype=torch.bool, device=device)
+        self.frame_codes = torch.zeros(slots, self.groups, dtype=torch.int64, device=device)
+        self.frame_summed = torch.zeros(slots, hidden, dtype=dtype, device=device)
+        self.frame_graphs = cuda_graphs and device.type == "cuda"
+        self._frame_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._frame_pool: Any = None
 
     def text_vector(self, kind: str) -> Projected:
         return Projected(self.tts_eos if kind == "eos" else self.tts_pad)
@@ -293,36 +310,85 @@ class Qwen3TalkerRunner:
     ) -> tuple[list[tuple[int, ...]], torch.Tensor]:
         """The code predictor over rows ``slots``: their frames and summed codec embeddings [n, H].
 
-        Rows 0..max(slots) step together (the predictor keeps nothing between frames, so the other
-        rows' work is discarded); position 0 is the talker's hidden state, position 1 the first
-        code's embedding, position k+1 codebook k's embedding, and the hidden state after position
-        k+1 draws codebook k+1 through ``lm_head[k]``, as transformers' predictor does.
+        Rows 0..max(slots) (up to the batch bucket) step together: the predictor keeps nothing
+        between frames, so the other rows' work is discarded and their draws do not count.
         """
-        predictor, decoder = self.talker.code_predictor, self.predictor
         index = torch.tensor(slots, dtype=torch.int64, device=self.device)
         n = max(slots) + 1
+        batch = next(b for b in self.predictor.batch_buckets if b >= n) if self.frame_graphs else n
+        self.frame_ready[:batch] = False
+        self.frame_ready[index] = True
+        self.frame_first[index] = first
+        self.frame_hidden[index] = past_hidden.to(self.dtype)
+        graph = self._frame_graph(batch) if self.frame_graphs else None
+        if graph is not None:
+            graph.replay()
+        else:
+            self._frame(batch)
+        frames = [tuple(int(c) for c in frame) for frame in self.frame_codes[index].tolist()]
+        return frames, self.frame_summed[index]
+
+    def _frame(self, batch: int) -> None:
+        """One frame for rows ``0..batch-1``, fixed buffers in and out (the frame graph's body).
+
+        Position 0 is the talker's hidden state, position 1 the first code's embedding, position
+        k+1 codebook k's embedding, and the hidden state after position k+1 draws codebook k+1
+        through ``lm_head[k]``, as transformers' predictor does.
+        """
+        predictor, decoder = self.talker.code_predictor, self.predictor
+        view = decoder.len_buckets[0]  # the predictor's cache is one frame long: one length bucket
+        ready = self.frame_ready[:batch]
+        first = self.frame_first[:batch]
         first_embed = self.talker.get_input_embeddings()(first)
         embeds, codes = [first_embed], [first]
-        step_inputs = (past_hidden.to(self.dtype), first_embed)
-        out = None
-        for position, value in enumerate(step_inputs):
-            decoder.lengths[:n] = position
-            decoder.extra[index] = value
-            out = decoder.decode(n, max_length=position + 1)
+        for position, value in enumerate((self.frame_hidden[:batch], first_embed)):
+            decoder.lengths[:batch] = position
+            decoder.extra[:batch] = value
+            decoder._step(batch, view)
         for k in range(1, self.groups):
-            assert out is not None
-            logits = predictor.lm_head[k - 1](out.hidden[index])
-            code = self.predictor_sampler.sample(logits.float(), rows=slots)
+            logits = predictor.lm_head[k - 1](decoder.out_hidden[:batch])
+            code = self.predictor_sampler.sample_dense(logits.float(), ready=ready)
             embed = predictor.model.codec_embedding[k - 1](code)
             codes.append(code)
             embeds.append(embed)
             if k < self.groups - 1:
-                decoder.lengths[:n] = k + 1
-                decoder.extra[index] = embed
-                out = decoder.decode(n, max_length=k + 2)
-        summed = torch.stack(embeds, dim=1).sum(1)
-        frames = [tuple(int(c) for c in frame) for frame in torch.stack(codes, dim=1).tolist()]
-        return frames, summed
+                decoder.lengths[:batch] = k + 1
+                decoder.extra[:batch] = embed
+                decoder._step(batch, view)
+        self.frame_codes[:batch] = torch.stack(codes, dim=1)
+        self.frame_summed[:batch] = torch.stack(embeds, dim=1).sum(1)
+
+    def _frame_graph(self, batch: int) -> torch.cuda.CUDAGraph | None:
+        graph = self._frame_graphs.get(batch)
+        if graph is not None:
+            return graph
+        try:
+            graph = self._capture_frame(batch)
+        except RuntimeError as exc:  # a capture problem costs speed, never a request
+            log.warning("code predictor frame graph capture failed (%s); running frames eagerly", exc)
+            self.frame_graphs = False
+            return None
+        self._frame_graphs[batch] = graph
+        return graph
+
+    def _capture_frame(self, batch: int) -> torch.cuda.CUDAGraph:
+        """Capture ``_frame(batch)``; no row's draw counts while warming up and capturing."""
+        saved = self.frame_ready.clone()
+        self.frame_ready.zero_()
+        current = torch.cuda.current_stream(self.device)
+        stream = torch.cuda.Stream(device=self.device, priority=current.priority)
+        stream.wait_stream(current)
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # kernels and workspaces warmed outside the capture
+                self._frame(batch)
+        current.wait_stream(stream)
+        if self._frame_pool is None:
+            self._frame_pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._frame_pool, stream=stream, capture_error_mode="thread_local"):
+            self._frame(batch)
+        self.frame_ready.copy_(saved)
+        return graph
 
     @torch.inference_mode()  # the samplers' tables are inference tensors
     def move(self, src: int, dst: int, length: int) -> None:
@@ -333,4 +399,7 @@ class Qwen3TalkerRunner:
 
     def warmup(self) -> None:
         self.decoder.capture_all(max_view=4096)
-        self.predictor.capture_all()
+        with torch.inference_mode():
+            for batch in self.predictor.batch_buckets if self.frame_graphs else ():
+                if self._frame_graph(batch) is None:
+                    break

@@ -1,0 +1,92 @@
+"""Qwen3-Omni's talker on CUDA: the code predictor's frame as one CUDA graph equals the eager frame.
+
+The tiny Qwen3 checkpoint in float32, streaming speech. The same seeded (and greedy) requests run
+with the frame graphs and then with ``frame_graphs`` off (the same body, eagerly); frames and
+audio must match, alone and with three rows sharing talker steps (a bucket above the rows, rows
+whose draws do not count). Skipped without a CUDA GPU: ``pytest tests/gpu -q`` on the device.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+from omni_runtime.contract.engine import AudioChunk, ChatTurn, GenerationRequest, SamplingParams  # noqa: E402
+from omni_runtime.contract.options import EngineOptions  # noqa: E402
+from omni_runtime.pipeline import build_engine  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from omni_runtime.models.qwen3_omni_moe.tiny import ensure_tiny_checkpoint
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    built = build_engine(
+        EngineOptions(
+            model_path=str(ensure_tiny_checkpoint(progress=False)),
+            device="cuda",
+            dtype="float32",
+            pipeline="streaming-speech",
+            max_batch_size=8,
+            max_model_len=1024,
+        )
+    )
+
+    def run(coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, loop).result(600)
+
+    run(built.start())
+    built.run = run  # type: ignore[attr-defined]
+    yield built
+    run(built.stop())
+    loop.call_soon_threadsafe(loop.stop)
+
+
+def _speech(prompt: str, *, temperature: float) -> GenerationRequest:
+    return GenerationRequest(
+        request_id=f"q3-gpu-{time.monotonic_ns()}",
+        turns=(ChatTurn(role="user", text=prompt),),
+        sampling=SamplingParams(max_tokens=12, temperature=temperature, seed=5, ignore_eos=True),
+        want_audio=True,
+        stage_params={"talker": {"max_tokens": 40}},
+    )
+
+
+def _audio(engine: Any, prompts: list[str], temperature: float) -> list[np.ndarray]:
+    async def one(prompt: str) -> np.ndarray:
+        events = [e async for e in engine.generate(_speech(prompt, temperature=temperature))]
+        return np.concatenate([e.pcm for e in events if isinstance(e, AudioChunk)])
+
+    async def together() -> list[np.ndarray]:
+        return list(await asyncio.gather(*(one(p) for p in prompts)))
+
+    return engine.run(together())
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_frame_graph_equals_the_eager_frame(engine: Any, temperature: float) -> None:
+    runner = engine.stages.local.talker.runner
+    assert runner.frame_graphs and runner._frame_graphs  # captured at warm-up
+    prompts = ["Tell me a short story.", "Hello, how are you today?", "What is the weather like?"]
+    graphed = [_audio(engine, [p], temperature)[0] for p in prompts] + _audio(engine, prompts, temperature)
+    runner.frame_graphs = False
+    try:
+        eager = [_audio(engine, [p], temperature)[0] for p in prompts] + _audio(engine, prompts, temperature)
+    finally:
+        runner.frame_graphs = True
+    for mine, reference in zip(graphed, eager, strict=True):
+        assert mine.shape == reference.shape and mine.size > 0
+        assert np.abs(mine - reference).max() <= 1e-4 * np.abs(reference).max()
