@@ -52,12 +52,14 @@ from omni_runtime.models.qwen3_omni_moe.loader import LoadedQwen3
 from omni_runtime.models.qwen3_omni_moe.runners import DEEPSTACK, Qwen3ThinkerRunner
 from omni_runtime.models.qwen3_omni_moe.talker import Qwen3TalkerRunner
 
-# Code2Wav windows in frames (80 ms each): the first audio after 4 + 1 frames, then 1.2 s windows,
+# Code2Wav windows in frames (80 ms each): the first audio after 3 + 1 frames, then 1.2 s windows,
 # each with 25 frames of left context (as chunked_decode) and the one frame after it that the
-# transposed convolutions' last samples need.
+# transposed convolutions' last samples need. A first window of 3 frames, not 4, gave first audio
+# about 65 ms sooner on an H200 (docs/benchmarks.md) once a frame took one graph replay; the ramp
+# keeps each window's making shorter than the audio before it plays.
 CODEC_WINDOWS: dict[str, Any] = {
-    "first_chunk": 4,
-    "ramp": (6, 9, 12),  # 0.32 s, then 0.48, 0.72, 0.96 s of audio before the steady 1.2 s windows
+    "first_chunk": 3,
+    "ramp": (6, 9, 12),  # 0.24 s, then 0.48, 0.72, 0.96 s of audio before the steady 1.2 s windows
     "chunk": 15,
     "left_context": 25,
     "right_context": 1,
