@@ -12,6 +12,7 @@ import soundfile as sf
 from api_media import data_uri, mp4_bytes
 
 from conftest import SHORT_SPEECH, Worker
+from omni_runtime.models.qwen3_omni_moe.adapter import CODEC_WINDOWS
 
 HELLO = [{"role": "user", "content": "Hello"}]
 
@@ -128,9 +129,9 @@ def test_qwen3_speech_is_code2wav_audio_streamed_or_whole(qwen3_worker: Worker) 
     assert frames > 0 and (frames + 555) % 1920 == 0
     stream = client.chat.completions.create(**speech, stream=True)  # type: ignore[call-overload]
     chunks = [c.choices[0].delta.audio for c in stream if c.choices and c.choices[0].delta.audio]
-    assert len(chunks) >= 2  # the first window (4 frames) leaves before the talker ends
+    assert len(chunks) >= 2  # the first window leaves before the talker ends
     streamed = [sf.info(io.BytesIO(base64.b64decode(c.data))).frames for c in chunks]
-    assert streamed[0] == 4 * 1920
+    assert streamed[0] == CODEC_WINDOWS["first_chunk"] * 1920
     assert sum(streamed) == frames
 
 

@@ -4,6 +4,7 @@ CUDA stream each stage thread runs on (both families)."""
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,27 @@ def resolve_placement(options: EngineOptions, *, tp_rank: int = 0, vision_rank: 
     return Placement(dtype, thinker, thinker, vision, talker, cuda_graphs=True)
 
 
+STREAM_PRIORITIES = {"talker": -2, "vocoder": -1}  # lower is served first; unnamed stages 0
+
+
+def stream_priorities(text: str | None = None) -> dict[str, int]:
+    """Each stage's CUDA stream priority: ``STREAM_PRIORITIES``, or ``OMNI_STREAM_PRIORITIES``
+    (``thinker=-2,talker=-1``: the named stages' values, the others 0) to measure another order."""
+    text = os.environ.get("OMNI_STREAM_PRIORITIES", "") if text is None else text
+    if not text.strip():
+        return dict(STREAM_PRIORITIES)
+    out: dict[str, int] = {}
+    for part in text.split(","):
+        stage, _, value = part.partition("=")
+        try:
+            out[stage.strip()] = int(value)
+        except ValueError:
+            raise ValueError(
+                f"OMNI_STREAM_PRIORITIES: expected stage=integer pairs like thinker=-2,talker=-1, got {part!r}"
+            ) from None
+    return out
+
+
 def stage_stream_initializer(placement: Placement, stage: str) -> Any:
     """A CUDA stream per stage thread, so stages on one GPU overlap instead of queueing (both
     families' ``thread_initializer``).
@@ -140,7 +162,7 @@ def stage_stream_initializer(placement: Placement, stage: str) -> Any:
     # first whenever an SM frees up; nothing is preempted). The talker goes first of all:
     # its step paces every stream (50 steps a second is real time), while the vocoder's
     # batched windows are throughput work with slack.
-    priority = {"talker": -2, "vocoder": -1}.get(stage, 0)
+    priority = stream_priorities().get(stage, 0)
 
     def init() -> None:
         torch.cuda.set_device(device)
