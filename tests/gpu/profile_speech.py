@@ -9,13 +9,18 @@ size and batch.
 
     python tests/gpu/profile_speech.py /tmp/qwen2.5-omni-7b-dummy
     python tests/gpu/profile_speech.py /tmp/qwen3-omni-30b-a3b-dummy --talker-tokens 125 --first-chunk 2,3
+    python tests/gpu/profile_speech.py /tmp/qwen3-omni-30b-a3b-dummy --talker-tokens 125 --concurrency 32
+
+``--concurrency`` runs closed-loop levels in-process and reports each mark's p50/p95: where the
+time to first audio goes under load (preprocessing, the thinker's first token, the talker's first
+frame, the first vocoder window).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
+import contextvars
 import time
 from typing import Any
 
@@ -33,7 +38,98 @@ from omni_runtime.contract.options import EngineOptions
 from omni_runtime.pipeline import build_engine
 
 
-async def one(engine: Any, rid: str, talker_tokens: int, *, quiet: bool = False) -> dict[str, float]:
+class Marks:
+    """Per-request timestamps (seconds after the request started) from hooks on the engine's
+    stages, installed once so concurrent requests are told apart: by request id where the stage
+    sees one, else by the request's task context (the vocoder call runs in it)."""
+
+    current: contextvars.ContextVar[dict[str, float]] = contextvars.ContextVar("marks")
+
+    def __init__(self, engine: Any) -> None:
+        self.by_id: dict[str, dict[str, float]] = {}
+        self.start: dict[str, float] = {}
+        stages = engine.stages
+        talker = stages.talker
+        preprocess, submit, accept, synthesize = (
+            stages.preprocess,
+            talker.submit,
+            talker._accept,
+            stages.synthesize,
+        )
+
+        def mark(rid: str, name: str) -> None:
+            if rid in self.by_id:
+                self.by_id[rid].setdefault(name, time.perf_counter() - self.start[rid])
+
+        async def timed_preprocess(request: Any) -> Any:
+            out = await preprocess(request)
+            mark(request.request_id, "preprocessed")
+            return out
+
+        def timed_submit(job: Any) -> Any:
+            mark(job.request_id, "talker submitted")
+            return submit(job)
+
+        def timed_accept(job: Any, code: Any) -> Any:
+            mark(job.request_id, "first frame")
+            return accept(job, code)
+
+        async def timed_synthesize(item: Any) -> Any:
+            marks = self.current.get(None)
+            t0 = time.perf_counter()
+            pcm = await synthesize(item)
+            if marks is not None and "first window asked" not in marks:
+                base = marks["_start"]
+                marks["first window asked"] = t0 - base
+                marks["first window done"] = time.perf_counter() - base
+            return pcm
+
+        aggregate = stages.aggregate
+
+        async def timed_aggregate(prompt: Any, **kwargs: Any) -> Any:
+            out = await aggregate(prompt, **kwargs)
+            marks = self.current.get(None)
+            if marks is not None:
+                marks.setdefault("aggregated", time.perf_counter() - marks["_start"])
+            return out
+
+        stages.preprocess, talker.submit, talker._accept = timed_preprocess, timed_submit, timed_accept
+        stages.synthesize, stages.aggregate = timed_synthesize, timed_aggregate
+        # Wall time of the runners' calls on their threads (each ends in a host read of its tokens).
+        self.calls: dict[str, list[float]] = {}
+        local = getattr(stages, "local", stages)
+        for name, runner in (("thinker", local.thinker.runner), ("talker", local.talker.runner)):
+            for method in ("admit", "step"):
+                setattr(runner, method, self._timed(f"{name}.{method}", getattr(runner, method)))
+
+    def _timed(self, key: str, fn: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.calls.setdefault(key, []).append(time.perf_counter() - t0)
+
+        return call
+
+    def take_calls(self) -> str:
+        """Mean and count of each runner call since the last take, in ms."""
+        out = ", ".join(
+            f"{k} {sum(v) / len(v) * 1e3:.1f} ms x{len(v)}" for k, v in sorted(self.calls.items()) if v
+        )
+        self.calls = {}
+        return out
+
+    def begin(self, rid: str) -> dict[str, float]:
+        self.start[rid] = time.perf_counter()
+        marks = self.by_id[rid] = {"_start": self.start[rid]}
+        self.current.set(marks)
+        return marks
+
+
+async def one(
+    engine: Any, marks_hook: Marks, rid: str, talker_tokens: int, *, quiet: bool = False
+) -> dict[str, float]:
     request = GenerationRequest(
         request_id=rid,
         turns=(ChatTurn(role="user", text="Tell me a story about a robot."),),
@@ -41,40 +137,53 @@ async def one(engine: Any, rid: str, talker_tokens: int, *, quiet: bool = False)
         want_audio=True,
         stage_params={"talker": {"max_tokens": talker_tokens}},
     )
-    start = time.perf_counter()
-    marks: dict[str, float] = {}
-    stages = engine.stages
-    talker = stages.talker
-    submit, synthesize = talker.submit, stages.synthesize
-
-    def timed_submit(*args: Any, **kwargs: Any) -> Any:
-        marks.setdefault("talker admitted", time.perf_counter() - start)
-        return submit(*args, **kwargs)
-
-    async def timed_synthesize(item: Any) -> Any:
-        marks.setdefault("first window asked", time.perf_counter() - start)
-        pcm = await synthesize(item)
-        marks.setdefault("first window done", time.perf_counter() - start)
-        return pcm
-
-    talker.submit, stages.synthesize = timed_submit, timed_synthesize
+    marks = marks_hook.begin(rid)
+    start = marks["_start"]
     chunks: list[tuple[float, int]] = []
-    try:
-        async for event in engine.generate(request):
-            now = time.perf_counter() - start
-            if isinstance(event, TextDelta):
-                marks.setdefault("first text", now)
-            elif isinstance(event, AudioChunk):
-                marks.setdefault("first audio", now)
-                chunks.append((round(now, 3), len(event.pcm)))
-            elif isinstance(event, Finished):
-                marks["end"] = now
-    finally:
-        talker.submit, stages.synthesize = submit, synthesize
+    async for event in engine.generate(request):
+        now = time.perf_counter() - start
+        if isinstance(event, TextDelta):
+            marks.setdefault("first text", now)
+        elif isinstance(event, AudioChunk):
+            marks.setdefault("first audio", now)
+            chunks.append((round(now, 3), len(event.pcm)))
+        elif isinstance(event, Finished):
+            marks["end"] = now
+    marks.pop("_start")
     if not quiet:
         print(f"{rid}: " + ", ".join(f"{k} {v:.3f}s" for k, v in sorted(marks.items(), key=lambda kv: kv[1])))
         print(f"{rid}: audio chunks (arrival s, samples): {chunks[:6]} ... {len(chunks)} chunks")
     return marks
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+MARKS = (
+    "preprocessed",
+    "aggregated",
+    "first text",
+    "talker submitted",
+    "first frame",
+    "first window asked",
+    "first window done",
+    "first audio",
+    "end",
+)
+
+
+def report(label: str, runs: list[dict[str, float]]) -> None:
+    keys = [k for k in MARKS if all(k in r for r in runs)]
+    print(f"  {label} ({len(runs)} requests), p50 / p95 s:")
+    print(
+        "    "
+        + ", ".join(
+            f"{k} {quantile([r[k] for r in runs], 0.5):.3f}/{quantile([r[k] for r in runs], 0.95):.3f}"
+            for k in keys
+        )
+    )
 
 
 def sync() -> None:
@@ -112,37 +221,43 @@ async def main(args: argparse.Namespace) -> None:
             load_format=args.load_format,
             device=args.device,
             pipeline="streaming-speech",
+            max_batch_size=32,
         )
     )
     await engine.start()
+    hook = Marks(engine)
     windows = dict(engine.adapter.codec_windows)
     print("codec windows:", windows)
-    await one(engine, "warm", 60, quiet=True)
-    variants = [None, *args.first_chunk]
+    await one(engine, hook, "warm", 60, quiet=True)
     summary: dict[str, list[dict[str, float]]] = {}
-    for first in variants:
+    calls: dict[str, str] = {}
+    for first in [None, *args.first_chunk]:
         label = "default" if first is None else f"first_chunk={first}"
         engine.adapter.codec_windows = windows if first is None else {**windows, "first_chunk": first}
-        await one(engine, f"warm-{label}", 30, quiet=True)
+        await one(engine, hook, f"warm-{label}", 30, quiet=True)
+        hook.take_calls()
         summary[label] = [
-            await one(engine, f"{label}-r{i}", args.talker_tokens) for i in range(args.requests)
+            await one(engine, hook, f"{label}-r{i}", args.talker_tokens) for i in range(args.requests)
         ]
+        calls[label] = hook.take_calls()
     engine.adapter.codec_windows = windows
-    print("median per variant (s):")
-    for label, runs in summary.items():
-        keys = [
-            k
-            for k in (
-                "first text",
-                "talker admitted",
-                "first window asked",
-                "first window done",
-                "first audio",
-                "end",
-            )
-            if all(k in r for r in runs)
+    for c in args.concurrency:  # closed loop: c streams, each starting its next reply as one ends
+
+        async def stream(k: int, c: int = c) -> list[dict[str, float]]:
+            return [
+                await one(engine, hook, f"c{c}-s{k}-w{w}", args.talker_tokens, quiet=True)
+                for w in range(args.waves)
+            ]
+
+        hook.take_calls()
+        summary[f"c={c}, {args.waves} waves"] = [
+            m for ms in await asyncio.gather(*(stream(k) for k in range(c))) for m in ms
         ]
-        print(f"  {label}: " + ", ".join(f"{k} {statistics.median(r[k] for r in runs):.3f}" for k in keys))
+        calls[f"c={c}, {args.waves} waves"] = hook.take_calls()
+    print("per variant:")
+    for label, runs in summary.items():
+        report(label, runs)
+        print(f"    runner calls: {calls.get(label, '')}")
     vocoder = vocoder_of(engine)
     print("vocoder object:", type(vocoder).__name__ if vocoder is not None else None)
     if vocoder is not None and hasattr(vocoder, "groups"):  # Qwen3's Code2Wav: frames of codes
@@ -154,7 +269,6 @@ async def main(args: argparse.Namespace) -> None:
         )
         shapes = {
             "first window": (0, 0, first, first + right),
-            "2-frame first window": (0, 0, 2, 2 + right),
             "steady window": (0, left, left + chunk, left + chunk + right),
         }
         time_vocoder(vocoder, shapes, groups=vocoder.groups)
@@ -170,5 +284,8 @@ if __name__ == "__main__":
     )
     parser.add_argument("--talker-tokens", type=int, default=400)
     parser.add_argument("--requests", type=int, default=3)
-    parser.add_argument("--first-chunk", type=lambda s: [int(x) for x in s.split(",") if x], default=[])
+    levels = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
+    parser.add_argument("--first-chunk", type=levels, default=[], help="other first windows to compare")
+    parser.add_argument("--concurrency", type=levels, default=[], help="closed-loop levels, e.g. 16,32")
+    parser.add_argument("--waves", type=int, default=2, help="replies per stream at each level")
     asyncio.run(main(parser.parse_args()))
