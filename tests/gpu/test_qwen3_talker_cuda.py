@@ -90,3 +90,47 @@ def test_frame_graph_equals_the_eager_frame(engine: Any, temperature: float) -> 
     for mine, reference in zip(graphed, eager, strict=True):
         assert mine.shape == reference.shape and mine.size > 0
         assert np.abs(mine - reference).max() <= 1e-4 * np.abs(reference).max()
+
+
+@pytest.mark.parametrize("stage", ["thinker", "talker"])
+@pytest.mark.parametrize(("rows", "length", "offset"), [(1, 7, 0), (1, 33, 0), (3, 21, 0), (1, 5, 12)])
+def test_compiled_prefill_equals_the_eager_prefill(
+    engine: Any, stage: str, rows: int, length: int, offset: int
+) -> None:
+    """The slot decoder's prefill through the compiled layers (warmed at start) against the same
+    layers eagerly, on scratch slots of the idle engine: logits and hidden states, fresh prompts
+    and a suffix after a kept prefix."""
+    decoder = getattr(engine.stages.local, stage).runner.decoder
+    assert decoder.compile_prefill and decoder.prefill_layers is decoder.step_layers
+    generator = torch.Generator(device="cuda").manual_seed(rows * 100 + length)
+    hidden = decoder.out_hidden.shape[-1]
+    slots = list(range(decoder.slots - rows, decoder.slots))  # the last slots: no request uses them
+    embeds = torch.randn(rows, length, hidden, device="cuda", generator=generator, dtype=decoder.dtype)
+    positions = (torch.arange(length, device="cuda") + offset).view(1, 1, -1).expand(3, rows, -1)
+    if offset:
+        prefix = torch.randn(1, offset, hidden, device="cuda", generator=generator, dtype=decoder.dtype)
+        before = torch.arange(offset, device="cuda").view(1, 1, -1).expand(3, 1, -1)
+        decoder.prefill(slots=slots, embeds=prefix, positions=before, lengths=[offset], want_hidden=False)
+    outs = []
+    for layers in (decoder.step_layers, list(decoder.layers)):
+        decoder.prefill_layers = layers
+        try:
+            logits, states = decoder.prefill(
+                slots=slots,
+                embeds=embeds,
+                positions=positions,
+                lengths=[length] * rows,
+                want_hidden=True,
+                offset=offset,
+            )
+        finally:
+            decoder.prefill_layers = decoder.step_layers
+        outs.append((logits.clone(), states.clone()))
+    (compiled_logits, compiled_states), (eager_logits, eager_states) = outs
+    assert torch.equal(compiled_logits.argmax(-1), eager_logits.argmax(-1))
+    assert torch.allclose(
+        compiled_logits, eager_logits, rtol=1e-3, atol=1e-3 * eager_logits.abs().max().item()
+    )
+    assert torch.allclose(
+        compiled_states, eager_states, rtol=1e-3, atol=1e-3 * eager_states.abs().max().item()
+    )
