@@ -193,7 +193,9 @@ class SlotDecoder:
         if compile_layers:
             self.step_layers = _compiled(layers)
         self.compile_prefill = compile_layers and os.environ.get("OMNI_COMPILE_PREFILL", "1") != "0"
-        self.prefill_layers = self.step_layers if self.compile_prefill else list(layers)
+        self.prefill_layers: list[Callable[..., Any]] = (
+            self.step_layers if self.compile_prefill else list(layers)
+        )
         self.embed_fn, self.head_fn = embed_fn, head_fn
         self.slots, self.max_len, self.device, self.dtype = slots, max_len, device, dtype
         self.cache = SlotKVCache(
