@@ -13,7 +13,13 @@ size and batch.
 
 ``--concurrency`` runs closed-loop levels in-process and reports each mark's p50/p95: where the
 time to first audio goes under load (preprocessing, the thinker's first token, the talker's first
-frame, the first vocoder window).
+frame, the first vocoder window), and what a listener hears (stall per stream, streams that stayed
+real time, audio seconds per second: ``omni_runtime.bench.playback``, as ``omni bench`` plays them).
+``--window-variants '[{"catch_up": false}]'`` runs every level again with those ``codec_windows``
+overrides, one model load for a side-by-side comparison:
+
+    python tests/gpu/profile_speech.py /tmp/qwen2.5-omni-7b-dummy --concurrency 1,16,32 --waves 1 \
+        --window-variants '[{"catch_up": false}]'
 """
 
 from __future__ import annotations
@@ -21,11 +27,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextvars
+import json
 import time
 from typing import Any
 
 import torch
 
+from omni_runtime.bench.playback import Chunk, play
 from omni_runtime.contract.engine import (
     AudioChunk,
     ChatTurn,
@@ -140,6 +148,7 @@ async def one(
     marks = marks_hook.begin(rid)
     start = marks["_start"]
     chunks: list[tuple[float, int]] = []
+    timeline: list[Chunk] = []
     async for event in engine.generate(request):
         now = time.perf_counter() - start
         if isinstance(event, TextDelta):
@@ -147,11 +156,16 @@ async def one(
         elif isinstance(event, AudioChunk):
             marks.setdefault("first audio", now)
             chunks.append((round(now, 3), len(event.pcm)))
+            timeline.append(Chunk(arrival_s=now, duration_s=len(event.pcm) / event.sample_rate))
         elif isinstance(event, Finished):
             marks["end"] = now
     marks.pop("_start")
+    heard = play(timeline)
+    if heard is not None:  # what a listener hears (not a mark: reported apart)
+        marks["_stall"], marks["_audio"], marks["_windows"] = heard.stall_s, heard.audio_s, len(timeline)
     if not quiet:
-        print(f"{rid}: " + ", ".join(f"{k} {v:.3f}s" for k, v in sorted(marks.items(), key=lambda kv: kv[1])))
+        shown = sorted((kv for kv in marks.items() if not kv[0].startswith("_")), key=lambda kv: kv[1])
+        print(f"{rid}: " + ", ".join(f"{k} {v:.3f}s" for k, v in shown))
         print(f"{rid}: audio chunks (arrival s, samples): {chunks[:6]} ... {len(chunks)} chunks")
     return marks
 
@@ -174,8 +188,18 @@ MARKS = (
 )
 
 
-def report(label: str, runs: list[dict[str, float]]) -> None:
+def report(label: str, runs: list[dict[str, float]], wall_s: float | None = None) -> None:
     keys = [k for k in MARKS if all(k in r for r in runs)]
+    heard = [r for r in runs if "_stall" in r]
+    if heard:
+        stalls = [r["_stall"] for r in heard]
+        audio = sum(r["_audio"] for r in heard)
+        print(
+            f"  {label}: stall per stream mean {sum(stalls) / len(stalls):.3f} s, max {max(stalls):.3f} s;"
+            f" real time {sum(s <= 1e-9 for s in stalls)}/{len(heard)};"
+            f" chunks per stream {sum(r['_windows'] for r in heard) / len(heard):.1f}"
+            + (f"; audio s/s {audio / wall_s:.1f}" if wall_s else "")
+        )
     print(f"  {label} ({len(runs)} requests), p50 / p95 s:")
     print(
         "    "
@@ -241,22 +265,28 @@ async def main(args: argparse.Namespace) -> None:
         ]
         calls[label] = hook.take_calls()
     engine.adapter.codec_windows = windows
+    walls: dict[str, float] = {}
     for c in args.concurrency:  # closed loop: c streams, each starting its next reply as one ends
+        for variant in [{}, *args.window_variants]:
+            engine.adapter.codec_windows = {**windows, **variant}
 
-        async def stream(k: int, c: int = c) -> list[dict[str, float]]:
-            return [
-                await one(engine, hook, f"c{c}-s{k}-w{w}", args.talker_tokens, quiet=True)
-                for w in range(args.waves)
-            ]
+            async def stream(k: int, c: int = c) -> list[dict[str, float]]:
+                return [
+                    await one(engine, hook, f"c{c}-s{k}-w{w}", args.talker_tokens, quiet=True)
+                    for w in range(args.waves)
+                ]
 
-        hook.take_calls()
-        summary[f"c={c}, {args.waves} waves"] = [
-            m for ms in await asyncio.gather(*(stream(k) for k in range(c))) for m in ms
-        ]
-        calls[f"c={c}, {args.waves} waves"] = hook.take_calls()
+            label = f"c={c}, {args.waves} waves" + (f", {json.dumps(variant)}" if variant else "")
+            hook.take_calls()
+            began = time.perf_counter()
+            summary[label] = [m for ms in await asyncio.gather(*(stream(k) for k in range(c))) for m in ms]
+            walls[label] = time.perf_counter() - began
+            calls[label] = hook.take_calls()
+            report(label, summary[label], walls[label])  # as it goes: a cut-off run keeps its levels
+    engine.adapter.codec_windows = windows
     print("per variant:")
     for label, runs in summary.items():
-        report(label, runs)
+        report(label, runs, walls.get(label))
         print(f"    runner calls: {calls.get(label, '')}")
     vocoder = vocoder_of(engine)
     print("vocoder object:", type(vocoder).__name__ if vocoder is not None else None)
@@ -288,4 +318,10 @@ if __name__ == "__main__":
     parser.add_argument("--first-chunk", type=levels, default=[], help="other first windows to compare")
     parser.add_argument("--concurrency", type=levels, default=[], help="closed-loop levels, e.g. 16,32")
     parser.add_argument("--waves", type=int, default=2, help="replies per stream at each level")
+    parser.add_argument(
+        "--window-variants",
+        type=json.loads,
+        default=[],
+        help="JSON list of codec_windows overrides, each run at every level after the default",
+    )
     asyncio.run(main(parser.parse_args()))

@@ -386,31 +386,26 @@ class PipelineEngine:
         samples = 0
         clock = PlaybackClock()  # the listener's play head: orders this stream's windows (deadlines)
         assert self.stages is not None
+        done = False
         while True:
-            batch = [await job.events.get()]
-            while not job.events.empty():
-                batch.append(job.events.get_nowait())
-            done = False
-            for event in batch:
-                if isinstance(event, TalkerDone):
-                    done = True
-                    if event.reason == "error":
-                        raise RuntimeError(event.error or "talker failed")
-                else:
-                    codes.extend(event)
-            windows = [widen_to_recurring(w, standard) for w in segmenter.push(len(codes), done=done)]
-            if not streaming and windows:
-                items = [window_item(codes, w, voice=voice, seed=seed, sizes=standard) for w in windows]
-                calls = [asyncio.ensure_future(self.stages.synthesize(item)) for item in items]
-                try:
-                    pieces = await asyncio.gather(*calls)
-                finally:  # one failed window (or a cancel) drops the rest still queued
-                    for call in calls:
-                        call.cancel()
-                pcm = np.concatenate([np.asarray(p, dtype=np.float32) for p in pieces])
-                samples += len(pcm)
-                out.put_nowait(AudioChunk(pcm=pcm, sample_rate=self.output_sample_rate))
-            for window in windows if streaming else ():
+            done = _take_codes([await job.events.get()], job, codes) or done
+            if not streaming:
+                windows = [widen_to_recurring(w, standard) for w in segmenter.push(len(codes), done=done)]
+                if windows:
+                    items = [window_item(codes, w, voice=voice, seed=seed, sizes=standard) for w in windows]
+                    calls = [asyncio.ensure_future(self.stages.synthesize(item)) for item in items]
+                    try:
+                        pieces = await asyncio.gather(*calls)
+                    finally:  # one failed window (or a cancel) drops the rest still queued
+                        for call in calls:
+                            call.cancel()
+                    pcm = np.concatenate([np.asarray(p, dtype=np.float32) for p in pieces])
+                    samples += len(pcm)
+                    out.put_nowait(AudioChunk(pcm=pcm, sample_rate=self.output_sample_rate))
+            # Streaming: one window at a time, each cut over the codes that exist when it is cut
+            # (the talker kept going while the last one was synthesised: a catch-up window).
+            while streaming and (ready := segmenter.push(len(codes), done=done, limit=1)):
+                window = widen_to_recurring(ready[0], standard)
                 # Seconds until this stream's listener runs dry; None before its first audio.
                 slack = clock.slack(now=time.monotonic())
                 item = window_item(codes, window, voice=voice, seed=seed, sizes=standard, slack_s=slack)
@@ -419,5 +414,22 @@ class PipelineEngine:
                 samples += len(pcm)
                 out.put_nowait(AudioChunk(pcm=pcm, sample_rate=self.output_sample_rate))
                 clock.sent(now=time.monotonic(), seconds=len(pcm) / self.output_sample_rate)
+                done = _take_codes([], job, codes) or done
             if done:
                 return samples / self.output_sample_rate
+
+
+def _take_codes(events: list[Any], job: TalkerJob, codes: list[Any]) -> bool:
+    """Append ``events`` and every talker event already queued to ``codes``; True once the talker
+    is done. A failed talker raises."""
+    while not job.events.empty():
+        events.append(job.events.get_nowait())
+    done = False
+    for event in events:
+        if isinstance(event, TalkerDone):
+            done = True
+            if event.reason == "error":
+                raise RuntimeError(event.error or "talker failed")
+        else:
+            codes.extend(event)
+    return done

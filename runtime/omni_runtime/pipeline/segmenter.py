@@ -6,6 +6,13 @@ it (the right context the vocoder's attention looks at) exist, with a few codes 
 so the joins are smooth. The first span is short so the first audio leaves early; later spans
 are longer because each vocoder call has a fixed cost.
 
+Under load a stream's windows wait for the vocoder, and meanwhile its talker keeps going: by the
+time the next window is cut, more codes may exist than that window's planned size. ``catch_up``
+then cuts one larger window over what exists (up to the steady size) instead of several small
+ones queued one after another, each waiting a whole vocoder call: fewer calls per second of
+audio, and the listener's buffer grows by more per call. Its context size is always one of the
+recurring sizes, so it runs as a captured CUDA graph like the planned windows.
+
 Non-streaming speech (``at_end``) cuts the finished stream into the same windows at once, not
 into one window over every code: each window is a vocoder call of bounded size, so a cancel
 drops the ones not yet run instead of waiting seconds for one eager call over the utterance,
@@ -44,6 +51,9 @@ class SegmenterConfig:
     # makes one window over every code (one uninterruptible call; kept for comparison).
     at_end: bool = False
     whole: bool = False
+    # Cut a window over every code that exists (up to the steady size, at a recurring context
+    # size) rather than the planned size alone; False keeps the planned sizes (for comparison).
+    catch_up: bool = True
 
 
 def family_config(windows: Mapping[str, Any], *, at_end: bool = False) -> SegmenterConfig:
@@ -58,13 +68,13 @@ class CodecSegmenter:
     def __init__(self, config: SegmenterConfig | None = None) -> None:
         self.config = config or SegmenterConfig()
         self._next = 0  # first code not yet covered by an emitted window
-        self._emitted = 0  # windows emitted so far (the ramp is indexed by it)
+        self._sizes: frozenset[int] | None = None  # recurring context sizes (catch-up windows)
 
     def recurring_sizes(self) -> frozenset[int]:
         """Context sizes (``ctx_end - ctx_start``) of the windows every long stream starts with:
         the first, the second (its left context is cut short by the stream's start) and the
         steady one. These recur across requests, so they are worth a CUDA graph each."""
-        probe = CodecSegmenter(replace(self.config, whole=False, at_end=False))
+        probe = CodecSegmenter(replace(self.config, whole=False, at_end=False, catch_up=False))
         windows = probe.push(self.codes_to_cover())
         return frozenset(w.ctx_end - w.ctx_start for w in windows)
 
@@ -77,8 +87,10 @@ class CodecSegmenter:
     def emitted_until(self) -> int:
         return self._next
 
-    def push(self, available: int, *, done: bool = False) -> list[Window]:
-        """``available`` codes exist now; ``done`` once the talker has finished."""
+    def push(self, available: int, *, done: bool = False, limit: int | None = None) -> list[Window]:
+        """``available`` codes exist now; ``done`` once the talker has finished. At most ``limit``
+        windows (None: every window that is ready); the rest are cut by a later call, over the
+        codes that exist then."""
         cfg = self.config
         windows: list[Window] = []
         if cfg.whole:
@@ -88,19 +100,47 @@ class CodecSegmenter:
             return windows
         if cfg.at_end and not done:
             return windows
-        while self._next < available:
-            size = self._size(self._emitted)
-            end = self._next + size
+        while self._next < available and (limit is None or len(windows) < limit):
+            planned = self._size(self._index(self._next))
+            end = self._next + planned
             if end + cfg.right_context > available:
                 if not done:
                     break
                 end = min(end, available)
             ctx_start = max(0, self._next - cfg.left_context)
+            if cfg.catch_up and self._next > 0:
+                end = self._catch_up(end, ctx_start, available, cap=max(planned, cfg.chunk), done=done)
             ctx_end = min(available, end + cfg.right_context)
             windows.append(Window(self._next, end, ctx_start, ctx_end))
             self._next = end
-            self._emitted += 1
         return windows
+
+    def _catch_up(self, end: int, ctx_start: int, available: int, *, cap: int, done: bool) -> int:
+        """The farthest end past the planned ``end``, at most ``cap`` codes from the window's
+        start, whose context (with its full right context) is a recurring size; the planned end
+        if none is. Once the stream is done, the rest in one window if it fits under ``cap``."""
+        if done and available - self._next <= cap:
+            return available
+        if self._sizes is None:
+            self._sizes = self.recurring_sizes()
+        right = self.config.right_context
+        fits = [
+            size + ctx_start - right
+            for size in self._sizes
+            if end < size + ctx_start - right <= min(self._next + cap, available - right)
+        ]
+        return max(fits, default=end)
+
+    def _index(self, position: int) -> int:
+        """Which planned window a window starting at ``position`` is: how many windows of the
+        planned tiling (first, ramp, steady) end at or before it. A catch-up window moves the
+        ramp on by every planned window it covered."""
+        index, end = 0, 0
+        while True:
+            end += max(1, self._size(index))
+            if end > position:
+                return index
+            index += 1
 
     def _size(self, index: int) -> int:
         """Codes in window ``index``: the first, then the ramp, then the steady chunk."""

@@ -111,3 +111,54 @@ def test_text_pipeline_refuses_audio_output(text_engine: Harness) -> None:
     events = text_engine.collect(request(max_tokens=4))
     assert any(isinstance(e, TextDelta) for e in events)
     assert not any(isinstance(e, AudioChunk) for e in events)
+
+
+class SlowVocoder(VocoderSpy):
+    """The real vocoder, taking `delay_s` longer per call, as one shared by many streams does: the
+    talker keeps making codes meanwhile. Records each window with its context."""
+
+    def __init__(self, vocoder, delay_s: float) -> None:
+        super().__init__(vocoder)
+        self.delay_s = delay_s
+        self.items: list[dict] = []
+
+    def synthesize_many(self, items):
+        import time
+
+        time.sleep(self.delay_s)
+        self.items.extend(dict(item["window"]) for item in items)
+        return super().synthesize_many(items)
+
+
+def test_a_stream_behind_its_talker_catches_up_in_larger_windows(family_speech_engine: Harness) -> None:
+    """When the vocoder is slower than the talker, each window after the first covers the codes
+    that exist when it is cut (up to the steady size, at a captured graph's size), instead of
+    queueing the planned ramp windows one vocoder call after another."""
+    from dataclasses import replace
+
+    from omni_runtime.pipeline.segmenter import SegmenterConfig
+
+    harness = family_speech_engine
+    spy = SlowVocoder(harness.engine.stages.local.vocoder, delay_s=0.4)
+    harness.engine.stages.local.vocoder = spy
+    try:
+        base = request(max_tokens=40, want_audio=True, talker_tokens=90)
+        greedy = replace(base, stage_params={"talker": {"max_tokens": 90, "temperature": 0.0}})
+        events = harness.collect(greedy)
+    finally:
+        harness.engine.stages.local.vocoder = spy.vocoder
+    codes = spy.items[-1]["end"]
+    assert codes >= 40, f"the tiny talker ended after {codes} codes: too few to show catch-up"
+    windows = harness.engine.adapter.codec_windows
+    config = family_config(windows)
+    sizes = CodecSegmenter(config).recurring_sizes()
+    assert [w["start"] for w in spy.items] == [0] + [w["end"] for w in spy.items[:-1]], "windows tile"
+    for w in spy.items[:-1]:  # the last may be short of right context (widened to a size if it can)
+        assert w["ctx_end"] - w["ctx_start"] in sizes, w
+    planned = CodecSegmenter(SegmenterConfig(**{**config.__dict__, "catch_up": False})).push(codes, done=True)
+    assert len(spy.items) < len(planned), (spy.items, planned)
+    assert any(w["end"] - w["start"] > p.end - p.start for w, p in zip(spy.items, planned, strict=False))
+    samples = sum(len(e.pcm) for e in events if isinstance(e, AudioChunk))
+    per_code = spy.vocoder.samples_per_code
+    # Qwen3's last window, with no frame after it, ends a little short of its last frame's samples
+    assert codes * per_code - per_code < samples <= codes * per_code

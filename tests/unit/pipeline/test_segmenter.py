@@ -119,3 +119,63 @@ def test_recurring_sizes_cover_the_ramp() -> None:
     # first 5; ramp 11, 20; then 35 (left context cut at 0), 41 (full 25 + 15 + 1)
     assert seg.codes_to_cover() == 4 + 6 + 9 + 2 * 15 + 1
     assert seg.recurring_sizes() == frozenset({5, 11, 20, 35, 41})
+
+
+# Catch-up: the talker ran ahead while earlier windows waited for the vocoder.
+@pytest.mark.parametrize(
+    ("pushes", "expected"),
+    [
+        # 30 codes exist when the second window is cut: one window to the largest recurring
+        # context (20 codes: ends at 19) instead of the planned 6 and then 9
+        ([(5, False), (30, False)], [[Window(0, 4, 0, 5)], [Window(4, 19, 0, 20)]]),
+        # the ramp moved on past what the catch-up covered: next is a steady 15, capped there
+        (
+            [(5, False), (30, False), (60, False)],
+            [[Window(0, 4, 0, 5)], [Window(4, 19, 0, 20)], [Window(19, 34, 0, 35), Window(34, 49, 9, 50)]],
+        ),
+        # no recurring size between the planned end and what exists: the planned window
+        ([(5, False), (15, False)], [[Window(0, 4, 0, 5)], [Window(4, 10, 0, 11)]]),
+        # done: the rest in one window when it fits under the steady size
+        ([(5, False), (14, True)], [[Window(0, 4, 0, 5)], [Window(4, 14, 0, 14)]]),
+        # done with more than a steady window left: catch-up windows, then the tail
+        (
+            [(5, False), (45, True)],
+            [[Window(0, 4, 0, 5)], [Window(4, 19, 0, 20), Window(19, 34, 0, 35), Window(34, 45, 9, 45)]],
+        ),
+    ],
+)
+def test_catch_up_windows_cover_what_the_talker_already_made(
+    pushes: list[tuple[int, bool]], expected: list[list[Window]]
+) -> None:
+    seg = CodecSegmenter(RAMP)
+    assert [seg.push(available, done=done) for available, done in pushes] == expected
+
+
+def test_without_catch_up_the_planned_windows_queue_up() -> None:
+    seg = CodecSegmenter(SegmenterConfig(**{**RAMP.__dict__, "catch_up": False}))
+    assert seg.push(5) == [Window(0, 4, 0, 5)]
+    assert seg.push(30) == [Window(4, 10, 0, 11), Window(10, 19, 0, 20)]
+
+
+def test_limit_cuts_one_window_and_leaves_the_rest_for_later_codes() -> None:
+    seg = CodecSegmenter(RAMP)
+    assert seg.push(60, limit=1) == [Window(0, 4, 0, 5)]  # the first window never catches up
+    assert seg.push(60, limit=1) == [Window(4, 19, 0, 20)]
+    assert seg.push(80, limit=1) == [Window(19, 34, 0, 35)]
+
+
+@pytest.mark.parametrize("available", [11, 17, 23, 31, 47, 64, 90, 200])
+def test_catch_up_windows_tile_the_stream_at_recurring_sizes(available: int) -> None:
+    """Any push pattern: contiguous kept spans, and every window that has its full right context
+    has a recurring context size (a captured graph)."""
+    for cfg in (RAMP, SegmenterConfig(ramp=(10, 20, 30))):
+        seg = CodecSegmenter(cfg)
+        sizes = seg.recurring_sizes()
+        windows = seg.push(cfg.first_chunk + cfg.right_context) + seg.push(available)
+        windows += seg.push(available + 7, done=True)
+        assert [w.start for w in windows] == [0, *(w.end for w in windows[:-1])]
+        assert windows[-1].end == available + 7
+        for w in windows:
+            if w.ctx_end == w.end + cfg.right_context:
+                assert w.ctx_end - w.ctx_start in sizes, (cfg, available, w)
+            assert w.end - w.start <= max(cfg.chunk, *cfg.ramp, cfg.first_chunk)
