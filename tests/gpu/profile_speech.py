@@ -210,6 +210,21 @@ def report(label: str, runs: list[dict[str, float]], wall_s: float | None = None
     )
 
 
+def serial(engine: Any, on: bool) -> None:
+    """Admit the talker's rows one prefill at a time (how the Qwen2.5 talker admitted them before
+    its batched admission), or restore the runner's own ``admit``."""
+    runner = getattr(engine.stages, "local", engine.stages).talker.runner
+    own = runner.__dict__.pop("admit", None)
+    own = getattr(own, "own", None) or runner.admit
+    if on:
+
+        def one_by_one(rows: list[Any]) -> list[Any]:
+            return [code for row in rows for code in own([row])]
+
+        one_by_one.own = own  # type: ignore[attr-defined]
+        runner.admit = one_by_one
+
+
 def sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -268,7 +283,9 @@ async def main(args: argparse.Namespace) -> None:
     walls: dict[str, float] = {}
     for c in args.concurrency:  # closed loop: c streams, each starting its next reply as one ends
         for variant in [{}, *args.window_variants]:
-            engine.adapter.codec_windows = {**windows, **variant}
+            overrides = {k: v for k, v in variant.items() if k != "serial_talker_admission"}
+            engine.adapter.codec_windows = {**windows, **overrides}
+            serial(engine, bool(variant.get("serial_talker_admission")))
 
             async def stream(k: int, c: int = c) -> list[dict[str, float]]:
                 return [
@@ -284,6 +301,7 @@ async def main(args: argparse.Namespace) -> None:
             calls[label] = hook.take_calls()
             report(label, summary[label], walls[label])  # as it goes: a cut-off run keeps its levels
     engine.adapter.codec_windows = windows
+    serial(engine, False)
     print("per variant:")
     for label, runs in summary.items():
         report(label, runs, walls.get(label))

@@ -162,3 +162,57 @@ def test_a_stream_behind_its_talker_catches_up_in_larger_windows(family_speech_e
     per_code = spy.vocoder.samples_per_code
     # Qwen3's last window, with no frame after it, ends a little short of its last frame's samples
     assert codes * per_code - per_code < samples <= codes * per_code
+
+
+def test_talker_rows_admitted_together_draw_what_they_draw_alone(family_speech_engine: Harness) -> None:
+    """The talker prefills the prompts of every stream that reaches it together in one padded
+    batch (one call, not one per stream); each row's first code and decode state are the ones it
+    gets admitted alone, whatever the other rows' prompt lengths."""
+    from dataclasses import replace
+
+    harness = family_speech_engine
+    runner = harness.engine.stages.local.talker.runner
+    seen: list = []
+    admit = runner.admit
+
+    def recording(rows):
+        seen.extend(rows)
+        return admit(rows)
+
+    runner.admit = recording
+    try:
+        for prompt in ("Hi.", "Tell me a much longer story about a robot who sails the sea.", "What?"):
+            harness.collect(request(prompt, max_tokens=4, want_audio=True, talker_tokens=6))
+    finally:
+        runner.admit = admit
+    rows = [
+        replace(row, slot=i, sampling=replace(row.sampling, temperature=1.0, seed=11 + i))
+        for i, row in enumerate(seen)
+    ]
+    assert len({len(r.input_ids) for r in rows}) == 3, "the prompts differ in length"
+    decoder = runner.decoder
+
+    def state() -> list[tuple[int, int]]:
+        return [(int(decoder.lengths[r.slot]), int(decoder.rope_delta[r.slot])) for r in rows]
+
+    logits: list = []  # each prefill's last-position logits, as the sampler gets them
+    prefill = decoder.prefill
+
+    def capturing(**kwargs):
+        out = prefill(**kwargs)
+        logits.append(out[0].float().cpu())
+        return out
+
+    decoder.prefill = capturing
+    try:
+        alone = [runner.admit([row])[0] for row in rows]
+        alone_state = state()
+        together = runner.admit(rows)
+    finally:
+        decoder.prefill = prefill
+    assert len(logits) == 4, "three prefills alone, then one for all three rows"
+    import torch
+
+    torch.testing.assert_close(logits[3], torch.cat(logits[:3]), rtol=1e-4, atol=1e-4)
+    assert together == alone
+    assert state() == alone_state
