@@ -29,11 +29,14 @@ import asyncio
 import contextvars
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from omni_runtime.bench.playback import Chunk, play
+from omni_runtime.bench.report import format_table, plot_speech, write_json
+from omni_runtime.bench.stats import LevelSummary, RequestSample, summarize
 from omni_runtime.contract.engine import (
     AudioChunk,
     ChatTurn,
@@ -146,6 +149,7 @@ async def one(
         stage_params={"talker": {"max_tokens": talker_tokens}},
     )
     marks = marks_hook.begin(rid)
+    marks["_rid"] = rid  # type: ignore[assignment]
     start = marks["_start"]
     chunks: list[tuple[float, int]] = []
     timeline: list[Chunk] = []
@@ -160,6 +164,7 @@ async def one(
         elif isinstance(event, Finished):
             marks["end"] = now
     marks.pop("_start")
+    TIMELINES[rid] = tuple(timeline)
     heard = play(timeline)
     if heard is not None:  # what a listener hears (not a mark: reported apart)
         marks["_stall"], marks["_audio"], marks["_windows"] = heard.stall_s, heard.audio_s, len(timeline)
@@ -168,6 +173,25 @@ async def one(
         print(f"{rid}: " + ", ".join(f"{k} {v:.3f}s" for k, v in shown))
         print(f"{rid}: audio chunks (arrival s, samples): {chunks[:6]} ... {len(chunks)} chunks")
     return marks
+
+
+TIMELINES: dict[str, tuple[Chunk, ...]] = {}  # each request's audio timeline, by request id
+
+
+def level_summary(label: str, concurrency: int, runs: list[dict[str, float]], wall_s: float) -> LevelSummary:
+    """One level as ``omni bench`` summarises it (bench.stats), from the in-process runs."""
+    samples = [
+        RequestSample(
+            ok=True,
+            latency_s=r["end"],
+            ttft_s=r.get("first text"),
+            ttfa_s=r.get("first audio"),
+            output_tokens=64,
+            audio=TIMELINES[r["_rid"]],
+        )
+        for r in runs
+    ]
+    return summarize(samples, concurrency=concurrency, wall_s=wall_s, label=label)
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -281,6 +305,7 @@ async def main(args: argparse.Namespace) -> None:
         calls[label] = hook.take_calls()
     engine.adapter.codec_windows = windows
     walls: dict[str, float] = {}
+    levels: list[LevelSummary] = []
     for c in args.concurrency:  # closed loop: c streams, each starting its next reply as one ends
         for variant in [{}, *args.window_variants]:
             overrides = {k: v for k, v in variant.items() if k != "serial_talker_admission"}
@@ -300,8 +325,18 @@ async def main(args: argparse.Namespace) -> None:
             walls[label] = time.perf_counter() - began
             calls[label] = hook.take_calls()
             report(label, summary[label], walls[label])  # as it goes: a cut-off run keeps its levels
+            name = "default" if not variant else ", ".join(f"{k}={v}" for k, v in variant.items())
+            levels.append(level_summary(name, c, summary[label], walls[label]))
     engine.adapter.codec_windows = windows
     serial(engine, False)
+    if levels:  # the bench's own table, JSON and plot: one line per variant
+        print(format_table(levels))
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            meta = {"model": args.path, "talker_tokens": args.talker_tokens, "waves": args.waves}
+            write_json(args.out / "levels.json", meta=meta, levels=levels, baselines=[])
+            plot_speech(args.out / "speech.png", rows=levels, title="streaming speech, in-process engine")
+            print(f"wrote {args.out}/levels.json, {args.out}/speech.png")
     print("per variant:")
     for label, runs in summary.items():
         report(label, runs, walls.get(label))
@@ -336,6 +371,7 @@ if __name__ == "__main__":
     parser.add_argument("--first-chunk", type=levels, default=[], help="other first windows to compare")
     parser.add_argument("--concurrency", type=levels, default=[], help="closed-loop levels, e.g. 16,32")
     parser.add_argument("--waves", type=int, default=2, help="replies per stream at each level")
+    parser.add_argument("--out", type=Path, default=None, help="write levels.json and speech.png here")
     parser.add_argument(
         "--window-variants",
         type=json.loads,
