@@ -33,9 +33,11 @@ class ArchitectureInfo:
 
 _SPEECH = frozenset({PipelineVariant.text, PipelineVariant.speech, PipelineVariant.streaming_speech})
 
+# ``pipelines``: what the builtin runtime serves for the family. Its Qwen families have duplex:
+# streaming speech with full-duplex realtime sessions (barge-in, the thinker's listen/speak probe).
 ARCHITECTURES: dict[Architecture, ArchitectureInfo] = {
-    Architecture.qwen2_5_omni: ArchitectureInfo(7.6, 0.7, VISION_HEADS, _SPEECH),
-    Architecture.qwen3_omni: ArchitectureInfo(30.5, 3.0, VISION_HEADS, _SPEECH),
+    Architecture.qwen2_5_omni: ArchitectureInfo(7.6, 0.7, VISION_HEADS, _SPEECH | {PipelineVariant.duplex}),
+    Architecture.qwen3_omni: ArchitectureInfo(30.5, 3.0, VISION_HEADS, _SPEECH | {PipelineVariant.duplex}),
     # Ming-flash-omni: a 100B-class MoE thinker; the field runs it at TP4 on 80 GB parts.
     Architecture.ming_omni: ArchitectureInfo(103.0, 0.5, VISION_HEADS, _SPEECH),
     Architecture.minicpm_o: ArchitectureInfo(

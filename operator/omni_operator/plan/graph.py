@@ -13,13 +13,12 @@ from omni_runtime.contract.stages import VARIANTS, Stage, edges_among
 
 
 def pipeline_stages(spec: OmniDeploymentSpec, *, talker: bool) -> tuple[Stage, ...]:
-    """Stages of the spec's variant: text has no talker; streaming-speech adds segmenter and
-    talker_stream; duplex (served by the field's runtimes) has the speech graph. A disabled audio
-    encoder is left out."""
+    """Stages of the spec's variant: text has no talker; streaming-speech and duplex add segmenter
+    and talker_stream (duplex streams its audio too). A disabled audio encoder is left out."""
     if not talker:
         variant = "text"
-    elif spec.pipeline is PipelineVariant.streaming_speech:
-        variant = "streaming-speech"
+    elif spec.pipeline in (PipelineVariant.streaming_speech, PipelineVariant.duplex):
+        variant = spec.pipeline.value
     else:
         variant = "speech"
     return tuple(

@@ -127,10 +127,17 @@ VISION_TP_LE_THINKER = Rule(
     "cannot exceed stages.thinker.tensorParallelSize",
     "lower it, or use placement: dedicated",
 )
+
+
+def _names(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]
+
+
 DUPLEX_NEEDS_DUPLEX_MODEL = Rule(
     "spec.pipeline",
-    "duplex needs a model that decides per unit whether to listen or speak, and only minicpm_o has that mode",
-    "use pipeline: streaming-speech, or a MiniCPM-o model",
+    "the builtin runtime serves duplex for "
+    + _names([a.value for a, info in ARCHITECTURES.items() if PipelineVariant.duplex in info.pipelines]),
+    "use pipeline: streaming-speech, or one of those models",
 )
 
 
@@ -139,10 +146,6 @@ BUILTIN_NO_VERSION = Rule(
     "the builtin runtime is versioned by runtime.image",
     "remove runtime.version",
 )
-
-
-def _names(items: list[str]) -> str:
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]
 
 
 def version_rule(runtime: RuntimeType) -> Rule:

@@ -33,13 +33,18 @@ TEXT_STAGES: tuple[Stage, ...] = (
     Stage.thinker,
     Stage.decode,
 )
-# The stages of each pipeline variant, in graph order. (The duplex variant needs a model with
-# full-duplex support; the builtin runtime's families have none yet, so it has no graph here.)
+# The stages of each pipeline variant, in graph order. Duplex is streaming speech whose realtime
+# sessions are full duplex by default (listen while speaking, barge-in, the thinker's
+# listen/speak decision): the same graph, other session defaults.
+_STREAMING = (*TEXT_STAGES, Stage.talker, Stage.segmenter, Stage.talker_stream)
 VARIANTS: dict[str, tuple[Stage, ...]] = {
     "text": TEXT_STAGES,
     "speech": (*TEXT_STAGES, Stage.talker),
-    "streaming-speech": (*TEXT_STAGES, Stage.talker, Stage.segmenter, Stage.talker_stream),
+    "streaming-speech": _STREAMING,
+    "duplex": _STREAMING,
 }
+# Variants that send each reply's audio as it is made (the segmenter's windows).
+STREAMING_AUDIO: frozenset[str] = frozenset({"streaming-speech", "duplex"})
 
 # Data flow, in graph order: preprocessing feeds the encoders and mm_aggregate (the token ids),
 # the encoders feed mm_aggregate, the thinker feeds decode (tokens) and the talker (reply

@@ -146,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--pipeline",
         choices=["text", "speech", "streaming-speech", "duplex"],
         default=None,
-        help="pipeline variant (default: speech)",
+        help="pipeline variant (default: speech); duplex is streaming-speech whose /v1/realtime sessions "
+        "are full duplex unless a client asks ?duplex=0",
     )
     pipe.add_argument("--text-only", action="store_true", help="no talker: same as --pipeline text")
     pipe.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")

@@ -89,6 +89,7 @@ def realtime_settings(args: argparse.Namespace, *, limits: MediaLimits) -> Realt
         worker_id=args.worker_id,
         max_speech_streams=args.max_speech_streams,
         streaming_input_enabled=not args.no_streaming_input,
+        duplex_by_default=args.pipeline == "duplex",
         media_limits=limits,
         **valued,  # type: ignore[arg-type]
     )

@@ -35,6 +35,7 @@ from omni_runtime.contract.engine import (
     Usage,
 )
 from omni_runtime.contract.options import EngineOptions
+from omni_runtime.contract.stages import STREAMING_AUDIO
 from omni_runtime.pipeline.deadlines import PlaybackClock
 from omni_runtime.pipeline.detokenize import IncrementalDetokenizer, StopMatcher
 from omni_runtime.pipeline.encoding import MediaEncoders
@@ -375,7 +376,7 @@ class PipelineEngine:
         once the talker ends and synthesised together (one chunk). Either way each window is its
         own vocoder item, so cancelling this task drops every window not yet running.
         """
-        streaming = self.variant == "streaming-speech" and request.stream_audio
+        streaming = self.variant in STREAMING_AUDIO and request.stream_audio
         assert self.adapter is not None
         segmenter = CodecSegmenter(family_config(self.adapter.codec_windows, at_end=not streaming))
         standard = segmenter.recurring_sizes()

@@ -9,12 +9,6 @@ from omni_runtime.contract.stages import REMOTABLE, VARIANTS, Stage, with_coloca
 
 def pipeline_variant(options: EngineOptions) -> str:
     variant = "text" if options.text_only else options.pipeline
-    if variant == "duplex":
-        raise EngineError(
-            "the duplex pipeline needs a model with full-duplex support; Qwen2.5-Omni serves text, speech "
-            "and streaming-speech",
-            param="pipeline",
-        )
     if variant not in VARIANTS:
         raise EngineError(f"unknown pipeline {variant!r}; use one of {', '.join(VARIANTS)}", param="pipeline")
     return variant

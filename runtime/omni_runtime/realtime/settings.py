@@ -40,6 +40,9 @@ class RealtimeSettings:
     max_speech_streams: int = DEFAULT_MAX_SPEECH_STREAMS
 
     # --- /v1/realtime ------------------------------------------------------------------------
+    # A duplex worker (`omni serve --pipeline duplex`): /v1/realtime sessions are full duplex unless
+    # the client asks ?duplex=0 (otherwise only with ?duplex=1, and /v1/duplex always).
+    duplex_by_default: bool = False
     max_realtime_sessions: int = 64
     max_session_seconds: float = 3600.0  # a socket open longer is closed with an error event
     session_idle_timeout_s: float = 600.0  # no client event for this long closes the session

@@ -224,3 +224,20 @@ async def test_model_driven_without_vad_and_force_barge_in(live) -> None:
     bad = await client.next_of("error")
     assert bad["error"]["param"] == "force_barge_in"
     await client.close()
+
+
+@pytest.mark.parametrize(("query", "duplex"), [("", True), ("?duplex=1", True), ("?duplex=0", False)])
+async def test_a_duplex_worker_opens_duplex_realtime_sessions(family_live, query: str, duplex: bool) -> None:
+    """`omni serve --pipeline duplex`: /v1/realtime sessions are full duplex unless the client asks
+    ?duplex=0, and a duplex session answers with audio units as on /v1/duplex."""
+    host, _ = family_live.extra_worker(duplex_by_default=True)
+    client = await DuplexClient.connect(f"ws://{host}/v1/realtime{query}")
+    created = await client.next_of("session.created")
+    assert ("duplex" in created["session"]) is duplex
+    if duplex:
+        await client.configure(output_modalities=["audio"])
+        await client.send(TEXT_TURN)
+        await client.send({"type": "response.create", "response": {"max_output_tokens": 8}})
+        finished = await client.next_of("response.done")
+        assert client.units(finished["response"]["id"]), "a duplex reply is sent as audio units"
+    await client.close()

@@ -194,6 +194,7 @@ def test_examples_all_load() -> None:
         "minicpm-duplex",
         "qwen25-omni",
         "qwen25-omni-vllm",
+        "qwen3-omni-builtin-duplex",
         "qwen3-omni-builtin",
         "qwen3-omni-builtin-tp2",
         "qwen3-omni-sglang",

@@ -30,6 +30,11 @@ GRAPH = {
         (*TEXT, S.talker, S.segmenter, S.talker_stream),
         (*TEXT_EDGES, (S.thinker, S.talker), (S.talker, S.segmenter), (S.segmenter, S.talker_stream)),
     ),
+    # streaming speech's graph; its realtime sessions are full duplex by default
+    "duplex": (
+        (*TEXT, S.talker, S.segmenter, S.talker_stream),
+        (*TEXT_EDGES, (S.thinker, S.talker), (S.talker, S.segmenter), (S.segmenter, S.talker_stream)),
+    ),
 }
 
 

@@ -39,7 +39,6 @@ def test_pipeline_variants_and_local_stages() -> None:
 @pytest.mark.parametrize(
     ("options", "param"),
     [
-        (EngineOptions(pipeline="duplex"), "pipeline"),
         (EngineOptions(pipeline="chorus"), "pipeline"),
         (EngineOptions(pipeline="speech", remote_stages={"decode": "h:1"}), "remote_stages"),
         (EngineOptions(pipeline="text", remote_stages={"talker": "h:1"}), "remote_stages"),

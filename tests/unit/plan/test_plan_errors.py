@@ -128,7 +128,7 @@ CASES = [
     pytest.param(
         {"runtime.type": "sglang-omni", "model.architecture": "qwen3_omni", "pipeline": "duplex"},
         "spec.pipeline: sglang-omni 0.1.9 has no duplex pipeline for qwen3_omni; use pipeline: text or speech, or "
-        "runtime.type: vllm-omni for duplex",
+        "runtime.type: builtin or vllm-omni for duplex",
         id="sglang-qwen3-duplex",
     ),
     pytest.param(
@@ -222,10 +222,10 @@ CASES = [
         id="builtin-offload",
     ),
     pytest.param(
-        {"model.name": "Qwen2.5-Omni-7B", "pipeline": "duplex"},
-        "spec.pipeline: duplex needs a model that decides per unit whether to listen or speak, and only minicpm_o "
-        "has that mode; use pipeline: streaming-speech, or a MiniCPM-o model",
-        id="duplex-on-qwen",
+        {"model.name": "Ming-flash-omni-2.0", "pipeline": "duplex"},
+        "spec.pipeline: the builtin runtime serves duplex for qwen2_5_omni, qwen3_omni or minicpm_o; use pipeline: "
+        "streaming-speech, or one of those models",
+        id="builtin-duplex-on-ming",
     ),
     pytest.param(
         {"stages.thinker.tensorParallelSize": 12, "gpu.gpusPerNode": 8, "gpu.tier": "h200"},

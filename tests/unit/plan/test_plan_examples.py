@@ -227,6 +227,7 @@ QWEN3 = (
     "--pipeline",
     "streaming-speech",
 )
+QWEN3_DUPLEX = (*QWEN3[:-1], "duplex")
 MINICPM = ("--model-path", "/models/MiniCPM-o-4_5", "--model-name", "MiniCPM-o-4_5", "--pipeline", "duplex")
 
 
@@ -321,6 +322,17 @@ EXAMPLE_TABLE = [
         _builtin_split("qwen3-omni-builtin-w0", QWEN3, mem="0.9", streaming=True),
     ),
     (
+        "qwen3-omni-builtin-duplex-h200.yaml",
+        "qwen3_omni",
+        2,
+        0.9,
+        [
+            pod
+            for i in range(2)
+            for pod in _builtin_split(f"qwen3-omni-builtin-duplex-w{i}", QWEN3_DUPLEX, mem="0.9", streaming=True)
+        ],
+    ),
+    (
         "tiny-qwen3-cpu.yaml",
         "qwen3_omni",
         0,
@@ -338,7 +350,8 @@ EXAMPLE_TABLE = [
             ),
         ],
     ),
-    ("minicpm-o-duplex.yaml", "minicpm_o", 2, 0.8, _builtin_split("minicpm-duplex-w0", MINICPM, mem="0.8")),
+    ("minicpm-o-duplex.yaml", "minicpm_o", 2, 0.8,
+     _builtin_split("minicpm-duplex-w0", MINICPM, mem="0.8", streaming=True)),
 ]  # fmt: skip
 
 
@@ -404,3 +417,20 @@ def test_mixed_tolerations_and_selector_reach_scheduling() -> None:
     assert plan.model_volume == ModelVolume(
         source="hostPath", mount_path="/models/Qwen2.5-Omni-7B", host_path="/mnt/models/Qwen2.5-Omni-7B"
     )
+
+
+@pytest.mark.parametrize(
+    ("name", "duplex"),
+    [("qwen3-omni-builtin-duplex-h200.yaml", True), ("qwen3-omni-builtin-h200.yaml", False)],
+)
+def test_a_duplex_worker_makes_its_realtime_sessions_duplex(name: str, duplex: bool) -> None:
+    """The api pod's `omni serve --pipeline duplex` turns on full duplex for /v1/realtime sessions."""
+    from omni_runtime.entrypoints.serve import build_parser
+    from omni_runtime.entrypoints.streaming_input_flags import realtime_settings
+    from omni_runtime.media.limits import MediaLimits
+
+    api = next(p for p in plan_deployment(example(name)).workers[0].pods if p.role is Role.api)
+    command = api.container.command
+    assert command[:2] == ("omni", "serve")
+    args = build_parser().parse_args(list(command[2:]))
+    assert realtime_settings(args, limits=MediaLimits()).duplex_by_default is duplex

@@ -162,7 +162,10 @@ async def serve_realtime(
     native_duplex: bool = False,
 ) -> None:
     params = ws.query_params
-    duplex = native_duplex or params.get("duplex", "").lower() in ("1", "true", "yes", "on")
+    asked = params.get("duplex")
+    duplex = native_duplex or (
+        settings.duplex_by_default if asked is None else asked.lower() in ("1", "true", "yes", "on")
+    )
     offered = ws.scope.get("subprotocols") or []
     resume_id = params.get("session_id")
     # A new session on a worker that speaks takes a speech slot before the handshake, so that a
