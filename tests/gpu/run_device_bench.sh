@@ -11,6 +11,7 @@
 # MAX_SPEECH_STREAMS is the worker's admission limit (default 0: none, so the bench sees the
 # worker past its capacity; set it to see the 429s instead).
 # AFTER_READY runs a command once the server is ready (SERVER holds its pid).
+# Carry .whl (`bash tests/gpu/wheels.sh` writes it): the device lacks the API's packages.
 set -uo pipefail
 OUT=${OUT:-/tmp/omni-bench}; mkdir -p "$OUT"
 rm -rf /tmp/site
