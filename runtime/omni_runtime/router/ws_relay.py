@@ -53,6 +53,19 @@ def sendable_close(code: int | None, reason: str, *, fallback: tuple[int, str]) 
     return code, reason.encode()[:123].decode(errors="ignore")
 
 
+def client_departure(code: int | None, reason: str) -> tuple[int, str]:
+    """The close the worker gets when the client's side of a relayed socket ends.
+
+    A client that closed with a status of its own passes it on. One that left without a status
+    (uvicorn reports a dropped TCP connection as 1005 as well as 1006) is "going away" (1001), so
+    the worker treats it as a drop, not a goodbye: a duplex session then waits for its resume
+    instead of ending. Passing 1005 on as a normal close (1000) made that depend on which side
+    noticed the drop first."""
+    if code is None or code in (1005, 1006):
+        return 1001, "client went away"
+    return sendable_close(code, reason, fallback=(1001, "client went away"))
+
+
 def ws_url(base_url: str, scope: Scope) -> str:
     target = base_url + request_target(scope)
     return "wss" + target[5:] if target.startswith("https") else "ws" + target[4:]
@@ -281,7 +294,7 @@ class WebSocketRelay:
         closed_by, code, reason = next(task for task in tasks if task in done).result()
 
         if closed_by == "client":
-            worker_code, worker_reason = sendable_close(code, reason, fallback=(1001, "client went away"))
+            worker_code, worker_reason = client_departure(code, reason)
             await upstream.close(worker_code, worker_reason)
             return closed_by, code, reason
         if closed_by == "router":

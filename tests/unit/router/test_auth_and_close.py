@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from omni_runtime.router.auth import ApiKeysError, authorized, load_api_keys
-from omni_runtime.router.ws_relay import sendable_close
+from omni_runtime.router.ws_relay import client_departure, sendable_close
 
 
 def test_keys_file_skips_blanks_and_comments(tmp_path):
@@ -55,3 +55,18 @@ def test_bearer_keys(header, expected):
 )
 def test_close_codes_that_may_go_on_the_wire(code, reason, expected):
     assert sendable_close(code, reason, fallback=(1011, "lost")) == expected
+
+
+@pytest.mark.parametrize(
+    ("code", "reason", "expected"),
+    [
+        (1000, "bye", (1000, "bye")),  # the client's own status goes on
+        (4001, "custom", (4001, "custom")),
+        (1005, "", (1001, "client went away")),  # no status: a drop (uvicorn's code for a lost socket)
+        (None, "", (1001, "client went away")),
+        (1006, "", (1001, "client went away")),
+        (1015, "", (1001, "client went away")),
+    ],
+)
+def test_a_client_that_leaves_without_a_status_is_going_away(code, reason, expected):
+    assert client_departure(code, reason) == expected

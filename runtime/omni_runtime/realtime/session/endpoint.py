@@ -98,7 +98,10 @@ class RealtimeSessions:
         return entry
 
     def detach(self, entry: _Entry) -> None:
-        """Keep the session for the grace period, then close it if nobody came back."""
+        """Keep the session for the grace period, then close it if nobody came back. An entry a
+        reconnecting socket already claimed is left alone: its outbox is the new socket's now."""
+        if self._entries.get(entry.session.id) is not entry:
+            return
         entry.session.outbox.detach()
         entry.expiry = asyncio.create_task(self._expire(entry))
 
@@ -275,7 +278,9 @@ async def serve_realtime(
     )
     done, _ = await asyncio.wait({receiver, kicked, sender}, return_when=asyncio.FIRST_COMPLETED)
     # A sender that stops first hit a dead socket: the client dropped, like a receiver error.
-    ending = receiver.result() if receiver in done else "kicked" if kicked in done else "dropped"
+    # Kicked wins: a reconnect may claim the session before this socket's drop is noticed, and the
+    # session (its outbox too) then belongs to the new socket, whatever the receiver saw.
+    ending = "kicked" if entry.kick.is_set() else receiver.result() if receiver in done else "dropped"
     for task in (receiver, kicked):
         task.cancel()
     if ending == "kicked":
