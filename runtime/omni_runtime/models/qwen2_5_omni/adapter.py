@@ -184,6 +184,14 @@ class Qwen25OmniAdapter(OmniAdapter):
         return None if child is None else str(child.address)
 
     @property
+    def audio_chunk_frames(self) -> int | None:
+        """Qwen2.5's audio tower cuts the features into chunks of ``2 * n_window`` frames and runs
+        its convolutions, positions and attention (``cu_seqlens``) per chunk; a full chunk has an
+        even length after the CNN, so the stride-2 pooling never pairs across chunks."""
+        tower = self.loaded.audio_tower
+        return None if tower is None else 2 * int(tower.n_window)
+
+    @property
     def video_groups_independent(self) -> bool:
         """Qwen2.5's vision tower attends within each temporal patch group (its cu_seqlens split
         per grid t, its rotary positions are spatial), so a video's groups encode apart exactly."""
