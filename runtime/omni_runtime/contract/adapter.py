@@ -247,6 +247,13 @@ class OmniAdapter(ABC):
         return None
 
     @property
+    def audio_chunk_frames(self) -> int | None:
+        """Feature frames the audio tower encodes on their own: an audio's output is its chunks'
+        outputs joined, each chunk's depending on its own frames alone. None: an audio is one
+        unit. Lets a session's speech be encoded in chunks while the user still speaks."""
+        return None
+
+    @property
     def video_groups_independent(self) -> bool:
         """Whether the vision tower encodes each temporal patch group of a video on its own (its
         attention never crosses groups), so a video's groups may be encoded apart and joined."""

@@ -179,10 +179,18 @@ class Engine(Protocol):
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[EngineEvent]: ...
 
-    def prefetch_media(self, media: Sequence[MediaInput]) -> bool:
+    def prefetch_media(self, media: Sequence[MediaInput], *, audio_prefix: bool = False) -> bool:
         """Start preprocessing and encoding ``media`` that a request will soon carry, so that
         request's encoder stages find the work done (exactly the same outputs). Returns whether work
-        was submitted (False: nothing to do, or this engine keeps no encoder outputs)."""
+        was submitted (False: nothing to do, or this engine keeps no encoder outputs).
+        ``audio_prefix``: the audio is the start of speech still arriving; only its whole chunks
+        (``audio_chunk_samples``) are encoded."""
+        ...
+
+    @property
+    def audio_chunk_samples(self) -> int | None:
+        """16 kHz samples per chunk the audio encoder encodes on its own (speech can be encoded
+        while it is spoken, chunk by chunk); None when this engine cannot."""
         ...
 
     def stats(self) -> EngineStats: ...

@@ -48,23 +48,30 @@ class CacheCounters:
     capacity_bytes: int = 0
 
 
-def split_units(prompt: Prompt, *, video_groups: bool) -> list[Unit]:
-    """The prompt's encoder inputs as independent units, audio first, then images, then videos."""
+def split_units(prompt: Prompt, *, video_groups: bool, audio_chunk: int | None = None) -> list[Unit]:
+    """The prompt's encoder inputs as independent units, audio first, then images, then videos.
+
+    ``audio_chunk`` (`OmniAdapter.audio_chunk_frames`): each audio is cut into units of that many
+    feature frames (the last one shorter), so the chunks of speech encoded while it was still
+    being spoken are found again when the whole utterance arrives."""
     units: list[Unit] = []
     if prompt.audio is not None:
         features, mask = prompt.audio["input_features"], prompt.audio["feature_attention_mask"]
         for i in range(int(mask.shape[0])):
             length = int(mask[i].sum())
-            units.append(
-                Unit(
-                    "audio",
-                    i,
-                    {
-                        "input_features": features[i : i + 1, :, :length].contiguous(),
-                        "feature_attention_mask": mask[i : i + 1, :length].contiguous(),
-                    },
+            step = audio_chunk or length
+            for start in range(0, length, max(step, 1)):
+                end = min(start + step, length)
+                units.append(
+                    Unit(
+                        "audio",
+                        i,
+                        {
+                            "input_features": features[i : i + 1, :, start:end].contiguous(),
+                            "feature_attention_mask": mask[i : i + 1, start:end].contiguous(),
+                        },
+                    )
                 )
-            )
     if prompt.images is not None:
         units += _vision_units(
             "image", prompt.images["pixel_values"], prompt.images["image_grid_thw"], groups=False

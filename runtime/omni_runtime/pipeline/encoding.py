@@ -48,15 +48,25 @@ class MediaEncoders:
         self.adapter = adapter
         self.cache = EncoderCache(cache_bytes, size_of=_nbytes)
         self.video_groups = adapter.video_groups_independent
+        self.audio_chunk = adapter.audio_chunk_frames
         self._tasks: set[asyncio.Task[None]] = set()
         self.submitted = self.done = self.failed = 0
 
     def counters(self) -> PrefetchCounters:
         return PrefetchCounters(submitted=self.submitted, done=self.done, failed=self.failed)
 
-    async def encode(self, prompt: Prompt) -> tuple[Any, Any, Any]:
-        """The prompt's (audio, image, video) encoder outputs, each unit encoded at most once."""
-        units = split_units(prompt, video_groups=self.video_groups)
+    async def encode(self, prompt: Prompt, *, whole_audio_chunks: bool = False) -> tuple[Any, Any, Any]:
+        """The prompt's (audio, image, video) encoder outputs, each unit encoded at most once.
+
+        ``whole_audio_chunks``: the audio is a prefix of audio still arriving, so only its whole
+        chunks are encoded (its last, partial chunk will differ once more audio follows)."""
+        units = split_units(prompt, video_groups=self.video_groups, audio_chunk=self.audio_chunk)
+        if whole_audio_chunks:
+            units = [
+                u
+                for u in units
+                if u.kind != "audio" or int(u.inputs["feature_attention_mask"].shape[-1]) == self.audio_chunk
+            ]
         if not units:
             return None, None, None
         keys = await asyncio.to_thread(lambda: [unit_key(unit) for unit in units])
@@ -71,22 +81,23 @@ class MediaEncoders:
             return await self.stages.encode_audio(unit.inputs)
         return (await self.stages.encode_vision(unit.inputs))[unit.kind]
 
-    def prefetch(self, media: Sequence[MediaInput]) -> bool:
+    def prefetch(self, media: Sequence[MediaInput], *, audio_prefix: bool = False) -> bool:
         """Start encoding ``media`` into the cache; False when nothing was started (no media, or
-        no cache to keep the result in)."""
-        if not media or not self.cache.enabled:
+        no cache to keep the result in). ``audio_prefix``: the audio is the start of speech still
+        arriving: only its whole chunks are encoded (and nothing without chunked audio)."""
+        if not media or not self.cache.enabled or (audio_prefix and not self.audio_chunk):
             return False
         self.submitted += 1
-        task = asyncio.get_running_loop().create_task(self._prefetch(tuple(media)))
+        task = asyncio.get_running_loop().create_task(self._prefetch(tuple(media), audio_prefix))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return True
 
-    async def _prefetch(self, media: tuple[MediaInput, ...]) -> None:
+    async def _prefetch(self, media: tuple[MediaInput, ...], audio_prefix: bool = False) -> None:
         request = GenerationRequest(request_id="prefetch", turns=(ChatTurn(role="user", media=media),))
         try:
             prompt = await self.stages.preprocess(request)
-            await self.encode(prompt)
+            await self.encode(prompt, whole_audio_chunks=audio_prefix)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the request that carries this media reports the fault

@@ -50,6 +50,8 @@ from omni_runtime.pipeline.validate import row_sampling, talker_limits, validate
 from omni_runtime.pipeline.warmup import warm_prefix
 
 log = logging.getLogger(__name__)
+# Both families' feature extractors (Whisper's) make one frame per 10 ms of 16 kHz audio.
+HOP_SAMPLES = 160
 
 
 class PipelineEngine:
@@ -182,10 +184,17 @@ class PipelineEngine:
         if self.stages is not None:
             self.stages.thinker.end_session(session_key)
 
-    def prefetch_media(self, media: Sequence[MediaInput]) -> bool:
+    def prefetch_media(self, media: Sequence[MediaInput], *, audio_prefix: bool = False) -> bool:
         if not self._ready or self.encoders is None:
             return False
-        return self.encoders.prefetch(media)
+        return self.encoders.prefetch(media, audio_prefix=audio_prefix)
+
+    @property
+    def audio_chunk_samples(self) -> int | None:
+        frames = self.adapter.audio_chunk_frames if self.adapter is not None else None
+        if not frames or self.encoders is None or not self.encoders.cache.enabled:
+            return None
+        return frames * HOP_SAMPLES
 
     # -- one request ------------------------------------------------------------------------------
     async def generate(self, request: GenerationRequest) -> AsyncIterator[EngineEvent]:

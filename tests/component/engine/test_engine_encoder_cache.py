@@ -113,3 +113,55 @@ def test_a_bounded_cache_evicts_and_prefetch_failures_are_counted(speech_engine:
     assert entries == 1 and after.encoder_cache_bytes == before.encoder_cache_bytes
     assert after.prefetch_failed - before.prefetch_failed == 1  # counted, never raised
     assert after.prefetch_done - before.prefetch_done == 1
+
+
+SPEECH = (0.1 * np.random.default_rng(11).standard_normal(85_000)).astype(np.float32)  # 5.3 s at 16 kHz
+
+
+def test_a_long_audio_encodes_in_chunks_exactly_as_whole(speech_engine: Harness) -> None:
+    """Qwen2.5's audio tower encodes each 200-frame (2 s) chunk on its own, so the cache's chunk
+    units (two whole chunks and the last 0.3 s) join into exactly the whole audio's encoding."""
+    engine = speech_engine.engine
+    assert engine.adapter.audio_chunk_frames == 200 and engine.audio_chunk_samples == 32_000
+
+    async def go():
+        prompt = await engine.stages.preprocess(
+            request("hi", media=(MediaInput("audio", SPEECH, sample_rate=16_000),))
+        )
+        engine.encoders.cache.clear()
+        before = engine.encoders.cache.misses
+        chunked, _, _ = await engine.encoders.encode(prompt)
+        return chunked, engine.encoders.cache.misses - before, engine.adapter.encode_audio([prompt.audio])[0]
+
+    chunked, units, whole = speech_engine.run(go())
+    assert units == 3
+    torch.testing.assert_close(chunked, whole, rtol=1e-5, atol=1e-5)
+
+
+def test_speech_encoded_while_spoken_is_a_hit_at_the_end_of_the_turn(speech_engine: Harness) -> None:
+    """A realtime session sends each whole chunk of the turn being spoken ahead (audio_prefix):
+    at the end of speech those chunks are hits, only the last one reaches the encoder, and the
+    answer is the one a cold encoder gives."""
+    engine = speech_engine.engine
+    turn = (MediaInput("audio", SPEECH, sample_rate=16_000),)
+    speech_engine.forget_encodings()
+    cold = text(speech_engine.collect(request("What did I say?", media=turn, max_tokens=12)))
+
+    async def speak() -> list[bool]:
+        engine.encoders.cache.clear()
+        sent = []
+        for end in (32_800, 64_800):  # as the session does: each whole chunk and 50 ms past it
+            prefix = (MediaInput("audio", SPEECH[:end], sample_rate=16_000),)
+            sent.append(engine.prefetch_media(prefix, audio_prefix=True))
+            await asyncio.gather(*engine.encoders._tasks)
+        return sent
+
+    before = engine.stats()
+    assert speech_engine.run(speak()) == [True, True]
+    early = engine.stats()
+    assert early.encoder_cache_misses - before.encoder_cache_misses == 2  # each prefix's new whole chunk
+    warm = text(speech_engine.collect(request("What did I say?", media=turn, max_tokens=12)))
+    after = engine.stats()
+    assert after.encoder_cache_hits - early.encoder_cache_hits == 2
+    assert after.encoder_cache_misses - early.encoder_cache_misses == 1  # the last 0.3 s
+    assert warm == cold and warm

@@ -53,7 +53,11 @@ def _hf_inputs(harness: Harness, req: GenerationRequest) -> dict:
     return inputs
 
 
-@pytest.mark.parametrize("media", [(), (image(),), (tone(0.6),), (video(),), (tone(0.4), image(seed=3))])
+@pytest.mark.parametrize(
+    "media",
+    [(), (image(),), (tone(0.6),), (tone(1.7), tone(0.3)), (video(),), (tone(0.4), image(seed=3))],
+    ids=["text", "image", "audio", "two-audios", "video", "audio-image"],
+)
 def test_greedy_text_equals_transformers_generate(speech_whole: Harness, hf_model, media) -> None:
     req = request("What is this?", max_tokens=10, media=media, ignore_eos=False)
     ours = token_ids(speech_whole.collect(req))

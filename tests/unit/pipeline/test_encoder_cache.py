@@ -164,3 +164,20 @@ def test_an_encoding_under_way_is_shared_and_a_failure_is_not_kept() -> None:
     counters = cache.counters()
     assert (counters.hits, counters.misses) == (3, 2)  # 2 joined "k", 1 joined "bad"
     assert list(cache._entries) == ["k"]
+
+
+@pytest.mark.parametrize(
+    ("chunk", "frames"),
+    [
+        (None, [(0, 4), (1, 6)]),  # one unit per audio
+        (4, [(0, 4), (1, 4), (1, 2)]),  # audio 1: a whole chunk, then its last 2 frames
+        (2, [(0, 2), (0, 2), (1, 2), (1, 2), (1, 2)]),
+        (8, [(0, 4), (1, 6)]),  # shorter than a chunk: one unit each
+    ],
+)
+def test_audio_is_cut_into_the_encoders_chunks(chunk: int | None, frames: list) -> None:
+    units = [u for u in split_units(prompt(), video_groups=False, audio_chunk=chunk) if u.kind == "audio"]
+    assert [(u.owner, int(u.inputs["feature_attention_mask"].shape[1])) for u in units] == frames
+    for owner, valid in ((0, 4), (1, 6)):  # the chunks join back into the audio's valid frames
+        joined = torch.cat([u.inputs["input_features"] for u in units if u.owner == owner], dim=2)
+        assert torch.equal(joined, prompt().audio["input_features"][owner : owner + 1, :, :valid])

@@ -41,6 +41,7 @@ class ScriptedEngine:
     cancelled: list[str] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
     prefetched: list[tuple[MediaInput, ...]] = field(default_factory=list)
+    prefetched_prefixes: list[tuple[MediaInput, ...]] = field(default_factory=list)  # audio_prefix=True
     ended_sessions: list[str] = field(default_factory=list)
     warmed: list[GenerationRequest] = field(default_factory=list)
     fault: str | None = None  # set: every request ends at once as a worker fault with this detail
@@ -58,8 +59,10 @@ class ScriptedEngine:
     def stats(self) -> EngineStats:
         return EngineStats()
 
-    def prefetch_media(self, media: Sequence[MediaInput]) -> bool:
-        self.prefetched.append(tuple(media))
+    audio_chunk_samples: int | None = None
+
+    def prefetch_media(self, media: Sequence[MediaInput], *, audio_prefix: bool = False) -> bool:
+        (self.prefetched_prefixes if audio_prefix else self.prefetched).append(tuple(media))
         return True
 
     def end_session(self, session_key: str) -> None:

@@ -416,3 +416,38 @@ async def test_a_response_stops_a_warm_up_still_under_way_instead_of_waiting(mak
     done = await drv.until("response.done")
     assert done["response"]["status"] == "completed" and cancelled.is_set()
     assert not drv.session.warmer.running and len(engine.requests) == 1
+
+
+async def test_speech_is_encoded_chunk_by_chunk_while_it_is_spoken(make_driver, engine) -> None:
+    """With an engine whose audio encoder takes 2 s chunks on their own, each whole chunk of the
+    turn being spoken (plus the 50 ms its last features look past it) is sent to be encoded as
+    soon as it exists; the committed turn's audio starts with exactly those samples."""
+    engine.audio_chunk_samples = 32_000
+    drv = await make_driver()
+    piece = {"type": "input_audio_buffer.append", "audio": b64_pcm16(tone(100))}
+    for _ in range(21):  # 2.1 s: one whole chunk and 0.1 s
+        await drv.send(piece)
+    assert [len(m[0].data) for m in engine.prefetched_prefixes] == [32_800]
+    for _ in range(30):  # 5.1 s
+        await drv.send(piece)
+    assert [len(m[0].data) for m in engine.prefetched_prefixes] == [32_800, 64_800]
+    assert all(m[0].kind == "audio" and m[0].sample_rate == 16_000 for m in engine.prefetched_prefixes)
+    await drv.send({"type": "input_audio_buffer.commit"})
+    await drv.until("input_audio_buffer.committed")
+    committed = drv.session.conversation.items[-1].content[0].audio
+    for (media,) in engine.prefetched_prefixes:
+        assert (committed[: len(media.data)] == media.data).all()
+    for _ in range(21):  # the next turn starts its own chunks at its own first sample
+        await drv.send(piece)
+    assert [len(m[0].data) for m in engine.prefetched_prefixes] == [32_800, 64_800, 32_800]
+    await drv.send({"type": "input_audio_buffer.clear"})
+    for _ in range(10):
+        await drv.send(piece)
+    assert len(engine.prefetched_prefixes) == 3, "1 s after a clear: no whole chunk yet"
+
+
+async def test_an_engine_without_chunked_audio_encodes_nothing_early(make_driver, engine) -> None:
+    drv = await make_driver()
+    for _ in range(30):
+        await drv.send({"type": "input_audio_buffer.append", "audio": b64_pcm16(tone(100))})
+    assert engine.prefetched_prefixes == [] and engine.prefetched == []

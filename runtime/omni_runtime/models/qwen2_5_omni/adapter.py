@@ -131,10 +131,16 @@ class Qwen25OmniAdapter(OmniAdapter):
         """Every audio of every request through the audio tower in one call (as get_audio_features)."""
         tower = self.loaded.audio_tower
         device = self.placement.audio
-        features = torch.cat([b["input_features"] for b in batch]).to(device, self.placement.dtype)
-        mask = torch.cat([b["feature_attention_mask"] for b in batch]).to(device)
-        lengths = mask.sum(-1)
-        flat = features.permute(0, 2, 1)[mask.bool()].permute(1, 0)
+        # Items differ in length (an encoder-cache unit is cut to its audio's valid frames, and
+        # requests batch together): drop each one's padding, then join them along time.
+        flat = torch.cat(
+            [
+                b["input_features"].permute(0, 2, 1)[b["feature_attention_mask"].bool()].permute(1, 0)
+                for b in batch
+            ],
+            dim=1,
+        ).to(device, self.placement.dtype)
+        lengths = torch.cat([b["feature_attention_mask"].sum(-1) for b in batch]).to(device)
         after_cnn, out_lengths = tower._get_feat_extract_output_lengths(lengths)
         out = tower(flat, feature_lens=lengths, aftercnn_lens=after_cnn).last_hidden_state
         per_audio = torch.split(out, out_lengths.tolist())
@@ -176,6 +182,14 @@ class Qwen25OmniAdapter(OmniAdapter):
         """host:port of the image-encoder stage process when image-encoder TP runs there."""
         child = self.loaded.vision_stage
         return None if child is None else str(child.address)
+
+    @property
+    def audio_chunk_frames(self) -> int | None:
+        """Qwen2.5's audio tower cuts the features into chunks of ``2 * n_window`` frames and runs
+        its convolutions, positions and attention (``cu_seqlens``) per chunk; a full chunk has an
+        even length after the CNN, so the stride-2 pooling never pairs across chunks."""
+        tower = self.loaded.audio_tower
+        return None if tower is None else 2 * int(tower.n_window)
 
     @property
     def video_groups_independent(self) -> bool:

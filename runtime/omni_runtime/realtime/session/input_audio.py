@@ -93,3 +93,38 @@ class InputAudio:
     def clear(self) -> None:
         self._chunks = []
         self.start = self.total
+
+
+class EarlyEncoding:
+    """When to encode the speech of the turn being spoken, chunk by chunk, before it is committed.
+
+    The audio encoder encodes each chunk of ``chunk`` samples on its own
+    (`Engine.audio_chunk_samples`), so once the turn's audio holds a whole chunk, plus the
+    ``margin`` its last feature frames look past it (the STFT window), that chunk's encoding is
+    what the committed turn will need. ``begin`` marks where the turn's audio starts (the buffer's
+    start, or server VAD's speech start less its prefix padding); ``due`` says, after each append,
+    up to which position to encode (None: no new whole chunk). A wrong guess costs only a cache
+    miss: reuse is decided by the features' digest (pipeline/encoder_cache.py).
+    """
+
+    def __init__(self, chunk: int | None, *, margin: int = 800) -> None:
+        self.chunk = chunk
+        self.margin = margin
+        self.start: int | None = None
+        self._chunks = 0
+
+    def begin(self, start: int) -> None:
+        self.start, self._chunks = start, 0
+
+    def reset(self) -> None:
+        self.start, self._chunks = None, 0
+
+    def due(self, total: int) -> int | None:
+        """The end position of the audio to encode now (``start`` to it), if a new chunk completed."""
+        if not self.chunk or self.start is None:
+            return None
+        chunks = max(0, total - self.start - self.margin) // self.chunk
+        if chunks <= self._chunks:
+            return None
+        self._chunks = chunks
+        return self.start + chunks * self.chunk + self.margin

@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from omni_runtime.contract.engine import Engine
+from omni_runtime.contract.engine import Engine, MediaInput
 from omni_runtime.contract.sessions import make_session_id
-from omni_runtime.realtime.audio import decode_b64, pcm16_to_float
+from omni_runtime.realtime.audio import MODEL_RATE, decode_b64, pcm16_to_float
 from omni_runtime.realtime.errors import (
     COMMIT_EMPTY,
     NO_ACTIVE_RESPONSE,
@@ -50,7 +50,7 @@ from omni_runtime.realtime.session.duplex import (
     commit_create_response,
     probe_session_key,
 )
-from omni_runtime.realtime.session.input_audio import InputAudio
+from omni_runtime.realtime.session.input_audio import EarlyEncoding, InputAudio
 from omni_runtime.realtime.session.items import parse_item
 from omni_runtime.realtime.session.overlap import Overlap
 from omni_runtime.realtime.session.playback import PlaybackCursor
@@ -121,6 +121,7 @@ class RealtimeSession:
         self.driver = DuplexDriver(self)
         self.overlap = Overlap(self)
         self.warmer = PrefixWarmer(self)
+        self.early = EarlyEncoding(engine.audio_chunk_samples)
         self.created_at = time.monotonic()
         self._scorer_factory = scorer_factory
         self._scorer: SpeechScorer | None = None
@@ -254,6 +255,7 @@ class RealtimeSession:
         samples = self.input.append(pcm16_to_float(data, param="audio"))
         self.warmer.on_user_audio()
         await self._listen(samples)
+        self._encode_early()
         if self.duplex:
             await self.driver.on_append(hints, samples.size)
 
@@ -271,13 +273,33 @@ class RealtimeSession:
         if self.duplex:
             await self.driver.after_commit(create)
 
+    def _encode_early(self) -> None:
+        """Encode the whole chunks of the turn being spoken (EarlyEncoding), so that at the end of
+        speech only its last chunk is left for the audio encoder."""
+        early = self.early
+        if early.chunk is None:
+            return
+        if early.start is not None and early.start < self.input.start:
+            early.reset()  # its start was dropped (a backchannel): those chunks will not recur
+        if early.start is None and self.config.turn_detection is None:
+            early.begin(self.input.start)  # a manual commit takes the whole buffer
+        end = early.due(self.input.total)
+        if end is None or early.start is None:
+            return
+        audio = self.input.peek(start=early.start)[: end - early.start]
+        self.engine.prefetch_media(
+            [MediaInput(kind="audio", data=audio, sample_rate=MODEL_RATE)], audio_prefix=True
+        )
+
     async def _clear(self, event: dict[str, Any]) -> None:
+        self.early.reset()
         self.input.clear()
         if self._listener is not None:
             self._listener.reset_pending()
         self.outbox.emit("input_audio_buffer.cleared")
 
     def commit_audio(self, samples: np.ndarray, item_id: str) -> None:
+        self.early.reset()
         item = Item(id=item_id, role="user", content=[Part(type="input_audio", audio=samples)])
         previous = self.conversation.add(item)
         self._last_commit_at = time.monotonic()
@@ -384,6 +406,7 @@ class RealtimeSession:
             return
         talking = self.overlap.assistant_talking()
         self.driver.on_speech(turn.audio_start_ms, vad.prefix_padding_ms)
+        self.early.begin(self.input.position(max(0, turn.audio_start_ms - vad.prefix_padding_ms)))
         if not talking:
             return
         if self.duplex:
