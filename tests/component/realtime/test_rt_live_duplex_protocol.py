@@ -117,11 +117,17 @@ async def test_speech_over_a_finished_reply_is_a_barge_in_trimmed_to_the_ack(
     await client.next_of("session.created")
     await client.configure(output_modalities=["audio"], max_output_tokens=4)
     await client.send(TEXT_TURN)
-    await client.send({"type": "response.create", "response": {"max_output_tokens": 16}})
-    finished = await client.next_of("response.done")
-    response_id, item = finished["response"]["id"], finished["response"]["output"][0]
-    total = client.audio_ms(response_id)
-    assert finished["response"]["status"] in ("completed", "incomplete") and total > 200
+    # The tiny random talker samples its codes and can draw its end code within the first frame
+    # (once in this session's two make-test runs, on Qwen3): ask again until a reply is long enough.
+    for _ in range(3):
+        await client.send({"type": "response.create", "response": {"max_output_tokens": 16}})
+        finished = await client.next_of("response.done")
+        response_id, item = finished["response"]["id"], finished["response"]["output"][0]
+        total = client.audio_ms(response_id)
+        assert finished["response"]["status"] in ("completed", "incomplete")
+        if total > 200:
+            break
+    assert total > 200, f"three replies of the tiny talker all ended within {total:.0f} ms of audio"
     await client.ack(response_id, 120)  # the reply is generated; the client has played 120 ms of it
 
     await client.stream(np.concatenate([interruption, np.zeros(16 * 800, np.float32)]))
