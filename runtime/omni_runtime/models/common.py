@@ -170,6 +170,23 @@ def sync_stream(device: torch.device) -> None:
         torch.cuda.current_stream(device).synchronize()
 
 
+def joined_audio_frames(
+    batch: list[dict[str, Any]], *, device: torch.device, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of audio-encoder items as the towers take them: every item's valid feature frames
+    joined along time [mel, T] (items differ in length: an encoder-cache unit is cut to its audio's
+    valid frames, and requests batch together) and each audio's frame count."""
+    flat = torch.cat(
+        [
+            b["input_features"].permute(0, 2, 1)[b["feature_attention_mask"].bool()].permute(1, 0)
+            for b in batch
+        ],
+        dim=1,
+    ).to(device, dtype)
+    lengths = torch.cat([b["feature_attention_mask"].sum(-1) for b in batch]).to(device)
+    return flat, lengths
+
+
 def per_request(per_audio: tuple[torch.Tensor, ...], batch: list[dict[str, Any]]) -> list[torch.Tensor]:
     """The audio tower's per-audio outputs joined back per request (each item holds
     ``feature_attention_mask.shape[0]`` audios, in order)."""

@@ -26,6 +26,7 @@ from omni_runtime.models.common import (
     check_prompt_length,
     collect_messages,
     fit_slots,
+    joined_audio_frames,
     per_request,
     placeholder_mask,
     rope_context,
@@ -131,16 +132,7 @@ class Qwen25OmniAdapter(OmniAdapter):
         """Every audio of every request through the audio tower in one call (as get_audio_features)."""
         tower = self.loaded.audio_tower
         device = self.placement.audio
-        # Items differ in length (an encoder-cache unit is cut to its audio's valid frames, and
-        # requests batch together): drop each one's padding, then join them along time.
-        flat = torch.cat(
-            [
-                b["input_features"].permute(0, 2, 1)[b["feature_attention_mask"].bool()].permute(1, 0)
-                for b in batch
-            ],
-            dim=1,
-        ).to(device, self.placement.dtype)
-        lengths = torch.cat([b["feature_attention_mask"].sum(-1) for b in batch]).to(device)
+        flat, lengths = joined_audio_frames(batch, device=device, dtype=self.placement.dtype)
         after_cnn, out_lengths = tower._get_feat_extract_output_lengths(lengths)
         out = tower(flat, feature_lens=lengths, aftercnn_lens=after_cnn).last_hidden_state
         per_audio = torch.split(out, out_lengths.tolist())

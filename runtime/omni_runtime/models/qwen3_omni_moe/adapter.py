@@ -40,6 +40,7 @@ from omni_runtime.models.common import (
     check_prompt_length,
     collect_messages,
     fit_slots,
+    joined_audio_frames,
     per_request,
     placeholder_mask,
     rope_context,
@@ -142,15 +143,7 @@ class Qwen3OmniMoeAdapter(OmniAdapter):
 
         tower = self.loaded.audio_tower
         device = self.placement.audio
-        # Items are padded to their own request's longest audio: drop each one's padding first.
-        flat = torch.cat(
-            [
-                b["input_features"].permute(0, 2, 1)[b["feature_attention_mask"].bool()].permute(1, 0)
-                for b in batch
-            ],
-            dim=1,
-        ).to(device, self.placement.dtype)
-        lengths = torch.cat([b["feature_attention_mask"].sum(-1) for b in batch]).to(device)
+        flat, lengths = joined_audio_frames(batch, device=device, dtype=self.placement.dtype)
         out = tower(flat, feature_lens=lengths).last_hidden_state
         per_audio = torch.split(out, _get_feat_extract_output_lengths(lengths).tolist())
         results = per_request(per_audio, batch)
