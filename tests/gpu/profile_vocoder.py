@@ -7,6 +7,12 @@ with the DiT in float32 (TF32 matmuls) and in bfloat16, and how far bfloat16's a
 float32's for the same window and seed (SNR). Run by hand on the device machine:
 
     python tests/gpu/profile_vocoder.py
+    python tests/gpu/profile_vocoder.py --scale   # where a batch-16 steady call goes, DiT vs BigVGAN
+
+``--scale`` (the bfloat16 DiT the runtime uses) splits one batched steady call into the DiT's ODE
+and BigVGAN (kernel time of each, top kernels), and measures audio-seconds per second by window
+size (the first, second and steady windows' context sizes, and a longer steady window) and batch
+(up to 32), and BigVGAN in bfloat16 against float32 (time and SNR of the same window).
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ def _timed(fn, reps: int = 5) -> float:
 
 
 def main() -> int:
+    if "--scale" in sys.argv:
+        return scale()
     from torch.profiler import ProfilerActivity, profile
     from transformers import Qwen2_5OmniToken2WavModel
 
@@ -103,6 +111,86 @@ def _batched_precision(config, device, speakers, model_class, vocoder_class) -> 
             )
         del vocoder
         torch.cuda.empty_cache()
+
+
+def scale() -> int:
+    import numpy as np
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import Qwen2_5OmniToken2WavModel
+
+    from omni_runtime.models.qwen2_5_omni import vocoder as vocoder_module
+    from omni_runtime.models.qwen2_5_omni.loader import load_processor, load_speakers, released_7b_config
+
+    vocoder_module.BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)
+    vocoder_module.MAX_BATCH = 32
+    torch.manual_seed(0)
+    config = released_7b_config(load_processor(None))
+    device = torch.device("cuda", 0)
+    with torch.device(device):
+        token2wav = Qwen2_5OmniToken2WavModel._from_config(
+            config.token2wav_config, dtype=torch.float32, attn_implementation="sdpa"
+        ).eval()
+    vocoder = vocoder_module.QwenVocoder(
+        token2wav, speakers=load_speakers(None, config), device=device, dit_dtype=torch.bfloat16
+    )
+    voice = next(iter(vocoder.speakers))
+    rng = np.random.default_rng(0)
+    codes = [int(c) for c in rng.integers(0, 8000, 200)]
+
+    def items(ctx: int, kept: int, rows: int) -> list[dict]:
+        window = {"start": ctx - 5 - kept, "end": ctx - 5, "ctx_start": 0, "ctx_end": ctx}
+        return [
+            {"codes": codes, "window": window, "voice": voice, "seed": i, "reusable": True}
+            for i in range(rows)
+        ]
+
+    # (context codes, kept codes, batches): first window, second, steady 40, a longer steady 80
+    for ctx, kept, batches in (
+        (10, 5, (16,)),
+        (20, 10, (1, 16)),
+        (55, 40, (1, 8, 16, 32)),
+        (95, 80, (8, 16)),
+    ):
+        for rows in batches:
+            batch = items(ctx, kept, rows)
+            ms = _timed(lambda b=batch: vocoder.synthesize_many(b), reps=3)
+            audio_s = rows * kept * vocoder.samples_per_code / vocoder.sample_rate
+            print(
+                f"window ctx {ctx:3d} kept {kept:3d} batch {rows:2d}: {ms:7.1f} ms per call, "
+                f"{audio_s / ms * 1000:6.1f} audio-s/s",
+                flush=True,
+            )
+    # One batch-16 steady call, its two halves run eagerly (compiled DiT block), kernel time each.
+    batch = items(55, 40, 16)
+    inputs = vocoder.inputs(batch)
+    with torch.inference_mode():
+        mel = vocoder._dit_sample(**inputs)
+        vocoder._bigvgan(mel)
+        torch.cuda.synchronize()
+        for name, fn in (
+            ("DiT ODE", lambda: vocoder._dit_sample(**inputs)),
+            ("BigVGAN", lambda: vocoder._bigvgan(mel)),
+        ):
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                fn()
+                torch.cuda.synchronize()
+            events = prof.key_averages()
+            total = sum(e.device_time_total for e in events) / 1000
+            print(f"{name}: {total:.1f} ms of kernels (batch 16 steady windows)")
+            print(events.table(sort_by="cuda_time_total", row_limit=10, max_name_column_width=70))
+        reference = vocoder._bigvgan(mel).float().cpu().numpy()
+        fp32_ms = _timed(lambda: vocoder._bigvgan(mel), reps=3)
+        try:
+            vocoder.bigvgan.to(torch.bfloat16)
+            bf16_ms = _timed(lambda: vocoder._bigvgan(mel.to(torch.bfloat16)), reps=3)
+            wave = vocoder._bigvgan(mel.to(torch.bfloat16)).float().cpu().numpy()
+            snr = 10 * np.log10(np.sum(reference**2) / max(float(np.sum((wave - reference) ** 2)), 1e-20))
+            print(
+                f"BigVGAN eager, batch 16 steady: float32 {fp32_ms:.1f} ms, bfloat16 {bf16_ms:.1f} ms, SNR {snr:.1f} dB"
+            )
+        except Exception as exc:  # report, keep the rest of the run
+            print(f"BigVGAN bfloat16: {type(exc).__name__}: {exc}")
+    return 0
 
 
 if __name__ == "__main__":

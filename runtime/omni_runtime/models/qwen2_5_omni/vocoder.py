@@ -134,9 +134,19 @@ class QwenVocoder(SingleWindow):
 
     def _batch(self, items: list[dict[str, Any]], reusable: bool) -> list[np.ndarray]:
         rows = next(b for b in BATCH_BUCKETS if b >= len(items))
-        padded = items + [items[-1]] * (rows - len(items))
+        waves = self._run(self.inputs(items + [items[-1]] * (rows - len(items))), use_graph=reusable)
+        out = []
+        for row, item in enumerate(items):
+            w = item["window"]
+            offset = (w["start"] - w["ctx_start"]) * self.samples_per_code
+            piece = waves[row, offset : offset + (w["end"] - w["start"]) * self.samples_per_code]
+            out.append(piece.cpu().numpy().astype(np.float32))
+        return out
+
+    def inputs(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        """The tensors ``_synthesize`` takes for windows of one context size, a row each."""
         codes, noises, conds, encoded_cond, encoded_uncond = [], [], [], [], []
-        for item in padded:
+        for item in items:
             w = item["window"]
             codes.append(item["codes"][w["ctx_start"] : w["ctx_end"]])
             noises.append(self._noise(item["seed"], w["ctx_start"], w["ctx_end"]))
@@ -147,20 +157,12 @@ class QwenVocoder(SingleWindow):
         code = torch.tensor(codes, dtype=torch.long, device=self.device)
         # A random-weight talker can emit ids the DiT's table lacks; a trained one never does.
         code = torch.where(code < self.num_embeds, code, torch.zeros_like(code))
-        inputs = {
+        return {
             "code": code,
             "noise": torch.cat(noises),
             "cond": torch.cat(conds),
             "encoded": torch.cat(encoded_cond + encoded_uncond),  # conditional rows, then unconditional
         }
-        waves = self._run(inputs, use_graph=reusable)
-        out = []
-        for row, item in enumerate(items):
-            w = item["window"]
-            offset = (w["start"] - w["ctx_start"]) * self.samples_per_code
-            piece = waves[row, offset : offset + (w["end"] - w["start"]) * self.samples_per_code]
-            out.append(piece.cpu().numpy().astype(np.float32))
-        return out
 
     def _noise(self, seed: int, ctx_start: int, ctx_end: int) -> torch.Tensor:
         """The starting noise of codes ``[ctx_start, ctx_end)``: the slice at that position of the
