@@ -16,7 +16,9 @@ time to first audio goes under load (preprocessing, the thinker's first token, t
 frame, the first vocoder window), and what a listener hears (stall per stream, streams that stayed
 real time, audio seconds per second: ``omni_runtime.bench.playback``, as ``omni bench`` plays them).
 ``--window-variants '[{"catch_up": false}]'`` runs every level again with those ``codec_windows``
-overrides, one model load for a side-by-side comparison:
+overrides, one model load for a side-by-side comparison (two keys switch the engine instead:
+``serial_talker_admission`` replays the old talker admission, ``stock_bigvgan`` transformers' own
+BigVGAN activations instead of the fused stencils):
 
     python tests/gpu/profile_speech.py /tmp/qwen2.5-omni-7b-dummy --concurrency 1,16,32 --waves 1 \
         --window-variants '[{"catch_up": false}]'
@@ -254,6 +256,42 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
+ENGINE_SWITCHES = ("serial_talker_admission", "stock_bigvgan")  # variant keys that are not windows
+
+
+async def stock_bigvgan(engine: Any, on: bool) -> None:
+    """Put transformers' own anti-aliased activations back into the Qwen2.5 BigVGAN (the stencils
+    back when ``on`` is False), and recapture the vocoder's graphs with them on its own thread."""
+    from omni_runtime.models.qwen2_5_omni.bigvgan import FusedAntiAliasedSnake
+    from omni_runtime.pipeline.segmenter import CodecSegmenter, family_config
+
+    vocoder = vocoder_of(engine)
+    bigvgan = getattr(vocoder, "bigvgan", None)
+    if bigvgan is None:
+        return
+    swapped = 0
+    for parent in list(bigvgan.modules()):
+        for name, child in list(parent.named_children()):
+            if on and isinstance(child, FusedAntiAliasedSnake):
+                object.__setattr__(child.stock[0], "fused", child)  # not a submodule
+                setattr(parent, name, child.stock[0])
+                swapped += 1
+            elif not on and isinstance(getattr(child, "fused", None), FusedAntiAliasedSnake):
+                setattr(parent, name, child.fused)
+                swapped += 1
+    if swapped:
+        vocoder._graphs.clear()
+        local = getattr(engine.stages, "local", engine.stages)
+        sizes = CodecSegmenter(family_config(engine.adapter.codec_windows)).recurring_sizes()
+        began = time.perf_counter()
+        await local.threads["vocoder"].run(vocoder.warmup, sizes)
+        print(
+            f"bigvgan: {'stock' if on else 'fused'} activations ({swapped}), graphs recaptured "
+            f"in {time.perf_counter() - began:.1f} s",
+            flush=True,
+        )
+
+
 def vocoder_of(engine: Any) -> Any:
     local = getattr(engine.stages, "local", engine.stages)
     return getattr(local, "vocoder", None)
@@ -308,9 +346,10 @@ async def main(args: argparse.Namespace) -> None:
     levels: list[LevelSummary] = []
     for c in args.concurrency:  # closed loop: c streams, each starting its next reply as one ends
         for variant in [{}, *args.window_variants]:
-            overrides = {k: v for k, v in variant.items() if k != "serial_talker_admission"}
+            overrides = {k: v for k, v in variant.items() if k not in ENGINE_SWITCHES}
             engine.adapter.codec_windows = {**windows, **overrides}
             serial(engine, bool(variant.get("serial_talker_admission")))
+            await stock_bigvgan(engine, bool(variant.get("stock_bigvgan")))
 
             async def stream(k: int, c: int = c) -> list[dict[str, float]]:
                 return [
@@ -329,6 +368,7 @@ async def main(args: argparse.Namespace) -> None:
             levels.append(level_summary(name, c, summary[label], walls[label]))
     engine.adapter.codec_windows = windows
     serial(engine, False)
+    await stock_bigvgan(engine, False)
     if levels:  # the bench's own table, JSON and plot: one line per variant
         print(format_table(levels))
         if args.out:
