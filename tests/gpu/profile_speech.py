@@ -259,37 +259,39 @@ def sync() -> None:
 ENGINE_SWITCHES = ("serial_talker_admission", "stock_bigvgan")  # variant keys that are not windows
 
 
-async def stock_bigvgan(engine: Any, on: bool) -> None:
-    """Put transformers' own anti-aliased activations back into the Qwen2.5 BigVGAN (the stencils
-    back when ``on`` is False), and recapture the vocoder's graphs with them on its own thread."""
+async def prepare_vocoder(engine: Any, *, stock_bigvgan: bool) -> None:
+    """Put transformers' own anti-aliased activations into the Qwen2.5 BigVGAN (``stock_bigvgan``;
+    else the fused stencils), and capture the graphs of the current windows' recurring sizes that
+    are missing (all of them after a swap), on the vocoder's own thread, before a level runs."""
     from omni_runtime.models.qwen2_5_omni.bigvgan import FusedAntiAliasedSnake
     from omni_runtime.pipeline.segmenter import CodecSegmenter, family_config
 
     vocoder = vocoder_of(engine)
     bigvgan = getattr(vocoder, "bigvgan", None)
-    if bigvgan is None:
+    if vocoder is None:
         return
     swapped = 0
-    for parent in list(bigvgan.modules()):
+    for parent in list(bigvgan.modules()) if bigvgan is not None else []:
         for name, child in list(parent.named_children()):
-            if on and isinstance(child, FusedAntiAliasedSnake):
+            if stock_bigvgan and isinstance(child, FusedAntiAliasedSnake):
                 object.__setattr__(child.stock[0], "fused", child)  # not a submodule
                 setattr(parent, name, child.stock[0])
                 swapped += 1
-            elif not on and isinstance(getattr(child, "fused", None), FusedAntiAliasedSnake):
+            elif not stock_bigvgan and isinstance(getattr(child, "fused", None), FusedAntiAliasedSnake):
                 setattr(parent, name, child.fused)
                 swapped += 1
     if swapped:
         vocoder._graphs.clear()
-        local = getattr(engine.stages, "local", engine.stages)
-        sizes = CodecSegmenter(family_config(engine.adapter.codec_windows)).recurring_sizes()
-        began = time.perf_counter()
-        await local.threads["vocoder"].run(vocoder.warmup, sizes)
-        print(
-            f"bigvgan: {'stock' if on else 'fused'} activations ({swapped}), graphs recaptured "
-            f"in {time.perf_counter() - began:.1f} s",
-            flush=True,
-        )
+    local = getattr(engine.stages, "local", engine.stages)
+    sizes = CodecSegmenter(family_config(engine.adapter.codec_windows)).recurring_sizes()
+    began = time.perf_counter()
+    await local.threads["vocoder"].run(vocoder.warmup, sizes)
+    activations = "stock" if stock_bigvgan else "fused"
+    print(
+        f"vocoder: {activations} activations ({swapped} swapped), window sizes {sorted(sizes)} warm "
+        f"in {time.perf_counter() - began:.1f} s",
+        flush=True,
+    )
 
 
 def vocoder_of(engine: Any) -> Any:
@@ -349,7 +351,7 @@ async def main(args: argparse.Namespace) -> None:
             overrides = {k: v for k, v in variant.items() if k not in ENGINE_SWITCHES}
             engine.adapter.codec_windows = {**windows, **overrides}
             serial(engine, bool(variant.get("serial_talker_admission")))
-            await stock_bigvgan(engine, bool(variant.get("stock_bigvgan")))
+            await prepare_vocoder(engine, stock_bigvgan=bool(variant.get("stock_bigvgan")))
 
             async def stream(k: int, c: int = c) -> list[dict[str, float]]:
                 return [
@@ -368,7 +370,7 @@ async def main(args: argparse.Namespace) -> None:
             levels.append(level_summary(name, c, summary[label], walls[label]))
     engine.adapter.codec_windows = windows
     serial(engine, False)
-    await stock_bigvgan(engine, False)
+    await prepare_vocoder(engine, stock_bigvgan=False)
     if levels:  # the bench's own table, JSON and plot: one line per variant
         print(format_table(levels))
         if args.out:

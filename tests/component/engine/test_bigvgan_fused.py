@@ -64,3 +64,21 @@ def test_fused_bigvgan_equals_the_stock_model() -> None:
     mel = torch.randn(2, 16, 23)
     with torch.no_grad():
         torch.testing.assert_close(fused(mel), stock(mel), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="the compiled stencils run on CUDA (device machine)"
+)
+def test_compiled_stencils_equal_the_stock_activation_on_cuda() -> None:
+    torch.manual_seed(0)
+    for channels, length, batch in [(768, 550, 16), (24, 13200, 2), (96, 1, 1), (48, 333, 3)]:
+        snake = Qwen2_5OmniSnakeBeta(channels)
+        with torch.no_grad():
+            snake.alpha.normal_(0, 0.5)
+            snake.beta.normal_(0, 0.5)
+        stock = Qwen2_5OmniAntiAliasedActivation1d(snake).cuda()
+        x = torch.randn(batch, channels, length, device="cuda") * 3
+        with torch.no_grad():
+            torch.testing.assert_close(
+                FusedAntiAliasedSnake(stock, compiled=True)(x), stock(x), rtol=1e-4, atol=1e-4
+            )

@@ -1,4 +1,4 @@
-"""BigVGAN's anti-aliased SnakeBeta activation as one stencil, instead of five kernels per call.
+"""BigVGAN's anti-aliased SnakeBeta activation as two stencils, instead of about eight kernels.
 
 Each of the BigVGAN's 109 activations (``Qwen2_5OmniAntiAliasedActivation1d``: 6 in each of its
 18 AMP blocks, and one before ``conv_post``) upsamples 2x (replicate pad, a depthwise
@@ -13,9 +13,10 @@ up about 100 ms of the 141 ms BigVGAN spends on a batch of 16 steady windows (``
 The same arithmetic written as index stencils: the transposed convolution with stride 2 is two
 6-tap filters (its polyphase components), one per output phase, over the input with its edges
 replicated; the strided convolution is a 12-tap filter over every other upsampled sample. Only
-slices, multiplies and adds, so ``torch.compile`` makes the whole activation one kernel that reads
-its input once and writes its output once. The filters are the modules' own buffers and the
-result equals the stock modules' to float rounding (table test against transformers' classes).
+gathers, multiplies and adds, so ``torch.compile`` makes the activation two kernels: the upsample
+and SnakeBeta (reading the input once, writing the upsampled signal), then the downsample. The
+filters are the modules' own buffers and the result equals the stock modules' to float rounding
+(table test against transformers' classes).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import os
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 
@@ -51,51 +51,52 @@ def _phases(
     return phases
 
 
-def anti_aliased_snake(
-    x: torch.Tensor,
-    alpha: torch.Tensor,
-    inv_beta: torch.Tensor,
-    phases: list[list[tuple[float, int]]],
-    down: list[float],
-    down_left: int,
+def upsample_snake(
+    x: torch.Tensor, alpha: torch.Tensor, inv_beta: torch.Tensor, phases: list[list[tuple[float, int]]]
 ) -> torch.Tensor:
-    """Upsample by ``len(phases)``, SnakeBeta (``x + inv_beta * sin(alpha * x)^2``), downsample
-    back: [B, C, T] -> [B, C, T]. ``alpha`` and ``inv_beta`` are [C, 1]."""
+    """Upsample [B, C, T] by ``len(phases)`` and apply SnakeBeta (``y + inv_beta * sin(alpha * y)^2``;
+    ``alpha`` and ``inv_beta`` are [C, 1]): [B, C, ratio * T]. Output ``t`` is phase ``t % ratio``
+    of input position ``t // ratio``, each tap a gather of the edge-replicated input."""
     ratio, n = len(phases), x.shape[-1]
-    reach = max(max(abs(off) for _, off in taps) for taps in phases)
-    padded = F.pad(x, (reach, reach), mode="replicate")
-    up: list[torch.Tensor] = []
-    for taps in phases:
-        acc: torch.Tensor | None = None
-        for weight, offset in taps:
-            term = padded[..., reach + offset : reach + offset + n] * weight
-            acc = term if acc is None else acc + term
-        assert acc is not None
-        up.append(acc)
-    high = torch.stack(up, dim=-1).reshape(*x.shape[:-1], ratio * n)
-    high = high + inv_beta * torch.sin(high * alpha).pow(2)
-    right = len(down) // 2
-    high = F.pad(high, (down_left, right), mode="replicate")
+    t = torch.arange(ratio * n, device=x.device)
+    m, q = t // ratio, t % ratio
+    high: torch.Tensor | None = None
+    for j in range(max(len(taps) for taps in phases)):
+        offset, weight = m * 0, torch.zeros(ratio * n, device=x.device, dtype=x.dtype)
+        for phase, taps in enumerate(phases):
+            if j < len(taps):
+                offset = torch.where(q == phase, m + taps[j][1], offset)
+                weight = torch.where(q == phase, taps[j][0], weight)
+        term = x[..., offset.clamp(0, n - 1)] * weight
+        high = term if high is None else high + term
+    assert high is not None
+    return high + inv_beta * torch.sin(high * alpha).pow(2)
+
+
+def downsample(high: torch.Tensor, down: list[float], down_left: int, ratio: int) -> torch.Tensor:
+    """The strided low-pass: [B, C, ratio * T] -> [B, C, T], the edges replicated."""
+    size = high.shape[-1]
+    m = torch.arange(size // ratio, device=high.device)
     out: torch.Tensor | None = None
     for k, weight in enumerate(down):
-        term = high[..., k : k + ratio * n : ratio] * weight
+        term = high[..., (ratio * m + k - down_left).clamp(0, size - 1)] * weight
         out = term if out is None else out + term
     assert out is not None
     return out
 
 
-_compiled: Any = None
+_compiled: dict[str, Any] = {}
 
 
-def _stencil() -> Any:
-    """``anti_aliased_snake``, compiled once for every shape on CUDA (``OMNI_TORCH_COMPILE=0``: eager)."""
-    global _compiled
-    if _compiled is None:
-        if os.environ.get("OMNI_TORCH_COMPILE", "1") == "0":
-            _compiled = anti_aliased_snake
-        else:
-            _compiled = torch.compile(anti_aliased_snake, dynamic=True)
-    return _compiled
+def _kernels() -> tuple[Any, Any]:
+    """``upsample_snake`` and ``downsample``, each compiled once for every shape on CUDA
+    (``OMNI_TORCH_COMPILE=0``: eager). Two kernels, not one: fused into the downsample, each
+    SnakeBeta value (a sine) would be recomputed for every one of the 12 taps that read it."""
+    if not _compiled:
+        eager = os.environ.get("OMNI_TORCH_COMPILE", "1") == "0"
+        for fn in (upsample_snake, downsample):
+            _compiled[fn.__name__] = fn if eager else torch.compile(fn, dynamic=True)
+    return _compiled["upsample_snake"], _compiled["downsample"]
 
 
 class FusedAntiAliasedSnake(nn.Module):
@@ -120,13 +121,14 @@ class FusedAntiAliasedSnake(nn.Module):
         self.stock = (stock,)  # the module it replaced, unregistered (comparison runs swap it back)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        fn = _stencil() if self.compiled else anti_aliased_snake
+        up, down = _kernels() if self.compiled else (upsample_snake, downsample)
         alpha, inv_beta = self.alpha.to(hidden_states.dtype), self.inv_beta.to(hidden_states.dtype)
-        return fn(hidden_states, alpha, inv_beta, self.phases, self.down, self.down_left)
+        high = up(hidden_states, alpha, inv_beta, self.phases)
+        return down(high, self.down, self.down_left, len(self.phases))
 
 
 def fuse_activations(bigvgan: nn.Module, *, compiled: bool) -> int:
-    """Replace every anti-aliased SnakeBeta activation in ``bigvgan`` by the stencil; returns how
+    """Replace every anti-aliased SnakeBeta activation in ``bigvgan`` by the stencils; returns how
     many were replaced (an activation of another kind, or other filter sizes, is left stock)."""
     targets = [
         (parent, name, child)

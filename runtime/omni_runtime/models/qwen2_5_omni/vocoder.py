@@ -27,9 +27,9 @@ Differences from the stock code, none in the math:
   steady windows batched 8 at a time synthesise 36.5 audio-seconds per second instead of 21.8 in
   float32 (H100, released size, random weights), and the audio of one window differs from
   float32's by an SNR of 46 dB. ``OMNI_VOCODER_DTYPE=float32`` keeps the stock precision;
-- BigVGAN's 109 anti-aliased activations (upsample, SnakeBeta, downsample: five kernels each,
-  cuDNN's slowest grouped path among them) are one compiled stencil each (`bigvgan`): the same
-  arithmetic, reading the signal once. BigVGAN stays float32 (in bfloat16 its audio is only
+- on CUDA, BigVGAN's 109 anti-aliased activations (upsample, SnakeBeta, downsample: about eight
+  kernels each, cuDNN's slowest grouped path among them) are two compiled stencils each
+  (`bigvgan`): the same arithmetic, reading the signal once. BigVGAN stays float32 (in bfloat16 its audio is only
   28.6 dB from float32's).
 """
 
@@ -87,7 +87,8 @@ class QwenVocoder(SingleWindow):
         self.cuda_graphs = cuda_graphs and device.type == "cuda"
         self.block: Callable[..., torch.Tensor] = _dit_block
         compile_on = device.type == "cuda" and os.environ.get("OMNI_TORCH_COMPILE", "1") != "0"
-        fuse_activations(self.bigvgan, compiled=compile_on)
+        if compile_on:  # the stencils pay off compiled; eager (the CPU) keeps transformers' modules
+            fuse_activations(self.bigvgan, compiled=True)
         if device.type == "cuda":
             # Only the float32 DiT and BigVGAN are affected: every other stage runs in bfloat16.
             torch.backends.cuda.matmul.allow_tf32 = True
