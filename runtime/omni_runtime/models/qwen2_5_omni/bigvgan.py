@@ -1,4 +1,4 @@
-"""BigVGAN's anti-aliased SnakeBeta activation as two stencils, instead of about eight kernels.
+"""BigVGAN's anti-aliased SnakeBeta activation as one Triton kernel, instead of about eight.
 
 Each of the BigVGAN's 109 activations (``Qwen2_5OmniAntiAliasedActivation1d``: 6 in each of its
 18 AMP blocks, and one before ``conv_post``) upsamples 2x (replicate pad, a depthwise
@@ -10,22 +10,25 @@ depthwise convolution, each reading and writing the whole upsampled signal. On a
 up about 100 ms of the 141 ms BigVGAN spends on a batch of 16 steady windows (``profile_vocoder.py
 --scale``), more than the DiT's matmuls.
 
-The same arithmetic written as index stencils: the transposed convolution with stride 2 is two
-6-tap filters (its polyphase components), one per output phase, over the input with its edges
-replicated; the strided convolution is a 12-tap filter over every other upsampled sample. Only
-gathers, multiplies and adds, so ``torch.compile`` makes the activation two kernels: the upsample
-and SnakeBeta (reading the input once, writing the upsampled signal), then the downsample. The
-filters are the modules' own buffers and the result equals the stock modules' to float rounding
-(table test against transformers' classes).
+The same arithmetic as one stencil per output sample: the transposed convolution with stride 2
+is two 6-tap filters (its polyphase components), one per output phase, over the input with its
+edges replicated; the strided convolution is a 12-tap filter over every other upsampled sample,
+its edges replicated too. The kernel computes each output from 72 reads of its input row (all
+in cache) and 12 SnakeBeta values, and writes it once: the upsampled signal never goes to memory.
+The filters are the modules' own buffers, and the result equals the stock modules' to float
+rounding (tested against transformers' classes, on the CPU through Triton's interpreter).
 """
 
 from __future__ import annotations
 
-import os
+import functools
 from typing import Any
 
 import torch
 from torch import nn
+
+TAPS = 12  # BigVGAN's up- and down-sampling filters (ratio 2): 6 taps per upsampling phase
+BLOCK = 256  # output samples per Triton program
 
 
 def _phases(
@@ -39,96 +42,111 @@ def _phases(
     for q in range(ratio):
         first = (q + pad_left) % ratio  # the first tap that lands on this phase
         centre = (q + pad_left - first) // ratio
-        taps = [
-            (ratio * filter_taps[first + ratio * j], centre - j - pad)
-            for j in range((size - first + ratio - 1) // ratio)
-        ]
+        count = (size - first + ratio - 1) // ratio
         # Every tap must read the replicate-padded input, never the transposed convolution's own
         # zero border: true for BigVGAN's sizes (ratio 2, 12 taps); checked rather than assumed.
-        if min(centre - j for j in range(len(taps))) < 0 or centre > 2 * pad:
+        if centre - (count - 1) < 0 or centre > 2 * pad:
             raise ValueError(f"upsampling ratio {ratio} with {size} taps has no exact polyphase form here")
-        phases.append(taps)
+        phases.append([(ratio * filter_taps[first + ratio * j], centre - j - pad) for j in range(count)])
     return phases
 
 
-def upsample_snake(
-    x: torch.Tensor, alpha: torch.Tensor, inv_beta: torch.Tensor, phases: list[list[tuple[float, int]]]
-) -> torch.Tensor:
-    """Upsample [B, C, T] by ``len(phases)`` and apply SnakeBeta (``y + inv_beta * sin(alpha * y)^2``;
-    ``alpha`` and ``inv_beta`` are [C, 1]): [B, C, ratio * T]. Output ``t`` is phase ``t % ratio``
-    of input position ``t // ratio``, each tap a gather of the edge-replicated input."""
-    ratio, n = len(phases), x.shape[-1]
-    t = torch.arange(ratio * n, device=x.device)
-    m, q = t // ratio, t % ratio
-    high: torch.Tensor | None = None
-    for j in range(max(len(taps) for taps in phases)):
-        offset, weight = m * 0, torch.zeros(ratio * n, device=x.device, dtype=x.dtype)
-        for phase, taps in enumerate(phases):
-            if j < len(taps):
-                offset = torch.where(q == phase, m + taps[j][1], offset)
-                weight = torch.where(q == phase, taps[j][0], weight)
-        term = x[..., offset.clamp(0, n - 1)] * weight
-        high = term if high is None else high + term
-    assert high is not None
-    return high + inv_beta * torch.sin(high * alpha).pow(2)
+@functools.cache
+def _kernel() -> Any:
+    import triton  # type: ignore[import-untyped]  # shipped with CUDA torch; imported on first use
+    import triton.language as tl  # type: ignore[import-untyped]
 
+    @triton.jit  # type: ignore[untyped-decorator]
+    def anti_aliased_snake(
+        x_ptr,
+        out_ptr,
+        alpha_ptr,  # exp(alpha) per channel
+        inv_beta_ptr,  # 1 / (exp(beta) + eps) per channel
+        w_ptr,  # even phase's 6 weights, odd phase's 6, the downsampling filter's 12
+        channels,
+        length,
+        EVEN0: tl.constexpr,  # even outputs read x[m + EVEN0 - j], odd ones x[m + ODD0 - j]
+        ODD0: tl.constexpr,
+        DOWN_LEFT: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        row = tl.program_id(0)
+        m = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        valid = m < length
+        alpha = tl.load(alpha_ptr + row % channels)
+        inv_beta = tl.load(inv_beta_ptr + row % channels)
+        x_row = x_ptr + row.to(tl.int64) * length
+        out = tl.zeros([BLOCK], dtype=tl.float32)
+        for k in tl.static_range(12):  # the downsampling taps, over the replicated upsampled signal
+            h = tl.minimum(tl.maximum(2 * m + (k - DOWN_LEFT), 0), 2 * length - 1)
+            odd = (h % 2) == 1
+            up = tl.zeros([BLOCK], dtype=tl.float32)
+            for j in tl.static_range(6):
+                weight = tl.where(odd, tl.load(w_ptr + 6 + j), tl.load(w_ptr + j))
+                index = h // 2 + tl.where(odd, ODD0 - j, EVEN0 - j)
+                index = tl.minimum(tl.maximum(index, 0), length - 1)
+                up += weight * tl.load(x_row + index, mask=valid, other=0.0)
+            wave = tl.sin(up * alpha)
+            out += tl.load(w_ptr + 12 + k) * (up + inv_beta * wave * wave)
+        tl.store(out_ptr + row.to(tl.int64) * length + m, out, mask=valid)
 
-def downsample(high: torch.Tensor, down: list[float], down_left: int, ratio: int) -> torch.Tensor:
-    """The strided low-pass: [B, C, ratio * T] -> [B, C, T], the edges replicated."""
-    size = high.shape[-1]
-    m = torch.arange(size // ratio, device=high.device)
-    out: torch.Tensor | None = None
-    for k, weight in enumerate(down):
-        term = high[..., (ratio * m + k - down_left).clamp(0, size - 1)] * weight
-        out = term if out is None else out + term
-    assert out is not None
-    return out
-
-
-_compiled: dict[str, Any] = {}
-
-
-def _kernels() -> tuple[Any, Any]:
-    """``upsample_snake`` and ``downsample``, each compiled once for every shape on CUDA
-    (``OMNI_TORCH_COMPILE=0``: eager). Two kernels, not one: fused into the downsample, each
-    SnakeBeta value (a sine) would be recomputed for every one of the 12 taps that read it."""
-    if not _compiled:
-        eager = os.environ.get("OMNI_TORCH_COMPILE", "1") == "0"
-        for fn in (upsample_snake, downsample):
-            _compiled[fn.__name__] = fn if eager else torch.compile(fn, dynamic=True)
-    return _compiled["upsample_snake"], _compiled["downsample"]
+    return anti_aliased_snake
 
 
 class FusedAntiAliasedSnake(nn.Module):
-    """Drop-in for ``Qwen2_5OmniAntiAliasedActivation1d`` with a SnakeBeta activation."""
+    """Drop-in for ``Qwen2_5OmniAntiAliasedActivation1d`` with a SnakeBeta activation and
+    BigVGAN's filters (ratio 2, 12 taps); other shapes raise ValueError (kept stock)."""
 
-    def __init__(self, stock: Any, *, compiled: bool) -> None:
+    def __init__(self, stock: Any) -> None:
         super().__init__()
         up, down, act = stock.upsample, stock.downsample, stock.act
-        self.phases = _phases(
+        even, odd = _phases(
             [float(v) for v in up.filter.flatten()], ratio=up.ratio, pad=up.pad, pad_left=up.pad_left
         )
-        if down.stride != up.ratio or len(down.filter.flatten()) != down.kernel_size:
-            raise ValueError("the downsampling ratio differs from the upsampling one")
-        self.down = [float(v) for v in down.filter.flatten()]
-        self.down_left = int(down.pad_left)
+        down_taps = [float(v) for v in down.filter.flatten()]
+        shape_ok = (
+            up.ratio == down.stride == 2
+            and len(even) == len(odd) == TAPS // 2
+            and len(down_taps) == TAPS
+            and [o for _, o in even] == [even[0][1] - j for j in range(6)]
+            and [o for _, o in odd] == [odd[0][1] - j for j in range(6)]
+        )
+        if not shape_ok:
+            raise ValueError("not BigVGAN's ratio-2, 12-tap anti-aliasing filters")
+        self.even0, self.odd0, self.down_left = even[0][1], odd[0][1], int(down.pad_left)
+        device = act.alpha.device
+        weights = [w for w, _ in even] + [w for w, _ in odd] + down_taps
+        self.weights = nn.Buffer(torch.tensor(weights, dtype=torch.float32, device=device), persistent=False)
         with torch.no_grad():  # SnakeBeta's per-channel constants, as its forward computes them
-            self.alpha = nn.Buffer(torch.exp(act.alpha.detach()).unsqueeze(-1), persistent=False)
+            self.alpha = nn.Buffer(torch.exp(act.alpha.detach()).float(), persistent=False)
             self.inv_beta = nn.Buffer(
-                (1.0 / (torch.exp(act.beta.detach()) + act.no_div_by_zero)).unsqueeze(-1), persistent=False
+                (1.0 / (torch.exp(act.beta.detach()) + act.no_div_by_zero)).float(), persistent=False
             )
-        self.compiled = compiled
         self.stock = (stock,)  # the module it replaced, unregistered (comparison runs swap it back)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        up, down = _kernels() if self.compiled else (upsample_snake, downsample)
-        alpha, inv_beta = self.alpha.to(hidden_states.dtype), self.inv_beta.to(hidden_states.dtype)
-        high = up(hidden_states, alpha, inv_beta, self.phases)
-        return down(high, self.down, self.down_left, len(self.phases))
+        x = hidden_states.float().contiguous()
+        batch, channels, length = x.shape
+        out = torch.empty_like(x)
+        grid = (batch * channels, -(-length // BLOCK))
+        _kernel()[grid](
+            x,
+            out,
+            self.alpha,
+            self.inv_beta,
+            self.weights,
+            channels,
+            length,
+            EVEN0=self.even0,
+            ODD0=self.odd0,
+            DOWN_LEFT=self.down_left,
+            BLOCK=BLOCK,
+        )
+        return out.to(hidden_states.dtype)
 
 
-def fuse_activations(bigvgan: nn.Module, *, compiled: bool) -> int:
-    """Replace every anti-aliased SnakeBeta activation in ``bigvgan`` by the stencils; returns how
+def fuse_activations(bigvgan: nn.Module) -> int:
+    """Replace every anti-aliased SnakeBeta activation in ``bigvgan`` by the kernel; returns how
     many were replaced (an activation of another kind, or other filter sizes, is left stock)."""
     targets = [
         (parent, name, child)
@@ -140,7 +158,7 @@ def fuse_activations(bigvgan: nn.Module, *, compiled: bool) -> int:
     replaced = 0
     for parent, name, child in targets:
         try:
-            fused = FusedAntiAliasedSnake(child, compiled=compiled)
+            fused = FusedAntiAliasedSnake(child)
         except ValueError:
             continue
         setattr(parent, name, fused)

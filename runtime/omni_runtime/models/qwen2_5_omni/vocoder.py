@@ -28,8 +28,8 @@ Differences from the stock code, none in the math:
   float32 (H100, released size, random weights), and the audio of one window differs from
   float32's by an SNR of 46 dB. ``OMNI_VOCODER_DTYPE=float32`` keeps the stock precision;
 - on CUDA, BigVGAN's 109 anti-aliased activations (upsample, SnakeBeta, downsample: about eight
-  kernels each, cuDNN's slowest grouped path among them) are two compiled stencils each
-  (`bigvgan`): the same arithmetic, reading the signal once. BigVGAN stays float32 (in bfloat16 its audio is only
+  kernels each, cuDNN's slowest grouped path among them) are one Triton kernel each (`bigvgan`):
+  the same arithmetic, the upsampled signal never written to memory. BigVGAN stays float32 (in bfloat16 its audio is only
   28.6 dB from float32's).
 """
 
@@ -86,13 +86,12 @@ class QwenVocoder(SingleWindow):
         self._encoded: dict[str, torch.Tensor] = {}  # voice -> ECAPA(ref_mel) for [cond, uncond]
         self.cuda_graphs = cuda_graphs and device.type == "cuda"
         self.block: Callable[..., torch.Tensor] = _dit_block
-        compile_on = device.type == "cuda" and os.environ.get("OMNI_TORCH_COMPILE", "1") != "0"
-        if compile_on:  # the stencils pay off compiled; eager (the CPU) keeps transformers' modules
-            fuse_activations(self.bigvgan, compiled=True)
+        if device.type == "cuda":  # a Triton kernel: the CPU keeps transformers' modules
+            fuse_activations(self.bigvgan)
         if device.type == "cuda":
             # Only the float32 DiT and BigVGAN are affected: every other stage runs in bfloat16.
             torch.backends.cuda.matmul.allow_tf32 = True
-            if compile_on:
+            if os.environ.get("OMNI_TORCH_COMPILE", "1") != "0":
                 # One specialisation per (window size, batch bucket): 3 x 5 by default, more than
                 # dynamo's default limit of 8, past which the block would silently run uncompiled.
                 torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
