@@ -294,6 +294,19 @@ async def prepare_vocoder(engine: Any, *, stock_bigvgan: bool) -> None:
     )
 
 
+def write_levels(args: argparse.Namespace, levels: list[LevelSummary]) -> None:
+    """The bench's own table, JSON and plot: one line per variant and level."""
+    if not levels:
+        return
+    print(format_table(levels))
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        meta = {"model": args.path, "talker_tokens": args.talker_tokens, "waves": args.waves}
+        write_json(args.out / "levels.json", meta=meta, levels=levels, baselines=[])
+        plot_speech(args.out / "speech.png", rows=levels, title="streaming speech, in-process engine")
+        print(f"wrote {args.out}/levels.json, {args.out}/speech.png", flush=True)
+
+
 def vocoder_of(engine: Any) -> Any:
     local = getattr(engine.stages, "local", engine.stages)
     return getattr(local, "vocoder", None)
@@ -346,12 +359,15 @@ async def main(args: argparse.Namespace) -> None:
     engine.adapter.codec_windows = windows
     walls: dict[str, float] = {}
     levels: list[LevelSummary] = []
-    for c in args.concurrency:  # closed loop: c streams, each starting its next reply as one ends
-        for variant in [{}, *args.window_variants]:
-            overrides = {k: v for k, v in variant.items() if k not in ENGINE_SWITCHES}
-            engine.adapter.codec_windows = {**windows, **overrides}
-            serial(engine, bool(variant.get("serial_talker_admission")))
-            await prepare_vocoder(engine, stock_bigvgan=bool(variant.get("stock_bigvgan")))
+    for c in args.concurrency:  # every level's shapes once (thinker prefill, talker admission)
+        await asyncio.gather(*(one(engine, hook, f"warm-c{c}-s{k}", 60, quiet=True) for k in range(c)))
+    hook.take_calls()
+    for variant in [{}, *args.window_variants]:  # one switch per variant: a swap recaptures graphs
+        overrides = {k: v for k, v in variant.items() if k not in ENGINE_SWITCHES}
+        engine.adapter.codec_windows = {**windows, **overrides}
+        serial(engine, bool(variant.get("serial_talker_admission")))
+        await prepare_vocoder(engine, stock_bigvgan=bool(variant.get("stock_bigvgan")))
+        for c in args.concurrency:  # closed loop: c streams, each starting its next reply as one ends
 
             async def stream(k: int, c: int = c) -> list[dict[str, float]]:
                 return [
@@ -368,17 +384,9 @@ async def main(args: argparse.Namespace) -> None:
             report(label, summary[label], walls[label])  # as it goes: a cut-off run keeps its levels
             name = "default" if not variant else ", ".join(f"{k}={v}" for k, v in variant.items())
             levels.append(level_summary(name, c, summary[label], walls[label]))
+        write_levels(args, levels)  # after each variant, so a run cut off keeps what it measured
     engine.adapter.codec_windows = windows
     serial(engine, False)
-    await prepare_vocoder(engine, stock_bigvgan=False)
-    if levels:  # the bench's own table, JSON and plot: one line per variant
-        print(format_table(levels))
-        if args.out:
-            args.out.mkdir(parents=True, exist_ok=True)
-            meta = {"model": args.path, "talker_tokens": args.talker_tokens, "waves": args.waves}
-            write_json(args.out / "levels.json", meta=meta, levels=levels, baselines=[])
-            plot_speech(args.out / "speech.png", rows=levels, title="streaming speech, in-process engine")
-            print(f"wrote {args.out}/levels.json, {args.out}/speech.png")
     print("per variant:")
     for label, runs in summary.items():
         report(label, runs, walls.get(label))
