@@ -49,6 +49,7 @@ from omni_runtime.contract.engine import (
 )
 from omni_runtime.contract.options import EngineOptions
 from omni_runtime.pipeline import build_engine
+from omni_runtime.support.gc_pauses import collections, freeze_heap, longest_pause, watch_gc
 
 
 class Marks:
@@ -362,7 +363,11 @@ async def main(args: argparse.Namespace) -> None:
     for c in args.concurrency:  # every level's shapes once (thinker prefill, talker admission)
         await asyncio.gather(*(one(engine, hook, f"warm-c{c}-s{k}", 60, quiet=True) for k in range(c)))
     hook.take_calls()
-    for variant in [{}, *args.window_variants]:  # one switch per variant: a swap recaptures graphs
+    # As omni serve does once warm: full collections skip what is alive now; pauses are logged.
+    freeze_heap("profile_speech")
+    watch_gc(warn_above_s=0.05)
+    variants = args.window_variants if args.variants_only else [{}, *args.window_variants]
+    for variant in variants:  # one switch per variant: a swap recaptures graphs
         overrides = {k: v for k, v in variant.items() if k not in ENGINE_SWITCHES}
         engine.adapter.codec_windows = {**windows, **overrides}
         serial(engine, bool(variant.get("serial_talker_admission")))
@@ -382,6 +387,12 @@ async def main(args: argparse.Namespace) -> None:
             walls[label] = time.perf_counter() - began
             calls[label] = hook.take_calls()
             report(label, summary[label], walls[label])  # as it goes: a cut-off run keeps its levels
+            vocoder = vocoder_of(engine)
+            print(
+                f"    vocoder eager calls so far {getattr(vocoder, 'eager_calls', '?')}; "
+                f"gen-2 collections {collections(2)}, longest {longest_pause(2) * 1000:.0f} ms",
+                flush=True,
+            )
             name = "default" if not variant else ", ".join(f"{k}={v}" for k, v in variant.items())
             levels.append(level_summary(name, c, summary[label], walls[label]))
         write_levels(args, levels)  # after each variant, so a run cut off keeps what it measured
@@ -422,6 +433,9 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", type=levels, default=[], help="closed-loop levels, e.g. 16,32")
     parser.add_argument("--waves", type=int, default=2, help="replies per stream at each level")
     parser.add_argument("--out", type=Path, default=None, help="write levels.json and speech.png here")
+    parser.add_argument(
+        "--variants-only", action="store_true", help="only the --window-variants ({} is the default)"
+    )
     parser.add_argument(
         "--window-variants",
         type=json.loads,

@@ -86,6 +86,10 @@ class QwenVocoder(SingleWindow):
         self._encoded: dict[str, torch.Tensor] = {}  # voice -> ECAPA(ref_mel) for [cond, uncond]
         self.cuda_graphs = cuda_graphs and device.type == "cuda"
         self.block: Callable[..., torch.Tensor] = _dit_block
+        # One-off window sizes (a reply shorter than the second window) run eagerly: through a
+        # shape-generic compile, so a new size never recompiles the block (seconds, with the GIL
+        # held, while every other stream waits).
+        self.block_any_size: Callable[..., torch.Tensor] = _dit_block
         if device.type == "cuda":  # a Triton kernel: the CPU keeps transformers' modules
             fuse_activations(self.bigvgan)
         if device.type == "cuda":
@@ -96,7 +100,9 @@ class QwenVocoder(SingleWindow):
                 # dynamo's default limit of 8, past which the block would silently run uncompiled.
                 torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
                 self.block = torch.compile(_dit_block, dynamic=False)
+                self.block_any_size = torch.compile(_dit_block, dynamic=True)
         self._graphs: dict[tuple[int, ...], tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor]]] = {}
+        self.eager_calls = 0  # batches run without a captured graph (one-off window sizes)
 
     @staticmethod
     def _time_points(num_steps: int, sway: float | None) -> list[float]:
@@ -137,6 +143,14 @@ class QwenVocoder(SingleWindow):
             for rows in BATCH_BUCKETS:
                 item = {"codes": codes, "window": window, "voice": voice, "seed": 0, "reusable": True}
                 self.synthesize_many([item] * rows)
+        # One-off sizes run eagerly through the shape-generic block: compile it now, not when the
+        # first short reply comes (a size no window of the warm-up has, at a few batches).
+        odd = next(n for n in range(7, 1000) if n not in sizes)
+        for rows in (1, 2, 4):
+            window = {"start": 0, "end": odd, "ctx_start": 0, "ctx_end": odd}
+            item = {"codes": [0] * odd, "window": window, "voice": voice, "seed": 0, "reusable": False}
+            self.synthesize_many([item] * rows)
+        self.eager_calls = 0
         log.info("vocoder: %d window graphs captured", len(self._graphs))
 
     def _batch(self, items: list[dict[str, Any]], reusable: bool) -> list[np.ndarray]:
@@ -187,7 +201,8 @@ class QwenVocoder(SingleWindow):
 
     def _run(self, inputs: dict[str, torch.Tensor], *, use_graph: bool) -> torch.Tensor:
         if not (self.cuda_graphs and use_graph):
-            return self._synthesize(**inputs)
+            self.eager_calls += 1
+            return self._synthesize(**inputs, block=self.block_any_size)
         key = tuple(inputs["code"].shape)
         entry = self._graphs.get(key)
         if entry is None:
@@ -196,7 +211,7 @@ class QwenVocoder(SingleWindow):
             except RuntimeError as exc:  # never lose audio to a capture problem: run eagerly from now on
                 log.warning("vocoder CUDA graph capture failed (%s); running eagerly", exc)
                 self.cuda_graphs = False
-                return self._synthesize(**inputs)
+                return self._synthesize(**inputs, block=self.block_any_size)
             if len(self._graphs) >= MAX_GRAPHS:
                 self._graphs.pop(next(iter(self._graphs)))
             self._graphs[key] = entry
@@ -230,16 +245,16 @@ class QwenVocoder(SingleWindow):
             self._encoded[voice] = self.dit.input_embed.spk_encoder(ref2.to(self.dit_dtype))
         return self._encoded[voice]
 
-    def _synthesize(self, code, noise, cond, encoded) -> torch.Tensor:
+    def _synthesize(self, code, noise, cond, encoded, block=None) -> torch.Tensor:
         """Codes [B, n] -> waveforms [B, samples], with no host syncs (capturable).
 
         ``cond`` is each row's speaker vector [B, 192]; ``encoded`` the ECAPA encoding of each
         row's reference mel, conditional rows first, then the unconditional ones [2B, dim].
         """
-        mel = self._dit_sample(code, noise, cond, encoded)
+        mel = self._dit_sample(code, noise, cond, encoded, block or self.block)
         return self._bigvgan(mel)
 
-    def _dit_sample(self, code, noise, cond, encoded) -> torch.Tensor:
+    def _dit_sample(self, code, noise, cond, encoded, block=None) -> torch.Tensor:
         """``Qwen2_5OmniToken2WavDiTModel.sample``: classifier-free guidance, RK4 over fixed times."""
         dit = self.dit
         frames = noise.shape[1]
@@ -264,7 +279,7 @@ class QwenVocoder(SingleWindow):
             t_emb = dit.time_embed(torch.full((rows,), t, device=noise.device, dtype=self.dit_dtype))
             x = dit.input_embed.proj(torch.cat((torch.cat([hidden, hidden]), constant), dim=-1))
             for layer, mask in zip(dit.transformer_blocks, masks, strict=True):
-                x = self.block(layer, x, t_emb, rotary, mask)
+                x = (block or self.block)(layer, x, t_emb, rotary, mask)
             out = dit.proj_out(dit.norm_out(x, t_emb)).float()
             guided, null = torch.chunk(out, 2, dim=0)
             return guided + (guided - null) * self.guidance_scale
