@@ -33,21 +33,31 @@ def _timed(fn, reps: int = 5) -> float:
     return (time.perf_counter() - start) * 1000 / reps
 
 
+def _released_token2wav(device: torch.device):
+    """The released 7B config and its token2wav at full size, random weights, float32."""
+    from transformers import Qwen2_5OmniToken2WavModel
+
+    from omni_runtime.models.qwen2_5_omni.loader import load_processor, released_7b_config
+
+    config = released_7b_config(load_processor(None))
+    with torch.device(device):
+        token2wav = Qwen2_5OmniToken2WavModel._from_config(
+            config.token2wav_config, dtype=torch.float32, attn_implementation="sdpa"
+        ).eval()
+    return config, token2wav
+
+
 def main() -> int:
     if "--scale" in sys.argv:
         return scale()
     from torch.profiler import ProfilerActivity, profile
     from transformers import Qwen2_5OmniToken2WavModel
 
-    from omni_runtime.models.qwen2_5_omni.loader import load_processor, load_speakers, released_7b_config
+    from omni_runtime.models.qwen2_5_omni.loader import load_speakers
     from omni_runtime.models.qwen2_5_omni.vocoder import QwenVocoder
 
-    config = released_7b_config(load_processor(None))
     device = torch.device("cuda", 0)
-    with torch.device(device):
-        token2wav = Qwen2_5OmniToken2WavModel._from_config(
-            config.token2wav_config, dtype=torch.float32, attn_implementation="sdpa"
-        ).eval()
+    config, token2wav = _released_token2wav(device)
     vocoder = QwenVocoder(token2wav, speakers=load_speakers(None, config), device=device)
     voice = next(iter(vocoder.speakers))
     print(f"DiT layers {len(vocoder.dit.transformer_blocks)}, ODE evaluations {4 * (len(vocoder.times) - 1)}")
@@ -118,20 +128,15 @@ def scale() -> int:
 
     import numpy as np
     from torch.profiler import ProfilerActivity, profile
-    from transformers import Qwen2_5OmniToken2WavModel
 
     from omni_runtime.models.qwen2_5_omni import vocoder as vocoder_module
-    from omni_runtime.models.qwen2_5_omni.loader import load_processor, load_speakers, released_7b_config
+    from omni_runtime.models.qwen2_5_omni.loader import load_speakers
 
     vocoder_module.BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)
     vocoder_module.MAX_BATCH = 32
     torch.manual_seed(0)
-    config = released_7b_config(load_processor(None))
     device = torch.device("cuda", 0)
-    with torch.device(device):
-        token2wav = Qwen2_5OmniToken2WavModel._from_config(
-            config.token2wav_config, dtype=torch.float32, attn_implementation="sdpa"
-        ).eval()
+    config, token2wav = _released_token2wav(device)
     stock = copy.deepcopy(token2wav.code2wav_bigvgan_model)  # before the vocoder fuses its activations
     vocoder = vocoder_module.QwenVocoder(
         token2wav, speakers=load_speakers(None, config), device=device, dit_dtype=torch.bfloat16
