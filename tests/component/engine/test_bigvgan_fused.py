@@ -103,6 +103,13 @@ def test_other_filters_stay_stock() -> None:
         FusedAntiAliasedSnake(odd_sized)
 
 
+def test_without_triton_every_activation_stays_stock(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "triton", None)  # import triton raises ImportError
+    model = _small_bigvgan()
+    assert fuse_activations(model) == 0
+    assert sum(isinstance(m, Qwen2_5OmniAntiAliasedActivation1d) for m in model.modules()) == 2 * 2 * 6 + 1
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled kernel runs on CUDA (device machine)")
 def test_kernel_equals_the_stock_activation_on_cuda() -> None:
     check_on("cuda")

@@ -23,10 +23,13 @@ rounding (tested against transformers' classes, on the CPU through Triton's inte
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any
 
 import torch
 from torch import nn
+
+log = logging.getLogger(__name__)
 
 TAPS = 12  # BigVGAN's up- and down-sampling filters (ratio 2): 6 taps per upsampling phase
 BLOCK = 256  # output samples per Triton program
@@ -165,7 +168,13 @@ class FusedAntiAliasedSnake(nn.Module):
 
 def fuse_activations(bigvgan: nn.Module) -> int:
     """Replace every anti-aliased SnakeBeta activation in ``bigvgan`` by the kernel; returns how
-    many were replaced (an activation of another kind, or other filter sizes, is left stock)."""
+    many were replaced (an activation of another kind, or other filter sizes, is left stock).
+    Without Triton (a torch build that lacks it) every activation stays stock."""
+    try:
+        import triton  # type: ignore[import-untyped]  # noqa: F401
+    except ImportError:
+        log.warning("triton is not installed: BigVGAN keeps transformers' activations (slower)")
+        return 0
     targets = [
         (parent, name, child)
         for parent in bigvgan.modules()
