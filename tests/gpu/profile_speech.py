@@ -18,7 +18,7 @@ real time, audio seconds per second: ``omni_runtime.bench.playback``, as ``omni 
 ``--window-variants '[{"catch_up": false}]'`` runs every level again with those ``codec_windows``
 overrides, one model load for a side-by-side comparison (two keys switch the engine instead:
 ``serial_talker_admission`` replays the old talker admission, ``stock_bigvgan`` transformers' own
-BigVGAN activations instead of the fused stencils):
+BigVGAN activations instead of the Triton kernel):
 
     python tests/gpu/profile_speech.py /tmp/qwen2.5-omni-7b-dummy --concurrency 1,16,32 --waves 1 \
         --window-variants '[{"catch_up": false}]'
@@ -262,15 +262,15 @@ ENGINE_SWITCHES = ("serial_talker_admission", "stock_bigvgan")  # variant keys t
 
 async def prepare_vocoder(engine: Any, *, stock_bigvgan: bool) -> None:
     """Put transformers' own anti-aliased activations into the Qwen2.5 BigVGAN (``stock_bigvgan``;
-    else the fused stencils), and capture the graphs of the current windows' recurring sizes that
+    else the Triton kernel's modules), and capture the graphs of the current windows' recurring sizes that
     are missing (all of them after a swap), on the vocoder's own thread, before a level runs."""
     from omni_runtime.models.qwen2_5_omni.bigvgan import FusedAntiAliasedSnake
     from omni_runtime.pipeline.segmenter import CodecSegmenter, family_config
 
     vocoder = vocoder_of(engine)
-    bigvgan = getattr(vocoder, "bigvgan", None)
     if vocoder is None:
         return
+    bigvgan = getattr(vocoder, "bigvgan", None)  # Qwen2.5's; Qwen3's Code2Wav has none
     swapped = 0
     for parent in list(bigvgan.modules()) if bigvgan is not None else []:
         for name, child in list(parent.named_children()):

@@ -20,13 +20,9 @@ from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
 
 from omni_runtime.models.qwen2_5_omni.bigvgan import FusedAntiAliasedSnake, _phases, fuse_activations
 
-SHAPES = [
-    (1, 3, 1),
-    (2, 2, 2),
-    (3, 2, 37),
-    (1, 1, 800),
-    (2, 1, 7),
-]  # 800: interior blocks  # batch, channels, samples
+# (batch, channels, samples): rows shorter than a block, and 800 samples, whose middle blocks take
+# the kernel's interior path
+SHAPES = [(1, 3, 1), (2, 2, 2), (3, 2, 37), (1, 1, 800), (2, 1, 7)]
 
 
 def _stock(channels: int, seed: int, device: str = "cpu") -> Qwen2_5OmniAntiAliasedActivation1d:

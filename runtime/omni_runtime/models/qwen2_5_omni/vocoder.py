@@ -29,8 +29,8 @@ Differences from the stock code, none in the math:
   float32's by an SNR of 46 dB. ``OMNI_VOCODER_DTYPE=float32`` keeps the stock precision;
 - on CUDA, BigVGAN's 109 anti-aliased activations (upsample, SnakeBeta, downsample: about eight
   kernels each, cuDNN's slowest grouped path among them) are one Triton kernel each (`bigvgan`):
-  the same arithmetic, the upsampled signal never written to memory. BigVGAN stays float32 (in bfloat16 its audio is only
-  28.6 dB from float32's).
+  the same arithmetic, the upsampled signal never written to memory. BigVGAN stays float32 (in
+  bfloat16 its audio is only 28.6 dB from float32's).
 """
 
 from __future__ import annotations
@@ -90,9 +90,8 @@ class QwenVocoder(SingleWindow):
         # shape-generic compile, so a new size never recompiles the block (seconds, with the GIL
         # held, while every other stream waits).
         self.block_any_size: Callable[..., torch.Tensor] = _dit_block
-        if device.type == "cuda":  # a Triton kernel: the CPU keeps transformers' modules
-            fuse_activations(self.bigvgan)
         if device.type == "cuda":
+            fuse_activations(self.bigvgan)  # a Triton kernel: the CPU keeps transformers' modules
             # Only the float32 DiT and BigVGAN are affected: every other stage runs in bfloat16.
             torch.backends.cuda.matmul.allow_tf32 = True
             if os.environ.get("OMNI_TORCH_COMPILE", "1") != "0":
@@ -251,12 +250,13 @@ class QwenVocoder(SingleWindow):
         ``cond`` is each row's speaker vector [B, 192]; ``encoded`` the ECAPA encoding of each
         row's reference mel, conditional rows first, then the unconditional ones [2B, dim].
         """
-        mel = self._dit_sample(code, noise, cond, encoded, block or self.block)
+        mel = self._dit_sample(code, noise, cond, encoded, block)
         return self._bigvgan(mel)
 
     def _dit_sample(self, code, noise, cond, encoded, block=None) -> torch.Tensor:
         """``Qwen2_5OmniToken2WavDiTModel.sample``: classifier-free guidance, RK4 over fixed times."""
         dit = self.dit
+        block = block or self.block  # the fixed-shape compile unless the caller picked one
         frames = noise.shape[1]
         cond = cond.to(self.dit_dtype)
         speaker = cond.unsqueeze(1).repeat(1, frames, 1)
@@ -279,7 +279,7 @@ class QwenVocoder(SingleWindow):
             t_emb = dit.time_embed(torch.full((rows,), t, device=noise.device, dtype=self.dit_dtype))
             x = dit.input_embed.proj(torch.cat((torch.cat([hidden, hidden]), constant), dim=-1))
             for layer, mask in zip(dit.transformer_blocks, masks, strict=True):
-                x = (block or self.block)(layer, x, t_emb, rotary, mask)
+                x = block(layer, x, t_emb, rotary, mask)
             out = dit.proj_out(dit.norm_out(x, t_emb)).float()
             guided, null = torch.chunk(out, 2, dim=0)
             return guided + (guided - null) * self.guidance_scale
