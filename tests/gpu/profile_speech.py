@@ -18,7 +18,8 @@ real time, audio seconds per second: ``omni_runtime.bench.playback``, as ``omni 
 ``--window-variants '[{"catch_up": false}]'`` runs every level again with those ``codec_windows``
 overrides, one model load for a side-by-side comparison (two keys switch the engine instead:
 ``serial_talker_admission`` replays the old talker admission, ``stock_bigvgan`` transformers' own
-BigVGAN activations instead of the Triton kernel):
+BigVGAN activations instead of the Triton kernel, ``thinker_hold_below_s`` which windows pause the
+thinker):
 
     python tests/gpu/profile_speech.py /tmp/qwen2.5-omni-7b-dummy --concurrency 1,16,32 --waves 1 \
         --window-variants '[{"catch_up": false}]'
@@ -160,6 +161,7 @@ async def one(
         now = time.perf_counter() - start
         if isinstance(event, TextDelta):
             marks.setdefault("first text", now)
+            marks["last text"] = now
         elif isinstance(event, AudioChunk):
             marks.setdefault("first audio", now)
             chunks.append((round(now, 3), len(event.pcm)))
@@ -211,6 +213,7 @@ MARKS = (
     "first window asked",
     "first window done",
     "first audio",
+    "last text",
     "end",
 )
 
@@ -257,7 +260,9 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-ENGINE_SWITCHES = ("serial_talker_admission", "stock_bigvgan")  # variant keys that are not windows
+# Variant keys that are not windows: thinker_hold_below_s sets which audio windows pause the thinker
+# (deadlines.holds_thinker; null: none, -1e9: first windows only).
+ENGINE_SWITCHES = ("serial_talker_admission", "stock_bigvgan", "thinker_hold_below_s")
 
 
 async def prepare_vocoder(engine: Any, *, stock_bigvgan: bool) -> None:
@@ -306,6 +311,25 @@ def write_levels(args: argparse.Namespace, levels: list[LevelSummary]) -> None:
         write_json(args.out / "levels.json", meta=meta, levels=levels, baselines=[])
         plot_speech(args.out / "speech.png", rows=levels, title="streaming speech, in-process engine")
         print(f"wrote {args.out}/levels.json, {args.out}/speech.png", flush=True)
+
+
+def worst_stream(runs: list[dict[str, float]]) -> None:
+    """The most stalled stream's first audio chunks: when each came, how long it plays, and the
+    stall before it (playback from first audio, as bench.playback plays it)."""
+    heard = [r for r in runs if "_stall" in r]
+    if not heard:
+        return
+    worst = max(heard, key=lambda r: r["_stall"])
+    ends_at, shown = None, []
+    for chunk in TIMELINES[str(worst["_rid"])][:10]:
+        gap = 0.0 if ends_at is None else max(0.0, chunk.arrival_s - ends_at)
+        ends_at = (chunk.arrival_s if ends_at is None else max(ends_at, chunk.arrival_s)) + chunk.duration_s
+        shown.append(f"{chunk.arrival_s:.3f}+{chunk.duration_s:.2f}" + (f" (stall {gap:.3f})" if gap else ""))
+    print(f"    worst stream {worst['_rid']}: " + ", ".join(shown))
+
+
+def thinker_of(engine: Any) -> Any:
+    return getattr(engine.stages, "local", engine.stages).thinker
 
 
 def vocoder_of(engine: Any) -> Any:
@@ -366,11 +390,13 @@ async def main(args: argparse.Namespace) -> None:
     # As omni serve does once warm: full collections skip what is alive now; pauses are logged.
     freeze_heap("profile_speech")
     watch_gc(warn_above_s=0.05)
+    hold_default = engine.thinker_hold_below_s
     variants = args.window_variants if args.variants_only else [{}, *args.window_variants]
     for variant in variants:  # one switch per variant: a swap recaptures graphs
         overrides = {k: v for k, v in variant.items() if k not in ENGINE_SWITCHES}
         engine.adapter.codec_windows = {**windows, **overrides}
         serial(engine, bool(variant.get("serial_talker_admission")))
+        engine.thinker_hold_below_s = variant.get("thinker_hold_below_s", hold_default)
         await prepare_vocoder(engine, stock_bigvgan=bool(variant.get("stock_bigvgan")))
         for c in args.concurrency:  # closed loop: c streams, each starting its next reply as one ends
 
@@ -382,14 +408,17 @@ async def main(args: argparse.Namespace) -> None:
 
             label = f"c={c}, {args.waves} waves" + (f", {json.dumps(variant)}" if variant else "")
             hook.take_calls()
+            held = thinker_of(engine).held_s
             began = time.perf_counter()
             summary[label] = [m for ms in await asyncio.gather(*(stream(k) for k in range(c))) for m in ms]
             walls[label] = time.perf_counter() - began
             calls[label] = hook.take_calls()
             report(label, summary[label], walls[label])  # as it goes: a cut-off run keeps its levels
+            worst_stream(summary[label])
             vocoder = vocoder_of(engine)
             print(
-                f"    vocoder eager calls so far {getattr(vocoder, 'eager_calls', '?')}; "
+                f"    thinker held {thinker_of(engine).held_s - held:.2f} s of {walls[label]:.2f} s; "
+                f"vocoder eager calls so far {getattr(vocoder, 'eager_calls', '?')}; "
                 f"gen-2 collections {collections(2)}, longest {longest_pause(2) * 1000:.0f} ms",
                 flush=True,
             )

@@ -16,6 +16,13 @@ rather than a clock reading, so the order also holds when the vocoder runs in an
 (the talker stage behind a stage link) with a clock of its own. With one stream there is one
 window at a time and the order changes nothing.
 
+The same slack decides whether a window **holds the thinker** (`holds_thinker`) where the vocoder
+shares the thinker's GPU: a window is a few thousand small kernels, and queued behind the
+thinker's weight-streaming GEMMs it takes two to three times as long. A first window always holds
+it (time to first audio); a later one only when its listener would otherwise run dry soon. The
+hold is not free: while the thinker's text lasts, the talker consumes one thinker vector per code,
+so pausing the thinker also pauses the codes of every stream still in its text.
+
 Pure: the engine keeps a `PlaybackClock` per stream; the vocoder's worker orders by `priority`.
 """
 
@@ -28,6 +35,8 @@ from typing import TypeVar
 T = TypeVar("T")
 
 Priority = tuple[int, float, int]
+# A later window holds the thinker when its listener has less than this many seconds of audio left.
+THINKER_HOLD_BELOW_S = float("-inf")
 
 
 @dataclass
@@ -53,6 +62,18 @@ def priority(*, slack_s: float | None, now: float, seq: int) -> Priority:
     if slack_s is None:
         return (0, 0.0, seq)  # a first window
     return (1, now + slack_s, seq)
+
+
+def holds_thinker(*, slack_s: float | None, below_s: float | None) -> bool:
+    """Whether a window with this slack pauses the thinker while it is synthesised.
+
+    ``below_s`` is the engine's setting: None never holds (the vocoder has a GPU of its own);
+    otherwise a first window (slack None) holds, and a later one when its listener has less than
+    ``below_s`` seconds of audio left (``float("-inf")``: first windows only).
+    """
+    if below_s is None:
+        return False
+    return slack_s is None or slack_s < below_s
 
 
 def take(waiting: Sequence[tuple[Priority, T]], max_batch: int) -> tuple[list[T], list[tuple[Priority, T]]]:

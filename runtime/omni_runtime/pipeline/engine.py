@@ -36,7 +36,7 @@ from omni_runtime.contract.engine import (
 )
 from omni_runtime.contract.options import EngineOptions
 from omni_runtime.contract.stages import STREAMING_AUDIO
-from omni_runtime.pipeline.deadlines import PlaybackClock
+from omni_runtime.pipeline.deadlines import THINKER_HOLD_BELOW_S, PlaybackClock, holds_thinker
 from omni_runtime.pipeline.detokenize import IncrementalDetokenizer, StopMatcher
 from omni_runtime.pipeline.encoding import MediaEncoders
 from omni_runtime.pipeline.graph import local_stages, pipeline_variant
@@ -73,9 +73,9 @@ class PipelineEngine:
         self._ready = False
         self._active = 0
         self.load_seconds = 0.0
-        # Pause the thinker during a request's first audio window (set in start(): on a GPU the
-        # thinker shares with the vocoder).
-        self.hold_thinker_for_first_window = False
+        # Which audio windows pause the thinker (deadlines.holds_thinker): set in start(), on a GPU
+        # the thinker shares with the vocoder; None never pauses it.
+        self.thinker_hold_below_s: float | None = None
 
     @property
     def ready(self) -> bool:
@@ -97,7 +97,7 @@ class PipelineEngine:
         self.adapter = adapter
         self.model_name = self.options.model_name or adapter.model_name
         self.output_sample_rate = adapter.output_sample_rate
-        self.hold_thinker_for_first_window = adapter.vocoder_shares_thinker_device
+        self.thinker_hold_below_s = THINKER_HOLD_BELOW_S if adapter.vocoder_shares_thinker_device else None
         local = LocalStages(adapter, self.options, hosted=self.hosted)
         await local.start()
         self.stages = await attach_remote_stages(local, self.options)
@@ -328,9 +328,9 @@ class PipelineEngine:
         )
         out.put_nowait(Finished(reason, usage))
 
-    def _first_window_hold(self, first: bool) -> AbstractAsyncContextManager[None]:
-        """Hold the thinker during a request's first audio window when both share a device."""
-        if not first or not self.hold_thinker_for_first_window or self.stages is None:
+    def _window_hold(self, slack_s: float | None) -> AbstractAsyncContextManager[None]:
+        """Hold the thinker while a window with this slack is synthesised (deadlines.holds_thinker)."""
+        if self.stages is None or not holds_thinker(slack_s=slack_s, below_s=self.thinker_hold_below_s):
             return contextlib.nullcontext()
         return self.stages.thinker.hold()
 
@@ -419,7 +419,7 @@ class PipelineEngine:
                 # Seconds until this stream's listener runs dry; None before its first audio.
                 slack = clock.slack(now=time.monotonic())
                 item = window_item(codes, window, voice=voice, seed=seed, sizes=standard, slack_s=slack)
-                async with self._first_window_hold(window.start == 0):
+                async with self._window_hold(slack):
                     pcm = await self.stages.synthesize(item)
                 samples += len(pcm)
                 out.put_nowait(AudioChunk(pcm=pcm, sample_rate=self.output_sample_rate))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -130,6 +131,8 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
         self.rows_stepped = 0  # sum of the batch over steps: rows_stepped / steps is the mean batch
         self.cancelled = 0  # rows (running or waiting) finished by a cancel
         self._holds = 0
+        self._held_since = 0.0
+        self.held_s = 0.0  # seconds the thinker spent paused by holds (the engine's audio windows)
         self._resume = asyncio.Event()
         self._resume.set()
 
@@ -158,18 +161,23 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
     async def hold(self) -> AsyncIterator[None]:
         """Pause decode steps while the body runs (between steps: the one in flight finishes).
 
-        The engine holds the thinker while a request's first audio window is synthesised on the
-        GPU the thinker shares: that window is thousands of small vocoder kernels, and queued
-        behind the thinker's weight-streaming GEMMs it took twice as long. Text runs far ahead
-        of speech, so a pause of one window costs the listener nothing.
+        The engine holds the thinker while a request's first audio window (and a later one whose
+        listener is about to run dry: deadlines.holds_thinker) is synthesised on the GPU the
+        thinker shares: a window is thousands of small vocoder kernels, and queued behind the
+        thinker's weight-streaming GEMMs it took twice as long. The pause is not free: while a
+        reply's text lasts, its talker consumes one thinker vector per code. ``held_s`` adds up
+        the time paused.
         """
         self._holds += 1
+        if self._holds == 1:
+            self._held_since = time.monotonic()
         self._resume.clear()
         try:
             yield
         finally:
             self._holds -= 1
             if self._holds == 0:
+                self.held_s += time.monotonic() - self._held_since
                 self._resume.set()
 
     @property

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from omni_runtime.pipeline.deadlines import PlaybackClock, priority, take
+from omni_runtime.pipeline.deadlines import PlaybackClock, holds_thinker, priority, take
 from omni_runtime.pipeline.workers import BatchingWorker, StageThread
 
 
@@ -27,6 +27,24 @@ def test_playback_clock(sends: list[tuple[float, float]], now: float, slack: flo
     for at, seconds in sends:
         clock.sent(now=at, seconds=seconds)
     assert clock.slack(now=now) == slack
+
+
+@pytest.mark.parametrize(
+    ("slack", "below", "holds"),
+    [
+        (None, None, False),  # the vocoder has a GPU of its own: never
+        (0.0, None, False),
+        (None, float("-inf"), True),  # first windows only: a first window holds
+        (-0.3, float("-inf"), False),  # ... a stalled later one does not
+        (None, 0.25, True),
+        (0.1, 0.25, True),  # a listener 0.1 s from running dry
+        (-0.2, 0.25, True),  # already stalled
+        (0.25, 0.25, False),  # exactly at the threshold: not below it
+        (2.0, 0.25, False),  # seconds buffered
+    ],
+)
+def test_holds_thinker(slack: float | None, below: float | None, holds: bool) -> None:
+    assert holds_thinker(slack_s=slack, below_s=below) is holds
 
 
 def test_priority_puts_first_windows_first_then_earliest_deadline() -> None:
