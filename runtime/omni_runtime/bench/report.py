@@ -149,16 +149,23 @@ def _finish(
     xlabel: str = "concurrency (open loop: arrivals/s)",
 ) -> None:
     """Log-2 x axes, grids, legends, each axis's (y label, title); save and close."""
+    entries = max(len(axis.get_legend_handles_labels()[0]) for axis in fig.axes)
+    below = entries > 8  # many variants: the legend under each axis, not over the lines
+    if below:
+        fig.set_size_inches(12, 4.5 + 0.16 * ((entries + 1) // 2))
     for axis, (ylabel, name) in zip(fig.axes, (left, right), strict=True):
         axis.set_xscale("log", base=2)
         axis.set_xlabel(xlabel)
         axis.grid(True, alpha=0.3)
-        axis.legend(fontsize=8)
+        if below:
+            axis.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
+        else:
+            axis.legend(fontsize=8)
         axis.set_ylabel(ylabel)
         axis.set_title(name)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight" if below else None)
     plt.close(fig)
 
 

@@ -44,7 +44,11 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 
 
-CODEC_RAMP = (10, 20, 30)  # codes of the windows between the first (5) and the steady (40) ones
+# Streaming windows, in codes (50 a second): a first window of 10 (0.2 s of audio), then 10, 20,
+# 30, then the steady 40. A first window of 5 came 25-40 ms sooner on an H100 but left the listener
+# waiting about 0.12 s for the second even with one stream (docs/benchmarks.md, "First window and
+# thinker holds"); 10 covers the second window's making at one stream.
+CODEC_WINDOWS = {"first_chunk": 10, "ramp": (10, 20, 30)}
 
 
 class Qwen25OmniAdapter(OmniAdapter):
@@ -66,7 +70,7 @@ class Qwen25OmniAdapter(OmniAdapter):
         self.mem_fraction = options.mem_fraction_static
         # 50 codes a second: the first window plays 0.1 s, so the next ones grow (0.2, 0.4, 0.6 s)
         # before the steady 0.8 s windows, each made while the previous one plays.
-        self.codec_windows = {"ramp": CODEC_RAMP}
+        self.codec_windows = dict(CODEC_WINDOWS)
         # Kept session KV sits beside the thinker's slots (under TP: each rank's shard of it).
         self.session_kv_bytes = options.session_kv_mb << 20
         cfg = loaded.config.thinker_config
