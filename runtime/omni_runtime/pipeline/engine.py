@@ -109,7 +109,10 @@ class PipelineEngine:
         log.info("engine ready: %s (%s pipeline) in %.1fs", self.model_name, self.variant, self.load_seconds)
 
     async def _warm_requests(self) -> None:
-        """One short request per output kind, so the first client does not pay for lazy init."""
+        """One short request per output kind, so the first client does not pay for lazy init; the
+        text one also carries a second of audio, so the first spoken turn does not pay for the
+        audio path's (a realtime session's first turn took 1.0 s to first audio on an H100, the
+        next ones 0.5 s)."""
         from omni_runtime.contract.engine import ChatTurn, SamplingParams
 
         kinds = [False, True] if self.supports_audio_output else [False]
@@ -118,10 +121,12 @@ class PipelineEngine:
         captures = self.adapter is not None and self.adapter.captures_cuda_graphs
         windows = self.adapter.codec_windows if self.adapter is not None else {}
         talker_tokens = CodecSegmenter(family_config(windows)).codes_to_cover() + 5 if captures else 24
+        second = np.arange(16000, dtype=np.float32) / 16000
+        heard = MediaInput(kind="audio", data=0.1 * np.sin(2 * np.pi * 440 * second), sample_rate=16000)
         for audio in kinds:
             request = GenerationRequest(
                 request_id=f"warmup-{int(audio)}",
-                turns=(ChatTurn(role="user", text="Hello."),),
+                turns=(ChatTurn(role="user", text="Hello.", media=() if audio else (heard,)),),
                 sampling=SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True),
                 want_audio=audio,
                 stage_params={"talker": {"max_tokens": talker_tokens}},

@@ -22,6 +22,7 @@ from omni_runtime.contract.options import EngineOptions
 from omni_runtime.executor.tensor_parallel import sharded_thinker_config
 from omni_runtime.models.common import (
     DEFAULT_VIDEO_FPS,
+    cache_audio_features,
     audio_in_video,
     check_prompt_length,
     collect_messages,
@@ -67,6 +68,8 @@ class Qwen25OmniAdapter(OmniAdapter):
             "Chelsie" if "Chelsie" in self.voices else (self.voices[0] if self.voices else None)
         )
         self._processor = loaded.processor
+        # A conversation resends every earlier turn's audio: each one's features are extracted once.
+        self.audio_features = cache_audio_features(self._processor)
         self.mem_fraction = options.mem_fraction_static
         # 50 codes a second: the first window plays 0.1 s, so the next ones grow (0.2, 0.4, 0.6 s)
         # before the steady 0.8 s windows, each made while the previous one plays.
