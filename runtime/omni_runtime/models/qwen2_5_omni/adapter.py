@@ -22,8 +22,8 @@ from omni_runtime.contract.options import EngineOptions
 from omni_runtime.executor.tensor_parallel import sharded_thinker_config
 from omni_runtime.models.common import (
     DEFAULT_VIDEO_FPS,
-    cache_audio_features,
     audio_in_video,
+    cache_audio_features,
     check_prompt_length,
     collect_messages,
     fit_slots,
