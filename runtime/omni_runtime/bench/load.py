@@ -22,7 +22,7 @@ import random
 import time
 import wave
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import httpx
 
@@ -172,7 +172,8 @@ async def run_level(
 
         async def worker() -> None:
             for _ in remaining:  # a shared iterator: each worker takes the next request number
-                samples.append(await one_request(client, spec))
+                sent = time.perf_counter() - began
+                samples.append(replace(await one_request(client, spec), sent_s=sent))
                 if on_done is not None:
                     on_done(len(samples))
 
@@ -213,8 +214,9 @@ async def run_open_loop(
             await asyncio.sleep(max(0.0, at - (time.perf_counter() - began)))
             in_flight += 1
             peak = max(peak, in_flight)
+            sent = time.perf_counter() - began
             try:
-                samples.append(await one_request(client, spec))
+                samples.append(replace(await one_request(client, spec), sent_s=sent))
             finally:
                 in_flight -= 1
             if on_done is not None:

@@ -6,7 +6,9 @@
         --out bench-out/                                  # open loop: Poisson arrivals per second
 
 Speech levels report what a listener hears (TTFA percentiles, underrun seconds per stream, RTF,
-streams that stayed real time, audio seconds per second) and plot them in speech.png.
+streams that stayed real time, audio seconds per second) and plot them in speech.png. With
+``--out``, requests.jsonl has one row per request: when it was sent, its TTFT, TTFA and latency,
+and its listener's stall (which requests make a level's tail, and when they were sent).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -31,7 +34,7 @@ from omni_runtime.bench.load import (
     run_open_loop,
 )
 from omni_runtime.bench.report import format_table, load_baselines, plot, plot_speech, write_json
-from omni_runtime.bench.stats import LevelSummary, summarize
+from omni_runtime.bench.stats import LevelSummary, request_rows, summarize
 from omni_runtime.support.cli_types import positive_float, positive_int
 
 
@@ -152,7 +155,7 @@ async def _run(args: argparse.Namespace) -> int:
                 if not sample.ok:
                     print(f"omni bench: warm-up request failed: {sample.error}", file=sys.stderr)
                     return 1
-    levels = await _levels_run(spec, args)
+    levels, rows = await _levels_run(spec, args)
     baselines = [row for path in args.baseline_json for row in load_baselines(path)]
     print(format_table([*levels, *baselines]))
     for row in levels:
@@ -178,9 +181,11 @@ async def _run(args: argparse.Namespace) -> int:
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         write_json(args.out / "bench.json", meta=meta, levels=levels, baselines=baselines)
+        with (args.out / "requests.jsonl").open("w") as out:  # each request, for a tail's story
+            out.writelines(json.dumps(row) + "\n" for row in rows)
         title = f"{model}: {args.mode}{' (stream)' if args.stream else ''}, {args.max_tokens} tokens"
         plot(args.out / "bench.png", rows=[*levels, *baselines], title=title)
-        written = [args.out / "bench.json", args.out / "bench.png"]
+        written = [args.out / "bench.json", args.out / "requests.jsonl", args.out / "bench.png"]
         if any(row.audio_streams for row in [*levels, *baselines]):
             plot_speech(args.out / "speech.png", rows=[*levels, *baselines], title=title)
             written.append(args.out / "speech.png")
@@ -189,9 +194,13 @@ async def _run(args: argparse.Namespace) -> int:
     return 0 if all(row.failed == row.refused for row in levels) else 1
 
 
-async def _levels_run(spec: LoadSpec, args: argparse.Namespace) -> list[LevelSummary]:
-    """Closed loop at each --concurrency level, or open loop at each --rate."""
+async def _levels_run(
+    spec: LoadSpec, args: argparse.Namespace
+) -> tuple[list[LevelSummary], list[dict[str, Any]]]:
+    """Closed loop at each --concurrency level, or open loop at each --rate; the summaries and
+    one row per request."""
     levels: list[LevelSummary] = []
+    rows: list[dict[str, Any]] = []
     if args.rate:
         for rate in args.rate:
             arrivals = poisson_arrivals(rate, args.duration, seed=args.seed)
@@ -201,7 +210,8 @@ async def _levels_run(spec: LoadSpec, args: argparse.Namespace) -> list[LevelSum
             levels.append(
                 summarize(samples, concurrency=peak, wall_s=wall, label=args.label, rate_per_s=rate)
             )
-        return levels
+            rows.extend(request_rows(samples, level=f"{rate:g}/s"))
+        return levels, rows
     for concurrency in args.concurrency:
         total = args.requests or (args.waves or 4) * concurrency
         samples, wall = await run_level(
@@ -211,7 +221,8 @@ async def _levels_run(spec: LoadSpec, args: argparse.Namespace) -> list[LevelSum
             on_done=_progress(f"concurrency {concurrency}", total),
         )
         levels.append(summarize(samples, concurrency=concurrency, wall_s=wall, label=args.label))
-    return levels
+        rows.extend(request_rows(samples, level=f"c={concurrency}"))
+    return levels, rows
 
 
 def main(argv: list[str]) -> int:

@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from omni_runtime.bench.playback import Chunk, summarize_speech
+from omni_runtime.bench.playback import Chunk, play, summarize_speech
 from omni_runtime.bench.quantile import percentile
 
-__all__ = ["Chunk", "LevelSummary", "RequestSample", "percentile", "summarize"]
+__all__ = ["Chunk", "LevelSummary", "RequestSample", "percentile", "request_rows", "summarize"]
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,36 @@ class RequestSample:
     error: str | None = None
     audio: tuple[Chunk, ...] = ()  # the audio timeline: each chunk's arrival and duration
     status: int | None = None  # the HTTP status of a refused request (429: the worker was full)
+    sent_s: float | None = None  # when it was sent, seconds after its level began
+
+
+def request_rows(samples: list[RequestSample], *, level: str) -> list[dict[str, Any]]:
+    """One row per request (``omni bench --out``'s requests.jsonl), in the order they were sent:
+    when it was sent, what it got and, for speech, what its listener heard. ``level`` names the
+    load ("c=16", "2/s"). Seconds to the millisecond's tenth."""
+
+    def sec(value: float | None) -> float | None:
+        return None if value is None else round(value, 4)
+
+    rows = []
+    for sample in sorted(samples, key=lambda s: (s.sent_s is None, s.sent_s or 0.0)):
+        heard = play(sample.audio) if sample.ok else None
+        rows.append(
+            {
+                "level": level,
+                "sent_s": sec(sample.sent_s),
+                "ok": sample.ok,
+                "status": sample.status,
+                "latency_s": sec(sample.latency_s),
+                "ttft_s": sec(sample.ttft_s),
+                "ttfa_s": sec(sample.ttfa_s),
+                "audio_s": sec(heard.audio_s) if heard else None,
+                "stall_s": sec(heard.stall_s) if heard else None,
+                "stalls": heard.stalls if heard else None,
+                "error": sample.error,
+            }
+        )
+    return rows
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,15 @@ def test_closed_loop_speech_levels(worker_url: str, tmp_path: Path) -> None:
         assert row["rate_per_s"] is None
         assert row["refused"] == 0  # within the worker's two streams
         _check_listener_numbers(row)
+    # One row per request, in the order sent; the level's worst stall is one of its requests'.
+    rows = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
+    assert [r["level"] for r in rows] == ["c=1", "c=1", "c=2", "c=2"]
+    for level, row in zip(("c=1", "c=2"), levels, strict=True):
+        mine = [r for r in rows if r["level"] == level]
+        sent = [r["sent_s"] for r in mine]
+        assert sent == sorted(sent) and sent[0] < 0.05  # the first goes out at the level's start
+        assert all(r["ok"] and r["ttfa_s"] > 0 and r["audio_s"] > 0 for r in mine)
+        assert max(r["stall_s"] for r in mine) == pytest.approx(row["stall_max_s"], abs=1e-4)
 
 
 def test_open_loop_speech_level(worker_url: str, tmp_path: Path) -> None:
@@ -101,6 +110,11 @@ def test_open_loop_speech_level(worker_url: str, tmp_path: Path) -> None:
     assert row["rate_per_s"] == 2.0
     assert row["requests"] == len(poisson_arrivals(2.0, 1.5, seed=3))
     assert row["concurrency"] >= 1  # the most requests in flight at once
+    rows = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
+    arrivals = poisson_arrivals(2.0, 1.5, seed=3)
+    assert len(rows) == len(arrivals) and {r["level"] for r in rows} == {"2/s"}
+    for r, at in zip(rows, arrivals, strict=True):  # each sent at its arrival time, not before
+        assert at - 1e-3 <= r["sent_s"] < at + 0.5
     _check_listener_numbers(row)
     assert result["meta"]["seed"] == 3  # type: ignore[index]
 

@@ -9,7 +9,7 @@ import pytest
 
 from omni_runtime.bench.load import LoadSpec, request_body
 from omni_runtime.bench.report import format_table, load_baselines, plot, write_json
-from omni_runtime.bench.stats import LevelSummary, RequestSample, percentile, summarize
+from omni_runtime.bench.stats import Chunk, LevelSummary, RequestSample, percentile, request_rows, summarize
 
 
 def test_percentile_matches_linear_interpolation() -> None:
@@ -138,3 +138,34 @@ def test_request_body_fixes_the_output_length() -> None:
     assert "modalities" not in request_body(
         LoadSpec(url="http://x", model="m", mode="text", stream=False, max_tokens=8)
     )
+
+
+def test_request_rows_are_exact_and_in_send_order() -> None:
+    """requests.jsonl's rows: sent order, seconds rounded to 0.1 ms, the listener's stall from the
+    audio timeline (played from first audio: 0.2 s plays until 0.5, the next chunk comes at 0.6)."""
+    speech = RequestSample(
+        ok=True,
+        latency_s=2.00004,
+        ttft_s=0.1,
+        ttfa_s=0.3,
+        audio=(Chunk(0.3, 0.2), Chunk(0.6, 1.0), Chunk(1.0, 0.5)),
+        sent_s=1.5,
+    )
+    refused = RequestSample(ok=False, latency_s=0.01, error="full", status=429, sent_s=0.25)
+    text = RequestSample(ok=True, latency_s=0.8, ttft_s=0.05, sent_s=0.0)
+    rows = request_rows([speech, refused, text], level="c=2")
+    assert rows == [
+        {
+            "level": "c=2", "sent_s": 0.0, "ok": True, "status": None, "latency_s": 0.8, "ttft_s": 0.05,
+            "ttfa_s": None, "audio_s": None, "stall_s": None, "stalls": None, "error": None,
+        },
+        {
+            "level": "c=2", "sent_s": 0.25, "ok": False, "status": 429, "latency_s": 0.01, "ttft_s": None,
+            "ttfa_s": None, "audio_s": None, "stall_s": None, "stalls": None, "error": "full",
+        },
+        {
+            "level": "c=2", "sent_s": 1.5, "ok": True, "status": None, "latency_s": 2.0, "ttft_s": 0.1,
+            "ttfa_s": 0.3, "audio_s": 1.7, "stall_s": 0.1, "stalls": 1, "error": None,
+        },
+    ]  # fmt: skip
+    assert json.loads(json.dumps(rows)) == rows
