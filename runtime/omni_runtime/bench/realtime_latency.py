@@ -10,6 +10,9 @@ concurrency with the median, p90 and max, so the numbers in docs/benchmarks.md c
 of that turn and how many of them the worker served from the session's kept KV
 (``usage.input_token_details.cached_tokens``): with conversation KV the cost of turn N does not
 grow with the turns before it (``omni serve --session-kv-mb 0`` is the re-prefill baseline).
+``phases`` (and each ``by_turn`` row) split the wait: when ``response.created`` came (the turn
+accepted), when the reply's first text came (the thinker's first token), and first audio (talker
+and vocoder after that), medians from the same end of speech.
 """
 
 from __future__ import annotations
@@ -35,6 +38,11 @@ class TurnSample:
     latency_s: float | None  # end of speech to the first response audio (None: a reply with none)
     input_tokens: int  # the turn's prompt
     cached_tokens: int  # of those, served from the session's kept KV
+    # Where the latency went, seconds from the same end of speech: the server's response.created
+    # (the turn accepted and its response begun) and the first text of the reply (its transcript
+    # delta: the thinker's first token out); the rest up to the latency is talker and vocoder.
+    created_s: float | None = None
+    first_text_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,19 @@ def synthetic_speech(seconds: float = 1.5) -> np.ndarray:
     voice = sum(np.sin(2 * np.pi * 140 * k * t) / k for k in range(1, 8))
     envelope = 0.5 * (1 - np.cos(2 * np.pi * 4 * t))
     return (0.2 * voice * envelope).astype(np.float32)
+
+
+# Events that mark a turn's phases before its first audio (the first of each counts).
+MARKED = {
+    "response.created": "created",
+    "response.output_audio_transcript.delta": "text",
+    "response.output_text.delta": "text",
+}
+
+
+def _median(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return round(statistics.median(present), 4) if present else None
 
 
 async def _next(ws: Any, wanted: set[str], deadline: float) -> dict[str, Any]:
@@ -105,12 +126,25 @@ async def one_session(probe: Probe) -> list[TurnSample]:
                 ended = time.monotonic()
             # A reply may carry no audio at all (a random talker can end at once): then it counts
             # as such instead of leaving the probe waiting for audio that never comes.
-            first = await _next(ws, {"response.output_audio.delta", "response.done"}, deadline)
+            marks: dict[str, float] = {}
+            while True:
+                first = await _next(ws, {*MARKED, "response.output_audio.delta", "response.done"}, deadline)
+                if first["type"] not in MARKED:
+                    break
+                marks.setdefault(MARKED[first["type"]], time.monotonic() - ended)
             latency = None if first["type"] == "response.done" else time.monotonic() - ended
             done = first if first["type"] == "response.done" else await _next(ws, {"response.done"}, deadline)
             usage = done["response"].get("usage") or {}
             cached = (usage.get("input_token_details") or {}).get("cached_tokens", 0)
-            samples.append(TurnSample(latency, int(usage.get("input_tokens", 0)), int(cached)))
+            samples.append(
+                TurnSample(
+                    latency,
+                    int(usage.get("input_tokens", 0)),
+                    int(cached),
+                    created_s=marks.get("created"),
+                    first_text_s=marks.get("text"),
+                )
+            )
     return samples
 
 
@@ -139,6 +173,8 @@ def by_turn(sessions: list[list[TurnSample]]) -> list[dict[str, Any]]:
                 **_spread([t.latency_s for t in turn]),
                 "input_tokens": int(statistics.median(t.input_tokens for t in turn)),
                 "cached_tokens": int(statistics.median(t.cached_tokens for t in turn)),
+                "created_s": _median([t.created_s for t in turn]),
+                "first_text_s": _median([t.first_text_s for t in turn]),
             }
         )
     return rows
@@ -152,6 +188,12 @@ async def measure(probe: Probe, *, concurrency: int) -> dict[str, Any]:
         "turn": probe.turn,
         "samples": len(values),
         **_spread(values),
+        # Medians of each phase's end over every turn, from the end of speech.
+        "phases": {
+            "created_s": _median([t.created_s for session in results for t in session]),
+            "first_text_s": _median([t.first_text_s for session in results for t in session]),
+            "first_audio_s": _median(values),
+        },
         "by_turn": by_turn(list(results)),
     }
 

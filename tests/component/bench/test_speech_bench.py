@@ -127,3 +127,27 @@ def test_refusals_past_the_worker_capacity_are_counted(worker_url: str, tmp_path
     assert row["first_error"].startswith("HTTP 429: ")
     assert "speech_capacity_reached" in row["first_error"]
     _check_listener_numbers(row)
+
+
+def test_the_realtime_probe_splits_each_turn_into_its_phases(worker_url: str) -> None:
+    """`bench.realtime_latency` on the same worker: two spoken turns on one session, each timed
+    from the end of speech to response.created, to the reply's first text and to its first audio,
+    in that order; the second turn's prompt carries the first turn."""
+    import asyncio
+
+    from omni_runtime.bench.realtime_latency import Probe, measure, synthetic_speech
+
+    url = worker_url.replace("http://", "ws://") + "/v1/realtime"
+    probe = Probe(url=url, speech=synthetic_speech(0.8), turns=2, max_output_tokens=6, timeout_s=300)
+    result = asyncio.run(measure(probe, concurrency=1))
+    assert result["samples"] == 2
+    rows = result["by_turn"]
+    assert [r["turn_index"] for r in rows] == [1, 2]
+    assert rows[1]["input_tokens"] > rows[0]["input_tokens"] > 0
+    for row in rows:
+        if row["median_s"] is not None:  # a random talker may end a reply without audio
+            assert 0 < row["created_s"] <= row["first_text_s"] <= row["median_s"]
+        else:
+            assert row["created_s"] > 0
+    phases = result["phases"]
+    assert 0 < phases["created_s"] <= phases["first_text_s"]

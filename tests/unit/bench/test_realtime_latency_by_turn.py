@@ -21,6 +21,8 @@ def test_rows_group_samples_by_turn_index_across_sessions() -> None:
             "max_s": 0.7,
             "input_tokens": 100,
             "cached_tokens": 0,
+            "created_s": None,
+            "first_text_s": None,
         },
         {
             "turn_index": 2,
@@ -31,6 +33,8 @@ def test_rows_group_samples_by_turn_index_across_sessions() -> None:
             "max_s": 0.4,
             "input_tokens": 165,
             "cached_tokens": 125,
+            "created_s": None,
+            "first_text_s": None,
         },
         {
             "turn_index": 3,
@@ -41,6 +45,8 @@ def test_rows_group_samples_by_turn_index_across_sessions() -> None:
             "max_s": 0.3,
             "input_tokens": 220,
             "cached_tokens": 180,
+            "created_s": None,
+            "first_text_s": None,
         },
     ]
     assert by_turn([]) == []
@@ -53,4 +59,18 @@ def test_rows_group_samples_by_turn_index_across_sessions() -> None:
         "max_s": None,
         "input_tokens": 9,
         "cached_tokens": 0,
+        "created_s": None,
+        "first_text_s": None,
     }
+
+
+def test_rows_carry_the_median_of_each_phase() -> None:
+    """When response.created and the first text came, per turn index (medians over the turns that
+    have the mark; a reply with no audio still has its created and text marks)."""
+    sessions = [
+        [TurnSample(0.5, 100, 0, created_s=0.01, first_text_s=0.20)],
+        [TurnSample(0.7, 100, 0, created_s=0.03, first_text_s=0.30)],
+        [TurnSample(None, 100, 0, created_s=0.02, first_text_s=None)],
+    ]
+    (row,) = by_turn(sessions)
+    assert (row["created_s"], row["first_text_s"], row["median_s"]) == (0.02, 0.25, 0.6)
