@@ -116,6 +116,17 @@ class Marks:
         for name, runner in (("thinker", local.thinker.runner), ("talker", local.talker.runner)):
             for method in ("admit", "step"):
                 setattr(runner, method, self._timed(f"{name}.{method}", getattr(runner, method)))
+        # The vocoder's batched calls: how long each took and how many windows it carried.
+        self.batches: list[int] = []
+        vocoder = getattr(local, "vocoder", None)
+        if vocoder is not None:
+            timed = self._timed("vocoder.call", vocoder.synthesize_many)
+
+            def counted(items: list[Any]) -> Any:
+                self.batches.append(len(items))
+                return timed(items)
+
+            vocoder.synthesize_many = counted
 
     def _timed(self, key: str, fn: Any) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -132,7 +143,9 @@ class Marks:
         out = ", ".join(
             f"{k} {sum(v) / len(v) * 1e3:.1f} ms x{len(v)}" for k, v in sorted(self.calls.items()) if v
         )
-        self.calls = {}
+        if self.batches:
+            out += f"; vocoder windows per call mean {sum(self.batches) / len(self.batches):.1f}, max {max(self.batches)}"
+        self.calls, self.batches = {}, []
         return out
 
     def begin(self, rid: str) -> dict[str, float]:
