@@ -19,6 +19,7 @@ import torch
 
 from omni_runtime.contract.adapter import Prompt
 from omni_runtime.contract.engine import EngineError, GenerationRequest
+from omni_runtime.models.whisper_features import short_features
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +39,10 @@ class AudioFeatureCache:
     30 s for every audio each time: about 15 ms of CPU an audio, on the one preprocessing thread
     every session shares. With ``padding="max_length"`` each audio's features depend on that audio
     alone, so extracting the audios one at a time and stacking them gives the processor's batch
-    exactly; kept ones are reused (LRU, bounded by bytes). Everything else the processor asks of
-    its feature extractor (``hop_length``, ``sampling_rate``, ...) passes through.
+    exactly; kept ones are reused (LRU, bounded by bytes). A new audio's features are computed
+    over the audio alone rather than over 30 s (`whisper_features`: 1.4 ms instead of 13 for 1.5 s
+    on one core), once a first audio showed both ways equal. Everything else the processor asks
+    of its feature extractor (``hop_length``, ``sampling_rate``, ...) passes through.
     """
 
     def __init__(self, extractor: Any, *, capacity_bytes: int = FEATURE_CACHE_BYTES) -> None:
@@ -50,6 +53,10 @@ class AudioFeatureCache:
         self.bytes = 0
         self.hits = 0
         self.misses = 0
+        # Whether features come from the audio alone (whisper_features): None until a first audio
+        # has been extracted both ways and compared.
+        self.short_path: bool | None = None
+        self.short_calls = 0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.extractor, name)
@@ -72,8 +79,7 @@ class AudioFeatureCache:
                 self._entries.move_to_end(key)
                 self.hits += 1
                 return self._entries[key][0]
-        out = self.extractor([wave], **kwargs)
-        value = {name: tensor for name, tensor in out.items() if isinstance(tensor, torch.Tensor)}
+        value = self._extract(wave, kwargs)
         size = sum(t.numel() * t.element_size() for t in value.values())
         with self._lock:
             self.misses += 1
@@ -84,6 +90,27 @@ class AudioFeatureCache:
                     _, (_, dropped) = self._entries.popitem(last=False)
                     self.bytes -= dropped
         return value
+
+    def _extract(self, wave: np.ndarray, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The audio's features: over the audio alone (`whisper_features`) once that path gave the
+        extractor's exact output for a first audio on this machine, else the extractor's own."""
+        short = short_features(self.extractor, wave, kwargs) if self.short_path is not False else None
+        if short is None:
+            return self._stock(wave, kwargs)
+        if self.short_path is None:  # the first: both ways, kept only if equal to the bit
+            stock = self._stock(wave, kwargs)
+            self.short_path = stock.keys() == short.keys() and all(
+                stock[k].dtype == short[k].dtype and torch.equal(stock[k], short[k]) for k in stock
+            )
+            if not self.short_path:
+                log.warning("audio features: the short-window path differs from the extractor here; not used")
+            return stock
+        self.short_calls += 1
+        return short
+
+    def _stock(self, wave: np.ndarray, kwargs: dict[str, Any]) -> dict[str, Any]:
+        out = self.extractor([wave], **kwargs)
+        return {name: tensor for name, tensor in out.items() if isinstance(tensor, torch.Tensor)}
 
 
 def cache_audio_features(processor: Any) -> AudioFeatureCache:
