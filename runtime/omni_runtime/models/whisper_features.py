@@ -7,8 +7,7 @@ frame whose window holds only padding zeros has a mel energy of 0, so its log is
 runs over the audio and two FFT windows of zeros after it (the frames past the audio see the same
 zeros as in the 30 s window), every later frame's power is 0, and the mel projection, the log,
 the floor (the maximum minus 8) and the scaling are the extractor's own operations over all 3000
-frames. The attention mask is the extractor's rule
-(one per hop that starts inside the audio).
+frames. The attention mask is the extractor's rule (one per hop that starts inside the audio).
 
 `short_features` returns None when an input is outside what this covers (dither, normalisation,
 another rate, audio too long for the window); the caller then runs the extractor itself. The
