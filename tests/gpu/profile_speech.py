@@ -19,7 +19,7 @@ real time, audio seconds per second: ``omni_runtime.bench.playback``, as ``omni 
 overrides, one model load for a side-by-side comparison (two keys switch the engine instead:
 ``serial_talker_admission`` replays the old talker admission, ``stock_bigvgan`` transformers' own
 BigVGAN activations instead of the Triton kernel, ``thinker_hold_below_s`` which windows pause the
-thinker):
+thinker, ``vocoder_graphs`` false every vocoder window eagerly):
 
     python tests/gpu/profile_speech.py /tmp/qwen2.5-omni-7b-dummy --concurrency 1,16,32 --waves 1 \
         --window-variants '[{"catch_up": false}]'
@@ -274,8 +274,9 @@ def sync() -> None:
 
 
 # Variant keys that are not windows: thinker_hold_below_s sets which audio windows pause the thinker
-# (deadlines.holds_thinker; null: none, -1e9: first windows only).
-ENGINE_SWITCHES = ("serial_talker_admission", "stock_bigvgan", "thinker_hold_below_s")
+# (deadlines.holds_thinker; null: none, -1e9: first windows only); vocoder_graphs false runs every
+# vocoder window eagerly (models/window_graphs.py).
+ENGINE_SWITCHES = ("serial_talker_admission", "stock_bigvgan", "thinker_hold_below_s", "vocoder_graphs")
 
 
 async def prepare_vocoder(engine: Any, *, stock_bigvgan: bool) -> None:
@@ -300,7 +301,7 @@ async def prepare_vocoder(engine: Any, *, stock_bigvgan: bool) -> None:
                 setattr(parent, name, child.fused)
                 swapped += 1
     if swapped:
-        vocoder._graphs.clear()
+        vocoder.graphs.clear()
     local = getattr(engine.stages, "local", engine.stages)
     sizes = CodecSegmenter(family_config(engine.adapter.codec_windows)).recurring_sizes()
     began = time.perf_counter()
@@ -351,21 +352,27 @@ def vocoder_of(engine: Any) -> Any:
 
 
 def time_vocoder(vocoder: Any, windows: dict[str, tuple[int, int, int, int]], *, groups: int) -> None:
-    """Milliseconds per ``synthesize_many`` call, per window shape and batch (Qwen3's Code2Wav)."""
+    """Milliseconds per ``synthesize_many`` call, per window shape and batch (Qwen3's Code2Wav):
+    eagerly and as the window's CUDA graph (a shape warm-up did not capture is captured here)."""
     for name, (ctx_start, start, end, ctx_end) in windows.items():
-        for batch in (1, 8):
+        for batch in (1, 8, 16):
             frames = [[(7 * i + g) % 1000 for g in range(groups)] for i in range(ctx_end)]
             window = {"start": start, "end": end, "ctx_start": ctx_start, "ctx_end": ctx_end}
-            items = [{"codes": frames, "window": window} for _ in range(batch)]
-            for _ in range(2):
-                vocoder.synthesize_many(items)
-            sync()
-            t = time.perf_counter()
-            for _ in range(5):
-                vocoder.synthesize_many(items)
-            sync()
-            ms = (time.perf_counter() - t) / 5 * 1e3
-            print(f"vocoder {name} ({ctx_end - ctx_start} frames), batch {batch}: {ms:.1f} ms")
+            timings = []
+            for reusable in (False, True):
+                items = [{"codes": frames, "window": window, "reusable": reusable} for _ in range(batch)]
+                for _ in range(2):
+                    vocoder.synthesize_many(items)
+                sync()
+                t = time.perf_counter()
+                for _ in range(5):
+                    vocoder.synthesize_many(items)
+                sync()
+                timings.append((time.perf_counter() - t) / 5 * 1e3)
+            print(
+                f"vocoder {name} ({ctx_end - ctx_start} frames), batch {batch}: "
+                f"eager {timings[0]:.1f} ms, graph {timings[1]:.1f} ms"
+            )
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -411,6 +418,8 @@ async def main(args: argparse.Namespace) -> None:
         serial(engine, bool(variant.get("serial_talker_admission")))
         engine.thinker_hold_below_s = variant.get("thinker_hold_below_s", hold_default)
         await prepare_vocoder(engine, stock_bigvgan=bool(variant.get("stock_bigvgan")))
+        if vocoder_of(engine) is not None:
+            vocoder_of(engine).graphs.enabled = bool(variant.get("vocoder_graphs", True))
         for c in args.concurrency:  # closed loop: c streams, each starting its next reply as one ends
 
             async def stream(k: int, c: int = c) -> list[dict[str, float]]:
@@ -431,7 +440,7 @@ async def main(args: argparse.Namespace) -> None:
             vocoder = vocoder_of(engine)
             print(
                 f"    thinker held {thinker_of(engine).held_s - held:.2f} s of {walls[label]:.2f} s; "
-                f"vocoder eager calls so far {getattr(vocoder, 'eager_calls', '?')}; "
+                f"vocoder eager calls so far {vocoder.graphs.eager_calls if vocoder is not None else '?'}; "
                 f"gen-2 collections {collections(2)}, longest {longest_pause(2) * 1000:.0f} ms",
                 flush=True,
             )

@@ -134,3 +134,47 @@ def test_compiled_prefill_equals_the_eager_prefill(
     assert torch.allclose(
         compiled_states, eager_states, rtol=1e-3, atol=1e-3 * eager_states.abs().max().item()
     )
+
+
+@pytest.mark.parametrize("streams", [1, 3, 16])
+def test_code2wav_window_graphs_equal_eager_windows(engine: Any, streams: int) -> None:
+    """Every recurring window size was captured at warm-up (a graph per batch bucket); a stream's
+    windows through them (3 streams: a bucket of 4, one padding row) equal the same windows run
+    eagerly, and only the one-off last window runs eagerly."""
+    from dataclasses import asdict
+
+    from omni_runtime.pipeline.segmenter import CodecSegmenter, family_config
+
+    vocoder = engine.stages.local.vocoder
+    segmenter_config = family_config(engine.adapter.codec_windows)
+    sizes = CodecSegmenter(segmenter_config).recurring_sizes()
+    assert vocoder.graphs.enabled and len(vocoder.graphs) == len(sizes) * 5
+    generator = np.random.default_rng(streams)
+    streams_frames = [
+        [tuple(int(c) for c in row) for row in generator.integers(0, 2048, (90, vocoder.groups))]
+        for _ in range(streams)
+    ]
+    cuts = CodecSegmenter(segmenter_config).push(90, done=True)
+    items = [
+        {
+            "codes": frames,
+            "window": asdict(w),
+            "voice": "",
+            "seed": 0,
+            "reusable": w.ctx_end - w.ctx_start in sizes,
+        }
+        for w in cuts
+        for frames in streams_frames
+    ]
+    before = vocoder.graphs.eager_calls
+    graphed = vocoder.synthesize_many(items)
+    one_offs = len({w.ctx_end - w.ctx_start for w in cuts} - sizes)
+    assert vocoder.graphs.eager_calls - before == one_offs
+    vocoder.graphs.enabled = False
+    try:
+        eager = vocoder.synthesize_many(items)
+    finally:
+        vocoder.graphs.enabled = True
+    for mine, reference in zip(graphed, eager, strict=True):
+        assert mine.shape == reference.shape and mine.size > 0
+        assert np.abs(mine - reference).max() <= 1e-4 * max(np.abs(reference).max(), 1e-6)

@@ -315,3 +315,31 @@ def test_dummy_load_format_speaks_with_random_weights(qwen3_checkpoint: Path) ->
         assert experts and all(torch.isfinite(m.gate_up_proj).all() for m in experts)
     finally:
         harness.close()
+
+
+def test_code2wav_forward_with_masks_built_beforehand_equals_transformers(qwen3_speech: Harness) -> None:
+    """The graph-capturable forward (the transformer's masks built once per shape, outside a
+    capture) gives transformers' ``Qwen3OmniMoeCode2Wav.forward`` exactly, batched and alone, and
+    batched windows (the graph path's padding off the GPU) speak what each speaks alone."""
+    vocoder = qwen3_speech.engine.adapter.vocoder()
+    code2wav = qwen3_speech.engine.adapter.loaded.code2wav
+    assert not vocoder.graphs.enabled  # CPU: every window eagerly
+    for rows, length in ((1, 4), (3, 19), (2, 41)):
+        frames = [_frames(length, seed=rows * 10 + r) for r in range(rows)]
+        codes = torch.tensor(frames).transpose(1, 2)
+        with torch.inference_mode():
+            expected = code2wav(codes)
+            mine = vocoder._forward(codes)
+        torch.testing.assert_close(mine, expected, rtol=0, atol=0)
+        assert (rows, length) in vocoder._masks
+    streams = [_frames(60, seed=s) for s in range(3)]
+    cuts = CodecSegmenter(family_config(CODEC_WINDOWS)).push(60, done=True)
+    items = [
+        {"codes": frames, "window": asdict(w), "voice": "", "seed": 0, "reusable": True}
+        for w in cuts
+        for frames in streams
+    ]
+    together = vocoder.synthesize_many(items)
+    alone = [vocoder.synthesize_many([item])[0] for item in items]
+    for a, b in zip(together, alone, strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6 * max(np.abs(b).max(), 1e-6))

@@ -46,10 +46,10 @@ import torch
 
 from omni_runtime.models.common import SingleWindow
 from omni_runtime.models.qwen2_5_omni.bigvgan import fuse_activations
+from omni_runtime.models.window_graphs import BATCH_BUCKETS, WindowGraphs, batch_bucket
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 16  # windows of one size from different requests synthesised together
-BATCH_BUCKETS = (1, 2, 4, 8, 16)  # a batch is padded up to one of these: few graph shapes
 MAX_GRAPHS = 32  # (window size, batch) shapes kept captured: 3 recurring sizes x 5 buckets fit
 MIN_AMPLITUDE = math.exp(-115 / 20.0 * math.log(10))  # BigVGAN's -115 dB floor
 NOISE_BLOCK = 16  # codes of starting noise per generator: a window of 55 codes draws 4 or 5 blocks
@@ -84,7 +84,6 @@ class QwenVocoder(SingleWindow):
             for name, value in speakers.items()
         }
         self._encoded: dict[str, torch.Tensor] = {}  # voice -> ECAPA(ref_mel) for [cond, uncond]
-        self.cuda_graphs = cuda_graphs and device.type == "cuda"
         self.block: Callable[..., torch.Tensor] = _dit_block
         # One-off window sizes (a reply shorter than the second window) run eagerly: through a
         # shape-generic compile, so a new size never recompiles the block (seconds, with the GIL
@@ -100,8 +99,8 @@ class QwenVocoder(SingleWindow):
                 torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
                 self.block = torch.compile(_dit_block, dynamic=False)
                 self.block_any_size = torch.compile(_dit_block, dynamic=True)
-        self._graphs: dict[tuple[int, ...], tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor]]] = {}
-        self.eager_calls = 0  # batches run without a captured graph (one-off window sizes)
+        # One graph per (window size, batch bucket): the whole ODE and BigVGAN.
+        self.graphs = WindowGraphs(self._synthesize, device=device, enabled=cuda_graphs, limit=MAX_GRAPHS)
 
     @staticmethod
     def _time_points(num_steps: int, sway: float | None) -> list[float]:
@@ -133,7 +132,7 @@ class QwenVocoder(SingleWindow):
     def warmup(self, sizes: frozenset[int]) -> None:
         """Capture the graph of every recurring window size at every batch bucket now, so no
         client waits for a capture (each costs a compile-warm run plus the capture)."""
-        if not self.cuda_graphs:
+        if not self.graphs.enabled:
             return
         voice = next(iter(self.speakers))
         for size in sorted(sizes):
@@ -149,11 +148,11 @@ class QwenVocoder(SingleWindow):
             window = {"start": 0, "end": odd, "ctx_start": 0, "ctx_end": odd}
             item = {"codes": [0] * odd, "window": window, "voice": voice, "seed": 0, "reusable": False}
             self.synthesize_many([item] * rows)
-        self.eager_calls = 0
-        log.info("vocoder: %d window graphs captured", len(self._graphs))
+        self.graphs.eager_calls = 0
+        log.info("vocoder: %d window graphs captured", len(self.graphs))
 
     def _batch(self, items: list[dict[str, Any]], reusable: bool) -> list[np.ndarray]:
-        rows = next(b for b in BATCH_BUCKETS if b >= len(items))
+        rows = batch_bucket(len(items))
         waves = self._run(self.inputs(items + [items[-1]] * (rows - len(items))), use_graph=reusable)
         out = []
         for row, item in enumerate(items):
@@ -199,43 +198,9 @@ class QwenVocoder(SingleWindow):
         return torch.cat(blocks, dim=1)[:, offset : offset + (ctx_end - ctx_start) * self.repeats]
 
     def _run(self, inputs: dict[str, torch.Tensor], *, use_graph: bool) -> torch.Tensor:
-        if not (self.cuda_graphs and use_graph):
-            self.eager_calls += 1
-            return self._synthesize(**inputs, block=self.block_any_size)
-        key = tuple(inputs["code"].shape)
-        entry = self._graphs.get(key)
-        if entry is None:
-            try:
-                entry = self._capture(inputs)
-            except RuntimeError as exc:  # never lose audio to a capture problem: run eagerly from now on
-                log.warning("vocoder CUDA graph capture failed (%s); running eagerly", exc)
-                self.cuda_graphs = False
-                return self._synthesize(**inputs, block=self.block_any_size)
-            if len(self._graphs) >= MAX_GRAPHS:
-                self._graphs.pop(next(iter(self._graphs)))
-            self._graphs[key] = entry
-        graph, buffers = entry
-        for name, value in inputs.items():
-            buffers[name].copy_(value)
-        graph.replay()
-        return buffers["wave"]
-
-    def _capture(
-        self, inputs: dict[str, torch.Tensor]
-    ) -> tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor]]:
-        buffers = {name: value.clone() for name, value in inputs.items()}
-        # Same priority as the replaying stream: a graph's kernels keep their capture stream's.
-        stream = torch.cuda.Stream(
-            device=self.device, priority=torch.cuda.current_stream(self.device).priority
+        return self.graphs.run(
+            inputs, use_graph=use_graph, eager=lambda **kw: self._synthesize(**kw, block=self.block_any_size)
         )
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            self._synthesize(**buffers)  # warm-up outside the capture
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
-            buffers["wave"] = self._synthesize(**buffers)
-        return graph, buffers
 
     def _speaker_encoding(self, voice: str) -> torch.Tensor:
         if voice not in self._encoded:

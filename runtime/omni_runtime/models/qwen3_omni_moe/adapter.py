@@ -293,7 +293,9 @@ class Qwen3OmniMoeAdapter(OmniAdapter):
     def vocoder(self) -> Qwen3Code2Wav:
         if self.loaded.code2wav is None:
             raise EngineError("this worker has no Code2Wav loaded", param="modalities")
-        return Qwen3Code2Wav(self.loaded.code2wav, device=self.placement.talker)
+        return Qwen3Code2Wav(
+            self.loaded.code2wav, device=self.placement.talker, cuda_graphs=self.placement.cuda_graphs
+        )
 
     def thread_initializer(self, stage: str) -> Any:
         return stage_stream_initializer(self.placement, stage)

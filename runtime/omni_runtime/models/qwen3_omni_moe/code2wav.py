@@ -19,24 +19,35 @@ window's first samples differ from the whole decode by what its attention no lon
 ``chunked_decode``'s). The stream's last window has no frame after it and
 ends ``lost`` samples short, as the whole decode does.
 
-Windows of one size from different requests run as one batch; there is nothing to seed (no
-noise) and no speaker conditioning (the talker chose the voice).
+Windows of one size from different requests run as one batch, padded up to a batch bucket; there
+is nothing to seed (no noise) and no speaker conditioning (the talker chose the voice). On CUDA a
+recurring window size (the segmenter's ``reusable`` windows: the first, the ramp's and the steady
+one) runs as a captured CUDA graph per batch bucket (``window_graphs``): eagerly a window is a few
+hundred small kernels, 12 ms of launches for the 4 frames of a first window, which under load
+wait for the GIL behind the thinker's and talker's threads. The transformer's masks are built
+once per shape, outside the graph. One-off sizes (a stream's last window) run eagerly.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
 import torch
 
 from omni_runtime.models.common import SingleWindow
+from omni_runtime.models.window_graphs import BATCH_BUCKETS, WindowGraphs, batch_bucket
 
-MAX_BATCH = 16  # windows of one size synthesised together
+log = logging.getLogger(__name__)
+MAX_BATCH = BATCH_BUCKETS[-1]  # windows of one size synthesised together
+MAX_GRAPHS = 40  # (window size, batch bucket) shapes kept captured: 5 recurring sizes x 5 buckets fit
 
 
 class Qwen3Code2Wav(SingleWindow):
-    def __init__(self, code2wav: Any, *, device: torch.device, sample_rate: int = 24000) -> None:
+    def __init__(
+        self, code2wav: Any, *, device: torch.device, sample_rate: int = 24000, cuda_graphs: bool = True
+    ) -> None:
         self.model = code2wav
         self.device = device
         self.sample_rate = sample_rate
@@ -44,6 +55,8 @@ class Qwen3Code2Wav(SingleWindow):
         self.groups = int(code2wav.config.num_quantizers)
         self.codebook = int(code2wav.config.codebook_size)
         self.dtype = next(code2wav.parameters()).dtype
+        self.graphs = WindowGraphs(self._forward, device=device, enabled=cuda_graphs, limit=MAX_GRAPHS)
+        self._masks: dict[tuple[int, int], dict[str, Any]] = {}  # (batch, frames) -> the transformer's
 
     @torch.inference_mode()
     def decode(self, frames: list[Any]) -> np.ndarray:
@@ -54,12 +67,13 @@ class Qwen3Code2Wav(SingleWindow):
     def synthesize_many(self, items: list[dict[str, Any]]) -> list[np.ndarray]:
         """Several windows; windows of one context size run as one batch, smallest first."""
         results: list[np.ndarray] = [np.zeros(0, dtype=np.float32)] * len(items)
-        groups: dict[int, list[int]] = {}
+        groups: dict[tuple[int, bool], list[int]] = {}
         for i, item in enumerate(items):
             w = item["window"]
             if w["end"] > w["start"]:
-                groups.setdefault(w["ctx_end"] - w["ctx_start"], []).append(i)
-        for _, members in sorted(groups.items()):
+                key = (w["ctx_end"] - w["ctx_start"], bool(item.get("reusable")))
+                groups.setdefault(key, []).append(i)
+        for (_, reusable), members in sorted(groups.items()):
             for first in range(0, len(members), MAX_BATCH):
                 chunk = members[first : first + MAX_BATCH]
                 windows = [items[i]["window"] for i in chunk]
@@ -67,22 +81,74 @@ class Qwen3Code2Wav(SingleWindow):
                     items[i]["codes"][w["ctx_start"] : w["ctx_end"]]
                     for i, w in zip(chunk, windows, strict=True)
                 ]
-                for i, w, wave in zip(chunk, windows, self._run(frames), strict=True):
+                for i, w, wave in zip(chunk, windows, self._run(frames, use_graph=reusable), strict=True):
                     offset = (w["start"] - w["ctx_start"]) * self.samples_per_code
                     results[i] = wave[offset : (w["end"] - w["ctx_start"]) * self.samples_per_code]
         return results
 
-    def _run(self, frames: list[list[Any]]) -> list[np.ndarray]:
-        codes = torch.tensor([[list(f) for f in row] for row in frames], dtype=torch.long, device=self.device)
+    @torch.inference_mode()
+    def warmup(self, sizes: frozenset[int]) -> None:
+        """Capture the graph of every recurring window size at every batch bucket now, so no
+        client waits for a capture."""
+        if not self.graphs.enabled:
+            return
+        for size in sorted(sizes):
+            frames = [[0] * self.groups] * size
+            for rows in BATCH_BUCKETS:
+                self._run([frames] * rows, use_graph=True)
+        self.graphs.eager_calls = 0
+        log.info("Code2Wav: %d window graphs captured", len(self.graphs))
+
+    def _run(self, frames: list[list[Any]], *, use_graph: bool = False) -> list[np.ndarray]:
+        """Waves of equal-length frame lists, a row each: padded up to a batch bucket (the last row
+        repeated) and through the shape's graph when ``use_graph``, eagerly otherwise."""
+        codes = torch.tensor([[list(f) for f in row] for row in frames], dtype=torch.long)
         if codes.shape[-1] != self.groups:
             raise ValueError(f"frames have {codes.shape[-1]} codes; Code2Wav takes {self.groups}")
+        n = codes.shape[0]
+        if use_graph and self.graphs.enabled:
+            codes = torch.cat([codes, codes[-1:].expand(batch_bucket(n) - n, -1, -1)])
         # A random-weight talker may draw ids past the codebook; a trained one never does.
         codes = torch.where(codes < self.codebook, codes, torch.zeros_like(codes)).transpose(1, 2)
-        wav = self.model(codes)[:, 0].float()
+        codes = codes.contiguous().to(self.device)
+        wav = self.graphs.run({"codes": codes}, use_graph=use_graph)[:n, 0].float()
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
         return [row.cpu().numpy().astype(np.float32) for row in wav]
 
-    def warmup(self, sizes: frozenset[int]) -> None:
-        """Nothing to capture yet (the windows run eagerly)."""
-        return None
+    def _forward(self, codes: torch.Tensor) -> torch.Tensor:
+        """``Qwen3OmniMoeCode2Wav.forward`` with the transformer's masks built beforehand, once per
+        shape (transformers checks the positions for packed sequences with a host sync, which a
+        graph capture refuses)."""
+        model = self.model
+        hidden = model.code_embedding(codes + model.code_offset).mean(1)
+        batch, length = hidden.shape[0], hidden.shape[1]
+        positions = torch.arange(length, device=hidden.device).unsqueeze(0)
+        masks = self._masks.get((batch, length))
+        if masks is None:
+            masks = self._masks[(batch, length)] = self._build_masks(hidden, positions)
+        hidden = model.pre_transformer(inputs_embeds=hidden, attention_mask=masks, position_ids=positions)
+        hidden = hidden.last_hidden_state.permute(0, 2, 1)
+        for blocks in model.upsample:
+            for block in blocks:
+                hidden = block(hidden)
+        wav = hidden
+        for block in model.decoder:
+            wav = block(wav)
+        return wav.clamp(min=-1, max=1)
+
+    def _build_masks(self, hidden: torch.Tensor, positions: torch.Tensor) -> dict[str, Any]:
+        from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+        transformer = self.model.pre_transformer
+        kwargs = {
+            "config": transformer.config,
+            "inputs_embeds": hidden,
+            "attention_mask": None,
+            "past_key_values": None,
+            "position_ids": positions,
+        }
+        masks = {"full_attention": create_causal_mask(**kwargs)}
+        if transformer.has_sliding_layers:
+            masks["sliding_attention"] = create_sliding_window_causal_mask(**kwargs)
+        return masks

@@ -1,0 +1,103 @@
+"""A vocoder's windows as CUDA graphs: one per input shape, replayed for every later window of it.
+
+A vocoder window is thousands of small kernels (Qwen2.5's DiT ODE and BigVGAN; Qwen3's Code2Wav
+transformer and convolutions). Launched one by one from Python they cost more CPU than GPU time,
+hold the GIL the thinker's and talker's threads need, and queue behind each other's launches
+under load. A captured graph launches them all at once. Both families batch windows of one size
+from different streams (padded up to a bucket in ``BATCH_BUCKETS``, so a few shapes cover every
+batch) and capture the shapes that recur (the segmenter's ``reusable`` windows) at start-up.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16)  # a batch of windows is padded up to one of these: few graph shapes
+
+
+def batch_bucket(n: int) -> int:
+    """The smallest bucket that holds ``n`` windows (``n`` itself past the largest)."""
+    return next((b for b in BATCH_BUCKETS if b >= n), n)
+
+
+class WindowGraphs:
+    """``fn(**inputs) -> Tensor`` as one CUDA graph per set of input shapes, captured on first use.
+
+    ``fn`` must make no host syncs. Inputs are copied into the graph's own buffers and the output
+    is the graph's buffer, valid until the next replay of any graph of this object (they share one
+    memory pool: read it, or copy it, first). A capture that fails is logged once and turns graphs
+    off: from then on every call runs eagerly, so a capture problem never loses audio.
+    """
+
+    def __init__(
+        self, fn: Callable[..., torch.Tensor], *, device: torch.device, enabled: bool, limit: int
+    ) -> None:
+        self.fn = fn
+        self.device = device
+        self.enabled = enabled and device.type == "cuda"
+        self.limit = limit
+        self.eager_calls = 0  # calls run without a graph (one-off shapes, or graphs off)
+        self._graphs: dict[tuple[Any, ...], tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor]]] = {}
+        self._pool: Any = None
+
+    def __len__(self) -> int:
+        return len(self._graphs)
+
+    def clear(self) -> None:
+        self._graphs.clear()
+
+    def run(
+        self,
+        inputs: dict[str, torch.Tensor],
+        *,
+        use_graph: bool = True,
+        eager: Callable[..., torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """``fn(**inputs)``: through the graph of these shapes when ``use_graph`` (captured now if
+        missing), else eagerly through ``eager`` (default ``fn``)."""
+        if not (self.enabled and use_graph):
+            self.eager_calls += 1
+            return (eager or self.fn)(**inputs)
+        key = tuple((name, tuple(value.shape)) for name, value in inputs.items())
+        entry = self._graphs.get(key)
+        if entry is None:
+            try:
+                entry = self._capture(inputs)
+            except RuntimeError as exc:
+                log.warning("vocoder CUDA graph capture failed (%s); running eagerly", exc)
+                self.enabled = False
+                self.eager_calls += 1
+                return (eager or self.fn)(**inputs)
+            if len(self._graphs) >= self.limit:
+                self._graphs.pop(next(iter(self._graphs)))
+            self._graphs[key] = entry
+        graph, buffers = entry
+        for name, value in inputs.items():
+            buffers[name].copy_(value)
+        graph.replay()
+        return buffers["__out__"]
+
+    def _capture(
+        self, inputs: dict[str, torch.Tensor]
+    ) -> tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor]]:
+        buffers = {name: value.clone() for name, value in inputs.items()}
+        # Same priority as the replaying stream: a graph's kernels keep their capture stream's.
+        current = torch.cuda.current_stream(self.device)
+        stream = torch.cuda.Stream(device=self.device, priority=current.priority)
+        stream.wait_stream(current)
+        with torch.cuda.stream(stream):
+            self.fn(**buffers)  # warm-up outside the capture (lazy initialisation, autotuning)
+        current.wait_stream(stream)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool, stream=stream, capture_error_mode="thread_local"):
+            out = self.fn(**buffers)
+        buffers["__out__"] = out
+        return graph, buffers

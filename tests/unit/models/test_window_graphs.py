@@ -1,0 +1,41 @@
+"""The vocoder graph helper's pure parts: batch buckets, and the eager path off the GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omni_runtime.models.window_graphs import BATCH_BUCKETS, WindowGraphs, batch_bucket
+
+
+@pytest.mark.parametrize(
+    ("windows", "bucket"),
+    [(1, 1), (2, 2), (3, 4), (4, 4), (5, 8), (8, 8), (9, 16), (16, 16), (17, 17)],
+)
+def test_batch_bucket(windows: int, bucket: int) -> None:
+    assert batch_bucket(windows) == bucket
+
+
+def test_buckets_are_powers_of_two_up_to_the_vocoder_batch() -> None:
+    assert BATCH_BUCKETS == (1, 2, 4, 8, 16)
+
+
+def test_off_the_gpu_every_call_runs_eagerly_and_is_counted() -> None:
+    calls: list[str] = []
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        calls.append("fn")
+        return x * 2
+
+    def eager(x: torch.Tensor) -> torch.Tensor:
+        calls.append("eager")
+        return x * 2
+
+    graphs = WindowGraphs(fn, device=torch.device("cpu"), enabled=True, limit=4)
+    assert not graphs.enabled  # graphs are a CUDA feature
+    x = torch.arange(3.0)
+    assert torch.equal(graphs.run({"x": x}), x * 2)
+    assert torch.equal(graphs.run({"x": x}, eager=eager), x * 2)
+    assert torch.equal(graphs.run({"x": x}, use_graph=False), x * 2)
+    assert calls == ["fn", "eager", "fn"]
+    assert graphs.eager_calls == 3 and len(graphs) == 0
