@@ -80,5 +80,7 @@ def test_streaming_speech_holds_the_thinker_for_the_windows_its_setting_names(
         engine.thinker_hold_below_s = None
     chunks = [e for e in events if isinstance(e, AudioChunk)]
     assert len(chunks) >= 2  # a first window and later ones
-    assert len(entered) == (1 if holding == "first" else len(chunks))
+    assert len(entered) == (1 if holding == "first" else len(chunks)), (
+        f"holds entered at thinker steps {entered}; chunks of {[c.pcm.size for c in chunks]} samples"
+    )
     assert finished(events).reason == "length"
