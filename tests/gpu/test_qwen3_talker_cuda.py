@@ -180,3 +180,39 @@ def test_code2wav_window_graphs_equal_eager_windows(engine: Any, streams: int) -
     for mine, reference in zip(graphed, eager, strict=True):
         assert mine.shape == reference.shape and mine.size > 0
         assert np.abs(mine - reference).max() <= 2e-3 * np.abs(reference).max()
+
+
+def test_admission_prompts_queue_without_waiting_for_the_gpu(engine: Any) -> None:
+    """The per-row work of an admission (the talker's prompt, the thinker's prompt vectors) is
+    only queued: under ``set_sync_debug_mode("error")`` a host sync would raise. The rows are the
+    ones a real request admitted, rebuilt on the idle engine."""
+    talker = engine.stages.local.talker.runner
+    thinker = engine.stages.local.thinker.runner
+    admitted: list[Any] = []
+    original = talker.admit
+
+    def keep(rows: list[Any]) -> Any:
+        admitted.extend(rows)
+        return original(rows)
+
+    talker.admit = keep
+    try:
+        _audio(engine, ["Hello there, how are you?"], 0.0)
+    finally:
+        del talker.admit
+    row = admitted[0]
+    ids = list(row.input_ids)
+    embeds = torch.zeros(
+        len(ids), row.prompt_vectors.shape[-1], device="cuda", dtype=row.prompt_vectors.dtype
+    )
+    thinker._captured = None  # the last prefill's capture: these vectors read ``embeds`` instead
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.inference_mode():
+            prompt = talker._prompt(row)
+            vectors = thinker.prompt_vectors(0, ids, embeds, embeds)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert prompt.shape[0] > len(ids) // 2 and vectors.shape == embeds.shape

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from omni_runtime.contract.adapter import TalkerAdmission, ThinkerAdmission, ThinkerPrompt, ThinkerStep
+from omni_runtime.executor.host_copy import to_device
 from omni_runtime.executor.kept_kv import KeptKV, media_agreement
 from omni_runtime.executor.sampling import BatchSampler
 from omni_runtime.executor.slot_cache import SlotDecoder
@@ -60,6 +61,7 @@ class QwenThinkerRunner:
             ],
             device=device,
         )
+        self.media_id_set = frozenset(int(x) for x in self.media_ids.tolist())  # host-side masks
         self.decoder = SlotDecoder(
             layers=lm.layers,
             norm=lm.norm,
@@ -114,7 +116,7 @@ class QwenThinkerRunner:
         """The talker's prompt vectors of the prefilled positions (ids, their input embeddings and
         final hidden states; ``k`` is the row's index in the prefill batch): Qwen2.5's token
         embedding (zeroed at media placeholders) plus the last hidden state, per position [L, H]."""
-        is_media = torch.isin(torch.tensor(ids, device=self.device), self.media_ids)[:, None]
+        is_media = to_device([i in self.media_id_set for i in ids], self.device, torch.bool)[:, None]
         return embeds.masked_fill(is_media, 0.0) + hidden
 
     def reply_vectors(self, out: Any, index: Any) -> Any:
@@ -133,8 +135,8 @@ class QwenThinkerRunner:
         embeds = torch.zeros(len(batch), longest, hidden_size, dtype=self.decoder.dtype, device=self.device)
         positions = torch.zeros(3, len(batch), longest, dtype=torch.int64, device=self.device)
         for i, row in enumerate(batch):
-            embeds[i, : lengths[i]] = row.prompt.embeds.to(self.device, self.decoder.dtype)
-            positions[:, i, : lengths[i]] = row.prompt.positions.to(self.device)
+            embeds[i, : lengths[i]] = to_device(row.prompt.embeds, self.device, self.decoder.dtype)
+            positions[:, i, : lengths[i]] = to_device(row.prompt.positions, self.device)
         hook = self.prefill_hook(batch)
         # Only a family with a hook passes one (the TP leader's decoder takes none).
         extra = {} if hook is None else {"after_layer": hook}

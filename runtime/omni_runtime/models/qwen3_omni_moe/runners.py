@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from omni_runtime.contract.adapter import ThinkerAdmission
+from omni_runtime.executor.host_copy import to_device
 from omni_runtime.executor.slot_cache import add_after_layers
 from omni_runtime.models.qwen2_5_omni.runners import QwenThinkerRunner
 
@@ -81,7 +82,7 @@ class Qwen3ThinkerRunner(QwenThinkerRunner):
         if self.accept_layer == 0:
             return embeds.clone()
         source = hidden if self._captured is None else self._captured[k, :length]
-        is_media = torch.isin(torch.tensor(ids, device=self.device), self.media_ids)[:, None]
+        is_media = to_device([i in self.media_id_set for i in ids], self.device, torch.bool)[:, None]
         return torch.where(is_media, source.to(embeds.dtype), embeds)
 
     def reply_vectors(self, out: Any, index: Any) -> Any:

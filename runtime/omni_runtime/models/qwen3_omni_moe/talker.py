@@ -39,6 +39,7 @@ from torch import nn
 
 from omni_runtime.contract.adapter import RowSampling, TalkerAdmission
 from omni_runtime.contract.engine import EngineError
+from omni_runtime.executor.host_copy import to_device
 from omni_runtime.executor.sampling import BatchSampler
 from omni_runtime.executor.slot_cache import SlotDecoder
 from omni_runtime.models.qwen3_omni_moe.talker_prompt import (
@@ -98,9 +99,10 @@ class Qwen3TalkerRunner:
         self.turns = TurnTokens(config.im_start_token_id, config.user_token_id, config.assistant_token_id)
         self.tts_pad_id = int(config.tts_pad_token_id)
         thinker_cfg = config.thinker_config
-        self.media_ids = torch.tensor(
-            [thinker_cfg.audio_token_id, thinker_cfg.image_token_id, thinker_cfg.video_token_id]
+        self.media_id_set = frozenset(
+            (thinker_cfg.audio_token_id, thinker_cfg.image_token_id, thinker_cfg.video_token_id)
         )
+        self._codec_prefixes: dict[int, torch.Tensor] = {}
         self.suppress = tuple(
             i for i in range(self.vocab - SUPPRESSED_TOP, self.vocab) if i != self.codec_eos
         )
@@ -187,7 +189,7 @@ class Qwen3TalkerRunner:
         positions = torch.zeros(3, len(rows), longest, dtype=torch.long, device=self.device)
         for i, (prompt, (pos, _)) in enumerate(zip(prompts, layouts, strict=True)):
             embeds[i, : lengths[i]] = prompt
-            positions[:, i, : lengths[i]] = pos[:, 0].to(self.device)
+            positions[:, i, : lengths[i]] = to_device(pos[:, 0], self.device)
         slots = [row.slot for row in rows]
         logits, hidden = self.decoder.prefill(
             slots=slots, embeds=embeds, positions=positions, lengths=lengths, want_hidden=True
@@ -196,7 +198,7 @@ class Qwen3TalkerRunner:
         for row in rows:
             self._set_sampling(row)
         firsts = self.sampler.sample(logits, rows=slots)
-        ends = torch.tensor(lengths, device=self.device) - 1
+        ends = to_device(lengths, self.device, torch.long) - 1
         last = hidden[torch.arange(len(rows), device=self.device), ends]
         frames, frame_embeds = self._predict(slots, firsts, last)
         for i, row in enumerate(rows):
@@ -220,22 +222,36 @@ class Qwen3TalkerRunner:
             )
         vectors = row.prompt_vectors.to(self.device, self.dtype)
         # As generate: every media position through hidden_projection, every text one through
-        # text_projection (one call each), then the user positions gathered.
-        is_media = torch.isin(torch.tensor(ids), self.media_ids).to(self.device)
+        # text_projection (one call each), then the user positions gathered. The positions are
+        # worked out on the host and reach the device in one queued copy: boolean masks on the
+        # device would make this thread wait for the GPU a few times per admitted row.
+        media = [k for k, i in enumerate(ids) if i in self.media_id_set]
+        text_rows = [k for k, i in enumerate(ids) if i not in self.media_id_set]
+        users_at = user_positions(ids, self.turns)
+        index = to_device(media + text_rows + users_at, self.device, torch.long)
+        media_index, text_index = index[: len(media)], index[len(media) : len(ids)]
         projected = torch.empty(len(ids), self.tts_pad.shape[-1], dtype=self.dtype, device=self.device)
-        if bool(is_media.any()):
-            projected[is_media] = talker.hidden_projection(vectors[None][:, is_media])[0]
-        projected[~is_media] = talker.text_projection(vectors[None][:, ~is_media])[0]
-        users = projected[torch.tensor(user_positions(ids, self.turns), dtype=torch.long, device=self.device)]
+        if media:
+            projected[media_index] = talker.hidden_projection(vectors[None, media_index])[0]
+        projected[text_index] = talker.text_projection(vectors[None, text_index])[0]
+        users = projected[index[len(ids) :]]
         first = row.first_vector.to(self.device, self.dtype)[None]
         assistant = talker.text_projection(torch.cat([vectors[start:], first])[None])[0]
         text = torch.cat([assistant[:3], self.tts_pad.expand(4, -1), self.tts_bos[None], assistant[3:4]])
-        cfg = talker.config
-        special = [cfg.codec_nothink_id, cfg.codec_think_bos_id, cfg.codec_think_eos_id, speaker]
-        special += [cfg.codec_pad_id, cfg.codec_bos_id]
-        codec = talker.get_input_embeddings()(torch.tensor([special], device=self.device))[0]
-        codec = torch.cat([torch.zeros(3, codec.shape[-1], dtype=codec.dtype, device=self.device), codec])
-        return torch.cat([users, text + codec])
+        return torch.cat([users, text + self._codec_prefix(speaker)])
+
+    def _codec_prefix(self, speaker: int) -> torch.Tensor:
+        """The codec half of the assistant prefix for a speaker (3 zero rows, then the embeddings of
+        no-think, think-bos, think-eos, the speaker, pad and bos): made once per speaker."""
+        prefix = self._codec_prefixes.get(speaker)
+        if prefix is None:
+            cfg = self.talker.config
+            special = [cfg.codec_nothink_id, cfg.codec_think_bos_id, cfg.codec_think_eos_id, speaker]
+            special += [cfg.codec_pad_id, cfg.codec_bos_id]
+            codec = self.talker.get_input_embeddings()(torch.tensor([special], device=self.device))[0]
+            zeros = torch.zeros(3, codec.shape[-1], dtype=codec.dtype, device=self.device)
+            prefix = self._codec_prefixes[speaker] = torch.cat([zeros, codec])
+        return prefix
 
     def _positions(self, row: TalkerAdmission) -> tuple[torch.Tensor, torch.Tensor]:
         """The talker prompt's rope positions [3, 1, L] and delta, as get_rope_index gives them."""
