@@ -225,13 +225,12 @@ class Qwen3TalkerRunner:
         # text_projection (one call each), then the user positions gathered. The positions are
         # worked out on the host and reach the device in one queued copy: boolean masks on the
         # device would make this thread wait for the GPU a few times per admitted row.
-        media = [k for k, i in enumerate(ids) if i in self.media_id_set]
-        text_rows = [k for k, i in enumerate(ids) if i not in self.media_id_set]
-        users_at = user_positions(ids, self.turns)
-        index = to_device(media + text_rows + users_at, self.device, torch.long)
-        media_index, text_index = index[: len(media)], index[len(media) : len(ids)]
+        media_at = [k for k, i in enumerate(ids) if i in self.media_id_set]
+        text_at = [k for k, i in enumerate(ids) if i not in self.media_id_set]
+        index = to_device(media_at + text_at + user_positions(ids, self.turns), self.device, torch.long)
+        media_index, text_index = index[: len(media_at)], index[len(media_at) : len(ids)]
         projected = torch.empty(len(ids), self.tts_pad.shape[-1], dtype=self.dtype, device=self.device)
-        if media:
+        if media_at:
             projected[media_index] = talker.hidden_projection(vectors[None, media_index])[0]
         projected[text_index] = talker.text_projection(vectors[None, text_index])[0]
         users = projected[index[len(ids) :]]
