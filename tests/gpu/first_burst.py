@@ -24,13 +24,9 @@ from pathlib import Path
 
 os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="triton-first-burst-"))
 
-from omni_runtime.contract.engine import (
-    AudioChunk,
-    ChatTurn,
-    GenerationRequest,
-    SamplingParams,
-    TextDelta,
-)
+from profile_speech import speech_request  # tests/gpu, beside this script
+
+from omni_runtime.contract.engine import AudioChunk, TextDelta
 from omni_runtime.contract.options import EngineOptions
 from omni_runtime.pipeline import build_engine
 
@@ -45,13 +41,7 @@ def compiled() -> tuple[int, int, int]:
 
 
 async def one(engine, rid: str, talker_tokens: int) -> tuple[float, float]:
-    request = GenerationRequest(
-        request_id=rid,
-        turns=(ChatTurn(role="user", text="Tell me a story about a robot."),),
-        sampling=SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True),
-        want_audio=True,
-        stage_params={"talker": {"max_tokens": talker_tokens}},
-    )
+    request = speech_request(rid, talker_tokens, text_tokens=32)
     start = time.perf_counter()
     text = audio = float("nan")
     async for event in engine.generate(request):

@@ -155,16 +155,21 @@ class Marks:
         return marks
 
 
-async def one(
-    engine: Any, marks_hook: Marks, rid: str, talker_tokens: int, *, quiet: bool = False
-) -> dict[str, float]:
-    request = GenerationRequest(
+def speech_request(rid: str, talker_tokens: int, *, text_tokens: int = 64) -> GenerationRequest:
+    """The profiled reply: a fixed prompt, greedy text of ``text_tokens``, ``talker_tokens`` codes."""
+    return GenerationRequest(
         request_id=rid,
         turns=(ChatTurn(role="user", text="Tell me a story about a robot."),),
-        sampling=SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True),
+        sampling=SamplingParams(max_tokens=text_tokens, temperature=0.0, ignore_eos=True),
         want_audio=True,
         stage_params={"talker": {"max_tokens": talker_tokens}},
     )
+
+
+async def one(
+    engine: Any, marks_hook: Marks, rid: str, talker_tokens: int, *, quiet: bool = False
+) -> dict[str, float]:
+    request = speech_request(rid, talker_tokens)
     marks = marks_hook.begin(rid)
     marks["_rid"] = rid  # type: ignore[assignment]
     start = marks["_start"]

@@ -11,7 +11,7 @@ batch) and capture the shapes that recur (the segmenter's ``reusable`` windows) 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -24,6 +24,23 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16)  # a batch of windows is padded up to one of th
 def batch_bucket(n: int) -> int:
     """The smallest bucket that holds ``n`` windows (``n`` itself past the largest)."""
     return next((b for b in BATCH_BUCKETS if b >= n), n)
+
+
+def window_batches(items: list[dict[str, Any]], max_batch: int) -> Iterator[tuple[bool, list[int]]]:
+    """Which of a vocoder call's windows run together: (reusable, item indices) per batch.
+
+    Windows of one context size (and one ``reusable`` flag: graph or eager) share a batch of at
+    most ``max_batch``, smallest size first: a stream's first window is the smallest, and it is
+    the one a listener is waiting on. Empty windows run in none.
+    """
+    groups: dict[tuple[int, bool], list[int]] = {}
+    for i, item in enumerate(items):
+        w = item["window"]
+        if w["end"] > w["start"]:
+            groups.setdefault((w["ctx_end"] - w["ctx_start"], bool(item.get("reusable"))), []).append(i)
+    for (_, reusable), members in sorted(groups.items()):
+        for first in range(0, len(members), max_batch):
+            yield reusable, members[first : first + max_batch]
 
 
 class WindowGraphs:
@@ -43,7 +60,10 @@ class WindowGraphs:
         self.enabled = enabled and device.type == "cuda"
         self.limit = limit
         self.eager_calls = 0  # calls run without a graph (one-off shapes, or graphs off)
-        self._graphs: dict[tuple[Any, ...], tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor]]] = {}
+        # shapes -> (graph, its input buffers, its output buffer)
+        self._graphs: dict[
+            tuple[Any, ...], tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor], torch.Tensor]
+        ] = {}
         self._pool: Any = None
 
     def __len__(self) -> int:
@@ -77,15 +97,15 @@ class WindowGraphs:
             if len(self._graphs) >= self.limit:
                 self._graphs.pop(next(iter(self._graphs)))
             self._graphs[key] = entry
-        graph, buffers = entry
+        graph, buffers, out = entry
         for name, value in inputs.items():
             buffers[name].copy_(value)
         graph.replay()
-        return buffers["__out__"]
+        return out
 
     def _capture(
         self, inputs: dict[str, torch.Tensor]
-    ) -> tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor]]:
+    ) -> tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor], torch.Tensor]:
         buffers = {name: value.clone() for name, value in inputs.items()}
         # Same priority as the replaying stream: a graph's kernels keep their capture stream's.
         current = torch.cuda.current_stream(self.device)
@@ -99,5 +119,4 @@ class WindowGraphs:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool, stream=stream, capture_error_mode="thread_local"):
             out = self.fn(**buffers)
-        buffers["__out__"] = out
-        return graph, buffers
+        return graph, buffers, out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omni_runtime.models.window_graphs import BATCH_BUCKETS, WindowGraphs, batch_bucket
+from omni_runtime.models.window_graphs import WindowGraphs, batch_bucket
 
 
 @pytest.mark.parametrize(
@@ -14,10 +14,6 @@ from omni_runtime.models.window_graphs import BATCH_BUCKETS, WindowGraphs, batch
 )
 def test_batch_bucket(windows: int, bucket: int) -> None:
     assert batch_bucket(windows) == bucket
-
-
-def test_buckets_are_powers_of_two_up_to_the_vocoder_batch() -> None:
-    assert BATCH_BUCKETS == (1, 2, 4, 8, 16)
 
 
 def test_off_the_gpu_every_call_runs_eagerly_and_is_counted() -> None:

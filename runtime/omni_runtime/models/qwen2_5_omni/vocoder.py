@@ -46,7 +46,7 @@ import torch
 
 from omni_runtime.models.common import SingleWindow
 from omni_runtime.models.qwen2_5_omni.bigvgan import fuse_activations
-from omni_runtime.models.window_graphs import BATCH_BUCKETS, WindowGraphs, batch_bucket
+from omni_runtime.models.window_graphs import BATCH_BUCKETS, WindowGraphs, batch_bucket, window_batches
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 16  # windows of one size from different requests synthesised together
@@ -111,21 +111,12 @@ class QwenVocoder(SingleWindow):
 
     @torch.inference_mode()
     def synthesize_many(self, items: list[dict[str, Any]]) -> list[np.ndarray]:
-        """Several requests' windows; windows of one size run as one batch (padded to a bucket).
-
-        Smaller windows run first: a stream's first window is the smallest, and it is the one a
-        listener is waiting on (time to first audio)."""
+        """Several requests' windows; windows of one size run as one batch (padded to a bucket),
+        smallest first (``window_batches``)."""
         results: list[np.ndarray] = [np.zeros(0, dtype=np.float32)] * len(items)
-        groups: dict[tuple[int, bool], list[int]] = {}
-        for i, item in enumerate(items):
-            w = item["window"]
-            if w["end"] > w["start"]:
-                groups.setdefault((w["ctx_end"] - w["ctx_start"], bool(item.get("reusable"))), []).append(i)
-        for (_, reusable), members in sorted(groups.items()):
-            for first in range(0, len(members), MAX_BATCH):
-                chunk = members[first : first + MAX_BATCH]
-                for i, wave in zip(chunk, self._batch([items[i] for i in chunk], reusable), strict=True):
-                    results[i] = wave
+        for reusable, chunk in window_batches(items, MAX_BATCH):
+            for i, wave in zip(chunk, self._batch([items[i] for i in chunk], reusable), strict=True):
+                results[i] = wave
         return results
 
     @torch.inference_mode()

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from omni_runtime.models.common import SingleWindow
-from omni_runtime.models.window_graphs import BATCH_BUCKETS, WindowGraphs, batch_bucket
+from omni_runtime.models.window_graphs import BATCH_BUCKETS, WindowGraphs, batch_bucket, window_batches
 
 log = logging.getLogger(__name__)
 MAX_BATCH = BATCH_BUCKETS[-1]  # windows of one size synthesised together
@@ -65,25 +65,17 @@ class Qwen3Code2Wav(SingleWindow):
 
     @torch.inference_mode()
     def synthesize_many(self, items: list[dict[str, Any]]) -> list[np.ndarray]:
-        """Several windows; windows of one context size run as one batch, smallest first."""
+        """Several windows; windows of one context size run as one batch, smallest first
+        (``window_batches``)."""
         results: list[np.ndarray] = [np.zeros(0, dtype=np.float32)] * len(items)
-        groups: dict[tuple[int, bool], list[int]] = {}
-        for i, item in enumerate(items):
-            w = item["window"]
-            if w["end"] > w["start"]:
-                key = (w["ctx_end"] - w["ctx_start"], bool(item.get("reusable")))
-                groups.setdefault(key, []).append(i)
-        for (_, reusable), members in sorted(groups.items()):
-            for first in range(0, len(members), MAX_BATCH):
-                chunk = members[first : first + MAX_BATCH]
-                windows = [items[i]["window"] for i in chunk]
-                frames = [
-                    items[i]["codes"][w["ctx_start"] : w["ctx_end"]]
-                    for i, w in zip(chunk, windows, strict=True)
-                ]
-                for i, w, wave in zip(chunk, windows, self._run(frames, use_graph=reusable), strict=True):
-                    offset = (w["start"] - w["ctx_start"]) * self.samples_per_code
-                    results[i] = wave[offset : (w["end"] - w["ctx_start"]) * self.samples_per_code]
+        for reusable, chunk in window_batches(items, MAX_BATCH):
+            windows = [items[i]["window"] for i in chunk]
+            frames = [
+                items[i]["codes"][w["ctx_start"] : w["ctx_end"]] for i, w in zip(chunk, windows, strict=True)
+            ]
+            for i, w, wave in zip(chunk, windows, self._run(frames, use_graph=reusable), strict=True):
+                offset = (w["start"] - w["ctx_start"]) * self.samples_per_code
+                results[i] = wave[offset : (w["end"] - w["ctx_start"]) * self.samples_per_code]
         return results
 
     @torch.inference_mode()
