@@ -26,4 +26,6 @@ def to_device(
         host = host.to(dtype)
     if device.type != "cuda" or host.device.type != "cpu":
         return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
+    # pin_memory refuses a view whose elements share memory (an expanded row of positions), and
+    # would pin a whole base tensor for a slice of it: stage a compact copy.
+    return host.contiguous().pin_memory().to(device, non_blocking=True)

@@ -19,6 +19,8 @@ CPU = torch.device("cpu")
         ([], torch.long, torch.zeros(0, dtype=torch.long)),
         (torch.tensor([1.5, 2.5]), torch.bfloat16, torch.tensor([1.5, 2.5], dtype=torch.bfloat16)),
         (torch.tensor([[0, 1], [2, 3]]), None, torch.tensor([[0, 1], [2, 3]])),
+        # an expanded row (elements sharing memory), as a prompt's rope positions can be
+        (torch.arange(3).expand(2, 3), None, torch.tensor([[0, 1, 2], [0, 1, 2]])),
     ],
 )
 def test_values_arrive_with_their_dtype(values, dtype, expected) -> None:
