@@ -7,7 +7,10 @@ together, as the first wave of ``omni bench`` does. Per burst it prints the time
 and first audio (median, max) and what was compiled meanwhile: dynamo frames and graphs
 (``torch._dynamo.utils.counters``) and new files in Triton's kernel cache (a fresh
 ``TRITON_CACHE_DIR``). A first burst slower than the next two with compiles in it is a start-up
-warm-up's job; equal bursts mean the cost is the burst itself.
+warm-up's job; equal bursts mean the cost is the burst itself. Under each burst, the median of
+each stage mark (``profile_speech.Marks``), the runners' mean call times, and the garbage
+collector's full collections: the heap is frozen after start-up, as ``omni serve`` does.
+``TORCH_LOGS=recompiles`` names what a compile in a burst was for.
 
     python tests/gpu/first_burst.py [--model-path DIR] [--levels 1,4,16,32] [--dtype bfloat16]
 """
@@ -24,11 +27,12 @@ from pathlib import Path
 
 os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="triton-first-burst-"))
 
-from profile_speech import speech_request  # tests/gpu, beside this script
+from profile_speech import Marks, speech_request  # tests/gpu, beside this script
 
 from omni_runtime.contract.engine import AudioChunk, TextDelta
 from omni_runtime.contract.options import EngineOptions
 from omni_runtime.pipeline import build_engine
+from omni_runtime.support.gc_pauses import collections, freeze_heap, longest_pause, watch_gc
 
 
 def compiled() -> tuple[int, int, int]:
@@ -40,9 +44,9 @@ def compiled() -> tuple[int, int, int]:
     return int(counters["frames"]["ok"]), int(counters["stats"]["unique_graphs"]), kernels
 
 
-async def one(engine, rid: str, talker_tokens: int) -> tuple[float, float]:
+async def one(engine, hook: Marks, rid: str, talker_tokens: int) -> tuple[float, float]:
     request = speech_request(rid, talker_tokens, text_tokens=32)
-    start = time.perf_counter()
+    start = hook.begin(rid)["_start"]
     text = audio = float("nan")
     async for event in engine.generate(request):
         now = time.perf_counter() - start
@@ -72,13 +76,17 @@ async def main(args: argparse.Namespace) -> None:
     began = time.perf_counter()
     await engine.start()
     print(f"engine started and warm in {time.perf_counter() - began:.1f} s; compiled so far {compiled()}")
+    watch_gc()
+    freeze_heap("first_burst")
+    hook = Marks(engine)
+    hook.take_calls()
     print("level  burst  first text p50/max s  first audio p50/max s  wall s  new (frames, graphs, triton)")
     for level in args.levels:
         for burst in range(1, args.bursts + 1):
             before = compiled()
             t0 = time.perf_counter()
             results = await asyncio.gather(
-                *(one(engine, f"c{level}-b{burst}-{k}", args.talker_tokens) for k in range(level))
+                *(one(engine, hook, f"c{level}-b{burst}-{k}", args.talker_tokens) for k in range(level))
             )
             wall = time.perf_counter() - t0
             after = compiled()
@@ -89,6 +97,21 @@ async def main(args: argparse.Namespace) -> None:
                 f"{level:5d}  {burst:5d}  {statistics.median(texts):.3f} / {max(texts):.3f}"
                 f"          {statistics.median(audios):.3f} / {max(audios):.3f}"
                 f"           {wall:6.2f}  {new}",
+                flush=True,
+            )
+            rids = [f"c{level}-b{burst}-{k}" for k in range(level)]
+            names = sorted(
+                {n for r in rids for n in hook.by_id[r] if not n.startswith("_")},
+                key=lambda n: statistics.median(hook.by_id[r].get(n, 0.0) for r in rids),
+            )
+            marks = ", ".join(
+                f"{n} {statistics.median(hook.by_id[r][n] for r in rids if n in hook.by_id[r]):.3f}"
+                for n in names
+            )
+            print(f"             marks p50: {marks}")
+            print(
+                f"             calls: {hook.take_calls()}; gen-2 collections {collections(2)}, "
+                f"longest {longest_pause(2) * 1000:.0f} ms",
                 flush=True,
             )
     await engine.stop()
