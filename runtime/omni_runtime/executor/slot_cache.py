@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from omni_runtime.executor.host_copy import to_device
 from omni_runtime.executor.kept_kv import copy_in, copy_out
 
 log = logging.getLogger(__name__)
@@ -144,8 +145,9 @@ def _compiled(layers: nn.ModuleList) -> list[Callable[..., Any]]:
 # Guard entries one compiled layer may need: a row count of 1 is specialised apart from the
 # dynamic one, a branch on the row count (an MoE block's fused decode path up to
 # moe_decode.MAX_FUSED_ROWS rows, grouped GEMMs above) splits the dynamic range again, and prefill
-# (a fresh prompt, a suffix after a kept prefix) doubles what decode needs.
-GUARD_ENTRIES_PER_LAYER = 16
+# adds its own regions (``SlotDecoder.WARM_PREFILLS``: nine, fresh prompts and suffixes after a
+# kept prefix).
+GUARD_ENTRIES_PER_LAYER = 24
 _COMPILED_LAYERS = 0  # layers this process has compiled, over every stack
 
 
@@ -249,7 +251,7 @@ class SlotDecoder:
         """
         if offset and len(slots) != 1:
             raise ValueError("a prefill after a kept prefix takes one row")
-        self.cache.prefill_slots = torch.tensor(slots, dtype=torch.int64, device=self.device)
+        self.cache.prefill_slots = to_device(slots, self.device, torch.int64)
         self.cache.prefill_offset = offset
         mask = None
         if offset:  # causal over [kept prefix | suffix]: query j sees keys 0..offset+j
@@ -259,7 +261,9 @@ class SlotDecoder:
             mask = (keys[None, :] <= queries[:, None])[None, None]
         cache = self.cache
         try:
-            hidden = embeds.to(self.dtype)
+            # An inference tensor always: the compiled layers guard on it, and a plain one (made
+            # outside inference mode) would compile every layer a second time, mid-request.
+            hidden = embeds.to(self.dtype, copy=not embeds.is_inference())
             cos_sin = self.rotary(hidden, positions)
             for index, layer in enumerate(self.prefill_layers):
                 # By buffer, not layer index, as in decode: a compiled layer stays one graph.
@@ -276,7 +280,7 @@ class SlotDecoder:
             cache.prefill_offset = 0
             cache.layer_keys = cache.layer_values = None
         hidden = self.norm(hidden)
-        last = torch.tensor([n - 1 for n in lengths], device=self.device)
+        last = to_device([n - 1 for n in lengths], self.device, torch.int64)
         last_hidden = hidden[torch.arange(len(slots), device=self.device), last]
         logits = self.head_fn(last_hidden).float()
         return logits, (hidden if want_hidden else None)
@@ -378,10 +382,15 @@ class SlotDecoder:
                 progress(f"captured decode graphs up to length {view}")
         return len(self._graphs)
 
-    # (rows, length, kept prefix) of the warm-up prefills: one row and two (a row count of 1 is
-    # compiled apart), up to and past moe_decode.MAX_FUSED_ROWS tokens (an MoE block branches on
-    # its row count), and a suffix after a kept conversation prefix (its own attention path).
-    WARM_PREFILLS = ((1, 9, 0), (1, 40, 0), (2, 40, 0), (1, 9, 9))
+    # (rows, length, kept prefix) of the warm-up prefills. The compiled layers guard on the row
+    # count (1 is compiled apart) and on the tokens in the call (rows x length): up to
+    # moe_decode.MAX_FUSED_ROWS (an MoE block's fused path), below 64 and from 64 on (inductor's
+    # matmul padding pass), so each region is met once for one row and for several; a suffix
+    # after a kept conversation prefix has its own attention path. A region missed here is
+    # compiled by the first request that meets it: every layer, seconds of a stalled batch.
+    WARM_PREFILLS = (
+        (1, 9, 0), (1, 40, 0), (1, 80, 0), (2, 4, 0), (2, 20, 0), (2, 40, 0), (1, 9, 9), (1, 40, 9), (1, 80, 9),
+    )  # fmt: skip
 
     @torch.inference_mode()
     def warm_prefill(self) -> int:
