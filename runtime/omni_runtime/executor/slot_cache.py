@@ -19,8 +19,8 @@ the talker. So the runtime owns the cache and drives the model's decoder layers 
 - prefill goes through the same compiled layers (dynamic batch and length): a short prompt's
   prefill is launch-bound like a decode step (an eager Qwen3-Omni thinker prefill of a 30-token
   prompt took 58 ms on an H200, its talker's 61 ms). ``capture_all`` first compiles the prefill
-  shapes a request can meet (one row and several, up to and past the MoE fused-decode row count,
-  after a kept prefix), so no request pays a compile. ``OMNI_COMPILE_PREFILL=0`` keeps prefill
+  shapes a request can meet (``SlotDecoder.WARM_PREFILLS``), so no request pays a compile. A
+  suffix after a kept conversation prefix runs eagerly. ``OMNI_COMPILE_PREFILL=0`` keeps prefill
   eager.
 """
 
@@ -145,8 +145,7 @@ def _compiled(layers: nn.ModuleList) -> list[Callable[..., Any]]:
 # Guard entries one compiled layer may need: a row count of 1 is specialised apart from the
 # dynamic one, a branch on the row count (an MoE block's fused decode path up to
 # moe_decode.MAX_FUSED_ROWS rows, grouped GEMMs above) splits the dynamic range again, and prefill
-# adds its own regions (``SlotDecoder.WARM_PREFILLS``: nine, fresh prompts and suffixes after a
-# kept prefix).
+# adds its own regions (``SlotDecoder.WARM_PREFILLS``).
 GUARD_ENTRIES_PER_LAYER = 24
 _COMPILED_LAYERS = 0  # layers this process has compiled, over every stack
 
@@ -198,6 +197,9 @@ class SlotDecoder:
         self.prefill_layers: list[Callable[..., Any]] = (
             self.step_layers if self.compile_prefill else list(layers)
         )
+        # A suffix after a kept prefix runs eagerly: the cache reads its offset as a plain int,
+        # which a compiled layer specialises on, so every new offset recompiled every layer.
+        self.suffix_layers: list[Callable[..., Any]] = list(layers)
         self.embed_fn, self.head_fn = embed_fn, head_fn
         self.slots, self.max_len, self.device, self.dtype = slots, max_len, device, dtype
         self.cache = SlotKVCache(
@@ -265,7 +267,7 @@ class SlotDecoder:
             # outside inference mode) would compile every layer a second time, mid-request.
             hidden = embeds.to(self.dtype, copy=not embeds.is_inference())
             cos_sin = self.rotary(hidden, positions)
-            for index, layer in enumerate(self.prefill_layers):
+            for index, layer in enumerate(self.suffix_layers if offset else self.prefill_layers):
                 # By buffer, not layer index, as in decode: a compiled layer stays one graph.
                 cache.layer_keys, cache.layer_values = cache.keys[index], cache.values[index]
                 hidden = layer(
@@ -382,15 +384,13 @@ class SlotDecoder:
                 progress(f"captured decode graphs up to length {view}")
         return len(self._graphs)
 
-    # (rows, length, kept prefix) of the warm-up prefills. The compiled layers guard on the row
-    # count (1 is compiled apart) and on the tokens in the call (rows x length): up to
-    # moe_decode.MAX_FUSED_ROWS (an MoE block's fused path), below 64 and from 64 on (inductor's
-    # matmul padding pass), so each region is met once for one row and for several; a suffix
-    # after a kept conversation prefix has its own attention path. A region missed here is
-    # compiled by the first request that meets it: every layer, seconds of a stalled batch.
-    WARM_PREFILLS = (
-        (1, 9, 0), (1, 40, 0), (1, 80, 0), (2, 4, 0), (2, 20, 0), (2, 40, 0), (1, 9, 9), (1, 40, 9), (1, 80, 9),
-    )  # fmt: skip
+    # (rows, length) of the warm-up prefills. The compiled layers guard on the row count and the
+    # length (1 is compiled apart from the dynamic range) and on the tokens in the call (rows x
+    # length): up to moe_decode.MAX_FUSED_ROWS (an MoE block's fused path), below 64 and from 64
+    # on (inductor's matmul padding pass), so each region is met once for one row and for
+    # several. A region missed here is compiled by the first request that meets it: every layer,
+    # seconds of a stalled batch (tests/gpu/test_qwen3_talker_cuda.py checks a table of shapes).
+    WARM_PREFILLS = ((1, 1), (2, 1), (1, 9), (1, 40), (1, 80), (2, 4), (2, 20), (2, 40))
 
     @torch.inference_mode()
     def warm_prefill(self) -> int:
@@ -399,18 +399,17 @@ class SlotDecoder:
             return 0
         hidden = self.out_hidden.shape[-1]
         done = 0
-        for rows, length, offset in self.WARM_PREFILLS:
-            if rows > self.slots or offset + length > self.max_len:
+        for rows, length in self.WARM_PREFILLS:
+            if rows > self.slots or length > self.max_len:
                 continue
             embeds = torch.zeros(rows, length, hidden, dtype=self.dtype, device=self.device)
-            positions = (torch.arange(length, device=self.device) + offset).view(1, 1, -1).expand(3, rows, -1)
+            positions = torch.arange(length, device=self.device).view(1, 1, -1).expand(3, rows, -1)
             self.prefill(
                 slots=list(range(rows)),
                 embeds=embeds,
                 positions=positions,
                 lengths=[length] * rows,
                 want_hidden=False,
-                offset=offset,
             )
             done += 1
         return done
