@@ -51,20 +51,26 @@ def tail_report(before: str, after: str) -> dict[str, dict[str, float]]:
     return dict(sorted(report.items()))
 
 
-async def _next(ws: Any, wanted: str, deadline: float, *, errors: bool = False) -> dict[str, Any]:
-    """The next ``wanted`` event; an ``error`` event raises, or is returned with ``errors``."""
+async def _next(ws: Any, *wanted: str, deadline: float, errors: bool = False) -> dict[str, Any]:
+    """The next event of a ``wanted`` type; an ``error`` event raises, or is returned with
+    ``errors``; past ``deadline`` a TimeoutError names what it waited for."""
     while True:
-        message = await asyncio.wait_for(ws.recv(), timeout=max(deadline - time.monotonic(), 0.001))
+        left = deadline - time.monotonic()
+        try:
+            message = await asyncio.wait_for(ws.recv(), timeout=max(left, 0.001))
+        except TimeoutError:
+            raise TimeoutError(f"no {' or '.join(wanted)} event in time") from None
         event = json.loads(message)
         if event["type"] == "error" and not errors:
             raise RuntimeError(f"server error: {event['error']}")
-        if event["type"] in (wanted, "error"):
+        if event["type"] in (*wanted, "error"):
             return event
 
 
-async def _settle(http: httpx.AsyncClient, metrics_url: str, deadline: float) -> tuple[str, float]:
+async def _settle(http: httpx.AsyncClient, metrics_url: str, deadline: float) -> tuple[str, float, bool]:
     """The metrics once no stage works (no call running or waiting) and busy time stopped
-    growing, and when the last work ended (monotonic)."""
+    growing, when the last work ended (monotonic), and whether that happened before
+    ``deadline`` (if not: the metrics at the deadline)."""
     text = (await http.get(metrics_url)).text
     last, since, polls = stage_counters(text, BUSY), time.monotonic(), 0
     while polls < QUIET_POLLS and time.monotonic() < deadline:
@@ -75,7 +81,7 @@ async def _settle(http: httpx.AsyncClient, metrics_url: str, deadline: float) ->
             polls += 1
         else:
             last, since, polls = busy, time.monotonic(), 0
-    return text, since
+    return text, since, polls >= QUIET_POLLS
 
 
 async def cancel_once(
@@ -84,14 +90,19 @@ async def cancel_once(
     *,
     after_deltas: int = 3,
     max_output_tokens: int = 200,
-    timeout_s: float = 300.0,
+    timeout_s: float = 60.0,
+    settle_s: float = 10.0,
 ) -> dict[str, Any]:
+    """One cancelled reply. ``status`` is the response's (``cancelled``), or
+    ``ended_before_cancel`` when the reply ended before ``after_deltas`` audio deltas or before
+    the cancel arrived. ``settled`` is false when some stage still worked ``settle_s`` after the
+    cancel's ``response.done``: ``working`` then names those stages."""
     deadline = time.monotonic() + timeout_s
     async with httpx.AsyncClient(timeout=10) as http, websockets.connect(url, max_size=None) as ws:
-        await _next(ws, "session.created", deadline)
+        await _next(ws, "session.created", deadline=deadline)
         update = {"type": "realtime", "output_modalities": ["audio"], "max_output_tokens": max_output_tokens}
         await ws.send(json.dumps({"type": "session.update", "session": update}))
-        await _next(ws, "session.updated", deadline)
+        await _next(ws, "session.updated", deadline=deadline)
         item = {
             "type": "message",
             "role": "user",
@@ -99,21 +110,30 @@ async def cancel_once(
         }
         await ws.send(json.dumps({"type": "conversation.item.create", "item": item}))
         await ws.send(json.dumps({"type": "response.create"}))
-        for _ in range(after_deltas):
-            await _next(ws, "response.output_audio.delta", deadline)
+        deltas = 0
+        while deltas < after_deltas:
+            event = await _next(ws, "response.output_audio.delta", "response.done", deadline=deadline)
+            if event["type"] == "response.done":  # a short reply: nothing left to cancel
+                return {"status": "ended_before_cancel", "audio_deltas": deltas}
+            deltas += 1
         before = (await http.get(metrics_url)).text
         cancelled_at = time.monotonic()
         await ws.send(json.dumps({"type": "response.cancel"}))
         # An error here: the reply ended before the cancel arrived (nothing to cancel).
-        done = await _next(ws, "response.done", deadline, errors=True)
+        done = await _next(ws, "response.done", deadline=deadline, errors=True)
         done_at = time.monotonic()
-        after, quiet_at = await _settle(http, metrics_url, deadline)
-    return {
+        after, quiet_at, settled = await _settle(http, metrics_url, done_at + settle_s)
+    result = {
         "status": done["response"]["status"] if done["type"] == "response.done" else "ended_before_cancel",
+        "audio_deltas": deltas,
         "cancel_to_done_s": round(done_at - cancelled_at, 4),
         "cancel_to_quiet_s": round(max(quiet_at - cancelled_at, 0.0), 4),
+        "settled": settled,
         "stages": tail_report(before, after),
     }
+    if not settled:
+        result["working"] = {k: v for k, v in stage_counters(after, WORKING).items() if v}
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,19 +145,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--after-deltas", type=int, default=3, help="audio deltas before the cancel")
     parser.add_argument("--max-output-tokens", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds for one repeat's events")
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=10.0,
+        help="seconds after the cancel's response.done to wait for quiet",
+    )
     args = parser.parse_args(argv)
     metrics_url = args.metrics_url or re.sub(r"^ws", "http", args.url.split("/v1/")[0]) + "/metrics"
+    failed = 0
     for _ in range(args.repeats):
-        result = asyncio.run(
-            cancel_once(
-                args.url,
-                metrics_url,
-                after_deltas=args.after_deltas,
-                max_output_tokens=args.max_output_tokens,
+        try:
+            result = asyncio.run(
+                cancel_once(
+                    args.url,
+                    metrics_url,
+                    after_deltas=args.after_deltas,
+                    max_output_tokens=args.max_output_tokens,
+                    timeout_s=args.timeout,
+                    settle_s=args.settle,
+                )
             )
-        )
+        except (TimeoutError, RuntimeError, OSError, websockets.WebSocketException, httpx.HTTPError) as exc:
+            failed += 1
+            result = {"error": f"{type(exc).__name__}: {exc}"}
         print(json.dumps(result), flush=True)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -51,3 +51,84 @@ def test_stage_counters_reads_one_family_by_stage() -> None:
 )
 def test_tail_report_is_what_each_stage_gained(after: str, expected: dict) -> None:
     assert tail_report(BEFORE, after) == expected
+
+
+async def _scripted_server(events: list[dict]):
+    """A real websocket server that answers the probe's session.update with ``events``."""
+    import json
+
+    import websockets
+
+    async def handler(ws) -> None:
+        await ws.send(json.dumps({"type": "session.created"}))
+        async for message in ws:
+            kind = json.loads(message)["type"]
+            if kind == "session.update":
+                await ws.send(json.dumps({"type": "session.updated"}))
+            elif kind == "response.create":
+                for event in events:
+                    await ws.send(json.dumps(event))
+
+    return await websockets.serve(handler, "127.0.0.1", 0)
+
+
+def test_a_reply_that_ends_before_its_audio_is_reported_not_waited_on() -> None:
+    """A reply shorter than --after-deltas (a random-weight model's early end) ends the repeat
+    at its response.done instead of waiting for audio that never comes."""
+    import asyncio
+
+    from omni_runtime.bench.cancel_tail import cancel_once
+
+    async def run() -> dict:
+        delta = {"type": "response.output_audio.delta", "delta": ""}
+        server = await _scripted_server(
+            [delta, {"type": "response.done", "response": {"status": "completed"}}]
+        )
+        port = server.sockets[0].getsockname()[1]
+        try:
+            return await cancel_once(
+                f"ws://127.0.0.1:{port}/v1/realtime", f"http://127.0.0.1:{port}/metrics", timeout_s=5
+            )
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    assert asyncio.run(run()) == {"status": "ended_before_cancel", "audio_deltas": 1}
+
+
+def test_a_silent_worker_times_out_with_what_was_awaited(capsys) -> None:
+    """No audio and no response.done: the CLI prints an error line naming the awaited events and
+    exits 1 (no traceback, no hang past --timeout)."""
+    import asyncio
+    import json
+    import threading
+
+    from omni_runtime.bench.cancel_tail import main
+
+    ready = threading.Event()
+    box: dict = {}
+
+    def serve() -> None:
+        loop = asyncio.new_event_loop()
+        box["server"] = loop.run_until_complete(_scripted_server([]))
+        box["loop"] = loop
+        ready.set()
+        loop.run_forever()
+
+    threading.Thread(target=serve, daemon=True).start()
+    ready.wait(10)
+    port = box["server"].sockets[0].getsockname()[1]
+    try:
+        code = main(["--url", f"ws://127.0.0.1:{port}/v1/realtime", "--repeats", "1", "--timeout", "0.5"])
+    finally:
+        server = box["server"]
+
+        async def close() -> None:
+            server.close()
+            await server.wait_closed()
+
+        asyncio.run_coroutine_threadsafe(close(), box["loop"]).result(10)
+        box["loop"].call_soon_threadsafe(box["loop"].stop)
+    line = json.loads(capsys.readouterr().out.strip())
+    assert code == 1
+    assert line == {"error": "TimeoutError: no response.output_audio.delta or response.done event in time"}
