@@ -87,9 +87,10 @@ if [ "$PIPELINE" != text ] && [ "${SPEECH:-1}" = 1 ]; then
   fi
 fi
 if [ "${REALTIME:-1}" = 1 ]; then
-  # RT_TURNS turns per session (the by_turn rows show turn 1 vs turn N); RT_LABEL names the file.
+  # RT_TURNS turns per session (the by_turn rows show turn 1 vs turn N); RT_LABEL names the file;
+  # RT_LEVELS the concurrent sessions per round (1,8,8: eight sessions twice, first time vs again).
   timeout "${RT_TIMEOUT:-120}" python3 -m omni_runtime.bench.realtime_latency --url ws://127.0.0.1:8000/v1/realtime \
-    --concurrency 1,8 --turns "${RT_TURNS:-2}" --turn commit 2>&1 | tail -"${RT_LINES:-8}" | tee "$OUT/realtime${RT_LABEL:-}.txt"
+    --concurrency "${RT_LEVELS:-1,8}" --turns "${RT_TURNS:-2}" --turn commit 2>&1 | tail -"${RT_LINES:-8}" | tee "$OUT/realtime${RT_LABEL:-}.txt"
 fi
 kill $SERVER; sleep 5; kill -9 $SERVER 2>/dev/null
 tail -5 "$OUT/serve.log"
