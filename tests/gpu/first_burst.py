@@ -13,6 +13,9 @@ collector's full collections: the heap is frozen after start-up, as ``omni serve
 ``TORCH_LOGS=recompiles`` names what a compile in a burst was for.
 
     python tests/gpu/first_burst.py [--model-path DIR] [--levels 1,4,16,32] [--dtype bfloat16]
+
+A released shape with random weights: ``omni tiny-checkpoint [--family qwen3_omni_moe] --shape
+released DIR``, then ``--model-path DIR --load-format dummy``.
 """
 
 from __future__ import annotations

@@ -35,19 +35,11 @@ FAMILY=${FAMILY:-qwen2_5_omni}
 if [ "$FAMILY" = qwen3_omni_moe ]; then
   DUMMY=/tmp/qwen3-omni-30b-a3b-dummy
   MODEL_NAME=qwen3-omni-30b-a3b-dummy
-  $OMNI_CLI tiny-checkpoint --family qwen3_omni_moe --shape released --force "$DUMMY" || exit 1
 else
-DUMMY=/tmp/qwen2.5-omni-7b-dummy
-MODEL_NAME=qwen2.5-omni-7b-dummy
-python3 - "$DUMMY" <<'PY' || exit 1
-import shutil, sys
-from omni_runtime.models.qwen2_5_omni.tiny import ensure_tiny_checkpoint
-from omni_runtime.models.qwen2_5_omni.loader import load_processor, released_7b_config
-tiny = ensure_tiny_checkpoint(progress=False)
-shutil.copytree(tiny, sys.argv[1], dirs_exist_ok=True, ignore=shutil.ignore_patterns("model.safetensors", "config.json"))
-released_7b_config(load_processor(None)).save_pretrained(sys.argv[1])
-PY
+  DUMMY=/tmp/qwen2.5-omni-7b-dummy
+  MODEL_NAME=qwen2.5-omni-7b-dummy
 fi
+$OMNI_CLI tiny-checkpoint --family "$FAMILY" --shape released --force "$DUMMY" > /dev/null || exit 1
 # Codec tokens per speech reply: Qwen2.5's talker makes 50 per second of audio, Qwen3's 12.5.
 TALKER_TOKENS=${TALKER_TOKENS:-400}
 if [ "${RUN_OMNI:-1}" = 1 ]; then

@@ -139,14 +139,9 @@ def test_streaming_speech_on_cuda(loop: Loop, tiny_cuda) -> None:
 @pytest.fixture(scope="module")
 def dummy_7b(loop: Loop, tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory):
     """The released 7B config at full size, random bf16 weights, text pipeline."""
-    import shutil
+    from omni_runtime.models.qwen2_5_omni.tiny import create_released_shape
 
-    from omni_runtime.models.qwen2_5_omni.loader import _config, load_processor
-
-    path = tmp_path_factory.mktemp("qwen2.5-omni-7b-dummy")
-    shutil.copytree(tiny_checkpoint, path, dirs_exist_ok=True,
-                    ignore=shutil.ignore_patterns("model.safetensors", "config.json"))  # fmt: skip
-    _config(None, load_processor(None)).save_pretrained(str(path))
+    path = create_released_shape(tmp_path_factory.mktemp("qwen2.5-omni-7b-dummy"))
     engine = build_engine(
         EngineOptions(
             model_path=str(path),

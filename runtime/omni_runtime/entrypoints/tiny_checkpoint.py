@@ -30,17 +30,14 @@ def main(argv: list[str]) -> int:
         "--shape",
         choices=("tiny", "released"),
         default="tiny",
-        help="qwen3_omni_moe only: 'released' writes the 30B-A3B config and tokenizer with no weights, "
-        "for omni serve --load-format dummy (default tiny)",
+        help="'released' writes the released config (Qwen2.5-Omni-7B, Qwen3-Omni-30B-A3B) and the tokenizer "
+        "with no weights, for omni serve --load-format dummy (default tiny)",
     )
     parser.add_argument("--force", action="store_true", help="replace DIR if it exists and is not empty")
     parser.add_argument("--seed", type=int, default=0, help="random seed for the weights (default 0)")
     parser.add_argument("--quiet", action="store_true", help="print no progress")
     args = parser.parse_args(argv)
     target: Path = args.dir
-    if args.shape == "released" and args.family != "qwen3_omni_moe":
-        print("omni tiny-checkpoint: --shape released needs --family qwen3_omni_moe", file=sys.stderr)
-        return 2
     if target.exists() and not target.is_dir():
         print(
             f"omni tiny-checkpoint: {target} exists and is not a directory; choose another DIR",
@@ -55,15 +52,13 @@ def main(argv: list[str]) -> int:
             )
             return 2
         shutil.rmtree(target)
-    if args.shape == "released":
-        from omni_runtime.models.qwen3_omni_moe.tiny import create_released_shape
-
-        print(create_released_shape(target))
-        return 0
     if args.family == "qwen3_omni_moe":
-        from omni_runtime.models.qwen3_omni_moe.tiny import create_tiny_checkpoint
+        from omni_runtime.models.qwen3_omni_moe import tiny
     else:
-        from omni_runtime.models.qwen2_5_omni.tiny import create_tiny_checkpoint
-    create_tiny_checkpoint(target, seed=args.seed, progress=not args.quiet)
+        from omni_runtime.models.qwen2_5_omni import tiny  # type: ignore[no-redef]
+    if args.shape == "released":
+        print(tiny.create_released_shape(target))
+        return 0
+    tiny.create_tiny_checkpoint(target, seed=args.seed, progress=not args.quiet)
     print(target)
     return 0

@@ -90,3 +90,25 @@ def test_ensure_replaces_a_broken_leftover(tmp_path: Path) -> None:
     path = tiny.ensure_tiny_checkpoint(tmp_path, progress=False)
     assert path == broken and tiny.is_tiny_checkpoint(path)
     assert [p.name for p in tmp_path.iterdir()] == ["tiny"]
+
+
+def test_released_qwen2_5_shape_without_weights(tmp_path: Path) -> None:
+    """The default family's `--shape released`: the 7B config with the tiny tokenizer's ids and
+    its voices, no weights and no tiny marker (it is not a tiny checkpoint)."""
+    target = tmp_path / "released-7b"
+    result = _run(str(target), "--shape", "released")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(target)
+    assert not (target / "model.safetensors").exists() and (target / "spk_dict.pt").is_file()
+    from transformers import AutoConfig, Qwen2_5OmniProcessor
+
+    from omni_runtime.models.qwen2_5_omni.tiny import is_tiny_checkpoint
+
+    assert not is_tiny_checkpoint(target)
+    config = AutoConfig.from_pretrained(str(target))
+    text = config.thinker_config.text_config
+    shape = (text.hidden_size, text.num_hidden_layers, text.num_attention_heads, text.num_key_value_heads)
+    assert shape == (3584, 28, 28, 4) and text.vocab_size == 152064
+    tok = Qwen2_5OmniProcessor.from_pretrained(str(target)).tokenizer
+    assert config.thinker_config.audio_token_index == tok.convert_tokens_to_ids("<|AUDIO|>")
+    assert config.talker_config.tts_text_pad_token_id == tok.convert_tokens_to_ids("<|tts_pad|>")

@@ -107,9 +107,3 @@ def test_released_shape_without_weights_for_dummy_loading(tmp_path: Path) -> Non
     with torch.device("meta"):
         model = hf.Qwen3OmniMoeThinkerTextModel._from_config(text)
     assert round(sum(p.numel() for p in model.parameters()) / 1e9, 1) == 30.2  # + the 0.3B LM head: 30.5B
-
-
-def test_released_shape_needs_the_qwen3_family(tmp_path: Path) -> None:
-    result = _run(str(tmp_path / "x"), "--shape", "released")
-    assert result.returncode == 2
-    assert "--family qwen3_omni_moe" in result.stderr
