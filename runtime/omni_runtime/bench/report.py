@@ -3,7 +3,8 @@
 Baseline rows (e.g. plain HF ``generate`` measured by another tool) come from a JSON file and sit
 next to ours in the table and the plot, each with its own label. When any row carries speech
 numbers the table grows the listener's columns (TTFA percentiles, underrun per stream, RTF, streams
-in real time, audio seconds per second) and `plot_speech` draws TTFA and stall per level.
+in real time, audio seconds per second, and with several closed-loop waves the TTFA p50 of the
+first wave, whose requests all start together, beside that of the later ones) and `plot_speech` draws TTFA and stall per level.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ _SPEECH_COLUMNS = (
     ("rtf p50", "rtf_p50", "{:.3f}"),
     ("rt/str", None, ""),
     ("audio s/s", "audio_s_per_s", "{:.2f}"),
+    ("ttfa 1st wave", "ttfa_first_wave_p50_s", "{:.3f}"),  # p50 of the first C requests sent
+    ("ttfa later", "ttfa_later_p50_s", "{:.3f}"),  # p50 of the rest
 )
 
 

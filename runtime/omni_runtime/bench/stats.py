@@ -93,6 +93,10 @@ class LevelSummary:
     audio_streams: int | None = None
     realtime_streams: int | None = None  # streams with no underrun at all
     audio_s_per_s: float | None = None
+    # Closed loop with more than one wave: TTFA p50 of the first ``concurrency`` requests sent (a
+    # worker's first burst at this level, all starting together) and of the later ones.
+    ttfa_first_wave_p50_s: float | None = None
+    ttfa_later_p50_s: float | None = None
 
     @property
     def load(self) -> str:
@@ -189,7 +193,21 @@ def summarize(
         refused=sum(1 for s in samples if not s.ok and s.status == 429),
         rate_per_s=rate_per_s,
         **_speech_fields(ok, wall_s=wall_s),
+        **(_wave_fields(samples, concurrency) if rate_per_s is None else {}),
     )
+
+
+def _wave_fields(samples: list[RequestSample], concurrency: int) -> dict[str, Any]:
+    """TTFA p50 of the first wave (the first ``concurrency`` requests sent) and of the rest, when
+    both have audio; nothing for one wave or samples without send times."""
+    if len(samples) <= concurrency or any(s.sent_s is None for s in samples):
+        return {}
+    ordered = sorted(samples, key=lambda s: s.sent_s or 0.0)
+    first = [s.ttfa_s for s in ordered[:concurrency] if s.ok and s.ttfa_s is not None]
+    later = [s.ttfa_s for s in ordered[concurrency:] if s.ok and s.ttfa_s is not None]
+    if not first or not later:
+        return {}
+    return {"ttfa_first_wave_p50_s": _p(first, 50), "ttfa_later_p50_s": _p(later, 50)}
 
 
 def _speech_fields(ok: list[RequestSample], *, wall_s: float) -> dict[str, Any]:

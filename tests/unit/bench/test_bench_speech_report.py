@@ -36,7 +36,7 @@ def _speech_row(label: str, concurrency: int, **extra: object) -> LevelSummary:
 
 def test_speech_table_is_exact() -> None:
     rows = [
-        _speech_row("omni", 4),
+        _speech_row("omni", 4, ttfa_first_wave_p50_s=0.6, ttfa_later_p50_s=0.4),
         _speech_row("omni", 0, rate_per_s=1.5),
         _speech_row("hf", 1, realtime_streams=4),
     ]
@@ -44,14 +44,38 @@ def test_speech_table_is_exact() -> None:
     assert lines[0].split() == [
         "label", "load", "ok/all", "req/s", "tok/s", "lat", "mean", "lat", "p50", "lat", "p95", "ttft",
         "p50", "ttfa", "p50", "ttfa", "p95", "ttfa", "p99", "stall/str", "stall", "max", "rtf", "p50",
-        "rt/str", "audio", "s/s",
+        "rt/str", "audio", "s/s", "ttfa", "1st", "wave", "ttfa", "later",
     ]  # fmt: skip
     assert lines[2].split() == [
         "omni", "4", "4/4", "2.00", "64.0", "-", "-", "-", "-", "0.250", "0.500", "0.750", "0.125",
-        "0.500", "0.250", "3/4", "12.50",
+        "0.500", "0.250", "3/4", "12.50", "0.600", "0.400",
     ]  # fmt: skip
     assert lines[3].split()[:2] == ["omni", "1.5/s"]
-    assert lines[4].split()[-2:] == ["4/4", "12.50"]
+    assert lines[4].split()[-4:] == ["4/4", "12.50", "-", "-"]
+
+
+def test_first_wave_and_later_ttfa() -> None:
+    """Closed loop, two waves of 2: the first two requests sent are the first wave, whatever order
+    they finish in; a failed request or one without audio counts in neither."""
+    from omni_runtime.bench.stats import RequestSample, summarize
+
+    def sample(sent: float, ttfa: float | None, ok: bool = True) -> RequestSample:
+        return RequestSample(ok=ok, latency_s=1.0, ttfa_s=ttfa, sent_s=sent)
+
+    two_waves = [
+        sample(0.01, 0.4),
+        sample(1.5, 0.2),
+        sample(0.0, 0.6),
+        sample(1.0, 0.3),
+        sample(2.0, 9.0, ok=False),
+    ]
+    row = summarize(two_waves, concurrency=2, wall_s=3.0)
+    assert (row.ttfa_first_wave_p50_s, row.ttfa_later_p50_s) == (0.5, 0.25)
+    one_wave = summarize(two_waves[:2], concurrency=2, wall_s=3.0)
+    open_loop = summarize(two_waves, concurrency=2, wall_s=3.0, rate_per_s=1.0)
+    no_times = summarize([RequestSample(ok=True, latency_s=1.0, ttfa_s=0.1)] * 3, concurrency=1, wall_s=3.0)
+    for row in (one_wave, open_loop, no_times):
+        assert (row.ttfa_first_wave_p50_s, row.ttfa_later_p50_s) == (None, None)
 
 
 def test_speech_plot_is_a_png(tmp_path: Path) -> None:
