@@ -139,7 +139,7 @@ def test_streaming_speech_on_cuda(loop: Loop, tiny_cuda) -> None:
 @pytest.fixture(scope="module")
 def dummy_7b(loop: Loop, tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory):
     """The released 7B config at full size, random bf16 weights, text pipeline."""
-    from omni_runtime.models.qwen2_5_omni.tiny import create_released_shape
+    from omni_runtime.models.qwen2_5_omni.released import create_released_shape
 
     path = create_released_shape(tmp_path_factory.mktemp("qwen2.5-omni-7b-dummy"))
     engine = build_engine(

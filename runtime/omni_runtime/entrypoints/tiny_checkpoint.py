@@ -53,12 +53,13 @@ def main(argv: list[str]) -> int:
             return 2
         shutil.rmtree(target)
     if args.family == "qwen3_omni_moe":
-        from omni_runtime.models.qwen3_omni_moe import tiny
+        from omni_runtime.models.qwen3_omni_moe.tiny import create_released_shape, create_tiny_checkpoint
     else:
-        from omni_runtime.models.qwen2_5_omni import tiny  # type: ignore[no-redef]
+        from omni_runtime.models.qwen2_5_omni.released import create_released_shape  # type: ignore[assignment]
+        from omni_runtime.models.qwen2_5_omni.tiny import create_tiny_checkpoint  # type: ignore[assignment]
     if args.shape == "released":
-        print(tiny.create_released_shape(target))
+        print(create_released_shape(target))
         return 0
-    tiny.create_tiny_checkpoint(target, seed=args.seed, progress=not args.quiet)
+    create_tiny_checkpoint(target, seed=args.seed, progress=not args.quiet)
     print(target)
     return 0

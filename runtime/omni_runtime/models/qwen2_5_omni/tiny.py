@@ -33,7 +33,7 @@ from omni_runtime.models.qwen2_5_omni.tiny_processor import (
 
 # Bump when the checkpoint's contents change, so an old cached copy is replaced, not served.
 TINY_FORMAT_VERSION = 1
-_MARKER = "omni_tiny.json"
+MARKER = "omni_tiny.json"  # its presence (and format version) marks a tiny checkpoint
 
 # Talker codec vocabulary: codes 0..999 are audio codes; the special codec ids keep the released
 # model's offsets from each other (8292, 8293, 8294, 8296 there). Code must read them from the config.
@@ -277,38 +277,14 @@ def _create(out: Path, *, seed: int, step) -> Path:
         encoding="utf-8",
     )
     marker = {"format_version": TINY_FORMAT_VERSION, "seed": seed, "random_weights": True}
-    (out / _MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+    (out / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
     step(f"done: {out}")
-    return out
-
-
-def create_released_shape(path: str | Path) -> Path:
-    """Write the released Qwen2.5-Omni-7B shape with no weights, for ``omni serve --load-format
-    dummy``: the tiny checkpoint's tokenizer, processor and voices with the released config
-    (``loader.released_7b_config``, special-token ids of that tokenizer) beside them."""
-    from omni_runtime.models.qwen2_5_omni.loader import load_processor, released_7b_config
-
-    out = Path(path)
-    out.mkdir(parents=True, exist_ok=True)
-    source = ensure_tiny_checkpoint(progress=False)
-    shutil.copytree(
-        source,
-        out,
-        dirs_exist_ok=True,
-        ignore=shutil.ignore_patterns("model.safetensors", "config.json", "README.md", _MARKER),
-    )
-    released_7b_config(load_processor(None)).save_pretrained(out)
-    (out / "README.md").write_text(
-        "# Qwen2.5-Omni-7B shape, no weights\n\nServe with `omni serve --model-path DIR --load-format dummy`: "
-        "random weights at the released shape, a small locally trained tokenizer.\n",
-        encoding="utf-8",
-    )
     return out
 
 
 def is_tiny_checkpoint(path: str | Path) -> bool:
     """True when ``path`` holds a complete tiny checkpoint of the current format."""
-    marker = Path(path) / _MARKER
+    marker = Path(path) / MARKER
     try:
         data = json.loads(marker.read_text(encoding="utf-8"))
     except (OSError, ValueError):
