@@ -136,6 +136,17 @@ def test_streaming_speech_on_cuda(loop: Loop, tiny_cuda) -> None:
     assert isinstance(events[-1], Finished)
 
 
+def test_prefills_after_the_warm_up_compile_nothing(tiny_cuda) -> None:
+    """Qwen2.5's dense layers: every prefill shape a request can bring was compiled at start-up."""
+    from prefill_shapes import compiled_shapes  # tests/gpu, beside this file
+
+    local = tiny_cuda.stages.local
+    compiled = compiled_shapes(
+        {"thinker": local.thinker.runner.decoder, "talker": local.talker.runner.decoder}
+    )
+    assert compiled == [], f"(stack, rows, length, kept prefix) compiled after start-up: {compiled}"
+
+
 @pytest.fixture(scope="module")
 def dummy_7b(loop: Loop, tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory):
     """The released 7B config at full size, random bf16 weights, text pipeline."""

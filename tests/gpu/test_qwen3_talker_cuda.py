@@ -218,40 +218,12 @@ def test_admission_prompts_queue_without_waiting_for_the_gpu(engine: Any) -> Non
     assert prompt.shape[0] > len(ids) // 2 and vectors.shape == embeds.shape
 
 
-# (rows, length, kept prefix) of prompts that meet every region the compiled layers guard on:
-# one row and several, tokens per call around moe_decode.MAX_FUSED_ROWS (16) and 64, long ones,
-# and suffixes after a kept prefix.
-PREFILL_SHAPES = [
-    *((rows, length, 0) for rows in (1, 2, 3, 5, 8) for length in (1, 3, 8, 16, 17, 30, 33, 64, 65, 200)),
-    *((1, length, 20) for length in (1, 16, 17, 63, 64, 200)),
-]
-
-
 def test_prefills_after_the_warm_up_compile_nothing(engine: Any) -> None:
-    """Every prefill shape a request can bring was compiled at start-up: a shape that recompiles
-    mid-request stalls the whole batch for seconds (every layer is traced again). The prompts'
-    embeddings are made outside inference mode, as an admission's can be."""
-    from torch._dynamo.utils import counters
+    """Every prefill shape a request can bring was compiled at start-up (``prefill_shapes``)."""
+    from prefill_shapes import compiled_shapes  # tests/gpu, beside this file
 
     local = engine.stages.local
-    decoders = {"thinker": local.thinker.runner.decoder, "talker": local.talker.runner.decoder}
-    compiled: list[tuple[str, int, int, int]] = []
-    for name, decoder in decoders.items():
-        hidden = decoder.out_hidden.shape[-1]
-        for rows, length, offset in PREFILL_SHAPES:
-            before = counters["stats"]["unique_graphs"]
-            embeds = torch.randn(rows, length, hidden, dtype=decoder.dtype, device=decoder.device)
-            positions = (
-                (torch.arange(length, device=decoder.device) + offset).view(1, 1, -1).expand(3, rows, -1)
-            )
-            decoder.prefill(
-                slots=list(range(rows)),
-                embeds=embeds,
-                positions=positions,
-                lengths=[length] * rows,
-                want_hidden=False,
-                offset=offset,
-            )
-            if counters["stats"]["unique_graphs"] != before:
-                compiled.append((name, rows, length, offset))
+    compiled = compiled_shapes(
+        {"thinker": local.thinker.runner.decoder, "talker": local.talker.runner.decoder}
+    )
     assert compiled == [], f"(stack, rows, length, kept prefix) compiled after start-up: {compiled}"
