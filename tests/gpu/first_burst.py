@@ -86,11 +86,10 @@ async def main(args: argparse.Namespace) -> None:
     print("level  burst  first text p50/max s  first audio p50/max s  wall s  new (frames, graphs, triton)")
     for level in args.levels:
         for burst in range(1, args.bursts + 1):
+            rids = [f"c{level}-b{burst}-{k}" for k in range(level)]
             before = compiled()
             t0 = time.perf_counter()
-            results = await asyncio.gather(
-                *(one(engine, hook, f"c{level}-b{burst}-{k}", args.talker_tokens) for k in range(level))
-            )
+            results = await asyncio.gather(*(one(engine, hook, rid, args.talker_tokens) for rid in rids))
             wall = time.perf_counter() - t0
             after = compiled()
             texts = [r[0] for r in results]
@@ -102,7 +101,6 @@ async def main(args: argparse.Namespace) -> None:
                 f"           {wall:6.2f}  {new}",
                 flush=True,
             )
-            rids = [f"c{level}-b{burst}-{k}" for k in range(level)]
             names = sorted(
                 {n for r in rids for n in hook.by_id[r] if not n.startswith("_")},
                 key=lambda n: statistics.median(hook.by_id[r].get(n, 0.0) for r in rids),

@@ -4,7 +4,8 @@ Baseline rows (e.g. plain HF ``generate`` measured by another tool) come from a 
 next to ours in the table and the plot, each with its own label. When any row carries speech
 numbers the table grows the listener's columns (TTFA percentiles, underrun per stream, RTF, streams
 in real time, audio seconds per second, and with several closed-loop waves the TTFA p50 of the
-first wave, whose requests all start together, beside that of the later ones) and `plot_speech` draws TTFA and stall per level.
+first wave, whose requests all start together, beside that of the later ones) and `plot_speech`
+draws TTFA and stall per level.
 """
 
 from __future__ import annotations
