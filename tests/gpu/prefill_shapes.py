@@ -19,30 +19,37 @@ PREFILL_SHAPES = [
 ]
 
 
+def prefill_scratch(decoder: Any, rows: int, length: int, offset: int) -> None:
+    """Random embeddings of ``rows`` x ``length`` prefilled into slots ``0..rows-1`` of an idle
+    decoder, after ``offset`` kept positions. Made outside inference mode, as an admission's can be."""
+    import torch
+
+    hidden = decoder.out_hidden.shape[-1]
+    embeds = torch.randn(rows, length, hidden, dtype=decoder.dtype, device=decoder.device)
+    positions = torch.arange(offset, offset + length, device=decoder.device).view(1, 1, -1)
+    decoder.prefill(
+        slots=list(range(rows)),
+        embeds=embeds,
+        positions=positions.expand(3, rows, -1),
+        lengths=[length] * rows,
+        want_hidden=False,
+        offset=offset,
+    )
+
+
 def compiled_shapes(decoders: dict[str, Any]) -> list[tuple[str, int, int, int]]:
     """Prefill every shape into scratch slots of each idle decoder; the (stack, rows, length, kept
     prefix) of those that compiled. The embeddings are made outside inference mode, as an
     admission's can be."""
-    import torch
     from torch._dynamo.utils import counters
 
     compiled: list[tuple[str, int, int, int]] = []
     for name, decoder in decoders.items():
-        hidden = decoder.out_hidden.shape[-1]
         for rows, length, offset in PREFILL_SHAPES:
             if rows > decoder.slots or offset + length > decoder.max_len:
                 continue
             before = counters["stats"]["unique_graphs"]
-            embeds = torch.randn(rows, length, hidden, dtype=decoder.dtype, device=decoder.device)
-            positions = torch.arange(offset, offset + length, device=decoder.device).view(1, 1, -1)
-            decoder.prefill(
-                slots=list(range(rows)),
-                embeds=embeds,
-                positions=positions.expand(3, rows, -1),
-                lengths=[length] * rows,
-                want_hidden=False,
-                offset=offset,
-            )
+            prefill_scratch(decoder, rows, length, offset)
             if counters["stats"]["unique_graphs"] != before:
                 compiled.append((name, rows, length, offset))
     return compiled

@@ -445,7 +445,7 @@ async def main(args: argparse.Namespace) -> None:
             vocoder = vocoder_of(engine)
             print(
                 f"    thinker held {thinker_of(engine).held_s - held:.2f} s of {walls[label]:.2f} s; "
-                f"vocoder eager calls so far {vocoder.graphs.eager_calls if vocoder is not None else '?'}; "
+                f"vocoder eager calls so far {getattr(vocoder, 'eager_calls', None) if vocoder is not None else '?'}; "
                 f"gen-2 collections {collections(2)}, longest {longest_pause(2) * 1000:.0f} ms",
                 flush=True,
             )

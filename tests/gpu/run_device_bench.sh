@@ -84,6 +84,9 @@ if [ "${REALTIME:-1}" = 1 ]; then
   timeout "${RT_TIMEOUT:-120}" python3 -m omni_runtime.bench.realtime_latency --url ws://127.0.0.1:8000/v1/realtime \
     --concurrency "${RT_LEVELS:-1,8}" --turns "${RT_TURNS:-2}" --turn commit 2>&1 | tail -"${RT_LINES:-8}" | tee "$OUT/realtime${RT_LABEL:-}.txt"
 fi
+# What the worker counted over the whole run: stage busy time, GPU memory and allocator retries.
+curl -sf localhost:8000/metrics | grep -E "^omni_(stage_busy|stage_calls|gpu_|session_kv)" > "$OUT/metrics.txt"
+grep omni_gpu_ "$OUT/metrics.txt"
 kill $SERVER; sleep 5; kill -9 $SERVER 2>/dev/null
 tail -5 "$OUT/serve.log"
 fi

@@ -136,6 +136,31 @@ def test_streaming_speech_on_cuda(loop: Loop, tiny_cuda) -> None:
     assert isinstance(events[-1], Finished)
 
 
+def test_one_off_windows_replay_graphs_captured_at_start(tiny_cuda) -> None:
+    """A short reply's window sizes were captured at start-up (through the shape-generic block):
+    none runs eagerly, and a replay gives the audio the eager block gives."""
+    vocoder = tiny_cuda.stages.local.vocoder
+    voice = next(iter(vocoder.speakers))
+    captured = len(vocoder.tail_graphs)
+    before = vocoder.eager_calls
+
+    def item(size: int) -> dict:
+        window = {"start": 0, "end": size, "ctx_start": 0, "ctx_end": size}
+        return {"codes": list(range(size)), "window": window, "voice": voice, "seed": 3, "reusable": False}
+
+    sizes = (1, 7, 16, 33)
+    replayed = [vocoder.synthesize_many([item(n)])[0] for n in sizes]
+    assert vocoder.eager_calls == before and len(vocoder.tail_graphs) == captured >= len(sizes)
+    vocoder.tail_graphs.enabled = False
+    try:
+        eager = [vocoder.synthesize_many([item(n)])[0] for n in sizes]
+    finally:
+        vocoder.tail_graphs.enabled = True
+    for n, a, b in zip(sizes, replayed, eager, strict=True):
+        assert a.shape == b.shape == (n * vocoder.samples_per_code,)
+        assert float(abs(a - b).max()) < 1e-3, n
+
+
 def test_prefills_after_the_warm_up_compile_nothing(tiny_cuda) -> None:
     """Qwen2.5's dense layers: every prefill shape a request can bring was compiled at start-up."""
     from prefill_shapes import compiled_shapes  # tests/gpu, beside this file

@@ -121,6 +121,7 @@ class _EngineCollector(Collector):
             "omni_encoder_cache_bytes", "Bytes of encoder outputs kept.", value=stats.encoder_cache_bytes
         )
         yield from _session_kv_metrics(stats)
+        yield from _gpu_metrics(stats)
 
 
 def _session_kv_metrics(stats: EngineStats) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
@@ -151,6 +152,33 @@ def _session_kv_metrics(stats: EngineStats) -> Iterator[GaugeMetricFamily | Coun
         ),
     ):
         yield GaugeMetricFamily(name, help_text, value=value)
+
+
+def _gpu_metrics(stats: EngineStats) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    """Each GPU's caching allocator: what it holds, and the retries that stall the whole GPU."""
+    allocated = GaugeMetricFamily(
+        "omni_gpu_memory_allocated_bytes", "Bytes of live tensors on each GPU.", labels=["gpu"]
+    )
+    reserved = GaugeMetricFamily(
+        "omni_gpu_memory_reserved_bytes",
+        "Bytes the caching allocator holds on each GPU (live tensors and cached free blocks).",
+        labels=["gpu"],
+    )
+    retries = CounterMetricFamily(
+        "omni_gpu_alloc_retries",
+        "Allocations served only after every cached block was freed (each waits for the whole GPU).",
+        labels=["gpu"],
+    )
+    ooms = CounterMetricFamily(
+        "omni_gpu_ooms", "Allocations that failed with out-of-memory on each GPU.", labels=["gpu"]
+    )
+    for gpu in stats.gpus:
+        label = [str(gpu.gpu)]
+        allocated.add_metric(label, gpu.allocated_bytes)
+        reserved.add_metric(label, gpu.reserved_bytes)
+        retries.add_metric(label, gpu.alloc_retries)
+        ooms.add_metric(label, gpu.ooms)
+    yield from (allocated, reserved, retries, ooms)
 
 
 class ApiMetrics:

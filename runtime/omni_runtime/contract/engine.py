@@ -98,6 +98,22 @@ EngineEvent = TextDelta | AudioChunk | Finished
 
 
 @dataclass(frozen=True)
+class GpuMemory:
+    """One GPU's memory as this process's caching allocator sees it (counters since start).
+
+    ``alloc_retries`` counts allocations that failed at first and succeeded only after every cached
+    block was handed back to the driver: each one waits for the whole GPU and makes the next
+    allocations pay the driver again, a stall every stream on the GPU feels.
+    """
+
+    gpu: int
+    allocated_bytes: int = 0
+    reserved_bytes: int = 0
+    alloc_retries: int = 0
+    ooms: int = 0
+
+
+@dataclass(frozen=True)
 class StageLoad:
     """How much one stage thread of this process has worked since start (counters).
 
@@ -145,6 +161,7 @@ class EngineStats:
     session_kv_reused_tokens: int = 0
     session_kv_prefilled_tokens: int = 0
     session_kv_evictions: int = 0
+    gpus: tuple[GpuMemory, ...] = ()  # the GPUs this process allocated on
 
 
 class EngineError(Exception):

@@ -11,6 +11,7 @@ batch) and capture the shapes that recur (the segmenter's ``reusable`` windows) 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -18,6 +19,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
+EAGER_LOG_S = 0.05  # an eager call that takes longer to launch than this is logged
 BATCH_BUCKETS = (1, 2, 4, 8, 16)  # a batch of windows is padded up to one of these: few graph shapes
 
 
@@ -53,9 +55,19 @@ class WindowGraphs:
     """
 
     def __init__(
-        self, fn: Callable[..., torch.Tensor], *, device: torch.device, enabled: bool, limit: int
+        self,
+        fn: Callable[..., torch.Tensor],
+        *,
+        device: torch.device,
+        enabled: bool,
+        limit: int,
+        warm_once: bool = False,
     ) -> None:
         self.fn = fn
+        # Run ``fn`` outside a capture before the first capture only, not before each one: for an
+        # ``fn`` whose compiled parts take any shape (compiled and initialised by the first run).
+        self.warm_once = warm_once
+        self._warmed = False
         self.device = device
         self.enabled = enabled and device.type == "cuda"
         self.limit = limit
@@ -82,8 +94,7 @@ class WindowGraphs:
         """``fn(**inputs)``: through the graph of these shapes when ``use_graph`` (captured now if
         missing), else eagerly through ``eager`` (default ``fn``)."""
         if not (self.enabled and use_graph):
-            self.eager_calls += 1
-            return (eager or self.fn)(**inputs)
+            return self._eager(inputs, eager)
         key = tuple((name, tuple(value.shape)) for name, value in inputs.items())
         entry = self._graphs.get(key)
         if entry is None:
@@ -92,8 +103,7 @@ class WindowGraphs:
             except RuntimeError as exc:
                 log.warning("vocoder CUDA graph capture failed (%s); running eagerly", exc)
                 self.enabled = False
-                self.eager_calls += 1
-                return (eager or self.fn)(**inputs)
+                return self._eager(inputs, eager)
             if len(self._graphs) >= self.limit:
                 self._graphs.pop(next(iter(self._graphs)))
             self._graphs[key] = entry
@@ -101,6 +111,20 @@ class WindowGraphs:
         for name, value in inputs.items():
             buffers[name].copy_(value)
         graph.replay()
+        return out
+
+    def _eager(
+        self, inputs: dict[str, torch.Tensor], eager: Callable[..., torch.Tensor] | None
+    ) -> torch.Tensor:
+        """One call without a graph. Its kernels are launched one by one from Python, holding the
+        GIL and the vocoder thread the whole time: one that takes long is logged with its shapes."""
+        self.eager_calls += 1
+        began = time.perf_counter()
+        out = (eager or self.fn)(**inputs)
+        took = time.perf_counter() - began
+        if took > EAGER_LOG_S:
+            shapes = ", ".join(f"{name} {tuple(value.shape)}" for name, value in inputs.items())
+            log.info("a window without a captured graph took %.0f ms to launch (%s)", took * 1000, shapes)
         return out
 
     def _capture(
@@ -111,9 +135,11 @@ class WindowGraphs:
         current = torch.cuda.current_stream(self.device)
         stream = torch.cuda.Stream(device=self.device, priority=current.priority)
         stream.wait_stream(current)
-        with torch.cuda.stream(stream):
-            self.fn(**buffers)  # warm-up outside the capture (lazy initialisation, autotuning)
-        current.wait_stream(stream)
+        if not (self.warm_once and self._warmed):
+            with torch.cuda.stream(stream):
+                self.fn(**buffers)  # warm-up outside the capture (lazy initialisation, autotuning)
+            current.wait_stream(stream)
+            self._warmed = True
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()

@@ -36,6 +36,7 @@ from omni_runtime.contract.engine import (
 )
 from omni_runtime.contract.options import EngineOptions
 from omni_runtime.contract.stages import STREAMING_AUDIO
+from omni_runtime.executor.gpu_memory import gpu_memory
 from omni_runtime.pipeline.deadlines import THINKER_HOLD_BELOW_S, PlaybackClock, holds_thinker
 from omni_runtime.pipeline.detokenize import IncrementalDetokenizer, StopMatcher
 from omni_runtime.pipeline.encoding import MediaEncoders
@@ -172,6 +173,7 @@ class PipelineEngine:
             prefetch_done=prefetch.done if prefetch else 0,
             prefetch_failed=prefetch.failed if prefetch else 0,
             **self._session_kv_stats(),
+            gpus=gpu_memory(),
         )
 
     def _session_kv_stats(self) -> dict[str, int]:

@@ -87,6 +87,7 @@ def resolve_placement(options: EngineOptions, *, tp_rank: int = 0, vision_rank: 
         cpu = torch.device("cpu")
         return Placement(_dtype(options.dtype, default=torch.float32), cpu, cpu, cpu, cpu, cuda_graphs=False)
     count = torch.cuda.device_count()
+    choose_attention_kernels()
 
     def gpu(index: int, flag: str) -> torch.device:
         if not 0 <= index < count:
@@ -115,6 +116,24 @@ def resolve_placement(options: EngineOptions, *, tp_rank: int = 0, vision_rank: 
     talker = gpu(options.talker_gpu, "talker_gpu") if options.talker_gpu is not None else thinker
     dtype = _dtype(options.dtype, default=torch.bfloat16)
     return Placement(dtype, thinker, thinker, vision, talker, cuda_graphs=True)
+
+
+def choose_attention_kernels(keep_cudnn: bool | None = None) -> bool:
+    """Take cuDNN's fused attention out of ``scaled_dot_product_attention`` for this process
+    (flash and memory-efficient attention remain); returns whether cuDNN's stays.
+
+    cuDNN builds an execution plan for every new (rows, query length, key length) it meets, and
+    a prompt's length is new nearly every time: on an H100 that was 1.4 ms of CPU per layer, 40
+    ms per prefill of a Qwen2.5-Omni thinker or talker, paid by most requests on their way to
+    the first token and the first audio (tests/gpu/cold_prefill.py). The flash and
+    memory-efficient kernels have no per-shape set-up. ``OMNI_CUDNN_ATTENTION=1`` keeps cuDNN's,
+    to measure. Process-wide, and set before anything is compiled: a compiled graph keeps the
+    kernel it was traced with.
+    """
+    if keep_cudnn is None:
+        keep_cudnn = os.environ.get("OMNI_CUDNN_ATTENTION", "0") == "1"
+    torch.backends.cuda.enable_cudnn_sdp(keep_cudnn)
+    return keep_cudnn
 
 
 STREAM_PRIORITIES = {"talker": -2, "vocoder": -1}  # lower is served first; unnamed stages 0

@@ -38,6 +38,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -51,6 +52,7 @@ from omni_runtime.models.window_graphs import BATCH_BUCKETS, WindowGraphs, batch
 log = logging.getLogger(__name__)
 MAX_BATCH = 16  # windows of one size from different requests synthesised together
 MAX_GRAPHS = 32  # (window size, batch) shapes kept captured: 3 recurring sizes x 5 buckets fit
+MAX_TAIL_GRAPHS = 96  # one-off sizes: every size below the largest recurring one at batch 1, and more
 MIN_AMPLITUDE = math.exp(-115 / 20.0 * math.log(10))  # BigVGAN's -115 dB floor
 NOISE_BLOCK = 16  # codes of starting noise per generator: a window of 55 codes draws 4 or 5 blocks
 
@@ -101,6 +103,16 @@ class QwenVocoder(SingleWindow):
                 self.block_any_size = torch.compile(_dit_block, dynamic=True)
         # One graph per (window size, batch bucket): the whole ODE and BigVGAN.
         self.graphs = WindowGraphs(self._synthesize, device=device, enabled=cuda_graphs, limit=MAX_GRAPHS)
+        # One-off sizes are graphs too, captured through the shape-generic block: launched one by
+        # one, a window's 36 ODE steps x 22 blocks took 0.4-0.8 s of the vocoder thread on an H100
+        # (every stream waited); a replay takes milliseconds. Batch-1 sizes are captured at start.
+        self.tail_graphs = WindowGraphs(
+            lambda **kw: self._synthesize(**kw, block=self.block_any_size),
+            device=device,
+            enabled=cuda_graphs,
+            limit=MAX_TAIL_GRAPHS,
+            warm_once=True,
+        )
 
     @staticmethod
     def _time_points(num_steps: int, sway: float | None) -> list[float]:
@@ -132,15 +144,21 @@ class QwenVocoder(SingleWindow):
             for rows in BATCH_BUCKETS:
                 item = {"codes": codes, "window": window, "voice": voice, "seed": 0, "reusable": True}
                 self.synthesize_many([item] * rows)
-        # One-off sizes run eagerly through the shape-generic block: compile it now, not when the
-        # first short reply comes (a size no window of the warm-up has, at a few batches).
-        odd = next(n for n in range(7, 1000) if n not in sizes)
-        for rows in (1, 2, 4):
-            window = {"start": 0, "end": odd, "ctx_start": 0, "ctx_end": odd}
-            item = {"codes": [0] * odd, "window": window, "voice": voice, "seed": 0, "reusable": False}
-            self.synthesize_many([item] * rows)
-        self.graphs.eager_calls = 0
-        log.info("vocoder: %d window graphs captured", len(self.graphs))
+        # One-off sizes: a short reply's windows (smaller than the largest recurring size; a
+        # longer stream's last window is widened to a recurring one). Compile the shape-generic
+        # block now, then capture each such size at batch 1 (a few at once come later, on use).
+        began = time.perf_counter()
+        for size in (n for n in range(1, max(sizes)) if n not in sizes):
+            window = {"start": 0, "end": size, "ctx_start": 0, "ctx_end": size}
+            item = {"codes": [0] * size, "window": window, "voice": voice, "seed": 0, "reusable": False}
+            self.synthesize_many([item])
+        self.graphs.eager_calls = self.tail_graphs.eager_calls = 0
+        log.info(
+            "vocoder: %d window graphs captured, and %d for one-off sizes in %.1f s",
+            len(self.graphs),
+            len(self.tail_graphs),
+            time.perf_counter() - began,
+        )
 
     def _batch(self, items: list[dict[str, Any]], reusable: bool) -> list[np.ndarray]:
         rows = batch_bucket(len(items))
@@ -189,9 +207,15 @@ class QwenVocoder(SingleWindow):
         return torch.cat(blocks, dim=1)[:, offset : offset + (ctx_end - ctx_start) * self.repeats]
 
     def _run(self, inputs: dict[str, torch.Tensor], *, use_graph: bool) -> torch.Tensor:
-        return self.graphs.run(
-            inputs, use_graph=use_graph, eager=lambda **kw: self._synthesize(**kw, block=self.block_any_size)
-        )
+        """A recurring size through its graph; a one-off size through the shape-generic block's."""
+        if use_graph:
+            return self.graphs.run(inputs)
+        return self.tail_graphs.run(inputs)
+
+    @property
+    def eager_calls(self) -> int:
+        """Windows run without any graph (graphs off, or a capture that failed)."""
+        return self.graphs.eager_calls + self.tail_graphs.eager_calls
 
     def _speaker_encoding(self, voice: str) -> torch.Tensor:
         if voice not in self._encoded:
