@@ -156,6 +156,14 @@ class TalkerRunner(Protocol):
     def warmup(self) -> None: ...
 
 
+def window_shape(item: dict[str, Any]) -> tuple[int, bool]:
+    """What a vocoder window item runs as: its context codes (``ctx_end - ctx_start``) and whether
+    its size recurs (``reusable``: a captured graph per batch bucket). Windows of one shape run
+    together, as one batch; windows of different shapes run one after another."""
+    w = item["window"]
+    return w["ctx_end"] - w["ctx_start"], bool(item.get("reusable"))
+
+
 class Vocoder(Protocol):
     sample_rate: int
     samples_per_code: int

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from omni_runtime.contract.adapter import window_shape
+
 log = logging.getLogger(__name__)
 
 EAGER_LOG_S = 0.05  # an eager call that takes longer to launch than this is logged
@@ -39,7 +41,7 @@ def window_batches(items: list[dict[str, Any]], max_batch: int) -> Iterator[tupl
     for i, item in enumerate(items):
         w = item["window"]
         if w["end"] > w["start"]:
-            groups.setdefault((w["ctx_end"] - w["ctx_start"], bool(item.get("reusable"))), []).append(i)
+            groups.setdefault(window_shape(item), []).append(i)
     for (_, reusable), members in sorted(groups.items()):
         for first in range(0, len(members), max_batch):
             yield reusable, members[first : first + max_batch]

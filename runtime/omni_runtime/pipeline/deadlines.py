@@ -28,7 +28,7 @@ Pure: the engine keeps a `PlaybackClock` per stream; the vocoder's worker orders
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -77,7 +77,24 @@ def holds_thinker(*, slack_s: float | None, below_s: float | None) -> bool:
     return slack_s is None or slack_s < below_s
 
 
-def take(waiting: Sequence[tuple[Priority, T]], max_batch: int) -> tuple[list[T], list[tuple[Priority, T]]]:
-    """The next batch (most urgent first, at most `max_batch`) and what keeps waiting."""
+def take(
+    waiting: Sequence[tuple[Priority, T]], max_batch: int, *, group: Callable[[T], Hashable] | None = None
+) -> tuple[list[T], list[tuple[Priority, T]]]:
+    """The next batch (most urgent first, at most `max_batch`) and what keeps waiting.
+
+    With `group`, the batch holds only items of the most urgent one's group (a vocoder window's
+    shape: windows of different shapes would run one after another inside the call, and a window
+    that comes meanwhile, however urgent, would wait for all of them); the others keep their place.
+    """
     ordered = sorted(waiting, key=lambda entry: entry[0])
-    return [item for _, item in ordered[:max_batch]], list(ordered[max_batch:])
+    if group is None or not ordered:
+        return [item for _, item in ordered[:max_batch]], list(ordered[max_batch:])
+    first = group(ordered[0][1])
+    batch: list[T] = []
+    rest: list[tuple[Priority, T]] = []
+    for entry in ordered:
+        if len(batch) < max_batch and group(entry[1]) == first:
+            batch.append(entry[1])
+        else:
+            rest.append(entry)
+    return batch, rest

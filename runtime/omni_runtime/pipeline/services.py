@@ -12,7 +12,7 @@ import logging
 import time
 from typing import Any
 
-from omni_runtime.contract.adapter import OmniAdapter, Prompt, ThinkerPrompt, Vocoder
+from omni_runtime.contract.adapter import OmniAdapter, Prompt, ThinkerPrompt, Vocoder, window_shape
 from omni_runtime.contract.engine import GenerationRequest, StageLoad
 from omni_runtime.contract.options import EngineOptions
 from omni_runtime.pipeline import deadlines
@@ -93,6 +93,7 @@ class LocalStages:
                 thread=self._thread("vocoder"),
                 max_batch=VOCODER_BATCH,
                 order=window_priority,  # first windows, then the stream closest to an underrun
+                group=window_shape,  # one window shape per call: an urgent window waits one replay
             )
             self.vocoder_worker.start()
         if self.vision_link is not None:  # it loaded while the stages above did

@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
 
@@ -123,6 +123,7 @@ class BatchingWorker(Generic[T, R]):
         thread: StageThread,
         max_batch: int = 16,
         order: Callable[[T, int], deadlines.Priority] | None = None,
+        group: Callable[[T], Hashable] | None = None,
     ) -> None:
         self.name = name
         self._fn = fn
@@ -130,6 +131,8 @@ class BatchingWorker(Generic[T, R]):
         self._max_batch = max_batch
         # order(item, arrival number) -> sort key, taken at submission; None: arrival order.
         self._order = order
+        # group(item) -> key: with an order, a call takes only items of its most urgent one's group.
+        self._group = group
         self._arrivals = itertools.count()
         self._queue: asyncio.Queue[tuple[deadlines.Priority | None, tuple[T, asyncio.Future[R]]]] = (
             asyncio.Queue()
@@ -176,7 +179,9 @@ class BatchingWorker(Generic[T, R]):
         self._waiting.extend((key, entry) for key, entry in arrived if key is not None)  # all keyed
         # Windows of cancelled requests leave the line first, so they never take a live one's place.
         self._waiting = [(key, entry) for key, entry in self._waiting if not self._drop_cancelled(entry)]
-        batch, self._waiting = deadlines.take(self._waiting, self._max_batch)
+        group = self._group
+        by_item = None if group is None else (lambda entry: group(entry[0]))  # entry: (item, future)
+        batch, self._waiting = deadlines.take(self._waiting, self._max_batch, group=by_item)
         return batch
 
     def _drop_cancelled(self, entry: tuple[T, asyncio.Future[R]]) -> bool:
@@ -189,9 +194,24 @@ class BatchingWorker(Generic[T, R]):
         if future.cancelled():
             self.thread.note_cancel()
 
+    def _fail_waiting(self, exc: Exception) -> None:
+        """Fail every queued item: the line itself broke (a bug), and no call would answer them."""
+        entries = [entry for _, entry in self._waiting]
+        while not self._queue.empty():
+            entries.append(self._queue.get_nowait()[1])
+        self._waiting = []
+        for _, fut in entries:
+            if not fut.done():
+                fut.set_exception(exc)
+
     async def _loop(self) -> None:
         while True:
-            batch = await self._next_batch()
+            try:
+                batch = await self._next_batch()
+            except Exception as exc:  # a bug in ordering or grouping must fail requests, not hang them
+                log.exception("stage %s could not pick its next batch; failing what waits", self.name)
+                self._fail_waiting(exc)
+                continue
             live = [entry for entry in batch if not self._drop_cancelled(entry)]
             if not live:
                 continue

@@ -8,6 +8,7 @@ import threading
 
 import pytest
 
+from omni_runtime.contract.adapter import window_shape
 from omni_runtime.pipeline.deadlines import PlaybackClock, holds_thinker, priority, take
 from omni_runtime.pipeline.workers import BatchingWorker, StageThread
 
@@ -96,6 +97,86 @@ def test_take(
     assert [item for _, item in rest] == left
 
 
+# (priority, "name:shape"): the group is the part after the colon.
+FIRST_A = ((0, 0.0, 0), "first1:15")
+FIRST_B = ((0, 0.0, 3), "first2:15")
+STALLED = ((1, 0.5, 1), "stalled:55")
+DRY = ((1, 0.8, 2), "dry:55")
+TAIL = ((1, 0.6, 4), "tail:31")
+
+
+@pytest.mark.parametrize(
+    ("waiting", "max_batch", "batch", "left"),
+    [
+        ([], 4, [], []),
+        # the most urgent window's shape only: the other shapes keep their order for the next call
+        (
+            [STALLED, FIRST_A, DRY, TAIL, FIRST_B],
+            8,
+            ["first1:15", "first2:15"],
+            ["stalled:55", "tail:31", "dry:55"],
+        ),
+        ([STALLED, DRY, TAIL], 8, ["stalled:55", "dry:55"], ["tail:31"]),
+        # a less urgent window of the same shape rides along; max_batch still bounds the call
+        ([STALLED, DRY, TAIL], 1, ["stalled:55"], ["tail:31", "dry:55"]),
+        ([TAIL, DRY], 8, ["tail:31"], ["dry:55"]),
+    ],
+)
+def test_take_one_group(
+    waiting: list[tuple[tuple[int, float, int], str]], max_batch: int, batch: list[str], left: list[str]
+) -> None:
+    chosen, rest = take(waiting, max_batch, group=lambda name: name.split(":")[1])
+    assert chosen == batch
+    assert [item for _, item in rest] == left
+    assert take(waiting, max_batch, group=None)[0] == [item for _, item in sorted(waiting)][:max_batch]
+
+
+def test_window_shape_is_context_size_and_reuse() -> None:
+    window = {"start": 10, "end": 50, "ctx_start": 0, "ctx_end": 55}
+    assert window_shape({"window": window, "reusable": True}) == (55, True)
+    assert window_shape({"window": {**window, "ctx_end": 31}}) == (31, False)
+
+
+async def test_worker_calls_one_window_shape_at_a_time() -> None:
+    """The vocoder's worker: a call holds windows of one shape, the most urgent one's."""
+    release = threading.Event()
+    calls: list[list[str]] = []
+
+    def synthesize(items: list[dict[str, object]]) -> list[str]:
+        calls.append([str(item["name"]) for item in items])
+        if calls[-1] == ["busy"]:
+            release.wait(timeout=30)
+        return calls[-1]
+
+    def order(item: dict[str, object], seq: int) -> tuple[int, float, int]:
+        slack = item["slack_s"]
+        return priority(slack_s=None if slack is None else float(slack), now=0.0, seq=seq)  # type: ignore[arg-type]
+
+    def item(name: str, slack: float | None, size: int) -> dict[str, object]:
+        window = {"start": 0, "end": size, "ctx_start": 0, "ctx_end": size}
+        return {"name": name, "slack_s": slack, "window": window, "reusable": size in (15, 55)}
+
+    thread = StageThread("vocoder-shape-test")
+    worker: BatchingWorker[dict[str, object], str] = BatchingWorker(
+        "talker_stream", synthesize, thread=thread, max_batch=16, order=order, group=window_shape
+    )
+    worker.start()
+    try:
+        busy = asyncio.ensure_future(worker.submit(item("busy", None, 15)))
+        while not calls:
+            await asyncio.sleep(0.01)
+        queued = [("steady", 0.4, 55), ("short-reply", 0.1, 31), ("first", None, 15), ("steady2", 0.9, 55)]
+        futures = [asyncio.ensure_future(worker.submit(item(*q))) for q in queued]
+        while worker.queue_depth < len(queued):
+            await asyncio.sleep(0.01)
+        release.set()
+        await asyncio.gather(busy, *futures)
+    finally:
+        await worker.stop()
+        thread.shutdown()
+    assert calls == [["busy"], ["first"], ["short-reply"], ["steady", "steady2"]]
+
+
 async def test_worker_runs_the_most_urgent_windows_first() -> None:
     release = threading.Event()
     calls: list[list[str]] = []
@@ -154,3 +235,35 @@ async def test_worker_without_order_keeps_arrival_order() -> None:
         await worker.stop()
         thread.shutdown()
     assert [i for batch in calls for i in batch] == [3, 1, 2]
+
+
+async def test_a_broken_group_fails_the_waiting_requests_instead_of_hanging_them() -> None:
+    release = threading.Event()
+
+    def fn(items: list[dict[str, object]]) -> list[str]:
+        release.wait(timeout=30)
+        return ["ok"] * len(items)
+
+    def order(item: dict[str, object], seq: int) -> tuple[int, float, int]:
+        return priority(slack_s=None, now=0.0, seq=seq)
+
+    thread = StageThread("broken-group-test")
+    worker: BatchingWorker[dict[str, object], str] = BatchingWorker(
+        "talker_stream", fn, thread=thread, max_batch=4, order=order, group=window_shape
+    )
+    worker.start()
+    try:
+        window = {"start": 0, "end": 15, "ctx_start": 0, "ctx_end": 15}
+        first = asyncio.ensure_future(worker.submit({"name": "fine", "window": window}))
+        while not worker.batches:  # the first call took it and waits for the release
+            await asyncio.sleep(0.01)
+        late = [asyncio.ensure_future(worker.submit({"name": f"no window {i}"})) for i in range(2)]
+        while worker.queue_depth < 2:
+            await asyncio.sleep(0.01)
+        release.set()
+        assert await first == "ok"
+        outcomes = await asyncio.wait_for(asyncio.gather(*late, return_exceptions=True), timeout=10)
+    finally:
+        await worker.stop()
+        thread.shutdown()
+    assert all(isinstance(outcome, KeyError) for outcome in outcomes)
