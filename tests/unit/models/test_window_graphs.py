@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+import time
+
 import pytest
 import torch
 
-from omni_runtime.models.window_graphs import WindowGraphs, batch_bucket
+from omni_runtime.models.window_graphs import EAGER_LOG_S, WindowGraphs, batch_bucket
 
 
 @pytest.mark.parametrize(
@@ -35,3 +38,16 @@ def test_off_the_gpu_every_call_runs_eagerly_and_is_counted() -> None:
     assert torch.equal(graphs.run({"x": x}, use_graph=False), x * 2)
     assert calls == ["fn", "eager", "fn"]
     assert graphs.eager_calls == 3 and len(graphs) == 0
+
+
+def test_a_slow_eager_call_is_logged_only_where_graphs_are_the_norm(caplog: pytest.LogCaptureFixture) -> None:
+    """On the CPU every window runs eagerly and takes its time: nothing to report there."""
+
+    def slow(x: torch.Tensor) -> torch.Tensor:
+        time.sleep(2 * EAGER_LOG_S)
+        return x
+
+    graphs = WindowGraphs(slow, device=torch.device("cpu"), enabled=True, limit=4)
+    with caplog.at_level(logging.INFO, logger="omni_runtime.models.window_graphs"):
+        graphs.run({"x": torch.zeros(2)})
+    assert graphs.eager_calls == 1 and caplog.records == []
