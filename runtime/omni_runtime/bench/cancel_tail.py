@@ -37,6 +37,11 @@ def stage_counters(text: str, name: str) -> dict[str, float]:
     return {stage: float(value) for stage, value in re.findall(pattern, text, re.MULTILINE)}
 
 
+def metrics_url_of(url: str) -> str:
+    """A worker's /metrics from any of its URLs (``ws://HOST:PORT/v1/realtime`` and the like)."""
+    return re.sub(r"^ws", "http", url.split("/v1/")[0]) + "/metrics"
+
+
 def tail_report(before: str, after: str) -> dict[str, dict[str, float]]:
     """Per stage, what each counter gained from ``before`` to ``after`` (stages that gained nothing
     in every counter are left out)."""
@@ -153,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds after the cancel's response.done to wait for quiet",
     )
     args = parser.parse_args(argv)
-    metrics_url = args.metrics_url or re.sub(r"^ws", "http", args.url.split("/v1/")[0]) + "/metrics"
+    metrics_url = args.metrics_url or metrics_url_of(args.url)
     failed = 0
     for _ in range(args.repeats):
         try:

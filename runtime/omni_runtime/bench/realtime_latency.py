@@ -12,7 +12,10 @@ of that turn and how many of them the worker served from the session's kept KV
 grow with the turns before it (``omni serve --session-kv-mb 0`` is the re-prefill baseline).
 ``phases`` (and each ``by_turn`` row) split the wait: when ``response.created`` came (the turn
 accepted), when the reply's first text came (the thinker's first token), and first audio (talker
-and vocoder after that), medians from the same end of speech.
+and vocoder after that), medians from the same end of speech. ``stages`` is each stage thread's
+share of the round's wall time (``omni_stage_busy_seconds`` from the worker's /metrics before and
+after the round; ``--metrics-url``, default from ``--url``; left out where it cannot be read, as
+behind the router): the stage near 1.0 is the one the turns queued behind.
 """
 
 from __future__ import annotations
@@ -27,8 +30,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 import numpy as np
 import websockets
+
+from omni_runtime.bench.cancel_tail import BUSY, metrics_url_of, stage_counters
 
 RATE = 16_000
 
@@ -53,6 +59,7 @@ class Probe:
     turn: str = "commit"  # commit | vad
     max_output_tokens: int = 16
     timeout_s: float = 300.0
+    metrics_url: str | None = None  # the worker's /metrics: each round's stage shares
 
 
 def _pcm16(pcm: np.ndarray) -> str:
@@ -180,9 +187,33 @@ def by_turn(sessions: list[list[TurnSample]]) -> list[dict[str, Any]]:
     return rows
 
 
+def stage_shares(before: str, after: str, wall_s: float) -> dict[str, float]:
+    """Each stage's busy seconds gained between two /metrics texts, over ``wall_s``, to 0.1%
+    (stages below that are left out)."""
+    old, new = stage_counters(before, BUSY), stage_counters(after, BUSY)
+    shares = {stage: round((value - old.get(stage, 0.0)) / wall_s, 3) for stage, value in new.items()}
+    return {stage: share for stage, share in sorted(shares.items()) if share > 0}
+
+
+async def _metrics(url: str | None) -> str | None:
+    if url is None:
+        return None
+    try:
+        async with httpx.AsyncClient(timeout=10) as http:
+            response = await http.get(url)
+        return response.text if response.status_code == 200 else None
+    except httpx.HTTPError:
+        return None
+
+
 async def measure(probe: Probe, *, concurrency: int) -> dict[str, Any]:
+    before = await _metrics(probe.metrics_url)
+    began = time.monotonic()
     results = await asyncio.gather(*(one_session(probe) for _ in range(concurrency)))
+    wall = time.monotonic() - began
+    after = await _metrics(probe.metrics_url)
     values = [sample.latency_s for session in results for sample in session]
+    stages = {} if before is None or after is None else {"stages": stage_shares(before, after, wall)}
     return {
         "concurrency": concurrency,
         "turn": probe.turn,
@@ -195,6 +226,8 @@ async def measure(probe: Probe, *, concurrency: int) -> dict[str, Any]:
             "first_audio_s": _median(values),
         },
         "by_turn": by_turn(list(results)),
+        "wall_s": round(wall, 3),
+        **stages,
     }
 
 
@@ -212,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--wav", help="speech to send (any rate; default: a synthetic voiced signal)")
     parser.add_argument("--max-output-tokens", type=int, default=16)
+    parser.add_argument("--metrics-url", help="the worker's /metrics (default: from --url; 'none' skips it)")
     args = parser.parse_args(argv)
     if args.wav:
         import soundfile as sf
@@ -230,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         turns=args.turns,
         turn=args.turn,
         max_output_tokens=args.max_output_tokens,
+        metrics_url=None if args.metrics_url == "none" else (args.metrics_url or metrics_url_of(args.url)),
     )
     for level in (int(part) for part in args.concurrency.split(",")):
         print(json.dumps(asyncio.run(measure(probe, concurrency=level))), flush=True)

@@ -138,9 +138,19 @@ def test_the_realtime_probe_splits_each_turn_into_its_phases(worker_url: str) ->
     from omni_runtime.bench.realtime_latency import Probe, measure, synthetic_speech
 
     url = worker_url.replace("http://", "ws://") + "/v1/realtime"
-    probe = Probe(url=url, speech=synthetic_speech(0.8), turns=2, max_output_tokens=6, timeout_s=300)
+    probe = Probe(
+        url=url,
+        speech=synthetic_speech(0.8),
+        turns=2,
+        max_output_tokens=6,
+        timeout_s=300,
+        metrics_url=worker_url + "/metrics",
+    )
     result = asyncio.run(measure(probe, concurrency=1))
     assert result["samples"] == 2
+    # The worker's own stage counters over the round: the thinker worked, no stage above 100%.
+    stages = result["stages"]
+    assert stages["thinker"] > 0 and all(0 < share <= 1.0 for share in stages.values()), stages
     rows = result["by_turn"]
     assert [r["turn_index"] for r in rows] == [1, 2]
     assert rows[1]["input_tokens"] > rows[0]["input_tokens"] > 0

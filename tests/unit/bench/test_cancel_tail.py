@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from scripted_realtime import scripted_server  # beside this file
 
 from omni_runtime.bench.cancel_tail import stage_counters, tail_report
 
@@ -53,25 +54,6 @@ def test_tail_report_is_what_each_stage_gained(after: str, expected: dict) -> No
     assert tail_report(BEFORE, after) == expected
 
 
-async def _scripted_server(events: list[dict]):
-    """A real websocket server that answers the probe's session.update with ``events``."""
-    import json
-
-    import websockets
-
-    async def handler(ws) -> None:
-        await ws.send(json.dumps({"type": "session.created"}))
-        async for message in ws:
-            kind = json.loads(message)["type"]
-            if kind == "session.update":
-                await ws.send(json.dumps({"type": "session.updated"}))
-            elif kind == "response.create":
-                for event in events:
-                    await ws.send(json.dumps(event))
-
-    return await websockets.serve(handler, "127.0.0.1", 0)
-
-
 def test_a_reply_that_ends_before_its_audio_is_reported_not_waited_on() -> None:
     """A reply shorter than --after-deltas (a random-weight model's early end) ends the repeat
     at its response.done instead of waiting for audio that never comes."""
@@ -81,7 +63,7 @@ def test_a_reply_that_ends_before_its_audio_is_reported_not_waited_on() -> None:
 
     async def run() -> dict:
         delta = {"type": "response.output_audio.delta", "delta": ""}
-        server = await _scripted_server(
+        server = await scripted_server(
             [delta, {"type": "response.done", "response": {"status": "completed"}}]
         )
         port = server.sockets[0].getsockname()[1]
@@ -110,7 +92,7 @@ def test_a_silent_worker_times_out_with_what_was_awaited(capsys) -> None:
 
     def serve() -> None:
         loop = asyncio.new_event_loop()
-        box["server"] = loop.run_until_complete(_scripted_server([]))
+        box["server"] = loop.run_until_complete(scripted_server([]))
         box["loop"] = loop
         ready.set()
         loop.run_forever()

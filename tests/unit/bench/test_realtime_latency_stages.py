@@ -1,0 +1,82 @@
+"""The realtime probe's per-round stage shares (from two /metrics texts), and a round against a
+scripted worker whose /metrics cannot be read (the router's case): the shares are left out."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from scripted_realtime import scripted_server  # beside this file
+
+from omni_runtime.bench.cancel_tail import metrics_url_of
+from omni_runtime.bench.realtime_latency import Probe, measure, stage_shares
+
+BEFORE = """\
+omni_stage_busy_seconds_total{stage="thinker"} 10.0
+omni_stage_busy_seconds_total{stage="talker"} 4.0
+omni_stage_busy_seconds_total{stage="vocoder"} 7.0
+omni_stage_calls_total{stage="vocoder"} 3.0
+"""
+
+
+@pytest.mark.parametrize(
+    ("after", "wall", "shares"),
+    [
+        (BEFORE, 2.0, {}),  # nothing moved
+        (
+            BEFORE.replace("10.0", "11.0").replace("7.0", "8.9"),
+            2.0,
+            {"thinker": 0.5, "vocoder": 0.95},
+        ),
+        # a stage the first text did not have (it started meanwhile) counts from zero
+        (BEFORE + 'omni_stage_busy_seconds_total{stage="audio_encoder"} 0.25\n', 0.5, {"audio_encoder": 0.5}),
+        # under 0.1% of the round: left out
+        (BEFORE.replace("4.0", "4.0004"), 1.0, {}),
+    ],
+)
+def test_stage_shares(after: str, wall: float, shares: dict[str, float]) -> None:
+    assert stage_shares(BEFORE, after, wall) == shares
+
+
+@pytest.mark.parametrize(
+    ("url", "metrics"),
+    [
+        ("ws://10.0.0.5:8000/v1/realtime", "http://10.0.0.5:8000/metrics"),
+        ("wss://worker.example/v1/realtime?model=x", "https://worker.example/metrics"),
+        ("http://127.0.0.1:9000/v1/chat/completions", "http://127.0.0.1:9000/metrics"),
+    ],
+)
+def test_metrics_url_of(url: str, metrics: str) -> None:
+    assert metrics_url_of(url) == metrics
+
+
+def test_a_round_without_readable_metrics_reports_latency_and_no_shares() -> None:
+    async def run() -> dict:
+        server = await scripted_server(
+            [
+                {"type": "response.created"},
+                {"type": "response.output_audio_transcript.delta", "delta": "hi"},
+                {"type": "response.output_audio.delta", "delta": ""},
+                {"type": "response.done", "response": {"usage": {"input_tokens": 12}}},
+            ]
+        )
+        port = server.sockets[0].getsockname()[1]
+        speech = np.zeros(1600, dtype=np.float32)
+        probe = Probe(
+            url=f"ws://127.0.0.1:{port}/v1/realtime",
+            speech=speech,
+            turns=2,
+            timeout_s=10,
+            metrics_url=metrics_url_of(f"ws://127.0.0.1:{port}/v1/realtime"),  # a websocket server only
+        )
+        try:
+            return await measure(probe, concurrency=2)
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    result = asyncio.run(run())
+    assert result["samples"] == 4 and result["no_audio"] == 0
+    assert [row["input_tokens"] for row in result["by_turn"]] == [12, 12]
+    assert result["wall_s"] > 0 and "stages" not in result
