@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import threading
@@ -35,8 +36,13 @@ class StageThread:
     ``busy_s`` (wall time inside calls, GPU waits included) over a load's duration is the stage's
     utilisation: the stage near 1.0 is the one that limits a worker (``omni_stage_busy_seconds``).
     ``after_cancel_s`` is the part of it spent after a request in the running call was cancelled
-    (``note_cancel``): the work a cancel could not stop, at most the rest of one call.
+    (``note_cancel``): the work a cancel could not stop, at most the rest of one call. A call that
+    runs on for longer than ``SLOW_AFTER_CANCEL_S`` past a cancel is logged with its name and the
+    thread's CPU time in it (``last_after_cancel``): little CPU in a long call means it waited for the
+    GPU, behind other stages' kernels.
     """
+
+    SLOW_AFTER_CANCEL_S = 0.05
 
     def __init__(self, name: str, *, initializer: Callable[[], None] | None = None) -> None:
         self.name = name
@@ -48,6 +54,7 @@ class StageThread:
         self.busy_s = 0.0
         self.calls = 0
         self.after_cancel_s = 0.0
+        self.last_after_cancel: AfterCancel | None = None
         self.waiting = 0  # calls submitted that have not started (queued behind the running one)
         self._lock = threading.Lock()  # the call's start and its first cancel: thread vs event loop
         self._running = False
@@ -85,7 +92,7 @@ class StageThread:
             call.started = True
             self.waiting -= 1
             self._running = True
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         try:
             return fn(*args)
         finally:  # only this thread writes the counters; readers may see them one call late
@@ -96,10 +103,46 @@ class StageThread:
             self.busy_s += ended - started
             self.calls += 1
             if cancelled_at is not None:
-                self.after_cancel_s += ended - cancelled_at
+                self._after_cancel(
+                    AfterCancel(
+                        call=_call_name(fn),
+                        after_s=ended - cancelled_at,
+                        call_s=ended - started,
+                        cpu_s=time.thread_time() - cpu_started,
+                    )
+                )
+
+    def _after_cancel(self, record: AfterCancel) -> None:
+        self.after_cancel_s += record.after_s
+        self.last_after_cancel = record
+        if record.after_s > self.SLOW_AFTER_CANCEL_S:
+            log.info(
+                "stage %s: %s ran %.0f ms past a cancel (the call %.0f ms, %.0f ms of it on this thread's CPU)",
+                self.name,
+                record.call,
+                record.after_s * 1e3,
+                record.call_s * 1e3,
+                record.cpu_s * 1e3,
+            )
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class AfterCancel:
+    """The call a cancel found running on a stage thread: how long it went on past the cancel, its
+    whole wall time, and the thread's CPU time in it."""
+
+    call: str
+    after_s: float
+    call_s: float
+    cpu_s: float
+
+
+def _call_name(fn: Callable[..., Any]) -> str:
+    inner = getattr(fn, "func", fn)  # functools.partial
+    return getattr(inner, "__qualname__", type(inner).__name__)
 
 
 class _Call:

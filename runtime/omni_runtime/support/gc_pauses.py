@@ -17,6 +17,11 @@ warning for each pause longer than a threshold; `GcPauses` exports them as the P
 histogram `<prefix>_gc_pause_seconds{generation}` plus the frozen object count. The callback runs inside the collector, in
 whichever thread triggered it, so it only does integer arithmetic and, rarely, one log line;
 the histogram families are built at scrape time.
+
+The frozen count is the one `freeze_heap()` read when it froze: `gc.get_freeze_count()` walks the
+permanent generation's list, a million scattered objects in a warm worker. On an H200 host each
+call held the GIL for about 140 ms, so every /metrics scrape stopped every stage thread that long
+(a cancel probe polling /metrics saw its own stalls as the work left after a cancel).
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ def freeze_heap(what: str) -> int:
     began = time.perf_counter()
     gc.collect()
     gc.freeze()
-    frozen = gc.get_freeze_count()
+    frozen = _PROCESS.frozen = gc.get_freeze_count()  # walks the list once, here, not per scrape
     log.info(
         "%s: froze %d startup objects out of the garbage collector's passes (%.0f ms)",
         what,
@@ -64,6 +69,7 @@ class _ProcessGc:
         self.sum = dict.fromkeys(GENERATIONS, 0.0)
         self.longest = dict.fromkeys(GENERATIONS, 0.0)
         self.warn_above_s = 0.05
+        self.frozen = 0  # objects in the permanent generation, as of the last freeze_heap()
         self._started = 0.0
 
     def callback(self, phase: str, info: dict[str, Any]) -> None:
@@ -81,7 +87,7 @@ class _ProcessGc:
                 "garbage collection (generation %d) stopped this process for %.0f ms; %d objects frozen",
                 generation,
                 pause * 1000,
-                gc.get_freeze_count(),
+                self.frozen,
             )
 
 
@@ -130,5 +136,5 @@ class GcPauses(Collector):
         yield GaugeMetricFamily(
             f"{self.prefix}_gc_frozen_objects",
             "Objects frozen out of garbage collection once the process was ready.",
-            value=gc.get_freeze_count(),
+            value=_PROCESS.frozen,
         )

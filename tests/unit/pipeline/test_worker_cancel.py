@@ -86,6 +86,10 @@ async def test_the_rest_of_a_running_call_after_a_cancel_is_counted() -> None:
         thread.shutdown()
     assert (worker.items, worker.dropped) == (1, 0)  # it was running: not dropped, its rest timed
     assert 0.0 < thread.after_cancel_s <= thread.busy_s
+    record = thread.last_after_cancel  # which call it was, and that it waited rather than computed
+    assert record is not None and record.call.endswith("fn")
+    assert record.after_s == thread.after_cancel_s and record.after_s <= record.call_s
+    assert record.cpu_s < record.call_s / 2  # blocked on an event: little CPU, as a GPU wait is
 
 
 async def test_a_cancel_between_calls_times_nothing() -> None:
