@@ -7,14 +7,15 @@ time, so they are never stale.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from omni_runtime.contract.engine import EngineStats
+from omni_runtime.contract.engine import WAIT_BUCKETS, EngineStats
 from omni_runtime.support.gc_pauses import GcPauses
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -26,7 +27,7 @@ class _EngineCollector(Collector):
         self._stats = stats
         self._in_flight = in_flight
 
-    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily]:
         stats = self._stats()
         busy = CounterMetricFamily(
             "omni_stage_busy_seconds",
@@ -58,7 +59,20 @@ class _EngineCollector(Collector):
             "1 while a stage thread runs a call or has one waiting (busy seconds move only when a call ends).",
             labels=["stage"],
         )
+        waits = HistogramMetricFamily(
+            "omni_stage_wait_seconds",
+            "How long work waited before a stage's call took it, by kind: admission (a request, "
+            "submitted until taken into a thinker or talker step), first and later (a stream's first "
+            "vocoder window and the rest), all (encoder requests).",
+            labels=["stage", "kind"],
+        )
+        bounds = [*(str(b) for b in WAIT_BUCKETS), "+Inf"]
         for load in stats.stages:
+            for wait in load.waits:
+                cumulative = list(itertools.accumulate(wait.counts))
+                waits.add_metric(
+                    [load.stage, wait.kind], list(zip(bounds, cumulative, strict=True)), wait.sum_s
+                )
             working.add_metric([load.stage], 1.0 if load.working else 0.0)
             busy.add_metric([load.stage], load.busy_s)
             calls.add_metric([load.stage], load.calls)
@@ -71,6 +85,7 @@ class _EngineCollector(Collector):
         yield cancelled
         yield after_cancel
         yield working
+        yield waits
         yield GaugeMetricFamily(
             "omni_queue_depth", "Requests waiting for a thinker slot.", value=stats.queue_depth
         )

@@ -15,7 +15,11 @@ accepted), when the reply's first text came (the thinker's first token), and fir
 and vocoder after that), medians from the same end of speech. ``stages`` is each stage thread's
 share of the round's wall time (``omni_stage_busy_seconds`` from the worker's /metrics before and
 after the round; ``--metrics-url``, default from ``--url``; left out where it cannot be read, as
-behind the router): the stage near 1.0 is the one the turns queued behind.
+behind the router): the stage near 1.0 is the one the turns queued behind. ``waits`` is, per stage
+and kind of work, what waited for that stage's calls during the round (``omni_stage_wait_seconds``):
+how many, their mean, and the share that waited over 0.1 s; ``vocoder/first`` is how long each
+reply's first audio window queued behind other windows, ``talker/admission`` how long a reply's
+talker waited for a step.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from typing import Any
 import httpx
 import numpy as np
 import websockets
+from prometheus_client.parser import text_string_to_metric_families
 
 from omni_runtime.bench.cancel_tail import BUSY, metrics_url_of, stage_counters
 
@@ -195,6 +200,45 @@ def stage_shares(before: str, after: str, wall_s: float) -> dict[str, float]:
     return {stage: share for stage, share in sorted(shares.items()) if share > 0}
 
 
+WAIT = "omni_stage_wait_seconds"
+
+
+def _wait_samples(text: str) -> dict[tuple[str, str], dict[str, float]]:
+    """(stage, kind) -> count, sum and the count at or under 0.1 s, from one /metrics text."""
+    found: dict[tuple[str, str], dict[str, float]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != WAIT:
+            continue
+        for sample in family.samples:
+            row = found.setdefault((sample.labels["stage"], sample.labels["kind"]), {})
+            if sample.name == WAIT + "_count":
+                row["count"] = sample.value
+            elif sample.name == WAIT + "_sum":
+                row["sum"] = sample.value
+            elif sample.name == WAIT + "_bucket" and float(sample.labels["le"]) == 0.1:
+                row["within"] = sample.value
+    return found
+
+
+def stage_waits(before: str, after: str) -> dict[str, dict[str, float]]:
+    """What waited for each stage's calls between two /metrics texts, by ``stage/kind``: the
+    count, the mean wait and the share over 0.1 s (kinds with nothing new are left out)."""
+    old, new = _wait_samples(before), _wait_samples(after)
+    waits: dict[str, dict[str, float]] = {}
+    for (stage, kind), row in sorted(new.items()):
+        was = old.get((stage, kind), {})
+        count = row.get("count", 0.0) - was.get("count", 0.0)
+        if count <= 0:
+            continue
+        over = count - (row.get("within", 0.0) - was.get("within", 0.0))
+        waits[f"{stage}/{kind}"] = {
+            "n": int(count),
+            "mean_s": round((row.get("sum", 0.0) - was.get("sum", 0.0)) / count, 4),
+            "over_0.1s": round(over / count, 3),
+        }
+    return waits
+
+
 async def _metrics(url: str | None) -> str | None:
     if url is None:
         return None
@@ -213,7 +257,11 @@ async def measure(probe: Probe, *, concurrency: int) -> dict[str, Any]:
     wall = time.monotonic() - began
     after = await _metrics(probe.metrics_url)
     values = [sample.latency_s for session in results for sample in session]
-    stages = {} if before is None or after is None else {"stages": stage_shares(before, after, wall)}
+    stages = (
+        {}
+        if before is None or after is None
+        else {"stages": stage_shares(before, after, wall), "waits": stage_waits(before, after)}
+    )
     return {
         "concurrency": concurrency,
         "turn": probe.turn,

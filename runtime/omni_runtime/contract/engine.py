@@ -113,6 +113,29 @@ class GpuMemory:
     ooms: int = 0
 
 
+# Upper bounds (seconds) of the buckets of a stage's waits (``StageWait``), +Inf after the last.
+WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+@dataclass(frozen=True)
+class StageWait:
+    """How long work waited at one stage before its call started, as a histogram (counters).
+
+    ``kind`` says what waited: ``admission`` (a scheduler's request, submitted until taken into a
+    step), ``first`` and ``later`` (a vocoder's first windows of a stream and the rest), ``all``
+    (an encoder's requests). ``counts`` has one count per bucket of ``WAIT_BUCKETS`` plus one past
+    the last (not cumulative).
+    """
+
+    kind: str
+    counts: tuple[int, ...]
+    sum_s: float
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+
 @dataclass(frozen=True)
 class StageLoad:
     """How much one stage thread of this process has worked since start (counters).
@@ -132,6 +155,7 @@ class StageLoad:
     cancelled: int = 0
     after_cancel_s: float = 0.0
     working: bool = False  # a call running or waiting for the thread now
+    waits: tuple[StageWait, ...] = ()  # what waited for this stage's calls, by kind
 
 
 @dataclass(frozen=True)

@@ -141,8 +141,7 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
         """Stop a request (client gone, stop string hit); its slot is freed before the next step."""
         if job.finish is not None:
             return
-        if job in self.waiting:
-            self.waiting.remove(job)
+        self._unqueue(job)
         if reason == "cancelled":
             self.cancelled += 1
             if job in self.running:  # the step in flight is the last one it takes part in
@@ -252,6 +251,7 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
             self.waiting.popleft()
             longest = max(longest, length)
             admit.append(job)
+        self._admitted(admit)
         return admit
 
     # -- conversation KV --------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from omni_runtime.pipeline.remote import LinkedStages
 from omni_runtime.pipeline.scheduler import ThinkerScheduler
 from omni_runtime.pipeline.segmenter import CodecSegmenter, family_config
 from omni_runtime.pipeline.talker import TalkerScheduler
-from omni_runtime.pipeline.workers import BatchingWorker, StageThread
+from omni_runtime.pipeline.workers import BatchingWorker, StageThread, WaitCounts
 
 log = logging.getLogger(__name__)
 
@@ -154,15 +154,18 @@ class LocalStages:
         """Busy time, calls, items and cancellations of each stage thread (``omni_stage_*`` metrics)."""
         items: dict[str, int] = {}
         cancelled: dict[str, int] = {}
+        waits: dict[str, WaitCounts] = {}
         for worker in (self.audio, self.vision, self.vocoder_worker):
             if worker is not None:
                 name = worker.thread.name
                 items[name] = items.get(name, 0) + worker.items
                 cancelled[name] = cancelled.get(name, 0) + worker.dropped
+                waits.setdefault(name, WaitCounts()).add(worker.waits)
         for scheduler in (self.thinker, self.talker):
             if scheduler is not None:
                 items[scheduler.thread.name] = scheduler.rows_stepped
                 cancelled[scheduler.thread.name] = scheduler.cancelled
+                waits.setdefault(scheduler.thread.name, WaitCounts()).add(scheduler.waits)
         threads = [self._pre_pool, *self.threads.values()]
         return tuple(
             StageLoad(
@@ -173,6 +176,7 @@ class LocalStages:
                 cancelled=cancelled.get(t.name, 0),
                 after_cancel_s=t.after_cancel_s,
                 working=not t.idle,
+                waits=waits[t.name].snapshot() if t.name in waits else (),
             )
             for t in threads
         )

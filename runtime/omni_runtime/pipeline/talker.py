@@ -79,8 +79,7 @@ class TalkerScheduler(SchedulerLoop[TalkerJob]):
     def finish(self, job: TalkerJob, reason: FinishReason) -> None:
         if job.finish is not None:
             return
-        if job in self.waiting:
-            self.waiting.remove(job)
+        self._unqueue(job)
         if reason == "cancelled":
             self.cancelled += 1
             if job in self.running:  # a free run stops before its next step (_steps)
@@ -114,6 +113,7 @@ class TalkerScheduler(SchedulerLoop[TalkerJob]):
         admit: list[TalkerJob] = []
         while self.waiting and len(self.running) + len(admit) < self.max_batch:
             admit.append(self.waiting.popleft())
+        self._admitted(admit)
         inputs = [self._next_input(j) for j in self.running]
         if not admit and all(v is None for v in inputs):
             if move_plan:

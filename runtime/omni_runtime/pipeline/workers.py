@@ -10,6 +10,7 @@ previous call ran and hands them to the model in one call: in arrival order, or,
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import dataclasses
 import itertools
@@ -21,6 +22,7 @@ from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
 
+from omni_runtime.contract.engine import WAIT_BUCKETS, StageWait
 from omni_runtime.pipeline import deadlines
 
 log = logging.getLogger(__name__)
@@ -155,6 +157,39 @@ class _Call:
         self.abandoned = False
 
 
+class WaitCounts:
+    """Histograms of how long work waited for a stage's calls, by kind (``StageWait``)."""
+
+    def __init__(self) -> None:
+        self._counts: dict[str, list[int]] = {}
+        self._sums: dict[str, float] = {}
+
+    def observe(self, kind: str, seconds: float) -> None:
+        counts = self._counts.setdefault(kind, [0] * (len(WAIT_BUCKETS) + 1))
+        counts[bisect.bisect_left(WAIT_BUCKETS, seconds)] += 1
+        self._sums[kind] = self._sums.get(kind, 0.0) + seconds
+
+    def snapshot(self) -> tuple[StageWait, ...]:
+        return tuple(
+            StageWait(kind=kind, counts=tuple(counts), sum_s=self._sums[kind])
+            for kind, counts in sorted(self._counts.items())
+        )
+
+    def add(self, other: WaitCounts) -> None:
+        """Count ``other``'s waits here too (two workers sharing one stage thread)."""
+        for kind, counts in other._counts.items():
+            mine = self._counts.setdefault(kind, [0] * (len(WAIT_BUCKETS) + 1))
+            mine[:] = [a + b for a, b in zip(mine, counts, strict=True)]
+            self._sums[kind] = self._sums.get(kind, 0.0) + other._sums[kind]
+
+
+def window_kind(key: deadlines.Priority | None) -> str:
+    """What a queued item is, for its wait: a stream's first window, a later one, or unordered."""
+    if key is None:
+        return "all"
+    return "first" if key[0] == 0 else "later"
+
+
 class BatchingWorker(Generic[T, R]):
     """Calls ``fn(items) -> results`` (same length, same order) with whatever is queued, up to ``max_batch``."""
 
@@ -186,6 +221,8 @@ class BatchingWorker(Generic[T, R]):
         self.items = 0  # counted when a batch starts: a window of a cancelled request never adds one
         self.max_batch_seen = 0
         self.dropped = 0  # queued items skipped unrun because their caller was cancelled
+        self.waits = WaitCounts()  # submitted until its batch's call started, by window_kind
+        self._queued: dict[asyncio.Future[R], tuple[float, str]] = {}  # future -> (when, kind)
 
     def start(self) -> None:
         if self._task is None:
@@ -201,8 +238,12 @@ class BatchingWorker(Generic[T, R]):
     async def submit(self, item: T) -> R:
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         key = self._order(item, next(self._arrivals)) if self._order is not None else None
+        self._queued[future] = (time.monotonic(), window_kind(key))
         await self._queue.put((key, (item, future)))
-        return await future
+        try:
+            return await future
+        finally:
+            self._queued.pop(future, None)  # cancelled or failed before its batch started
 
     @property
     def queue_depth(self) -> int:
@@ -261,8 +302,12 @@ class BatchingWorker(Generic[T, R]):
             self.batches += 1
             self.items += len(live)
             self.max_batch_seen = max(self.max_batch_seen, len(live))
+            now = time.monotonic()
             for _, fut in live:
                 fut.add_done_callback(self._cancelled_while_running)
+                queued = self._queued.pop(fut, None)
+                if queued is not None:
+                    self.waits.observe(queued[1], now - queued[0])
             try:
                 results = await self.thread.run(self._fn, [item for item, _ in live])
             except Exception as exc:  # one bad batch fails its requests, never the worker
@@ -288,6 +333,22 @@ class SchedulerLoop(Generic[JobT]):
         self.running: list[JobT] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self.waits = WaitCounts()  # kind "admission": submitted until taken into a step
+        self._submitted: dict[int, float] = {}  # id(job) -> when, while it waits
+
+    def _admitted(self, jobs: list[JobT]) -> None:
+        """These waiting jobs are taken into the next step: their waits end now."""
+        now = time.monotonic()
+        for job in jobs:
+            since = self._submitted.pop(id(job), None)
+            if since is not None:
+                self.waits.observe("admission", now - since)
+
+    def _unqueue(self, job: JobT) -> None:
+        """A job leaves the line without being admitted (finished while it waited)."""
+        if job in self.waiting:
+            self.waiting.remove(job)
+        self._submitted.pop(id(job), None)
 
     async def _iteration(self) -> None:
         raise NotImplementedError
@@ -307,6 +368,7 @@ class SchedulerLoop(Generic[JobT]):
                     self._end(job, "error", error=f"{self.task_name} failed: {exc}")
                 self.running.clear()
                 self.waiting.clear()
+                self._submitted.clear()
 
     def start(self) -> None:
         if self._task is None:
@@ -320,5 +382,6 @@ class SchedulerLoop(Generic[JobT]):
             self._task = None
 
     def submit(self, job: JobT) -> None:
+        self._submitted[id(job)] = time.monotonic()
         self.waiting.append(job)
         self._wake.set()

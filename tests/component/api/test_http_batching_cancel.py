@@ -36,6 +36,11 @@ async def test_concurrent_requests_are_batched(worker: Worker) -> None:
     steps = _gauge(text, 'omni_stage_calls_total{stage="thinker"}')
     rows = _gauge(text, 'omni_stage_items_total{stage="thinker"}')
     assert busy > 0 and steps > 0 and rows / steps > 1
+    # Each request's wait for a thinker step: a histogram, its +Inf bucket equal to its count.
+    admitted = _gauge(text, 'omni_stage_wait_seconds_count{kind="admission",stage="thinker"}')
+    assert admitted >= 6
+    assert _gauge(text, 'omni_stage_wait_seconds_bucket{kind="admission",le="+Inf",stage="thinker"}') == admitted
+    assert _gauge(text, 'omni_stage_wait_seconds_sum{kind="admission",stage="thinker"}') >= 0
 
 
 def _wait_idle(worker: Worker, timeout_s: float = 20.0) -> str:

@@ -151,6 +151,10 @@ def test_the_realtime_probe_splits_each_turn_into_its_phases(worker_url: str) ->
     # The worker's own stage counters over the round: the thinker worked, no stage above 100%.
     stages = result["stages"]
     assert stages["thinker"] > 0 and all(0 < share <= 1.0 for share in stages.values()), stages
+    # What waited for those stages: both turns' thinker admissions; every wait has its mean.
+    waits = result["waits"]
+    assert waits["thinker/admission"]["n"] == 2, waits
+    assert all(w["n"] > 0 and w["mean_s"] >= 0 and 0 <= w["over_0.1s"] <= 1 for w in waits.values()), waits
     rows = result["by_turn"]
     assert [r["turn_index"] for r in rows] == [1, 2]
     assert rows[1]["input_tokens"] > rows[0]["input_tokens"] > 0

@@ -10,7 +10,7 @@ import pytest
 from scripted_realtime import scripted_server  # beside this file
 
 from omni_runtime.bench.cancel_tail import metrics_url_of
-from omni_runtime.bench.realtime_latency import Probe, measure, stage_shares
+from omni_runtime.bench.realtime_latency import Probe, measure, stage_shares, stage_waits
 
 BEFORE = """\
 omni_stage_busy_seconds_total{stage="thinker"} 10.0
@@ -80,3 +80,37 @@ def test_a_round_without_readable_metrics_reports_latency_and_no_shares() -> Non
     assert result["samples"] == 4 and result["no_audio"] == 0
     assert [row["input_tokens"] for row in result["by_turn"]] == [12, 12]
     assert result["wall_s"] > 0 and "stages" not in result
+
+
+def _waits(stage: str, kind: str, buckets: list[float], total: float) -> str:
+    """A /metrics text with one omni_stage_wait_seconds series (cumulative buckets, as exposed)."""
+    bounds = ["0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1.0", "2.5", "+Inf"]
+    lines = ["# TYPE omni_stage_wait_seconds histogram"]
+    for le, value in zip(bounds, buckets, strict=True):
+        lines.append(f'omni_stage_wait_seconds_bucket{{kind="{kind}",le="{le}",stage="{stage}"}} {value}')
+    lines.append(f'omni_stage_wait_seconds_count{{kind="{kind}",stage="{stage}"}} {buckets[-1]}')
+    lines.append(f'omni_stage_wait_seconds_sum{{kind="{kind}",stage="{stage}"}} {total}')
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "waits"),
+    [
+        # 4 first windows in the round: 1 within 5 ms, 1 within 0.1 s, 2 over it; 0.9 s in all
+        (
+            _waits("vocoder", "first", [2, 2, 2, 2, 3, 3, 3, 3, 3, 3], 0.5),
+            _waits("vocoder", "first", [3, 3, 3, 3, 5, 6, 7, 7, 7, 7], 1.4),
+            {"vocoder/first": {"n": 4, "mean_s": 0.225, "over_0.1s": 0.5}},
+        ),
+        # nothing new: left out
+        (_waits("talker", "admission", [1] * 10, 0.001), _waits("talker", "admission", [1] * 10, 0.001), {}),
+        # a series the first text lacked counts from zero
+        (
+            "",
+            _waits("thinker", "admission", [0, 0, 0, 4, 4, 4, 4, 4, 4, 4], 0.12),
+            {"thinker/admission": {"n": 4, "mean_s": 0.03, "over_0.1s": 0.0}},
+        ),
+    ],
+)
+def test_stage_waits(before: str, after: str, waits: dict) -> None:
+    assert stage_waits(before, after) == waits

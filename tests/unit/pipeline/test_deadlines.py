@@ -175,6 +175,9 @@ async def test_worker_calls_one_window_shape_at_a_time() -> None:
         await worker.stop()
         thread.shutdown()
     assert calls == [["busy"], ["first"], ["short-reply"], ["steady", "steady2"]]
+    waits = {w.kind: w for w in worker.waits.snapshot()}  # omni_stage_wait_seconds{kind}
+    assert (waits["first"].count, waits["later"].count) == (2, 3)
+    assert waits["later"].sum_s >= 3 * waits["first"].sum_s / 2 > 0  # the later ones queued longer
 
 
 async def test_worker_runs_the_most_urgent_windows_first() -> None:

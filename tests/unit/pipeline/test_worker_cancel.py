@@ -56,6 +56,10 @@ async def test_cancelled_queued_items_never_run(ordered: bool) -> None:
         thread.shutdown()
     assert calls == [["busy"], ["keep-1", "keep-2"]]
     assert (worker.items, worker.dropped) == (3, 3)
+    # Only what ran waited: a cancelled item's wait is never counted, whatever its kind.
+    (wait,) = worker.waits.snapshot()
+    assert (wait.kind, wait.count) == ("first" if ordered else "all", 3)
+    assert not worker._queued  # no cancelled item's stamp is left behind
     assert thread.after_cancel_s == 0.0  # no running call had a cancelled item
 
 
