@@ -77,6 +77,7 @@ class PipelineEngine:
         # Which audio windows pause the thinker (deadlines.holds_thinker): set in start(), on a GPU
         # the thinker shares with the vocoder; None never pauses it.
         self.thinker_hold_below_s: float | None = None
+        self._before_first_audio = 0  # streaming speech replies that have not sent audio yet
 
     @property
     def ready(self) -> bool:
@@ -349,10 +350,17 @@ class PipelineEngine:
         out.put_nowait(Finished(reason, usage))
 
     def _window_hold(self, slack_s: float | None) -> AbstractAsyncContextManager[None]:
-        """Hold the thinker while a window with this slack is synthesised (deadlines.holds_thinker)."""
-        if self.stages is None or not holds_thinker(slack_s=slack_s, below_s=self.thinker_hold_below_s):
+        """Hold the thinker while a window with this slack is synthesised (deadlines.holds_thinker).
+
+        A later window's stream has had its first audio, so any stream still before its first
+        audio is another reply's, as is any prompt waiting for the thinker."""
+        if self.stages is None:
             return contextlib.nullcontext()
-        return self.stages.thinker.hold()
+        thinker = self.stages.thinker
+        pending = thinker.waiting_count > 0 or self._before_first_audio > 0
+        if not holds_thinker(slack_s=slack_s, below_s=self.thinker_hold_below_s, first_audio_pending=pending):
+            return contextlib.nullcontext()
+        return thinker.hold()
 
     def _talker_job(
         self,
@@ -408,13 +416,33 @@ class PipelineEngine:
         streaming = self.variant in STREAMING_AUDIO and request.stream_audio
         assert self.adapter is not None
         segmenter = CodecSegmenter(family_config(self.adapter.codec_windows, at_end=not streaming))
-        standard = segmenter.recurring_sizes()
-        codes: list[Any] = []  # codec tokens, or frames (a tuple of codes per codebook)
         seed = (
             request.sampling.seed if request.sampling.seed is not None else hash(request.request_id) & 0xFFFF
         )
-        samples = 0
         clock = PlaybackClock()  # the listener's play head: orders this stream's windows (deadlines)
+        assert self.stages is not None
+        if streaming:
+            self._before_first_audio += 1
+        try:
+            return await self._speak_windows(request, job, voice, out, segmenter, streaming, seed, clock)
+        finally:
+            if streaming and clock.ends_at is None:  # ended (or failed) before its first audio
+                self._before_first_audio -= 1
+
+    async def _speak_windows(
+        self,
+        request: GenerationRequest,
+        job: TalkerJob,
+        voice: str | None,
+        out: asyncio.Queue,
+        segmenter: CodecSegmenter,
+        streaming: bool,
+        seed: int,
+        clock: PlaybackClock,
+    ) -> float:
+        standard = segmenter.recurring_sizes()
+        codes: list[Any] = []  # codec tokens, or frames (a tuple of codes per codebook)
+        samples = 0
         assert self.stages is not None
         done = False
         while True:
@@ -443,6 +471,8 @@ class PipelineEngine:
                     pcm = await self.stages.synthesize(item)
                 samples += len(pcm)
                 out.put_nowait(AudioChunk(pcm=pcm, sample_rate=self.output_sample_rate))
+                if clock.ends_at is None:  # this stream's first audio
+                    self._before_first_audio -= 1
                 clock.sent(now=time.monotonic(), seconds=len(pcm) / self.output_sample_rate)
                 done = _take_codes([], job, codes) or done
             if done:

@@ -60,6 +60,10 @@ class RemoteThinker:
     async def hold(self) -> AsyncIterator[None]:
         yield  # the remote thinker does not share this process's device
 
+    @property
+    def waiting_count(self) -> int:
+        return 0  # nothing here is held for it (hold): its line is the remote process's business
+
     async def _pump(self, job: ThinkerJob) -> None:
         payload, tensors = wire.pack_thinker_prompt(job.prompt)
         call = {

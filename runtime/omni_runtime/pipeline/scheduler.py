@@ -180,6 +180,10 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
                 self._resume.set()
 
     @property
+    def waiting_count(self) -> int:
+        return len(self.waiting)
+
+    @property
     def running_count(self) -> int:
         return sum(j.finish is None for j in self.running)
 

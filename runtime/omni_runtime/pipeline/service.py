@@ -38,6 +38,11 @@ class ThinkerService(Protocol):
         """Pause decode steps while held (a thinker in another process is never paused)."""
         ...
 
+    @property
+    def waiting_count(self) -> int:
+        """Prompts waiting for their prefill (0 where the thinker runs in another process)."""
+        ...
+
 
 class TalkerService(Protocol):
     def submit(self, job: TalkerJob) -> None: ...

@@ -8,6 +8,7 @@ a later one whose listener is about to run dry (``thinker_hold_below_s``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import pytest
@@ -84,3 +85,73 @@ def test_streaming_speech_holds_the_thinker_for_the_windows_its_setting_names(
         f"holds entered at thinker steps {entered}; chunks of {[c.pcm.size for c in chunks]} samples"
     )
     assert finished(events).reason == "length"
+
+
+def test_no_later_window_holds_the_thinker_while_another_reply_waits_for_its_first_audio(
+    speech_engine: Harness,
+) -> None:
+    """Two streaming replies, the second sent once the first has audio: while the second has none,
+    the first's later windows leave the thinker running (its text is the second's first codes);
+    every window holds once both have audio (every listener is "about to run dry" here)."""
+    engine: Any = speech_engine.engine
+    engine.thinker_hold_below_s = 1e9
+    thinker = engine.stages.thinker
+    decided: list[tuple[bool, int, bool]] = []  # (later window, replies before first audio, held)
+    window_hold = engine._window_hold
+
+    def recording_hold(slack_s: float | None) -> Any:
+        pending = engine._before_first_audio + thinker.waiting_count
+        hold = window_hold(slack_s)
+        decided.append((slack_s is not None, pending, not isinstance(hold, contextlib.nullcontext)))
+        return hold
+
+    engine._window_hold = recording_hold
+
+    async def scenario() -> tuple[list, list]:
+        first: list = []
+        second: list = []
+
+        async def consume(req: Any, into: list) -> None:
+            async for event in engine.generate(req):
+                into.append(event)
+
+        one = asyncio.create_task(consume(_streaming(talker_tokens=200), first))
+        while not any(isinstance(e, AudioChunk) for e in first):
+            await asyncio.sleep(0.005)
+        two = asyncio.create_task(consume(_streaming(talker_tokens=60), second))
+        await asyncio.wait_for(asyncio.gather(one, two), 300)
+        return first, second
+
+    try:
+        first, second = speech_engine.run(scenario())
+    finally:
+        del engine._window_hold
+        engine.thinker_hold_below_s = None
+    assert finished(first).reason == finished(second).reason == "length"
+    # the first's later windows while the second waited for audio: none held the thinker
+    waited = [held for later, pending, held in decided if later and pending > 0]
+    assert waited and not any(waited), decided
+    assert all(held for later, pending, held in decided if not later or pending == 0), decided
+    assert engine._before_first_audio == 0  # every reply reached its audio: nothing counted left
+
+
+def test_a_reply_cancelled_before_its_first_audio_is_no_longer_waited_for(speech_engine: Harness) -> None:
+    engine: Any = speech_engine.engine
+
+    async def scenario() -> None:
+        stream = engine.generate(_streaming(talker_tokens=200))
+        async for event in stream:
+            if isinstance(event, TextDelta):  # the talker has its job; no audio yet
+                break
+        await stream.aclose()  # the client leaves
+        while not engine.stages.local.quiet:
+            await asyncio.sleep(0.01)
+
+    speech_engine.run(scenario())
+    assert engine._before_first_audio == 0
+
+
+def _streaming(*, talker_tokens: int) -> Any:
+    req = request("Say something", max_tokens=24, want_audio=True, talker_tokens=talker_tokens)
+    assert req.stream_audio  # audio windows as the codes come (the streaming-speech engine)
+    return req

@@ -48,6 +48,21 @@ def test_holds_thinker(slack: float | None, below: float | None, holds: bool) ->
     assert holds_thinker(slack_s=slack, below_s=below) is holds
 
 
+@pytest.mark.parametrize(
+    ("slack", "below", "holds"),
+    [
+        (None, 0.25, True),  # a first window still holds: it is a first audio itself
+        (0.1, 0.25, False),  # a later one gives way to a reply that hears nothing yet
+        (-0.2, 0.25, False),  # even a stalled one: first audio goes first, as in the vocoder's line
+        (None, None, False),  # a vocoder on its own GPU never holds
+    ],
+)
+def test_no_later_window_holds_the_thinker_while_another_reply_waits_for_first_audio(
+    slack: float | None, below: float | None, holds: bool
+) -> None:
+    assert holds_thinker(slack_s=slack, below_s=below, first_audio_pending=True) is holds
+
+
 def test_priority_puts_first_windows_first_then_earliest_deadline() -> None:
     now = 100.0
     keys = {
