@@ -39,7 +39,9 @@ async def test_concurrent_requests_are_batched(worker: Worker) -> None:
     # Each request's wait for a thinker step: a histogram, its +Inf bucket equal to its count.
     admitted = _gauge(text, 'omni_stage_wait_seconds_count{kind="admission",stage="thinker"}')
     assert admitted >= 6
-    assert _gauge(text, 'omni_stage_wait_seconds_bucket{kind="admission",le="+Inf",stage="thinker"}') == admitted
+    assert (
+        _gauge(text, 'omni_stage_wait_seconds_bucket{kind="admission",le="+Inf",stage="thinker"}') == admitted
+    )
     assert _gauge(text, 'omni_stage_wait_seconds_sum{kind="admission",stage="thinker"}') >= 0
 
 

@@ -21,7 +21,9 @@ from omni_runtime.pipeline.workers import SchedulerLoop, WaitCounts, window_kind
         (2.6, 9),  # past the last bound: +Inf
     ],
 )
-def test_a_wait_lands_in_the_bucket_whose_bound_is_the_first_not_below_it(seconds: float, bucket: int) -> None:
+def test_a_wait_lands_in_the_bucket_whose_bound_is_the_first_not_below_it(
+    seconds: float, bucket: int
+) -> None:
     waits = WaitCounts()
     waits.observe("first", seconds)
     (wait,) = waits.snapshot()
