@@ -33,7 +33,7 @@ def prefill_scratch(decoder: Any, rows: int, length: int, offset: int) -> None:
         positions=positions.expand(3, rows, -1),
         lengths=[length] * rows,
         want_hidden=False,
-        offset=offset,
+        offsets=[offset] * rows,
     )
 
 

@@ -121,7 +121,7 @@ def test_compiled_prefill_equals_the_eager_prefill(
                 positions=positions,
                 lengths=[length] * rows,
                 want_hidden=True,
-                offset=offset,
+                offsets=[offset] * rows,
             )
         finally:
             decoder.prefill_layers = decoder.step_layers

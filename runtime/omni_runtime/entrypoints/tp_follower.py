@@ -82,7 +82,8 @@ def serve_ops(adapter: Any, leader_fd: int) -> int:
             elif op == OP_PREFILL:
                 rows, width = args[0], args[1]
                 slots, lengths = args[2 : 2 + rows], args[2 + rows : 2 + 2 * rows]
-                offset, features, depth = args[2 + 2 * rows : 5 + 2 * rows]
+                offsets = list(args[2 + 2 * rows : 2 + 3 * rows])
+                features, depth = args[2 + 3 * rows : 4 + 3 * rows]
                 embeds = torch.empty(rows, width, hidden, dtype=decoder.dtype, device=device)
                 positions = torch.empty(3, rows, width, dtype=torch.int64, device=device)
                 dist.broadcast(embeds, src=0)
@@ -100,7 +101,7 @@ def serve_ops(adapter: Any, leader_fd: int) -> int:
                     positions=positions,
                     lengths=lengths,
                     want_hidden=False,
-                    offset=offset,
+                    offsets=offsets if any(offsets) else None,
                     after_layer=after_layer,
                 )
             elif op == OP_MOVE:

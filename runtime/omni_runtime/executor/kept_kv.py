@@ -77,3 +77,21 @@ def media_agreement(kept: KeptKV, embeds: torch.Tensor, limit: int) -> int:
     if not bool(differs.any()):
         return limit
     return int(index[int(differs.nonzero()[0, 0])])
+
+
+def suffix_groups(offsets: list[int], lengths: list[int], max_len: int) -> list[list[int]]:
+    """Which suffix prefills run together: indices of rows whose kept prefixes (``offsets``) and
+    whole prompts (``lengths``) fit one batch, in order. A batch is right-padded to its longest
+    suffix and reads keys up to its longest prefix plus that width, which must stay within the
+    slots' ``max_len``; a row that would take a batch past it starts the next one."""
+    groups: list[list[int]] = []
+    longest_prefix = widest = 0
+    for i, (offset, length) in enumerate(zip(offsets, lengths, strict=True)):
+        prefix, width = max(longest_prefix, offset), max(widest, length - offset)
+        if groups and prefix + width <= max_len:
+            groups[-1].append(i)
+            longest_prefix, widest = prefix, width
+        else:
+            groups.append([i])
+            longest_prefix, widest = offset, length - offset
+    return groups

@@ -70,6 +70,15 @@ def add_after_layers(
     return add
 
 
+def suffix_mask(offsets: list[int], width: int, *, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Attention mask [b, 1, width, max(offsets) + width] of suffixes prefilled after kept
+    prefixes: row r's query j (its position offsets[r] + j) sees keys 0..offsets[r] + j of its
+    slot. Keys past a row's own span are other rows' reach (or stale) and stay hidden."""
+    keys = torch.arange(max(offsets) + width, device=device)
+    queries = torch.arange(width, device=device)[None, :] + torch.tensor(offsets, device=device)[:, None]
+    return (keys[None, None, :] <= queries[:, :, None])[:, None]
+
+
 class SlotKVCache:
     """Per-slot static KV buffers; duck-types ``transformers.Cache.update`` for the attention modules."""
 
@@ -82,7 +91,11 @@ class SlotKVCache:
         self.max_len = max_len
         # Set by the decoder before each forward.
         self.prefill_slots: torch.Tensor | None = None
-        self.prefill_offset = 0  # > 0: one row's prompt continues a prefix already in its slot
+        # Rows whose prompts continue prefixes already in their slots: each row's kept length [b]
+        # (None: fresh prompts), and how many key positions their attention reads (the longest
+        # prefix plus the prefill's width).
+        self.prefill_offsets: torch.Tensor | None = None
+        self.prefill_span = 0
         self.write_pos: torch.Tensor | None = None  # [B] decode write positions
         self.view_len = 0
         # Decode steps name the layer's buffers here instead of by ``layer_idx``: a compiled
@@ -97,12 +110,14 @@ class SlotKVCache:
             keys, values = self.keys[layer_idx], self.values[layer_idx]
         if self.prefill_slots is not None:
             length = key_states.shape[2]
-            start = self.prefill_offset
-            if start:  # one row: its suffix attends to the kept prefix and to itself
-                slot = self.prefill_slots[0]
-                keys[slot, :, start : start + length] = key_states[0]
-                values[slot, :, start : start + length] = value_states[0]
-                return keys[slot, :, : start + length][None], values[slot, :, : start + length][None]
+            if self.prefill_offsets is not None:  # suffixes: each after its row's kept prefix
+                at = self.prefill_offsets[:, None] + torch.arange(length, device=key_states.device)
+                slots = self.prefill_slots[:, None]
+                # [rows, length] positions: the indexed view is [b, length, heads, dim]
+                keys[slots, :, at] = key_states.transpose(1, 2)
+                values[slots, :, at] = value_states.transpose(1, 2)
+                span = self.prefill_span
+                return keys[self.prefill_slots, :, :span], values[self.prefill_slots, :, :span]
             keys[self.prefill_slots, :, :length] = key_states
             values[self.prefill_slots, :, :length] = value_states
             return key_states, value_states  # a fresh prompt attends only to itself
@@ -236,38 +251,45 @@ class SlotDecoder:
         lengths: list[int],
         want_hidden: bool,
         after_layer: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
-        offset: int = 0,
+        offsets: list[int] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run prompts (right-padded ``embeds`` [b, L, H], ``positions`` [3, b, L]) into ``slots``.
 
         ``after_layer(i, hidden)``, when given, rewrites the hidden states after decoder layer ``i``
         (Qwen3-Omni adds its vision tower's DeepStack features to the first layers' outputs).
-        ``offset`` > 0 (one row only): the slot already holds that many positions of this prompt
-        (a kept conversation prefix); ``embeds`` are the rest, written after them and attending to
-        them (``lengths`` count the rest only).
+        ``offsets`` (one per row, any > 0): each slot already holds that many positions of its
+        prompt (a kept conversation prefix); ``embeds`` are the rest, written after them and
+        attending to them (``lengths`` count the rest only). Rows of different prefixes run as one
+        batch: row r's query j sees its keys 0..offsets[r] + j, read from its slot.
 
         Returns the last real position's logits [b, V] (float32) and, when asked, the final-norm
         hidden states of every position [b, L, H]. Causal attention keeps real tokens from seeing
         the right padding; padded positions write cache entries past each row's length, which the
         row's mask never reads and its next tokens overwrite.
         """
-        if offset and len(slots) != 1:
-            raise ValueError("a prefill after a kept prefix takes one row")
+        suffix = offsets is not None and any(offsets)
+        if offsets is not None and len(offsets) != len(slots):
+            raise ValueError(f"{len(offsets)} prefix offsets for {len(slots)} rows")
         self.cache.prefill_slots = to_device(slots, self.device, torch.int64)
-        self.cache.prefill_offset = offset
         mask = None
-        if offset:  # causal over [kept prefix | suffix]: query j sees keys 0..offset+j
+        if suffix:
+            assert offsets is not None
             width = embeds.shape[1]
-            keys = torch.arange(offset + width, device=self.device)
-            queries = torch.arange(width, device=self.device) + offset
-            mask = (keys[None, :] <= queries[:, None])[None, None]
+            span = max(offsets) + width
+            if span > self.max_len:
+                raise ValueError(
+                    f"suffixes of {width} after a prefix of {max(offsets)} exceed {self.max_len}"
+                )
+            self.cache.prefill_offsets = to_device(offsets, self.device, torch.int64)
+            self.cache.prefill_span = span
+            mask = suffix_mask(offsets, width, device=self.device)
         cache = self.cache
         try:
             # An inference tensor always: the compiled layers guard on it, and a plain one (made
             # outside inference mode) would compile every layer a second time, mid-request.
             hidden = embeds.to(self.dtype, copy=not embeds.is_inference())
             cos_sin = self.rotary(hidden, positions)
-            for index, layer in enumerate(self.suffix_layers if offset else self.prefill_layers):
+            for index, layer in enumerate(self.suffix_layers if suffix else self.prefill_layers):
                 # By buffer, not layer index, as in decode: a compiled layer stays one graph.
                 cache.layer_keys, cache.layer_values = cache.keys[index], cache.values[index]
                 hidden = layer(
@@ -279,7 +301,8 @@ class SlotDecoder:
                     hidden = after_layer(index, hidden)
         finally:
             cache.prefill_slots = None
-            cache.prefill_offset = 0
+            cache.prefill_offsets = None
+            cache.prefill_span = 0
             cache.layer_keys = cache.layer_values = None
         hidden = self.norm(hidden)
         last = to_device([n - 1 for n in lengths], self.device, torch.int64)

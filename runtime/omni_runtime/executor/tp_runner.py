@@ -16,7 +16,7 @@ shards in the same order:
 - ``move`` (compaction) and ``capture_all`` (warm-up: every rank captures the same CUDA graph
   buckets in the same order, so the all-reduces inside the graphs pair up);
 - conversation KV: ``keep_kv`` (each rank copies its shard of a slot out, under a handle),
-  ``restore_kv`` (back into a slot, by handle) and a prefill after a kept prefix (``offset`` in
+  ``restore_kv`` (back into a slot, by handle) and a prefill after kept prefixes (``offsets`` in
   the prefill header). A follower's copy is forgotten when rank 0's copy is freed: the copy's
   finalizer queues the handle, and the next op sends the forgets first (ops go out only from the
   thinker thread, in order).
@@ -72,7 +72,7 @@ class LeaderDecoder:
         positions: torch.Tensor,
         lengths: list[int],
         want_hidden: bool,
-        offset: int = 0,
+        offsets: list[int] | None = None,
         after_layer: Any = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         inner = self._inner
@@ -82,7 +82,7 @@ class LeaderDecoder:
         deep = getattr(after_layer, "deepstack", None)
         features = 0 if deep is None else int(deep[1].shape[0])
         depth = 0 if deep is None else int(deep[1].shape[1])
-        self._send(OP_PREFILL, rows, width, *slots, *lengths, offset, features, depth)
+        self._send(OP_PREFILL, rows, width, *slots, *lengths, *(offsets or [0] * rows), features, depth)
         self._leader.broadcast(embeds)
         self._leader.broadcast(positions)
         if deep is not None:
@@ -94,7 +94,7 @@ class LeaderDecoder:
             positions=positions,
             lengths=lengths,
             want_hidden=want_hidden,
-            offset=offset,
+            offsets=offsets,
             after_layer=after_layer,
         )
 

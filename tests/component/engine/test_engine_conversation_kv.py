@@ -251,3 +251,80 @@ def test_a_warmed_history_serves_the_next_turn_and_a_text_turn_serves_speech(spe
     with pytest.raises(EngineError) as refused:
         speech_engine.run(engine.warm_session(ask(history, session=None)))
     assert refused.value.param == "session_key"
+
+
+async def _events(harness: Harness, request: GenerationRequest) -> list[Any]:
+    return [event async for event in harness.engine.generate(request)]
+
+
+def second_turns_together(harness: Harness, tag: str, media: list[tuple[tuple, tuple]]) -> None:
+    """One first turn per session (prompts and kept prefixes of different lengths), then every
+    session's second turn admitted in one thinker step: their suffixes prefill as one batch, each
+    after its own prefix, with exactly the greedy tokens of a full prefill."""
+    conversations: list[list[ChatTurn]] = []
+    for k, (first_media, second_media) in enumerate(media):
+        turns = [
+            ChatTurn(role="system", text="You are terse."),
+            ChatTurn(role="user", text=f"Question {k}:" + " why" * (1 + 3 * k), media=first_media),
+        ]
+        said = reply_text(harness.collect(ask(turns, session=f"{tag}-{k}")))
+        turns += [
+            ChatTurn(role="assistant", text=said),
+            ChatTurn(role="user", text="Then?", media=second_media),
+        ]
+        conversations.append(turns)
+    before = settled(harness)
+    runner = harness.engine.stages.local.thinker.runner
+    batches: list[int] = []
+    prefill_suffixes = runner._prefill_suffixes
+
+    def recording(rows: Any, which: list[int], *rest: Any) -> None:
+        batches.append(len(which))
+        prefill_suffixes(rows, which, *rest)
+
+    async def together() -> list[list[Any]]:
+        thinker = harness.engine.stages.thinker
+        async with thinker.hold():  # every second turn waits, then one step admits them all
+            tasks = [
+                asyncio.create_task(_events(harness, ask(turns, session=f"{tag}-{k}")))
+                for k, turns in enumerate(conversations)
+            ]
+            while thinker.waiting_count < len(tasks):
+                await asyncio.sleep(0.01)
+        return list(await asyncio.gather(*tasks))
+
+    runner._prefill_suffixes = recording
+    try:
+        kept = harness.run(together())
+    finally:
+        del runner._prefill_suffixes
+    after = settled(harness)
+    assert batches == [len(media)]  # one prefill of every suffix
+    assert after.session_kv_hits - before.session_kv_hits == len(media)
+    for k, turns in enumerate(conversations):
+        full = harness.collect(ask(turns, session=None))
+        assert token_ids(kept[k]) == token_ids(full) and token_ids(full), f"session {k}"
+        assert 0 < finished(kept[k]).usage.cached_tokens < finished(full).usage.prompt_tokens
+
+
+def test_several_sessions_suffixes_prefill_as_one_batch(speech_engine: Harness) -> None:
+    second_turns_together(
+        speech_engine,
+        "batch",
+        [((), ()), ((tone(0.6),), ()), ((), (tone(0.8),)), ((), (image(seed=4),))],
+    )
+
+
+def test_qwen3_suffixes_with_deepstack_images_prefill_as_one_batch() -> None:
+    """Each row's DeepStack features land at its own suffix positions (per-row offsets)."""
+    from omni_runtime.models.qwen3_omni_moe.tiny import ensure_tiny_checkpoint
+
+    harness = Harness(tiny_options(ensure_tiny_checkpoint(progress=False), pipeline="text"))
+    try:
+        second_turns_together(
+            harness,
+            "q3batch",
+            [((image(seed=1),), ()), ((), (image(seed=2),)), ((), ()), ((image(seed=5),), (image(seed=6),))],
+        )
+    finally:
+        harness.close()

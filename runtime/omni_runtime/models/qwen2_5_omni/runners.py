@@ -21,7 +21,7 @@ import torch
 
 from omni_runtime.contract.adapter import TalkerAdmission, ThinkerAdmission, ThinkerPrompt, ThinkerStep
 from omni_runtime.executor.host_copy import to_device
-from omni_runtime.executor.kept_kv import KeptKV, media_agreement
+from omni_runtime.executor.kept_kv import KeptKV, media_agreement, suffix_groups
 from omni_runtime.executor.sampling import BatchSampler
 from omni_runtime.executor.slot_cache import SlotDecoder
 from omni_runtime.models.common import audio_in_video
@@ -90,12 +90,21 @@ class QwenThinkerRunner:
             raise ValueError(f"thinker slots {[r.slot for r in rows]} outside 0..{self.slots - 1}")
         logits: list[Any] = [None] * len(rows)
         vectors: list[Any] = [None] * len(rows)
-        fresh = [i for i, r in enumerate(rows) if r.prefix is None or r.prefix_length <= 0]
+        # A kept prefix the new prompt agrees with goes back into the row's slot first; a row
+        # whose prefix is unusable (0 positions agree) prefills its whole prompt with the others.
+        starts = {
+            i: self._restore_prefix(r)
+            for i, r in enumerate(rows)
+            if r.prefix is not None and r.prefix_length > 0
+        }
+        fresh = [i for i in range(len(rows)) if not starts.get(i)]
         if fresh:
             self._prefill_fresh(rows, fresh, logits, vectors)
-        for i, row in enumerate(rows):
-            if i not in fresh:
-                logits[i], vectors[i] = self._prefill_after_prefix(row)
+        after = [i for i in range(len(rows)) if starts.get(i)]
+        for group in suffix_groups(
+            [starts[i] for i in after], [len(rows[i].prompt.input_ids) for i in after], self.max_len
+        ):
+            self._prefill_suffixes(rows, [after[k] for k in group], starts, logits, vectors)
         slots = [r.slot for r in rows]
         for row in rows:
             self.sampler.set_row(row.slot, row.sampling, history=row.prompt.input_ids)
@@ -154,9 +163,9 @@ class QwenThinkerRunner:
                 n = lengths[k]
                 vectors[i] = self.prompt_vectors(k, row.prompt.input_ids, embeds[k, :n], hidden[k, :n])
 
-    def _prefill_after_prefix(self, row: ThinkerAdmission) -> tuple[torch.Tensor, Any]:
-        """One prompt whose first positions come from the session's kept KV (exactness: see
-        pipeline/conversation_kv.py); sets ``row.reused``."""
+    def _restore_prefix(self, row: ThinkerAdmission) -> int:
+        """Copy the part of the session's kept KV this prompt may reuse back into the row's slot
+        (exactness: see pipeline/conversation_kv.py); returns its length and sets ``row.reused``."""
         kept: KeptKV = row.prefix
         embeds = row.prompt.embeds.to(self.device, self.decoder.dtype)
         start = media_agreement(kept, embeds, row.prefix_length)
@@ -165,28 +174,48 @@ class QwenThinkerRunner:
         row.reused = start
         if start:
             self.decoder.restore_kv(kept.kv, row.slot, start)
-        length = len(row.prompt.input_ids)
-        positions = row.prompt.positions.to(self.device)[:, None, start:]
-        hook = self.prefill_hook([row], offset=start)
+        return start
+
+    def _prefill_suffixes(
+        self,
+        rows: list[ThinkerAdmission],
+        which: list[int],
+        starts: dict[int, int],
+        logits: list[Any],
+        vectors: list[Any],
+    ) -> None:
+        """Prompts whose first positions are back in their slots (``starts``): the rest of each,
+        batched (right-padded), every row attending to its own prefix."""
+        batch = [rows[i] for i in which]
+        offsets = [starts[i] for i in which]
+        lengths = [len(r.prompt.input_ids) - o for r, o in zip(batch, offsets, strict=True)]
+        full = [r.prompt.embeds.to(self.device, self.decoder.dtype) for r in batch]
+        embeds = torch.zeros(
+            len(batch), max(lengths), full[0].shape[-1], dtype=self.decoder.dtype, device=self.device
+        )
+        positions = torch.zeros(3, len(batch), max(lengths), dtype=torch.int64, device=self.device)
+        for k, (row, start, n) in enumerate(zip(batch, offsets, lengths, strict=True)):
+            embeds[k, :n] = full[k][start:]
+            positions[:, k, :n] = row.prompt.positions.to(self.device)[:, start:]
+        hook = self.prefill_hook(batch, offsets=offsets)
         extra = {} if hook is None else {"after_layer": hook}
-        if start:
-            extra["offset"] = start
         out, hidden = self.decoder.prefill(
-            slots=[row.slot],
-            embeds=embeds[None, start:],
+            slots=[r.slot for r in batch],
+            embeds=embeds,
             positions=positions,
-            lengths=[length - start],
-            want_hidden=row.want_vectors,
+            lengths=lengths,
+            want_hidden=any(r.want_vectors for r in batch),
+            offsets=offsets,
             **extra,
         )
-        vectors = None
-        if row.want_vectors and hidden is not None:
-            suffix = self.prompt_vectors(0, row.prompt.input_ids[start:], embeds[start:], hidden[0])
-            if start and kept.vectors is not None:
-                vectors = torch.cat([kept.vectors[:start].to(suffix.dtype), suffix])
-            else:
-                vectors = suffix
-        return out, vectors
+        for k, (i, row) in enumerate(zip(which, batch, strict=True)):
+            logits[i] = out[k : k + 1]
+            if row.want_vectors and hidden is not None:
+                start, n = offsets[k], lengths[k]
+                suffix = self.prompt_vectors(k, row.prompt.input_ids[start:], full[k][start:], hidden[k, :n])
+                kept: KeptKV = row.prefix
+                assert kept.vectors is not None  # a row wanting vectors reuses only a prefix that has them
+                vectors[i] = torch.cat([kept.vectors[:start].to(suffix.dtype), suffix])
 
     @torch.inference_mode()
     def keep(self, *, slot: int, length: int, prompt: ThinkerPrompt, vectors: list[Any] | None) -> KeptKV:
@@ -207,10 +236,10 @@ class QwenThinkerRunner:
             vectors=None if joined is None else joined[:length],
         )
 
-    def prefill_hook(self, rows: list[ThinkerAdmission], offset: int = 0) -> Any:
+    def prefill_hook(self, rows: list[ThinkerAdmission], offsets: list[int] | None = None) -> Any:
         """What rewrites the prefill's hidden states after each layer (see SlotDecoder.prefill);
-        None here, a family's runner may add one. ``offset`` > 0: one row whose first ``offset``
-        positions are kept KV (the prefill covers the rest only)."""
+        None here, a family's runner may add one. ``offsets``: per row, how many first positions
+        are kept KV (the prefill covers the rest only)."""
         return None
 
     @torch.inference_mode()

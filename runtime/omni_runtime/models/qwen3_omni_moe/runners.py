@@ -36,11 +36,11 @@ class Qwen3ThinkerRunner(QwenThinkerRunner):
         self.layer_count = len(self.decoder.layers)
         self._captured: torch.Tensor | None = None
 
-    def prefill_hook(self, rows: list[ThinkerAdmission], offset: int = 0) -> Any:
+    def prefill_hook(self, rows: list[ThinkerAdmission], offsets: list[int] | None = None) -> Any:
         self._captured = None
         wants = any(r.want_vectors for r in rows) and 0 < self.accept_layer < self.layer_count
         capture = self.accept_layer - 1 if wants else None
-        deep = self._deepstack(rows, offset)
+        deep = self._deepstack(rows, offsets)
         add = None if deep is None else add_after_layers(*deep)
         if add is None and capture is None:
             return None
@@ -54,7 +54,7 @@ class Qwen3ThinkerRunner(QwenThinkerRunner):
         hook.deepstack = deep  # type: ignore[attr-defined]
         return hook
 
-    def _deepstack(self, rows: list[ThinkerAdmission], offset: int = 0) -> Any:
+    def _deepstack(self, rows: list[ThinkerAdmission], offsets: list[int] | None = None) -> Any:
         """(batch rows [n], positions [n]) and the features [n, k, H] of this prefill, or None."""
         row_index, positions, features = [], [], []
         for i, row in enumerate(rows):
@@ -62,7 +62,8 @@ class Qwen3ThinkerRunner(QwenThinkerRunner):
             if deep is None:
                 continue
             where, values = deep
-            if offset:  # kept KV covers the first positions: the prefill starts at ``offset``
+            offset = offsets[i] if offsets is not None else 0
+            if offset:  # kept KV covers the row's first positions: its prefill starts at ``offset``
                 inside = where >= offset
                 where, values = where[inside] - offset, values[inside]
             row_index.append(torch.full_like(where, i))
