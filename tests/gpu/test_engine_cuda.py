@@ -114,6 +114,58 @@ def test_graph_decode_equals_eager_decode(tiny_cuda) -> None:
     assert len(graphs.decoder._graphs) >= 1
 
 
+def test_suffixes_after_several_kept_prefixes_prefill_as_one_batch(tiny_cuda) -> None:
+    """Two sessions' kept KV (prefixes of different lengths) restored into new slots and their
+    suffixes prefilled in one batch: every step's greedy tokens equal fresh full prefills'."""
+    adapter = tiny_cuda.adapter
+    runner = adapter.thinker_runner(slots=8, max_len=512)
+    greedy = RowSampling(temperature=0.0)
+    sessions = []
+    for slot, (text, fed_count) in enumerate([("Hello there", 3), ("Tell me a much longer story please", 2)]):
+        tp = adapter.aggregate(
+            adapter.preprocess(_request(text, tokens=1)), audio=None, image=None, video=None
+        )
+        [(first, _)] = runner.admit([ThinkerAdmission(slot, tp, greedy, want_vectors=False)])
+        fed = [first]
+        for i in range(fed_count):
+            fed.append(
+                runner.step(slot + 1, vector_slots=[], max_length=len(tp.input_ids) + 2 + i).tokens[slot]
+            )
+        sessions.append((tp, fed[:fed_count]))
+    rows, kept = [], []
+    for s, (tp, fed) in enumerate(sessions):
+        keep = runner.keep(slot=s, length=len(tp.input_ids) + len(fed), prompt=tp, vectors=None)
+        more = adapter.aggregate(
+            adapter.preprocess(_request(f"and then {s}", tokens=1)), audio=None, image=None, video=None
+        )
+        ids = [*tp.input_ids, *fed, *more.input_ids[-6:]]
+        with torch.inference_mode():
+            embeds = adapter.loaded.embed(torch.tensor(ids, device="cuda"))
+        longer = type(tp)(
+            input_ids=ids, embeds=embeds, positions=torch.arange(len(ids)).expand(3, -1), rope_delta=0
+        )
+        rows.append(
+            ThinkerAdmission(
+                2 + s, longer, greedy, False, prefix=keep, prefix_length=len(tp.input_ids) + len(fed)
+            )
+        )
+        kept.append(keep)
+    rows += [ThinkerAdmission(4 + s, row.prompt, greedy, False) for s, row in enumerate(rows)]
+    batches: list[int] = []
+    prefill_suffixes = runner._prefill_suffixes
+    runner._prefill_suffixes = lambda all_rows, which, *rest: (
+        batches.append(len(which)),
+        prefill_suffixes(all_rows, which, *rest),
+    )[1]
+    tokens = [[t for t, _ in runner.admit(rows)]]
+    longest = max(len(r.prompt.input_ids) for r in rows)
+    for i in range(8):
+        tokens.append(runner.step(6, vector_slots=[], max_length=longest + 1 + i).tokens)
+    assert batches == [2] and [r.reused for r in rows[:2]] == [r.prefix_length for r in rows[:2]]
+    for step in tokens:  # the kept rows (slots 2, 3) and the fresh ones (4, 5) agree
+        assert step[2:4] == step[4:6], tokens
+
+
 def test_batched_greedy_equals_single_on_cuda(loop: Loop, tiny_cuda) -> None:
     alone = _ids(loop.run(_collect(tiny_cuda, _request("Tell me a story.", tokens=24))))
 
