@@ -124,6 +124,10 @@ class TalkerAdmission:
     first_vector: Any  # [H] its reply vector
     voice: str
     sampling: RowSampling  # for codec tokens
+    # The session's kept talker KV (the runner's copy) whose first ``prefix_length`` positions
+    # stand in for this prompt's (conversation KV); None: prefill the whole prompt.
+    prefix: Any = None
+    prefix_length: int = 0
 
 
 class TalkerRunner(Protocol):

@@ -178,8 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
         type=non_negative_int,
         default=0,
         help="MiB of thinker KV kept between a session's turns (realtime, duplex, chat with X-Session-Id),"
-        " so a turn prefills only what is new; least recently used sessions evicted first; default 0: off"
-        " (on an H100 it did not shorten the wait for first audio, and lengthened it at 8 sessions)",
+        " so a turn prefills only what is new, and as much again for the talker's KV of its prompt;"
+        " least recently used sessions evicted first; default 0: off (on an H100 it did not shorten the"
+        " wait for first audio, and lengthened it at 8 sessions, before several sessions' new parts"
+        " were prefilled as one batch)",
     )
     pipe.add_argument(
         "--remote-stage",

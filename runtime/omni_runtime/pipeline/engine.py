@@ -204,6 +204,9 @@ class PipelineEngine:
     def end_session(self, session_key: str) -> None:
         if self.stages is not None:
             self.stages.thinker.end_session(session_key)
+            talker = self.stages.talker
+            if talker is not None:
+                talker.end_session(session_key)
 
     def prefetch_media(self, media: Sequence[MediaInput], *, audio_prefix: bool = False) -> bool:
         if not self._ready or self.encoders is None:
@@ -318,7 +321,7 @@ class PipelineEngine:
                     first_token = event.token
                 elif generated == 2 and prompt_vectors is not None:
                     talker_job = self._talker_job(
-                        request, thinker_prompt, prompt_vectors, first_token, event.vector, voice
+                        request, thinker_prompt, prompt_vectors, first_token, event.vector, voice, job.reused
                     )
                     state["talker_job"] = talker_job
                     speaker = asyncio.get_running_loop().create_task(
@@ -370,6 +373,7 @@ class PipelineEngine:
         first_token: int,
         first_vector: Any,
         voice: str | None,
+        reused: int = 0,
     ) -> TalkerJob:
         max_codes, per_token = talker_limits(request)
         assert self.adapter is not None
@@ -400,6 +404,8 @@ class PipelineEngine:
             request_id=request.request_id,
             max_codes=max_codes,
             codes_per_text_token=per_token,
+            session=request.session_key,
+            prefix_limit=reused,  # the thinker's kept prefix: the talker's vectors there are kept ones
         )
         self._talker().submit(job)
         return job

@@ -122,6 +122,10 @@ class RemoteTalker:
             task.cancel()
         self._feeds.pop(job, None)
 
+    def end_session(self, session: str) -> None:
+        """Nothing kept here: a remote talker prefills each turn's whole prompt (its jobs carry no
+        session over the link)."""
+
     async def _feeder(self, job: TalkerJob) -> None:
         queue = self._feeds[job]
         while True:

@@ -53,6 +53,10 @@ class TalkerService(Protocol):
 
     def finish(self, job: TalkerJob, reason: FinishReason) -> None: ...
 
+    def end_session(self, session: str) -> None:
+        """Forget the session's kept talker KV."""
+        ...
+
 
 class StageCalls(Protocol):
     """The request/response stage calls (tensors travel as opaque values)."""

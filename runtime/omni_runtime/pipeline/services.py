@@ -84,7 +84,13 @@ class LocalStages:
             slots = min(options.max_batch_size, TALKER_SLOTS)
             max_len = options.max_model_len + 4096
             talker_runner = await thread.run(lambda: adapter.talker_runner(slots=slots, max_len=max_len))
-            self.talker = TalkerScheduler(talker_runner, thread=thread, max_batch=slots, max_len=max_len)
+            self.talker = TalkerScheduler(
+                talker_runner,
+                thread=thread,
+                max_batch=slots,
+                max_len=max_len,
+                session_kv_bytes=options.session_kv_mb << 20,
+            )
             self.talker.start()
             self.vocoder = await self._thread("vocoder").run(adapter.vocoder)
             self.vocoder_worker = BatchingWorker(

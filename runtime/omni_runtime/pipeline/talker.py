@@ -6,6 +6,14 @@ length does not advance, so its next real step overwrites the scratch cache entr
 thinker's text ends, a row is fed the text-EOS vector once and then text-PAD until it emits a
 codec end token (or reaches its budget). Codes go back to the request's consumer, which cuts them
 into vocoder windows (segmenter) and synthesises audio on the vocoder's own thread.
+
+Conversation KV (``--session-kv-mb``): when a session's row ends, the talker KV of its prompt part
+(the thinker prompt's positions, not the codes after them) is kept under the session key, and the
+session's next turn restores the part of it that is exactly what a full prefill would compute and
+prefills only the rest. The talker's prompt vectors come from the thinker, and for the positions
+the thinker reused they are the kept vectors, bit for bit the ones this talker prefilled last
+turn; so a talker row reuses at most what its thinker reused (``prefix_limit``), and at most the
+previous turn's prompt (the reply after it was fed as codes, not as prompt).
 """
 
 from __future__ import annotations
@@ -16,7 +24,10 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from omni_runtime.contract.adapter import TalkerAdmission, TalkerRunner
+from omni_runtime.pipeline.conversation_kv import ConversationKV, KeptPrefix, common_length
 from omni_runtime.pipeline.scheduler import FinishReason, plan_compaction
 from omni_runtime.pipeline.workers import SchedulerLoop, StageThread
 
@@ -45,6 +56,8 @@ class TalkerJob:
     length: int = 0
     codes: int = 0
     finish: FinishReason | None = None
+    session: str | None = None  # conversation KV: keep this row's prompt KV under this key
+    prefix_limit: int = 0  # prompt positions its thinker served from kept KV (the most it may reuse)
 
     def limit(self) -> int:
         if not self.text_done:
@@ -55,9 +68,19 @@ class TalkerJob:
 class TalkerScheduler(SchedulerLoop[TalkerJob]):
     task_name = "talker-scheduler"
 
-    def __init__(self, runner: TalkerRunner, *, thread: StageThread, max_batch: int, max_len: int) -> None:
+    def __init__(
+        self,
+        runner: TalkerRunner,
+        *,
+        thread: StageThread,
+        max_batch: int,
+        max_len: int,
+        session_kv_bytes: int = 0,
+    ) -> None:
         super().__init__()
         self.runner = runner
+        # Conversation KV: only a runner that can copy a slot's KV out and back keeps any.
+        self.kv = ConversationKV(session_kv_bytes if getattr(runner, "keeps_kv", False) else 0)
         self.thread = thread
         self.max_batch = min(max_batch, runner.slots)
         self.max_len = max_len
@@ -87,9 +110,48 @@ class TalkerScheduler(SchedulerLoop[TalkerJob]):
         self._end(job, reason)
         self._wake.set()
 
+    def end_session(self, session: str) -> None:
+        """Forget a session's kept talker KV (closed); its rows still queued or running keep none."""
+        self.kv.drop(session)
+        for job in (*self.waiting, *self.running):
+            if job.session == session:
+                job.session = None
+
     @property
     def active(self) -> int:
         return len(self.waiting) + sum(j.finish is None for j in self.running)
+
+    # -- conversation KV --------------------------------------------------------------------------
+    def _keeps(self, job: TalkerJob) -> bool:
+        """Whether a row that ended leaves its prompt's KV for its session's next turn."""
+        prompt = len(job.admission.input_ids)
+        return (
+            job.session is not None and self.kv.enabled and job.finish != "error" and job.length >= prompt > 0
+        )
+
+    def _keep(self, jobs: list[TalkerJob]) -> list[Any]:
+        """Talker thread: copy each ended session row's prompt KV out of its slot."""
+        kept: list[Any] = []
+        for job in jobs:
+            try:
+                kept.append(self.runner.keep(slot=job.slot, length=len(job.admission.input_ids)))  # type: ignore[attr-defined]
+            except Exception:  # a copy that fails (out of memory) costs the next turn a prefill
+                log.exception("keeping the talker KV of session %s failed", job.session)
+                kept.append(None)
+        return kept
+
+    def _take_kept(self, job: TalkerJob) -> None:
+        """Give an admitted row the part of its session's kept KV it may reuse."""
+        if job.session is None or not self.kv.enabled:
+            return
+        entry = self.kv.take(job.session)
+        if entry is None:
+            return
+        ids = job.admission.input_ids
+        length = min(job.prefix_limit, common_length(entry.ids, ids), len(ids) - 1)
+        self.kv.note_admission(reused=max(length, 0), prompt_tokens=len(ids))
+        if length > 0:
+            job.admission = replace(job.admission, prefix=entry.payload, prefix_length=length)
 
     def _next_input(self, job: TalkerJob) -> Any:
         if job.pending:
@@ -102,6 +164,21 @@ class TalkerScheduler(SchedulerLoop[TalkerJob]):
         return self.runner.text_vector("pad")
 
     async def _iteration(self) -> None:
+        keep = [j for j in self.running if j.finish is not None and self._keeps(j)]
+        if keep:  # before the compaction below moves other rows over their slots
+            kept = await self.thread.run(self._keep, keep)
+            for job, payload in zip(keep, kept, strict=True):
+                if payload is not None and job.session is not None:
+                    ids = np.asarray(job.admission.input_ids, dtype=np.int64)
+                    entry = KeptPrefix(
+                        ids=ids,
+                        positions=np.zeros((3, 0), dtype=np.int64),  # the thinker's reuse checked them
+                        payload=payload,
+                        nbytes=int(payload.nbytes),
+                        has_vectors=False,
+                    )
+                    self.kv.put(job.session, entry)
+                job.session = None  # kept once
         slots: list[int | None] = [i if j.finish is None else None for i, j in enumerate(self.running)]
         moves, table = plan_compaction(slots, set())
         old = self.running
@@ -114,6 +191,8 @@ class TalkerScheduler(SchedulerLoop[TalkerJob]):
         while self.waiting and len(self.running) + len(admit) < self.max_batch:
             admit.append(self.waiting.popleft())
         self._admitted(admit)
+        for job in admit:
+            self._take_kept(job)
         inputs = [self._next_input(j) for j in self.running]
         if not admit and all(v is None for v in inputs):
             if move_plan:

@@ -105,16 +105,24 @@ async def _end(harness: Harness, session: str) -> None:
 
 
 def test_speech_turns_hand_the_talker_the_same_prompt(speech_engine: Harness) -> None:
-    """A speech turn after a kept prefix: the thinker's tokens equal a full prefill's and the
-    talker (fed kept vectors for the prefix) speaks the same length of audio."""
+    """A speech turn after a kept prefix: the thinker's tokens equal a full prefill's; the talker
+    restores its own kept KV of the previous turn's prompt (where the thinker reused, so its
+    vectors there are the kept ones), prefills the rest, and speaks the same audio."""
+    talker_kv = speech_engine.engine.stages.local.talker.kv
     turns = [ChatTurn(role="user", text="Say hi.", media=(tone(0.5),))]
+    first_prompt = speech_engine.engine.adapter.preprocess(ask(turns, session=None)).input_ids
     first = speech_engine.collect(ask(turns, session="conv-s", want_audio=True))
     turns += [ChatTurn(role="assistant", text=reply_text(first)), ChatTurn(role="user", text="Again.")]
     before = settled(speech_engine)
+    talker_before = talker_kv.counters()
     kept = speech_engine.collect(ask(turns, session="conv-s", want_audio=True))
     after = settled(speech_engine)
+    talker_after = talker_kv.counters()
     full = speech_engine.collect(ask(turns, session=None, want_audio=True))
     assert after.session_kv_hits - before.session_kv_hits == 1
+    # the talker reused its previous prompt (the reply after it was codes, not prompt)
+    assert talker_after.hits - talker_before.hits == 1
+    assert talker_after.reused_tokens - talker_before.reused_tokens == len(first_prompt)
     assert token_ids(kept) == token_ids(full)
     audio = [np.concatenate([e.pcm for e in ev if isinstance(e, AudioChunk)]) for ev in (kept, full)]
     assert audio[0].size == audio[1].size > 0
@@ -328,3 +336,68 @@ def test_qwen3_suffixes_with_deepstack_images_prefill_as_one_batch() -> None:
         )
     finally:
         harness.close()
+
+
+def test_the_talker_after_its_kept_prompt_writes_the_cache_a_full_prefill_writes(
+    speech_engine: Harness,
+) -> None:
+    """Runner level, exact: a talker row restored from its session's kept prompt KV and prefilled
+    after it holds the same cache (every layer's keys and values, rotated at the suffix's own
+    positions) and draws the same greedy codes as a row prefilled in full, in one admission."""
+    import dataclasses
+
+    import torch
+
+    from omni_runtime.contract.adapter import RowSampling, TalkerAdmission
+
+    runner = speech_engine.engine.adapter.talker_runner(slots=4, max_len=512)
+    hidden = runner.talker.config.embedding_size
+    generator = torch.Generator().manual_seed(7)
+    ids = speech_engine.engine.adapter.preprocess(
+        ask([ChatTurn(role="user", text="Hi.")], session=None)
+    ).input_ids
+    more = ids[-5:] + ids[:7]
+    vectors = torch.randn(len(ids) + len(more), hidden, generator=generator)
+    voice = next(iter(runner.speakers))
+    greedy = RowSampling(temperature=0.0)
+    first = TalkerAdmission(
+        0, ids, {}, vectors[: len(ids)], 11, torch.randn(hidden, generator=generator), voice, greedy
+    )
+    runner.admit([first])
+    kept = runner.keep(slot=0, length=len(ids))
+    longer = dataclasses.replace(first, input_ids=[*ids, *more], prompt_vectors=vectors, first_token=12)
+    rows = [
+        dataclasses.replace(longer, slot=1, prefix=kept, prefix_length=len(ids)),
+        dataclasses.replace(longer, slot=2),
+    ]
+    codes = [runner.admit(rows)]
+    length = runner.prompt_length(longer)
+    cache = runner.decoder.cache
+    for layer in range(len(cache.keys)):
+        for buffers in (cache.keys, cache.values):
+            torch.testing.assert_close(
+                buffers[layer][1, :, :length], buffers[layer][2, :, :length], rtol=1e-4, atol=1e-5
+            )
+    pad = runner.text_vector("pad")
+    for i in range(6):
+        codes.append(runner.step(3, inputs=[None, pad, pad], max_length=length + 1 + i)[1:])
+    assert all(step[0] == step[1] for step in codes), codes
+
+
+def test_the_talker_reuses_no_more_than_its_thinker_did(speech_engine: Harness) -> None:
+    """Other audio where the first turn had some: the thinker's prefix stops at that audio's first
+    placeholder, and the talker (whose vectors past it are new) stops there too."""
+    talker_kv = speech_engine.engine.stages.local.talker.kv
+    first = [ChatTurn(role="user", text="Listen.", media=(noise(0.6, seed=3),))]
+    said = reply_text(speech_engine.collect(ask(first, session="conv-t", want_audio=True)))
+    other = [
+        ChatTurn(role="user", text="Listen.", media=(noise(0.6, seed=4),)),
+        ChatTurn(role="assistant", text=said),
+        ChatTurn(role="user", text="And now?"),
+    ]
+    before, talker_before = settled(speech_engine), talker_kv.counters()
+    speech_engine.collect(ask(other, session="conv-t", want_audio=True))
+    after, talker_after = settled(speech_engine), talker_kv.counters()
+    thinker_reused = after.session_kv_reused_tokens - before.session_kv_reused_tokens
+    assert thinker_reused > 0
+    assert talker_after.reused_tokens - talker_before.reused_tokens == thinker_reused

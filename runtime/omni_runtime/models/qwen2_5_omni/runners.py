@@ -267,6 +267,8 @@ class QwenThinkerRunner:
 class QwenTalkerRunner:
     """The talker LM (codec embedding + thinker_to_talker_proj + layers + codec_head)."""
 
+    keeps_kv = True  # conversation KV: ``keep`` and admissions after a kept prompt prefix
+
     def __init__(
         self,
         talker: Any,
@@ -329,16 +331,40 @@ class QwenTalkerRunner:
                 raise ValueError(f"talker slot {row.slot} outside 0..{self.slots - 1}")
         prompts = [self._prompt(row) for row in rows]
         lengths = [embeds.shape[0] for embeds, _, _ in prompts]
-        longest, hidden_size = max(lengths), prompts[0][0].shape[-1]
-        embeds = torch.zeros(len(rows), longest, hidden_size, dtype=self.dtype, device=self.device)
-        positions = torch.zeros(3, len(rows), longest, dtype=torch.long, device=self.device)
-        for i, (lm_input, pos, _) in enumerate(prompts):
-            embeds[i, : lengths[i]] = lm_input
-            positions[:, i, : lengths[i]] = pos[:, 0].to(self.device)
+        # A session's kept prompt KV goes back into the row's slot; the rest prefills after it.
+        offsets = [row.prefix_length if row.prefix is not None else 0 for row in rows]
+        for row, offset in zip(rows, offsets, strict=True):
+            if offset:
+                self.decoder.restore_kv(row.prefix, row.slot, offset)
+        out: list[Any] = [None] * len(rows)
+        fresh = [i for i, offset in enumerate(offsets) if not offset]
+        after = [i for i, offset in enumerate(offsets) if offset]
+        batches = [(fresh, False)] if fresh else []
+        for group in suffix_groups([offsets[i] for i in after], [lengths[i] for i in after], self.max_len):
+            batches.append(([after[k] for k in group], True))
+        for which, kept in batches:
+            width = max(lengths[i] - offsets[i] for i in which)
+            embeds = torch.zeros(
+                len(which), width, prompts[0][0].shape[-1], dtype=self.dtype, device=self.device
+            )
+            positions = torch.zeros(3, len(which), width, dtype=torch.long, device=self.device)
+            for k, i in enumerate(which):
+                lm_input, pos, _ = prompts[i]
+                start, n = offsets[i], lengths[i] - offsets[i]
+                embeds[k, :n] = lm_input[start:]
+                positions[:, k, :n] = pos[:, 0, start:].to(self.device)
+            logits, _ = self.decoder.prefill(
+                slots=[rows[i].slot for i in which],
+                embeds=embeds,
+                positions=positions,
+                lengths=[lengths[i] - offsets[i] for i in which],
+                want_hidden=False,
+                offsets=[offsets[i] for i in which] if kept else None,
+            )
+            for k, i in enumerate(which):
+                out[i] = logits[k : k + 1]
+        logits = torch.cat(out)
         slots = [row.slot for row in rows]
-        logits, _ = self.decoder.prefill(
-            slots=slots, embeds=embeds, positions=positions, lengths=lengths, want_hidden=False
-        )
         for row in rows:
             history = [self.codec_mask] * len(row.input_ids) + [self.codec_pad, self.codec_bos]
             # As generate(): the codec BOS is never sampled.
@@ -350,6 +376,11 @@ class QwenTalkerRunner:
         self.decoder.lengths[index] = torch.tensor(lengths, device=self.device)
         self.decoder.rope_delta[index] = torch.tensor([delta for _, _, delta in prompts], device=self.device)
         return [int(c) for c in codes.tolist()]
+
+    @torch.inference_mode()
+    def keep(self, *, slot: int, length: int) -> torch.Tensor:
+        """The slot's first ``length`` positions (a session's prompt), kept for its next turn."""
+        return self.decoder.keep_kv(slot, length)
 
     def _prompt(self, row: TalkerAdmission) -> tuple[torch.Tensor, torch.Tensor, int]:
         """One row's talker prompt: its input vectors [L, H], rope positions [3, 1, L] and delta."""
