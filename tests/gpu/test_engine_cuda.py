@@ -157,13 +157,13 @@ def test_suffixes_after_several_kept_prefixes_prefill_as_one_batch(tiny_cuda) ->
         batches.append(len(which)),
         prefill_suffixes(all_rows, which, *rest),
     )[1]
-    tokens = [[t for t, _ in runner.admit(rows)]]
-    longest = max(len(r.prompt.input_ids) for r in rows)
-    for i in range(8):
-        tokens.append(runner.step(6, vector_slots=[], max_length=longest + 1 + i).tokens)
+    firsts = [t for t, _ in runner.admit(rows)]  # kept rows first, then the fresh ones
     assert batches == [2] and [r.reused for r in rows[:2]] == [r.prefix_length for r in rows[:2]]
-    for step in tokens:  # the kept rows (slots 2, 3) and the fresh ones (4, 5) agree
-        assert step[2:4] == step[4:6], tokens
+    assert firsts[:2] == firsts[2:], firsts
+    longest = max(len(r.prompt.input_ids) for r in rows)
+    steps = [runner.step(6, vector_slots=[], max_length=longest + 1 + i).tokens for i in range(8)]
+    for step in steps:  # the kept rows (slots 2, 3) and the fresh ones (4, 5) agree
+        assert step[2:4] == step[4:6], steps
 
 
 def test_batched_greedy_equals_single_on_cuda(loop: Loop, tiny_cuda) -> None:
