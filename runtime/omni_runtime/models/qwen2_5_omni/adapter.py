@@ -248,6 +248,7 @@ class Qwen25OmniAdapter(OmniAdapter):
         slots: int,
         max_len: int,
         what: str,
+        reserve_bytes: int = 0,
     ) -> int:
         return fit_slots(
             config=config,
@@ -257,6 +258,7 @@ class Qwen25OmniAdapter(OmniAdapter):
             slots=slots,
             max_len=max_len,
             what=what,
+            reserve_bytes=reserve_bytes,
         )
 
     @property
@@ -290,6 +292,7 @@ class Qwen25OmniAdapter(OmniAdapter):
             slots=slots,
             max_len=max_len,
             what="talker",
+            reserve_bytes=self.session_kv_bytes,  # the talker's kept prompt KV (pipeline/talker.py)
         )
         return QwenTalkerRunner(
             self.loaded.talker,
