@@ -15,11 +15,17 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from omni_runtime.contract.engine import WAIT_BUCKETS, EngineStats
+from omni_runtime.contract.engine import WAIT_BUCKETS, EngineStats, TimeHistogram
 from omni_runtime.support.gc_pauses import GcPauses
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
 _RATE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+
+
+def _buckets(histogram: TimeHistogram) -> list[tuple[str, float]]:
+    """A TimeHistogram's cumulative buckets, as Prometheus exposes them (``le`` bounds, then +Inf)."""
+    bounds = [*(str(b) for b in WAIT_BUCKETS), "+Inf"]
+    return list(zip(bounds, itertools.accumulate(histogram.counts), strict=True))
 
 
 class _EngineCollector(Collector):
@@ -66,13 +72,9 @@ class _EngineCollector(Collector):
             "vocoder window and the rest), all (encoder requests).",
             labels=["stage", "kind"],
         )
-        bounds = [*(str(b) for b in WAIT_BUCKETS), "+Inf"]
         for load in stats.stages:
             for wait in load.waits:
-                cumulative = list(itertools.accumulate(wait.counts))
-                waits.add_metric(
-                    [load.stage, wait.kind], list(zip(bounds, cumulative, strict=True)), wait.sum_s
-                )
+                waits.add_metric([load.stage, wait.kind], _buckets(wait), wait.sum_s)
             working.add_metric([load.stage], 1.0 if load.working else 0.0)
             busy.add_metric([load.stage], load.busy_s)
             calls.add_metric([load.stage], load.calls)
@@ -86,6 +88,17 @@ class _EngineCollector(Collector):
         yield after_cancel
         yield working
         yield waits
+        phases = HistogramMetricFamily(
+            "omni_first_audio_phase_seconds",
+            "Where a streaming speech reply's time to first audio went, by phase, in order: prompt "
+            "(preprocessing, media encoders), first_token (thinker admission and prefill), "
+            "talker_first_code, first_window_codes (the first window's codes, at the thinker's pace), "
+            "first_window (the vocoder's line and synthesis).",
+            labels=["phase"],
+        )
+        for phase in stats.first_audio_phases:
+            phases.add_metric([phase.kind], _buckets(phase), phase.sum_s)
+        yield phases
         yield GaugeMetricFamily(
             "omni_queue_depth", "Requests waiting for a thinker slot.", value=stats.queue_depth
         )

@@ -19,7 +19,10 @@ behind the router): the stage near 1.0 is the one the turns queued behind. ``wai
 and kind of work, what waited for that stage's calls during the round (``omni_stage_wait_seconds``):
 how many, their mean, and the share that waited over 0.1 s; ``vocoder/first`` is how long each
 reply's first audio window queued behind other windows, ``talker/admission`` how long a reply's
-talker waited for a step.
+talker waited for a step. ``first_audio_phases`` splits the worker's own time to first audio
+of the round's replies (``omni_first_audio_phase_seconds``): prompt, first_token,
+talker_first_code, first_window_codes, first_window; their means add up to the worker's part of
+the wait.
 """
 
 from __future__ import annotations
@@ -204,42 +207,57 @@ def stage_shares(before: str, after: str, wall_s: float) -> dict[str, float]:
 
 
 WAIT = "omni_stage_wait_seconds"
+PHASE = "omni_first_audio_phase_seconds"
 
 
-def _wait_samples(text: str) -> dict[tuple[str, str], dict[str, float]]:
-    """(stage, kind) -> count, sum and the count at or under 0.1 s, from one /metrics text."""
-    found: dict[tuple[str, str], dict[str, float]] = {}
+def _histogram_samples(text: str, name: str, labels: tuple[str, ...]) -> dict[str, dict[str, float]]:
+    """``a/b`` (the ``labels``' values) -> count, sum and the count at or under 0.1 s, from one
+    /metrics text's histogram ``name``."""
+    found: dict[str, dict[str, float]] = {}
     for family in text_string_to_metric_families(text):
-        if family.name != WAIT:
+        if family.name != name:
             continue
         for sample in family.samples:
-            row = found.setdefault((sample.labels["stage"], sample.labels["kind"]), {})
-            if sample.name == WAIT + "_count":
+            row = found.setdefault("/".join(sample.labels[label] for label in labels), {})
+            if sample.name == name + "_count":
                 row["count"] = sample.value
-            elif sample.name == WAIT + "_sum":
+            elif sample.name == name + "_sum":
                 row["sum"] = sample.value
-            elif sample.name == WAIT + "_bucket" and float(sample.labels["le"]) == 0.1:
+            elif sample.name == name + "_bucket" and float(sample.labels["le"]) == 0.1:
                 row["within"] = sample.value
     return found
 
 
-def stage_waits(before: str, after: str) -> dict[str, dict[str, float]]:
-    """What waited for each stage's calls between two /metrics texts, by ``stage/kind``: the
-    count, the mean wait and the share over 0.1 s (kinds with nothing new are left out)."""
-    old, new = _wait_samples(before), _wait_samples(after)
-    waits: dict[str, dict[str, float]] = {}
-    for (stage, kind), row in sorted(new.items()):
-        was = old.get((stage, kind), {})
+def histogram_deltas(
+    before: str, after: str, name: str, labels: tuple[str, ...]
+) -> dict[str, dict[str, float]]:
+    """What a histogram gained between two /metrics texts, per series: the count, the mean and
+    the share over 0.1 s (series with nothing new are left out)."""
+    old, new = _histogram_samples(before, name, labels), _histogram_samples(after, name, labels)
+    gained: dict[str, dict[str, float]] = {}
+    for key, row in sorted(new.items()):
+        was = old.get(key, {})
         count = row.get("count", 0.0) - was.get("count", 0.0)
         if count <= 0:
             continue
         over = count - (row.get("within", 0.0) - was.get("within", 0.0))
-        waits[f"{stage}/{kind}"] = {
+        gained[key] = {
             "n": int(count),
             "mean_s": round((row.get("sum", 0.0) - was.get("sum", 0.0)) / count, 4),
             "over_0.1s": round(over / count, 3),
         }
-    return waits
+    return gained
+
+
+def stage_waits(before: str, after: str) -> dict[str, dict[str, float]]:
+    """What waited for each stage's calls between two /metrics texts, by ``stage/kind``."""
+    return histogram_deltas(before, after, WAIT, ("stage", "kind"))
+
+
+def first_audio_phases(before: str, after: str) -> dict[str, dict[str, float]]:
+    """Where the round's replies' time to first audio went inside the worker, by phase (in the
+    worker's order: ``omni_first_audio_phase_seconds``)."""
+    return histogram_deltas(before, after, PHASE, ("phase",))
 
 
 async def _metrics(url: str | None) -> str | None:
@@ -263,7 +281,11 @@ async def measure(probe: Probe, *, concurrency: int) -> dict[str, Any]:
     stages = (
         {}
         if before is None or after is None
-        else {"stages": stage_shares(before, after, wall), "waits": stage_waits(before, after)}
+        else {
+            "stages": stage_shares(before, after, wall),
+            "waits": stage_waits(before, after),
+            "first_audio_phases": first_audio_phases(before, after),
+        }
     )
     return {
         "concurrency": concurrency,

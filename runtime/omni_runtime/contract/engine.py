@@ -113,18 +113,19 @@ class GpuMemory:
     ooms: int = 0
 
 
-# Upper bounds (seconds) of the buckets of a stage's waits (``StageWait``), +Inf after the last.
+# Upper bounds (seconds) of a ``TimeHistogram``'s buckets, +Inf after the last.
 WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 @dataclass(frozen=True)
-class StageWait:
-    """How long work waited at one stage before its call started, as a histogram (counters).
+class TimeHistogram:
+    """Durations of one kind, as a histogram (counters): what waited at a stage, or one phase of
+    the way to a reply's first audio.
 
-    ``kind`` says what waited: ``admission`` (a scheduler's request, submitted until taken into a
-    step), ``first`` and ``later`` (a vocoder's first windows of a stream and the rest), ``all``
-    (an encoder's requests). ``counts`` has one count per bucket of ``WAIT_BUCKETS`` plus one past
-    the last (not cumulative).
+    A stage's ``kind`` says what waited: ``admission`` (a scheduler's request, submitted until
+    taken into a step), ``first`` and ``later`` (a vocoder's first windows of a stream and the
+    rest), ``all`` (an encoder's requests). A phase's ``kind`` is its name (``FIRST_AUDIO_PHASES``).
+    ``counts`` has one count per bucket of ``WAIT_BUCKETS`` plus one past the last (not cumulative).
     """
 
     kind: str
@@ -134,6 +135,17 @@ class StageWait:
     @property
     def count(self) -> int:
         return sum(self.counts)
+
+
+# The way of a streaming speech reply to its first audio, in order; their sum is the engine's time
+# to first audio (omni_first_audio_phase_seconds{phase}).
+FIRST_AUDIO_PHASES = (
+    "prompt",  # accepted -> the thinker job submitted: preprocessing, media encoders, aggregation
+    "first_token",  # -> the thinker's first token: its admission wait and prefill
+    "talker_first_code",  # -> the talker's first code: the second token, the talker's admission
+    "first_window_codes",  # -> the first window's codes all made, at the thinker's token pace
+    "first_window",  # -> its audio back from the vocoder: the wait in line and the synthesis
+)
 
 
 @dataclass(frozen=True)
@@ -155,7 +167,7 @@ class StageLoad:
     cancelled: int = 0
     after_cancel_s: float = 0.0
     working: bool = False  # a call running or waiting for the thread now
-    waits: tuple[StageWait, ...] = ()  # what waited for this stage's calls, by kind
+    waits: tuple[TimeHistogram, ...] = ()  # what waited for this stage's calls, by kind
 
 
 @dataclass(frozen=True)
@@ -177,6 +189,7 @@ class EngineStats:
     # Conversation KV (pipeline/conversation_kv.py): sessions with kept thinker KV, its bytes and
     # budget; session turns admitted after a kept prefix (hits) or prefilled in full (misses),
     # prompt tokens served from kept KV, and entries dropped for room.
+    first_audio_phases: tuple[TimeHistogram, ...] = ()  # streaming speech replies, by phase
     session_kv_entries: int = 0
     session_kv_bytes: int = 0
     session_kv_capacity_bytes: int = 0

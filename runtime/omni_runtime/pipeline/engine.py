@@ -17,13 +17,14 @@ import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
 from omni_runtime.contract.adapter import OmniAdapter, RowSampling, TalkerAdmission, ThinkerPrompt
 from omni_runtime.contract.engine import (
+    FIRST_AUDIO_PHASES,
     AudioChunk,
     EngineError,
     EngineEvent,
@@ -49,6 +50,7 @@ from omni_runtime.pipeline.stage_set import StageSet, attach_remote_stages
 from omni_runtime.pipeline.talker import TalkerDone, TalkerJob
 from omni_runtime.pipeline.validate import row_sampling, talker_limits, validate_request
 from omni_runtime.pipeline.warmup import warm_prefix
+from omni_runtime.pipeline.workers import TimeCounts
 
 log = logging.getLogger(__name__)
 # Both families' feature extractors (Whisper's) make one frame per 10 ms of 16 kHz audio.
@@ -78,6 +80,7 @@ class PipelineEngine:
         # the thinker shares with the vocoder; None never pauses it.
         self.thinker_hold_below_s: float | None = None
         self._before_first_audio = 0  # streaming speech replies that have not sent audio yet
+        self.first_audio_phases = TimeCounts()  # FIRST_AUDIO_PHASES of streaming speech replies
 
     @property
     def ready(self) -> bool:
@@ -174,6 +177,7 @@ class PipelineEngine:
             prefetch_done=prefetch.done if prefetch else 0,
             prefetch_failed=prefetch.failed if prefetch else 0,
             **self._session_kv_stats(),
+            first_audio_phases=self.first_audio_phases.snapshot(),
             gpus=gpu_memory(),
         )
 
@@ -276,6 +280,7 @@ class PipelineEngine:
     ) -> None:
         stages, adapter, encoders = self.stages, self.adapter, self.encoders
         assert stages is not None and adapter is not None and encoders is not None  # generate() checked
+        marks = FirstAudioMarks(accepted=time.monotonic())
         prompt = await stages.preprocess(request)
         audio, image, video = await encoders.encode(prompt)
         thinker_prompt = await stages.aggregate(prompt, audio=audio, image=image, video=video)
@@ -291,6 +296,7 @@ class PipelineEngine:
         )
         state["thinker_job"] = job
         stages.thinker.submit(job)
+        marks.submitted = time.monotonic()
         detok = IncrementalDetokenizer(adapter.tokenizer)
         stops = StopMatcher(sp.stop)
         eos = frozenset(adapter.eos_token_ids)
@@ -319,13 +325,14 @@ class PipelineEngine:
             if request.want_audio:
                 if generated == 1:
                     first_token = event.token
+                    marks.first_token = time.monotonic()
                 elif generated == 2 and prompt_vectors is not None:
                     talker_job = self._talker_job(
                         request, thinker_prompt, prompt_vectors, first_token, event.vector, voice, job.reused
                     )
                     state["talker_job"] = talker_job
                     speaker = asyncio.get_running_loop().create_task(
-                        self._speak(request, talker_job, voice, out)
+                        self._speak(request, talker_job, voice, out, marks)
                     )
                     state.setdefault("tasks", []).append(speaker)
                 elif talker_job is not None:
@@ -411,7 +418,12 @@ class PipelineEngine:
         return job
 
     async def _speak(
-        self, request: GenerationRequest, job: TalkerJob, voice: str | None, out: asyncio.Queue
+        self,
+        request: GenerationRequest,
+        job: TalkerJob,
+        voice: str | None,
+        out: asyncio.Queue,
+        marks: FirstAudioMarks | None = None,
     ) -> float:
         """Talker codes -> segmenter windows -> vocoder -> audio chunks; returns seconds of audio.
 
@@ -430,7 +442,9 @@ class PipelineEngine:
         if streaming:
             self._before_first_audio += 1
         try:
-            return await self._speak_windows(request, job, voice, out, segmenter, streaming, seed, clock)
+            return await self._speak_windows(
+                request, job, voice, out, segmenter, streaming, seed, clock, marks if streaming else None
+            )
         finally:
             if streaming and clock.ends_at is None:  # ended (or failed) before its first audio
                 self._before_first_audio -= 1
@@ -445,6 +459,7 @@ class PipelineEngine:
         streaming: bool,
         seed: int,
         clock: PlaybackClock,
+        marks: FirstAudioMarks | None,
     ) -> float:
         standard = segmenter.recurring_sizes()
         codes: list[Any] = []  # codec tokens, or frames (a tuple of codes per codebook)
@@ -453,6 +468,8 @@ class PipelineEngine:
         done = False
         while True:
             done = _take_codes([await job.events.get()], job, codes) or done
+            if marks is not None and codes and marks.first_code is None:
+                marks.first_code = time.monotonic()
             if not streaming:
                 windows = [widen_to_recurring(w, standard) for w in segmenter.push(len(codes), done=done)]
                 if windows:
@@ -473,12 +490,16 @@ class PipelineEngine:
                 # Seconds until this stream's listener runs dry; None before its first audio.
                 slack = clock.slack(now=time.monotonic())
                 item = window_item(codes, window, voice=voice, seed=seed, sizes=standard, slack_s=slack)
+                if marks is not None and marks.window_asked is None:
+                    marks.window_asked = time.monotonic()
                 async with self._window_hold(slack):
                     pcm = await self.stages.synthesize(item)
                 samples += len(pcm)
                 out.put_nowait(AudioChunk(pcm=pcm, sample_rate=self.output_sample_rate))
                 if clock.ends_at is None:  # this stream's first audio
                     self._before_first_audio -= 1
+                    if marks is not None:
+                        marks.record(self.first_audio_phases, audio=time.monotonic())
                 clock.sent(now=time.monotonic(), seconds=len(pcm) / self.output_sample_rate)
                 done = _take_codes([], job, codes) or done
             if done:
@@ -499,3 +520,25 @@ def _take_codes(events: list[Any], job: TalkerJob, codes: list[Any]) -> bool:
         else:
             codes.extend(event)
     return done
+
+
+@dataclass
+class FirstAudioMarks:
+    """When a streaming speech reply passed each step on its way to first audio (monotonic)."""
+
+    accepted: float
+    submitted: float | None = None
+    first_token: float | None = None
+    first_code: float | None = None
+    window_asked: float | None = None
+
+    def record(self, phases: TimeCounts, *, audio: float) -> None:
+        """Each FIRST_AUDIO_PHASES duration into ``phases``, once the first audio is out."""
+        ends = (self.submitted, self.first_token, self.first_code, self.window_asked, audio)
+        if any(end is None for end in ends):
+            return  # a path that skipped a step (no talker code before a window): nothing to split
+        begin = self.accepted
+        for phase, end in zip(FIRST_AUDIO_PHASES, ends, strict=True):
+            assert end is not None
+            phases.observe(phase, max(end - begin, 0.0))
+            begin = end

@@ -20,7 +20,7 @@ from omni_runtime.pipeline.remote import LinkedStages
 from omni_runtime.pipeline.scheduler import ThinkerScheduler
 from omni_runtime.pipeline.segmenter import CodecSegmenter, family_config
 from omni_runtime.pipeline.talker import TalkerScheduler
-from omni_runtime.pipeline.workers import BatchingWorker, StageThread, WaitCounts
+from omni_runtime.pipeline.workers import BatchingWorker, StageThread, TimeCounts
 
 log = logging.getLogger(__name__)
 
@@ -160,18 +160,18 @@ class LocalStages:
         """Busy time, calls, items and cancellations of each stage thread (``omni_stage_*`` metrics)."""
         items: dict[str, int] = {}
         cancelled: dict[str, int] = {}
-        waits: dict[str, WaitCounts] = {}
+        waits: dict[str, TimeCounts] = {}
         for worker in (self.audio, self.vision, self.vocoder_worker):
             if worker is not None:
                 name = worker.thread.name
                 items[name] = items.get(name, 0) + worker.items
                 cancelled[name] = cancelled.get(name, 0) + worker.dropped
-                waits.setdefault(name, WaitCounts()).add(worker.waits)
+                waits.setdefault(name, TimeCounts()).add(worker.waits)
         for scheduler in (self.thinker, self.talker):
             if scheduler is not None:
                 items[scheduler.thread.name] = scheduler.rows_stepped
                 cancelled[scheduler.thread.name] = scheduler.cancelled
-                waits.setdefault(scheduler.thread.name, WaitCounts()).add(scheduler.waits)
+                waits.setdefault(scheduler.thread.name, TimeCounts()).add(scheduler.waits)
         threads = [self._pre_pool, *self.threads.values()]
         return tuple(
             StageLoad(

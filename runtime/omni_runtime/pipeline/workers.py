@@ -22,7 +22,7 @@ from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
 
-from omni_runtime.contract.engine import WAIT_BUCKETS, StageWait
+from omni_runtime.contract.engine import WAIT_BUCKETS, TimeHistogram
 from omni_runtime.pipeline import deadlines
 
 log = logging.getLogger(__name__)
@@ -157,8 +157,8 @@ class _Call:
         self.abandoned = False
 
 
-class WaitCounts:
-    """Histograms of how long work waited for a stage's calls, by kind (``StageWait``)."""
+class TimeCounts:
+    """Histograms of how long work waited for a stage's calls, by kind (``TimeHistogram``)."""
 
     def __init__(self) -> None:
         self._counts: dict[str, list[int]] = {}
@@ -169,13 +169,13 @@ class WaitCounts:
         counts[bisect.bisect_left(WAIT_BUCKETS, seconds)] += 1
         self._sums[kind] = self._sums.get(kind, 0.0) + seconds
 
-    def snapshot(self) -> tuple[StageWait, ...]:
+    def snapshot(self) -> tuple[TimeHistogram, ...]:
         return tuple(
-            StageWait(kind=kind, counts=tuple(counts), sum_s=self._sums[kind])
+            TimeHistogram(kind=kind, counts=tuple(counts), sum_s=self._sums[kind])
             for kind, counts in sorted(self._counts.items())
         )
 
-    def add(self, other: WaitCounts) -> None:
+    def add(self, other: TimeCounts) -> None:
         """Count ``other``'s waits here too (two workers sharing one stage thread)."""
         for kind, counts in other._counts.items():
             mine = self._counts.setdefault(kind, [0] * (len(WAIT_BUCKETS) + 1))
@@ -221,7 +221,7 @@ class BatchingWorker(Generic[T, R]):
         self.items = 0  # counted when a batch starts: a window of a cancelled request never adds one
         self.max_batch_seen = 0
         self.dropped = 0  # queued items skipped unrun because their caller was cancelled
-        self.waits = WaitCounts()  # submitted until its batch's call started, by window_kind
+        self.waits = TimeCounts()  # submitted until its batch's call started, by window_kind
         self._queued: dict[asyncio.Future[R], tuple[float, str]] = {}  # future -> (when, kind)
 
     def start(self) -> None:
@@ -333,7 +333,7 @@ class SchedulerLoop(Generic[JobT]):
         self.running: list[JobT] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self.waits = WaitCounts()  # kind "admission": submitted until taken into a step
+        self.waits = TimeCounts()  # kind "admission": submitted until taken into a step
         self._submitted: dict[int, float] = {}  # id(job) -> when, while it waits
 
     def _admitted(self, jobs: list[JobT]) -> None:

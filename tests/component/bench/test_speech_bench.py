@@ -155,6 +155,18 @@ def test_the_realtime_probe_splits_each_turn_into_its_phases(worker_url: str) ->
     waits = result["waits"]
     assert waits["thinker/admission"]["n"] == 2, waits
     assert all(w["n"] > 0 and w["mean_s"] >= 0 and 0 <= w["over_0.1s"] <= 1 for w in waits.values()), waits
+    # The worker's own split of each reply's way to first audio: every phase once per reply with audio.
+    heard = sum(1 for row in result["by_turn"] if row["median_s"] is not None)
+    phases = result["first_audio_phases"]
+    if heard:
+        assert set(phases) == {
+            "prompt",
+            "first_token",
+            "talker_first_code",
+            "first_window_codes",
+            "first_window",
+        }, phases
+        assert all(p["n"] == heard for p in phases.values()), phases
     rows = result["by_turn"]
     assert [r["turn_index"] for r in rows] == [1, 2]
     assert rows[1]["input_tokens"] > rows[0]["input_tokens"] > 0

@@ -155,3 +155,35 @@ def _streaming(*, talker_tokens: int) -> Any:
     req = request("Say something", max_tokens=24, want_audio=True, talker_tokens=talker_tokens)
     assert req.stream_audio  # audio windows as the codes come (the streaming-speech engine)
     return req
+
+
+def test_first_audio_splits_into_the_engine_s_phases(speech_engine: Harness) -> None:
+    """One streaming reply adds one duration to each FIRST_AUDIO_PHASES histogram, and they add up
+    to no more than the time to first audio the caller saw."""
+    import time
+
+    from omni_runtime.contract.engine import FIRST_AUDIO_PHASES
+
+    engine: Any = speech_engine.engine
+
+    def sums() -> dict[str, tuple[int, float]]:
+        return {h.kind: (h.count, h.sum_s) for h in engine.stats().first_audio_phases}
+
+    before = sums()
+
+    async def first_audio() -> tuple[float, list]:
+        began, seen, events = time.monotonic(), None, []
+        async for event in engine.generate(_streaming(talker_tokens=60)):
+            if isinstance(event, AudioChunk) and seen is None:
+                seen = time.monotonic() - began
+            events.append(event)
+        assert seen is not None
+        return seen, events
+
+    ttfa, events = speech_engine.run(first_audio())
+    after = sums()
+    assert finished(events).reason == "length"
+    added = {phase: after[phase][1] - before.get(phase, (0, 0.0))[1] for phase in FIRST_AUDIO_PHASES}
+    assert all(after[phase][0] - before.get(phase, (0, 0.0))[0] == 1 for phase in FIRST_AUDIO_PHASES)
+    assert all(seconds >= 0 for seconds in added.values()), added
+    assert 0 < sum(added.values()) <= ttfa, (added, ttfa)

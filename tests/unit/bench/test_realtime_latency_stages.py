@@ -10,7 +10,7 @@ import pytest
 from scripted_realtime import scripted_server  # beside this file
 
 from omni_runtime.bench.cancel_tail import metrics_url_of
-from omni_runtime.bench.realtime_latency import Probe, measure, stage_shares, stage_waits
+from omni_runtime.bench.realtime_latency import Probe, first_audio_phases, measure, stage_shares, stage_waits
 
 BEFORE = """\
 omni_stage_busy_seconds_total{stage="thinker"} 10.0
@@ -114,3 +114,19 @@ def _waits(stage: str, kind: str, buckets: list[float], total: float) -> str:
 )
 def test_stage_waits(before: str, after: str, waits: dict) -> None:
     assert stage_waits(before, after) == waits
+
+
+def test_first_audio_phases_per_round() -> None:
+    def phase(name: str, buckets: list[float], total: float) -> str:
+        text = _waits("x", "y", buckets, total).replace(
+            "omni_stage_wait_seconds", "omni_first_audio_phase_seconds"
+        )
+        return (
+            text.replace('kind="y",', "")
+            .replace(',stage="x"', f',phase="{name}"')
+            .replace('{stage="x"}', f'{{phase="{name}"}}')
+        )
+
+    before = phase("first_window", [1, 1, 1, 1, 1, 1, 1, 1, 1, 1], 0.004)
+    after = phase("first_window", [1, 1, 1, 2, 2, 3, 3, 3, 3, 3], 0.2)
+    assert first_audio_phases(before, after) == {"first_window": {"n": 2, "mean_s": 0.098, "over_0.1s": 0.5}}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from omni_runtime.contract.engine import WAIT_BUCKETS
-from omni_runtime.pipeline.workers import SchedulerLoop, WaitCounts, window_kind
+from omni_runtime.pipeline.workers import SchedulerLoop, TimeCounts, window_kind
 
 
 @pytest.mark.parametrize(
@@ -24,7 +24,7 @@ from omni_runtime.pipeline.workers import SchedulerLoop, WaitCounts, window_kind
 def test_a_wait_lands_in_the_bucket_whose_bound_is_the_first_not_below_it(
     seconds: float, bucket: int
 ) -> None:
-    waits = WaitCounts()
+    waits = TimeCounts()
     waits.observe("first", seconds)
     (wait,) = waits.snapshot()
     expected = [0] * (len(WAIT_BUCKETS) + 1)
@@ -41,11 +41,11 @@ def test_a_queued_item_s_kind_comes_from_its_place_in_line(key, kind: str) -> No
 
 
 def test_two_workers_on_one_thread_add_up_by_kind() -> None:
-    audio, vision = WaitCounts(), WaitCounts()
+    audio, vision = TimeCounts(), TimeCounts()
     audio.observe("all", 0.002)
     vision.observe("all", 0.2)
     vision.observe("admission", 0.03)
-    total = WaitCounts()
+    total = TimeCounts()
     total.add(audio)
     total.add(vision)
     got = {w.kind: (w.count, round(w.sum_s, 6)) for w in total.snapshot()}
