@@ -278,7 +278,7 @@ async def measure(probe: Probe, *, concurrency: int) -> dict[str, Any]:
     wall = time.monotonic() - began
     after = await _metrics(probe.metrics_url)
     values = [sample.latency_s for session in results for sample in session]
-    stages = (
+    worker = (
         {}
         if before is None or after is None
         else {
@@ -300,7 +300,7 @@ async def measure(probe: Probe, *, concurrency: int) -> dict[str, Any]:
         },
         "by_turn": by_turn(list(results)),
         "wall_s": round(wall, 3),
-        **stages,
+        **worker,
     }
 
 

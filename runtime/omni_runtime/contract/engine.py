@@ -186,10 +186,10 @@ class EngineStats:
     prefetch_submitted: int = 0
     prefetch_done: int = 0
     prefetch_failed: int = 0
+    first_audio_phases: tuple[TimeHistogram, ...] = ()  # streaming speech replies, by phase
     # Conversation KV (pipeline/conversation_kv.py): sessions with kept thinker KV, its bytes and
     # budget; session turns admitted after a kept prefix (hits) or prefilled in full (misses),
     # prompt tokens served from kept KV, and entries dropped for room.
-    first_audio_phases: tuple[TimeHistogram, ...] = ()  # streaming speech replies, by phase
     session_kv_entries: int = 0
     session_kv_bytes: int = 0
     session_kv_capacity_bytes: int = 0

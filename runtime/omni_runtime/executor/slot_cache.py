@@ -70,6 +70,22 @@ def add_after_layers(
     return add
 
 
+def right_padded(
+    rows: list[tuple[torch.Tensor, torch.Tensor]], *, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A prefill batch from ``(embeds [n, H], positions [3, n])`` per row: ``embeds`` [b, L, H]
+    and ``positions`` [3, b, L], each row at the start of its line and zeros after it (L: the
+    longest row). Host tensors reach the device in queued copies (``host_copy.to_device``)."""
+    width = max(embeds.shape[0] for embeds, _ in rows)
+    out = torch.zeros(len(rows), width, rows[0][0].shape[-1], dtype=dtype, device=device)
+    positions = torch.zeros(3, len(rows), width, dtype=torch.int64, device=device)
+    for k, (embeds, where) in enumerate(rows):
+        n = embeds.shape[0]
+        out[k, :n] = to_device(embeds, device, dtype)
+        positions[:, k, :n] = to_device(where, device)
+    return out, positions
+
+
 def suffix_mask(offsets: list[int], width: int, *, device: torch.device | str = "cpu") -> torch.Tensor:
     """Attention mask [b, 1, width, max(offsets) + width] of suffixes prefilled after kept
     prefixes: row r's query j (its position offsets[r] + j) sees keys 0..offsets[r] + j of its

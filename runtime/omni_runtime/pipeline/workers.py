@@ -40,8 +40,8 @@ class StageThread:
     ``after_cancel_s`` is the part of it spent after a request in the running call was cancelled
     (``note_cancel``): the work a cancel could not stop, at most the rest of one call. A call that
     runs on for longer than ``SLOW_AFTER_CANCEL_S`` past a cancel is logged with its name and the
-    thread's CPU time in it (``last_after_cancel``): little CPU in a long call means it waited for the
-    GPU, behind other stages' kernels.
+    thread's CPU time in it (``last_after_cancel``): little CPU in a long call means it waited, for
+    the GPU behind other stages' kernels or for the GIL behind another thread.
     """
 
     SLOW_AFTER_CANCEL_S = 0.05
@@ -158,7 +158,8 @@ class _Call:
 
 
 class TimeCounts:
-    """Histograms of how long work waited for a stage's calls, by kind (``TimeHistogram``)."""
+    """Histograms of durations by kind (``TimeHistogram``): how long work waited for a stage's
+    calls, or how long each phase of a reply's way to first audio took."""
 
     def __init__(self) -> None:
         self._counts: dict[str, list[int]] = {}
@@ -176,7 +177,7 @@ class TimeCounts:
         )
 
     def add(self, other: TimeCounts) -> None:
-        """Count ``other``'s waits here too (two workers sharing one stage thread)."""
+        """Count ``other``'s durations here too (two workers sharing one stage thread)."""
         for kind, counts in other._counts.items():
             mine = self._counts.setdefault(kind, [0] * (len(WAIT_BUCKETS) + 1))
             mine[:] = [a + b for a, b in zip(mine, counts, strict=True)]

@@ -82,15 +82,23 @@ def test_a_round_without_readable_metrics_reports_latency_and_no_shares() -> Non
     assert result["wall_s"] > 0 and "stages" not in result
 
 
-def _waits(stage: str, kind: str, buckets: list[float], total: float) -> str:
-    """A /metrics text with one omni_stage_wait_seconds series (cumulative buckets, as exposed)."""
+def _histogram(name: str, labels: dict[str, str], buckets: list[float], total: float) -> str:
+    """A /metrics text with one histogram series (cumulative buckets, as exposed)."""
     bounds = ["0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1.0", "2.5", "+Inf"]
-    lines = ["# TYPE omni_stage_wait_seconds histogram"]
+
+    def series(extra: dict[str, str]) -> str:
+        return ",".join(f'{k}="{v}"' for k, v in sorted({**labels, **extra}.items()))
+
+    lines = [f"# TYPE {name} histogram"]
     for le, value in zip(bounds, buckets, strict=True):
-        lines.append(f'omni_stage_wait_seconds_bucket{{kind="{kind}",le="{le}",stage="{stage}"}} {value}')
-    lines.append(f'omni_stage_wait_seconds_count{{kind="{kind}",stage="{stage}"}} {buckets[-1]}')
-    lines.append(f'omni_stage_wait_seconds_sum{{kind="{kind}",stage="{stage}"}} {total}')
+        lines.append(f"{name}_bucket{{{series({'le': le})}}} {value}")
+    lines.append(f"{name}_count{{{series({})}}} {buckets[-1]}")
+    lines.append(f"{name}_sum{{{series({})}}} {total}")
     return "\n".join(lines) + "\n"
+
+
+def _waits(stage: str, kind: str, buckets: list[float], total: float) -> str:
+    return _histogram("omni_stage_wait_seconds", {"stage": stage, "kind": kind}, buckets, total)
 
 
 @pytest.mark.parametrize(
@@ -118,14 +126,7 @@ def test_stage_waits(before: str, after: str, waits: dict) -> None:
 
 def test_first_audio_phases_per_round() -> None:
     def phase(name: str, buckets: list[float], total: float) -> str:
-        text = _waits("x", "y", buckets, total).replace(
-            "omni_stage_wait_seconds", "omni_first_audio_phase_seconds"
-        )
-        return (
-            text.replace('kind="y",', "")
-            .replace(',stage="x"', f',phase="{name}"')
-            .replace('{stage="x"}', f'{{phase="{name}"}}')
-        )
+        return _histogram("omni_first_audio_phase_seconds", {"phase": name}, buckets, total)
 
     before = phase("first_window", [1, 1, 1, 1, 1, 1, 1, 1, 1, 1], 0.004)
     after = phase("first_window", [1, 1, 1, 2, 2, 3, 3, 3, 3, 3], 0.2)

@@ -23,7 +23,7 @@ from omni_runtime.contract.adapter import TalkerAdmission, ThinkerAdmission, Thi
 from omni_runtime.executor.host_copy import to_device
 from omni_runtime.executor.kept_kv import KeptKV, media_agreement, suffix_groups
 from omni_runtime.executor.sampling import BatchSampler
-from omni_runtime.executor.slot_cache import SlotDecoder
+from omni_runtime.executor.slot_cache import SlotDecoder, right_padded
 from omni_runtime.models.common import audio_in_video
 
 
@@ -139,13 +139,11 @@ class QwenThinkerRunner:
         """Whole prompts, batched (right-padded)."""
         batch = [rows[i] for i in which]
         lengths = [len(r.prompt.input_ids) for r in batch]
-        longest = max(lengths)
-        hidden_size = batch[0].prompt.embeds.shape[-1]
-        embeds = torch.zeros(len(batch), longest, hidden_size, dtype=self.decoder.dtype, device=self.device)
-        positions = torch.zeros(3, len(batch), longest, dtype=torch.int64, device=self.device)
-        for i, row in enumerate(batch):
-            embeds[i, : lengths[i]] = to_device(row.prompt.embeds, self.device, self.decoder.dtype)
-            positions[:, i, : lengths[i]] = to_device(row.prompt.positions, self.device)
+        embeds, positions = right_padded(
+            [(r.prompt.embeds, r.prompt.positions) for r in batch],
+            dtype=self.decoder.dtype,
+            device=self.device,
+        )
         hook = self.prefill_hook(batch)
         # Only a family with a hook passes one (the TP leader's decoder takes none).
         extra = {} if hook is None else {"after_layer": hook}
@@ -190,13 +188,14 @@ class QwenThinkerRunner:
         offsets = [starts[i] for i in which]
         lengths = [len(r.prompt.input_ids) - o for r, o in zip(batch, offsets, strict=True)]
         full = [r.prompt.embeds.to(self.device, self.decoder.dtype) for r in batch]
-        embeds = torch.zeros(
-            len(batch), max(lengths), full[0].shape[-1], dtype=self.decoder.dtype, device=self.device
+        embeds, positions = right_padded(
+            [
+                (full[k][start:], r.prompt.positions[:, start:])
+                for k, (r, start) in enumerate(zip(batch, offsets, strict=True))
+            ],
+            dtype=self.decoder.dtype,
+            device=self.device,
         )
-        positions = torch.zeros(3, len(batch), max(lengths), dtype=torch.int64, device=self.device)
-        for k, (row, start, n) in enumerate(zip(batch, offsets, lengths, strict=True)):
-            embeds[k, :n] = full[k][start:]
-            positions[:, k, :n] = row.prompt.positions.to(self.device)[:, start:]
         hook = self.prefill_hook(batch, offsets=offsets)
         extra = {} if hook is None else {"after_layer": hook}
         out, hidden = self.decoder.prefill(
@@ -343,16 +342,11 @@ class QwenTalkerRunner:
         for group in suffix_groups([offsets[i] for i in after], [lengths[i] for i in after], self.max_len):
             batches.append(([after[k] for k in group], True))
         for which, kept in batches:
-            width = max(lengths[i] - offsets[i] for i in which)
-            embeds = torch.zeros(
-                len(which), width, prompts[0][0].shape[-1], dtype=self.dtype, device=self.device
+            embeds, positions = right_padded(
+                [(prompts[i][0][offsets[i] :], prompts[i][1][:, 0, offsets[i] :]) for i in which],
+                dtype=self.dtype,
+                device=self.device,
             )
-            positions = torch.zeros(3, len(which), width, dtype=torch.long, device=self.device)
-            for k, i in enumerate(which):
-                lm_input, pos, _ = prompts[i]
-                start, n = offsets[i], lengths[i] - offsets[i]
-                embeds[k, :n] = lm_input[start:]
-                positions[:, k, :n] = pos[:, 0, start:].to(self.device)
             logits, _ = self.decoder.prefill(
                 slots=[rows[i].slot for i in which],
                 embeds=embeds,

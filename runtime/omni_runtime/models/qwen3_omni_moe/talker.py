@@ -41,7 +41,7 @@ from omni_runtime.contract.adapter import RowSampling, TalkerAdmission
 from omni_runtime.contract.engine import EngineError
 from omni_runtime.executor.host_copy import to_device
 from omni_runtime.executor.sampling import BatchSampler
-from omni_runtime.executor.slot_cache import SlotDecoder
+from omni_runtime.executor.slot_cache import SlotDecoder, right_padded
 from omni_runtime.models.qwen3_omni_moe.talker_prompt import (
     ASSISTANT_HEADER,
     TurnTokens,
@@ -184,12 +184,11 @@ class Qwen3TalkerRunner:
         prompts = [self._prompt(row) for row in rows]
         layouts = [self._positions(row) for row in rows]
         lengths = [p.shape[0] for p in prompts]
-        longest, hidden_size = max(lengths), prompts[0].shape[-1]
-        embeds = torch.zeros(len(rows), longest, hidden_size, dtype=self.dtype, device=self.device)
-        positions = torch.zeros(3, len(rows), longest, dtype=torch.long, device=self.device)
-        for i, (prompt, (pos, _)) in enumerate(zip(prompts, layouts, strict=True)):
-            embeds[i, : lengths[i]] = prompt
-            positions[:, i, : lengths[i]] = to_device(pos[:, 0], self.device)
+        embeds, positions = right_padded(
+            [(prompt, pos[:, 0]) for prompt, (pos, _) in zip(prompts, layouts, strict=True)],
+            dtype=self.dtype,
+            device=self.device,
+        )
         slots = [row.slot for row in rows]
         logits, hidden = self.decoder.prefill(
             slots=slots, embeds=embeds, positions=positions, lengths=lengths, want_hidden=True
