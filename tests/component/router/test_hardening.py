@@ -175,7 +175,12 @@ def test_probes_leave_no_log_line_while_requests_do(cluster: Cluster):
             assert client.get("/health").status_code == 200
             assert client.get("/ready").status_code == 200
         assert client.get("/whoami").status_code == 200
-    router.stop()  # flushes the log
+    # Request lines leave in batches (at most BufferedLineHandler.FLUSH_S later): wait for this one
+    # rather than count on the exit's flush (a router slow to stop on a busy machine is killed).
+    wait_until(
+        lambda: b'"/whoami"' in router.log.read_bytes(), timeout=10, what="the request line", log=router.log
+    )
+    router.stop()
     lines = [json.loads(line) for line in router.log.read_text().splitlines() if line.startswith("{")]
     paths = [line.get("path") for line in lines if line.get("event") == "request"]
     assert paths == ["/whoami"]
