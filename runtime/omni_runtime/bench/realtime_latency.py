@@ -22,7 +22,11 @@ reply's first audio window queued behind other windows, ``talker/admission`` how
 talker waited for a step. ``first_audio_phases`` splits the worker's own time to first audio
 of the round's replies (``omni_first_audio_phase_seconds``): prompt, first_token,
 talker_first_code, first_window_codes, first_window; their means add up to the worker's part of
-the wait.
+the wait. Each round's line carries its ``latencies_s`` (end of speech to first audio, every turn,
+None for a turn without audio); a level named more than once (``--concurrency 1,8,8,8``) ends with
+a ``pooled`` line over all its rounds: one round's p95 of 32 turns is its second-largest value, so
+it moves by tenths of a second from round to round under the same load, and the pooled one over
+three or four rounds is the number to hold against a goal.
 """
 
 from __future__ import annotations
@@ -301,7 +305,27 @@ async def measure(probe: Probe, *, concurrency: int) -> dict[str, Any]:
         "by_turn": by_turn(list(results)),
         "wall_s": round(wall, 3),
         **worker,
+        "latencies_s": [None if v is None else round(v, 4) for v in values],
     }
+
+
+def pooled(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One line per concurrency level measured in more than one round: the spread of every turn
+    of those rounds together."""
+    levels: dict[int, list[dict[str, Any]]] = {}
+    for report in rounds:
+        levels.setdefault(report["concurrency"], []).append(report)
+    return [
+        {
+            "pooled": True,
+            "concurrency": level,
+            "rounds": len(reports),
+            "samples": sum(len(r["latencies_s"]) for r in reports),
+            **_spread([v for r in reports for v in r["latencies_s"]]),
+        }
+        for level, reports in levels.items()
+        if len(reports) > 1
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -339,8 +363,12 @@ def main(argv: list[str] | None = None) -> int:
         max_output_tokens=args.max_output_tokens,
         metrics_url=None if args.metrics_url == "none" else (args.metrics_url or metrics_url_of(args.url)),
     )
+    rounds = []
     for level in (int(part) for part in args.concurrency.split(",")):
-        print(json.dumps(asyncio.run(measure(probe, concurrency=level))), flush=True)
+        rounds.append(asyncio.run(measure(probe, concurrency=level)))
+        print(json.dumps(rounds[-1]), flush=True)
+    for line in pooled(rounds):
+        print(json.dumps(line), flush=True)
     return 0
 
 

@@ -78,3 +78,26 @@ def test_rows_carry_the_median_of_each_phase() -> None:
     ]
     (row,) = by_turn(sessions)
     assert (row["created_s"], row["first_text_s"], row["median_s"]) == (0.02, 0.25, 0.6)
+
+
+def test_levels_run_in_several_rounds_are_pooled() -> None:
+    from omni_runtime.bench.realtime_latency import pooled
+
+    rounds = [
+        {"concurrency": 1, "latencies_s": [0.3, 0.2]},
+        {"concurrency": 8, "latencies_s": [0.4, 0.5, None]},
+        {"concurrency": 8, "latencies_s": [0.6, 0.45]},
+        {"concurrency": 8, "latencies_s": [0.55]},
+    ]
+    (line,) = pooled(rounds)  # one round of 1: nothing to pool
+    assert line == {
+        "pooled": True,
+        "concurrency": 8,
+        "rounds": 3,
+        "samples": 6,
+        "no_audio": 1,
+        "median_s": 0.5,
+        "p90_s": 0.58,
+        "p95_s": 0.59,
+        "max_s": 0.6,
+    }

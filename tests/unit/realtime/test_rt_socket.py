@@ -191,6 +191,7 @@ async def test_latency_probe_measures_every_turn(served) -> None:
     probe = Probe(url=f"ws://{host}/v1/realtime", speech=synthetic_speech(0.3), turns=2, max_output_tokens=3)
     report = await measure(probe, concurrency=2)
     assert report["samples"] == 4 and report["concurrency"] == 2
+    assert len(report["latencies_s"]) == 4 and max(report["latencies_s"]) == report["max_s"]
     assert 0 <= report["median_s"] <= report["p90_s"] <= report["max_s"] < 5
     assert [(row["turn_index"], row["samples"]) for row in report["by_turn"]] == [(1, 2), (2, 2)]
     assert all(row["median_s"] <= row["max_s"] <= report["max_s"] for row in report["by_turn"])
