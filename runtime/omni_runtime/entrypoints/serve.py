@@ -179,9 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="MiB of thinker KV kept between a session's turns (realtime, duplex, chat with X-Session-Id),"
         " so a turn prefills only what is new, and as much again for the talker's KV of its prompt;"
-        " least recently used sessions evicted first; default 0: off (on an H100 it did not shorten the"
-        " wait for first audio, and lengthened it at 8 sessions, before several sessions' new parts"
-        " were prefilled as one batch)",
+        " least recently used sessions evicted first; default 0: off (on an H100, 1024 lowered the median"
+        " wait for first audio at 8 realtime sessions by 20-50 ms and left the tail as it was)",
     )
     pipe.add_argument(
         "--remote-stage",
