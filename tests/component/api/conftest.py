@@ -63,7 +63,7 @@ def make_engine(checkpoint: Path, *, pipeline: str = "streaming-speech") -> Engi
         device="cpu",
         max_batch_size=8,
         max_model_len=2048,
-        session_kv_mb=64,  # conversation KV on (off by default in omni serve)
+        session_kv_mb=64,  # conversation KV on, with a small budget
     )
     return build_engine(options)
 

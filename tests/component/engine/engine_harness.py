@@ -141,6 +141,6 @@ def tiny_options(checkpoint: Path, **overrides: Any) -> EngineOptions:
         "pipeline": "streaming-speech",
         "max_batch_size": 8,
         "max_model_len": 1024,
-        "session_kv_mb": 64,  # conversation KV on (off by default in omni serve)
+        "session_kv_mb": 64,  # conversation KV on, with a small budget
     }
     return EngineOptions(**{**base, **overrides})

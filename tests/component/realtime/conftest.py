@@ -102,7 +102,7 @@ async def _start(holder: dict[str, Any], ready: threading.Event, family: str) ->
             device="cpu",
             max_batch_size=8,
             worker_id=WORKER_ID,
-            session_kv_mb=64,  # conversation KV on (off by default in omni serve)
+            session_kv_mb=64,  # conversation KV on, with a small budget
         )
     )
     app = build_app(

@@ -1,5 +1,5 @@
-"""`omni serve --session-kv-mb`: the conversation-KV budget reaches the engine options; a bad value
-exits 2 naming the flag."""
+"""`omni serve --session-kv-mb`: the conversation-KV budget reaches the engine options (1024 MiB
+unless given; 0 turns it off); a bad value exits 2 naming the flag."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from omni_runtime.entrypoints.serve import build_parser, engine_options
 
 
 @pytest.mark.parametrize(
-    ("argv", "expected"), [([], 0), (["--session-kv-mb", "0"], 0), (["--session-kv-mb", "64"], 64)]
+    ("argv", "expected"), [([], 1024), (["--session-kv-mb", "0"], 0), (["--session-kv-mb", "64"], 64)]
 )
 def test_the_budget_reaches_the_engine_options(argv: list[str], expected: int) -> None:
     options = engine_options(build_parser().parse_args(argv), remote_stages={})
