@@ -393,8 +393,8 @@ class SessionKVSpec(SpecModel):
         description="MiB of thinker KV each worker keeps between a session's turns (realtime, duplex, "
         "streaming input, chat with X-Session-Id), so a turn prefills only what is new; least recently "
         "used sessions are evicted first. Unset: the runtime's default, 1024 (on an H100 it lowered the "
-        "median wait for first audio at 8 realtime sessions by 20-50 ms); 0: off. Builtin runtime only (--session-kv-mb on the process "
-        "that runs the thinker).",
+        "median wait for first audio at 8 realtime sessions by 20-50 ms); 0: off. Builtin runtime only "
+        "(--session-kv-mb on the process that runs the thinker).",
     )
 
 

@@ -187,10 +187,14 @@ class QwenThinkerRunner:
         batch = [rows[i] for i in which]
         offsets = [starts[i] for i in which]
         lengths = [len(r.prompt.input_ids) - o for r, o in zip(batch, offsets, strict=True)]
-        full = [r.prompt.embeds.to(self.device, self.decoder.dtype) for r in batch]
+        # Only the suffixes reach the device (queued copies): the prefixes' embeddings are in the KV.
+        suffixes = [
+            to_device(r.prompt.embeds[start:], self.device, self.decoder.dtype)
+            for r, start in zip(batch, offsets, strict=True)
+        ]
         embeds, positions = right_padded(
             [
-                (full[k][start:], r.prompt.positions[:, start:])
+                (suffixes[k], r.prompt.positions[:, start:])
                 for k, (r, start) in enumerate(zip(batch, offsets, strict=True))
             ],
             dtype=self.decoder.dtype,
@@ -211,7 +215,7 @@ class QwenThinkerRunner:
             logits[i] = out[k : k + 1]
             if row.want_vectors and hidden is not None:
                 start, n = offsets[k], lengths[k]
-                suffix = self.prompt_vectors(k, row.prompt.input_ids[start:], full[k][start:], hidden[k, :n])
+                suffix = self.prompt_vectors(k, row.prompt.input_ids[start:], suffixes[k], hidden[k, :n])
                 kept: KeptKV = row.prefix
                 assert kept.vectors is not None  # a row wanting vectors reuses only a prefix that has them
                 vectors[i] = torch.cat([kept.vectors[:start].to(suffix.dtype), suffix])
