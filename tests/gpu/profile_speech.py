@@ -18,7 +18,8 @@ real time, audio seconds per second: ``omni_runtime.bench.playback``, as ``omni 
 ``--window-variants '[{"catch_up": false}]'`` runs every level again with those ``codec_windows``
 overrides, one model load for a side-by-side comparison (two keys switch the engine instead:
 ``serial_talker_admission`` replays the old talker admission, ``stock_bigvgan`` transformers' own
-BigVGAN activations instead of the Triton kernel, ``thinker_hold_below_s`` which windows pause the
+BigVGAN activations instead of the Triton kernel, ``stock_dit`` transformers' own DiT block instead of
+the vocoder's, ``thinker_hold_below_s`` which windows pause the
 thinker, ``vocoder_graphs`` false every vocoder window eagerly):
 
     python tests/gpu/profile_speech.py /tmp/qwen2.5-omni-7b-dummy --concurrency 1,16,32 --waves 1 \
@@ -281,10 +282,16 @@ def sync() -> None:
 # Variant keys that are not windows: thinker_hold_below_s sets which audio windows pause the thinker
 # (deadlines.holds_thinker; null: none, -1e9: first windows only); vocoder_graphs false runs every
 # vocoder window eagerly (models/window_graphs.py).
-ENGINE_SWITCHES = ("serial_talker_admission", "stock_bigvgan", "thinker_hold_below_s", "vocoder_graphs")
+ENGINE_SWITCHES = (
+    "serial_talker_admission",
+    "stock_bigvgan",
+    "stock_dit",
+    "thinker_hold_below_s",
+    "vocoder_graphs",
+)
 
 
-async def prepare_vocoder(engine: Any, *, stock_bigvgan: bool) -> None:
+async def prepare_vocoder(engine: Any, *, stock_bigvgan: bool, stock_dit: bool = False) -> None:
     """Put transformers' own anti-aliased activations into the Qwen2.5 BigVGAN (``stock_bigvgan``;
     else the Triton kernel's modules), and capture the graphs of the current windows' recurring sizes that
     are missing (all of them after a swap), on the vocoder's own thread, before a level runs."""
@@ -305,6 +312,9 @@ async def prepare_vocoder(engine: Any, *, stock_bigvgan: bool) -> None:
             elif not stock_bigvgan and isinstance(getattr(child, "fused", None), FusedAntiAliasedSnake):
                 setattr(parent, name, child.fused)
                 swapped += 1
+    if getattr(vocoder, "stock_dit", stock_dit) != stock_dit:  # transformers' DiT block, or the runtime's
+        vocoder.stock_dit = stock_dit
+        swapped += 1
     if swapped:
         vocoder.graphs.clear()
     local = getattr(engine.stages, "local", engine.stages)
@@ -422,7 +432,9 @@ async def main(args: argparse.Namespace) -> None:
         engine.adapter.codec_windows = {**windows, **overrides}
         serial(engine, bool(variant.get("serial_talker_admission")))
         engine.thinker_hold_below_s = variant.get("thinker_hold_below_s", hold_default)
-        await prepare_vocoder(engine, stock_bigvgan=bool(variant.get("stock_bigvgan")))
+        await prepare_vocoder(
+            engine, stock_bigvgan=bool(variant.get("stock_bigvgan")), stock_dit=bool(variant.get("stock_dit"))
+        )
         if vocoder_of(engine) is not None:
             vocoder_of(engine).graphs.enabled = bool(variant.get("vocoder_graphs", True))
         for c in args.concurrency:  # closed loop: c streams, each starting its next reply as one ends

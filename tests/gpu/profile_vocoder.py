@@ -9,10 +9,11 @@ float32's for the same window and seed (SNR). Run by hand on the device machine:
     python tests/gpu/profile_vocoder.py
     python tests/gpu/profile_vocoder.py --scale   # where a batch-16 steady call goes, DiT vs BigVGAN
 
-``--scale`` (the bfloat16 DiT the runtime uses) splits one batched steady call into the DiT's ODE
-and BigVGAN (kernel time of each, top kernels), and measures audio-seconds per second by window
-size (the first, second and steady windows' context sizes, and a longer steady window) and batch
-(up to 32), and BigVGAN with its fused activations against transformers' own (time, difference).
+``--scale`` (the bfloat16 DiT the runtime uses) measures audio-seconds per second by window size
+(the first, second and steady windows' context sizes) and batch (up to 32), with transformers' DiT
+block and with the runtime's; the kernel time and count of the DiT's ODE with each block (a
+batch-16 steady call, one first window) and of BigVGAN; and BigVGAN with its fused activations
+against transformers' own (time, difference).
 """
 
 from __future__ import annotations
@@ -137,7 +138,9 @@ def scale() -> int:
     torch.manual_seed(0)
     device = torch.device("cuda", 0)
     config, token2wav = _released_token2wav(device)
-    stock = copy.deepcopy(token2wav.code2wav_bigvgan_model)  # before the vocoder fuses its activations
+    stock_bigvgan = copy.deepcopy(
+        token2wav.code2wav_bigvgan_model
+    )  # before the vocoder fuses its activations
     vocoder = vocoder_module.QwenVocoder(
         token2wav, speakers=load_speakers(None, config), device=device, dit_dtype=torch.bfloat16
     )
@@ -152,45 +155,71 @@ def scale() -> int:
             for i in range(rows)
         ]
 
-    # (context codes, kept codes, batches): first window, second, steady 40, a longer steady 80
-    for ctx, kept, batches in (
-        (10, 5, (16,)),
-        (20, 10, (1, 16)),
-        (55, 40, (1, 8, 16, 32)),
-        (95, 80, (8, 16)),
-    ):
-        for rows in batches:
-            batch = items(ctx, kept, rows)
-            ms = _timed(lambda b=batch: vocoder.synthesize_many(b), reps=3)
-            audio_s = rows * kept * vocoder.samples_per_code / vocoder.sample_rate
-            print(
-                f"window ctx {ctx:3d} kept {kept:3d} batch {rows:2d}: {ms:7.1f} ms per call, "
-                f"{audio_s / ms * 1000:6.1f} audio-s/s",
-                flush=True,
-            )
-    # One batch-16 steady call, its two halves run eagerly (compiled DiT block), kernel time each.
-    batch = items(55, 40, 16)
-    inputs = vocoder.inputs(batch)
+    # (context codes, kept codes, batches): the first window, the second, the steady 40 codes;
+    # each with transformers' DiT block (per evaluation: time embedding, adaptive-norm linears,
+    # three q/k/v GEMMs, GELU apart) and with the runtime's (vocoder.py: the modulation table, one
+    # q/k/v GEMM, GELU in the GEMM's epilogue), same weights, same process.
+    for stock in (True, False):
+        vocoder.stock_dit = stock
+        vocoder.graphs.clear()
+        label = "transformers' block" if stock else "runtime's block"
+        for ctx, kept, batches in ((15, 10, (1, 4, 16)), (25, 10, (1, 16)), (55, 40, (1, 8, 16, 32))):
+            for rows in batches:
+                batch = items(ctx, kept, rows)
+                ms = _timed(lambda b=batch: vocoder.synthesize_many(b), reps=3)
+                audio_s = rows * kept * vocoder.samples_per_code / vocoder.sample_rate
+                print(
+                    f"{label:20s} window ctx {ctx:3d} kept {kept:3d} batch {rows:2d}: {ms:7.1f} ms per call, "
+                    f"{audio_s / ms * 1000:6.1f} audio-s/s",
+                    flush=True,
+                )
+    # The DiT's ODE of a batch-16 steady call and of one first window, run eagerly (compiled DiT
+    # block), kernel time and kernel count of each block; then BigVGAN's share of the steady call.
+    mels = {}
     with torch.inference_mode():
+        for stock in (True, False):
+            vocoder.stock_dit = stock
+            label = "transformers' block" if stock else "runtime's block"
+            for name, inputs in (
+                ("DiT ODE, batch 16 steady", vocoder.inputs(items(55, 40, 16))),
+                ("DiT ODE, one first window", vocoder.inputs(items(15, 10, 1))),
+            ):
+                mels[stock, name] = vocoder._dit_sample(**inputs).float()
+                torch.cuda.synchronize()
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    vocoder._dit_sample(**inputs)
+                    torch.cuda.synchronize()
+                events = prof.key_averages()
+                total = sum(e.device_time_total for e in events) / 1000
+                kernels = sum(e.count for e in events if e.device_time_total > 0)
+                print(f"{label}, {name}: {total:.1f} ms of kernels, {kernels} kernels")
+                if "steady" in name:
+                    print(events.table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=70))
+        for name in ("DiT ODE, batch 16 steady", "DiT ODE, one first window"):
+            ours, theirs = mels[False, name], mels[True, name]
+            snr = 10 * torch.log10((theirs**2).sum() / ((ours - theirs) ** 2).sum().clamp_min(1e-30))
+            print(
+                f"{name}: runtime's block vs transformers' mel, max |difference| "
+                f"{float((ours - theirs).abs().max()):.2e}, SNR {float(snr):.1f} dB"
+            )
+        vocoder.stock_dit = False
+        batch = items(55, 40, 16)
+        inputs = vocoder.inputs(batch)
         mel = vocoder._dit_sample(**inputs)
         vocoder._bigvgan(mel)
         torch.cuda.synchronize()
-        for name, fn in (
-            ("DiT ODE", lambda: vocoder._dit_sample(**inputs)),
-            ("BigVGAN", lambda: vocoder._bigvgan(mel)),
-        ):
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                fn()
-                torch.cuda.synchronize()
-            events = prof.key_averages()
-            total = sum(e.device_time_total for e in events) / 1000
-            print(f"{name}: {total:.1f} ms of kernels (batch 16 steady windows)")
-            print(events.table(sort_by="cuda_time_total", row_limit=10, max_name_column_width=70))
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            vocoder._bigvgan(mel)
+            torch.cuda.synchronize()
+        events = prof.key_averages()
+        print(
+            f"BigVGAN: {sum(e.device_time_total for e in events) / 1000:.1f} ms of kernels (batch 16 steady)"
+        )
         # transformers' own activations (a copy taken before the vocoder fused them), same mel.
         fused_module = vocoder.bigvgan
         fused_ms = _timed(lambda: vocoder._bigvgan(mel), reps=3)
         wave = vocoder._bigvgan(mel).float().cpu().numpy()
-        vocoder.bigvgan = stock
+        vocoder.bigvgan = stock_bigvgan
         stock_ms = _timed(lambda: vocoder._bigvgan(mel), reps=3)
         reference = vocoder._bigvgan(mel).float().cpu().numpy()
         vocoder.bigvgan = fused_module

@@ -213,6 +213,33 @@ def test_one_off_windows_replay_graphs_captured_at_start(tiny_cuda) -> None:
         assert float(abs(a - b).max()) < 1e-3, n
 
 
+def test_the_vocoders_dit_block_speaks_as_transformers_block_does_on_cuda(tiny_cuda) -> None:
+    """The vocoder's DiT block (the modulation table, one q/k/v GEMM, cuBLASLt's GELU epilogue,
+    compiled, in a CUDA graph) against transformers' own block through the same graph path, in the
+    DiT's bfloat16: the same audio to bfloat16 rounding, for a single window and a batch of four."""
+    import numpy as np
+
+    vocoder = tiny_cuda.stages.local.vocoder
+    voice = next(iter(vocoder.speakers))
+    codes = [int(c) for c in np.random.default_rng(5).integers(0, 1000, 15)]
+    window = {"start": 0, "end": 10, "ctx_start": 0, "ctx_end": 15}
+    items = [
+        {"codes": codes, "window": window, "voice": voice, "seed": s, "reusable": True} for s in range(4)
+    ]
+    ours = [vocoder.synthesize_many(items[:1])[0], *vocoder.synthesize_many(items)]
+    vocoder.stock_dit = True
+    vocoder.graphs.clear()
+    try:
+        theirs = [vocoder.synthesize_many(items[:1])[0], *vocoder.synthesize_many(items)]
+    finally:
+        vocoder.stock_dit = False
+        vocoder.graphs.clear()
+    for a, b in zip(ours, theirs, strict=True):
+        assert a.shape == b.shape == (10 * vocoder.samples_per_code,)
+        snr = 10 * np.log10(np.sum(b**2) / max(float(np.sum((a - b) ** 2)), 1e-30))
+        assert snr > 25, f"the vocoder's DiT block is {snr:.1f} dB from transformers' block"
+
+
 def test_prefills_after_the_warm_up_compile_nothing(tiny_cuda) -> None:
     """Qwen2.5's dense layers: every prefill shape a request can bring was compiled at start-up."""
     from prefill_shapes import compiled_shapes  # tests/gpu, beside this file

@@ -86,3 +86,32 @@ def test_windows_that_tile_an_utterance_match_one_window_over_it(vocoder) -> Non
     assert tiled.shape == whole.shape == (300 * vocoder.samples_per_code,)
     snr_db = 10 * np.log10(np.sum(whole**2) / np.sum((whole - tiled) ** 2))
     assert snr_db > 60, f"tiled windows differ from the whole window: {snr_db:.1f} dB"
+
+
+@pytest.mark.parametrize("stock", [False, True], ids=["fused-block", "transformers-block"])
+def test_the_dit_samples_the_mel_transformers_sample_gives(vocoder, stock: bool) -> None:
+    """The vocoder's ODE (its modulation table, fused q/k/v and GELU epilogue, or with
+    ``stock_dit`` transformers' own block) against ``Qwen2_5OmniToken2WavDiTModel.sample`` itself,
+    from the same starting noise: the same mel to float32 rounding."""
+    import torch
+
+    voice = next(iter(vocoder.speakers))
+    cond, ref_mel = vocoder.speakers[voice]
+    codes = [int(c) for c in np.random.default_rng(4).integers(0, 1000, 24)]
+    code = torch.tensor([codes])
+    torch.manual_seed(11)
+    expected = vocoder.dit.sample(cond, ref_mel, code)  # draws its noise first, from the global RNG
+    torch.manual_seed(11)
+    noise = torch.randn([1, len(codes) * vocoder.repeats, vocoder.dit.mel_dim], dtype=ref_mel.dtype)
+    window = {"start": 0, "end": len(codes), "ctx_start": 0, "ctx_end": len(codes)}
+    inputs = vocoder.inputs([{"codes": codes, "window": window, "voice": voice, "seed": 0}])
+    assert inputs["noise"].shape == noise.shape
+    vocoder.stock_dit = stock
+    try:
+        with torch.inference_mode():
+            mel = vocoder._dit_sample(**{**inputs, "noise": noise})
+    finally:
+        vocoder.stock_dit = False
+    assert mel.shape == expected.shape == (1, vocoder.dit.mel_dim, len(codes) * vocoder.repeats)
+    assert float(expected.abs().max()) > 0.1, "a mel worth comparing"
+    torch.testing.assert_close(mel, expected, rtol=1e-4, atol=1e-4)

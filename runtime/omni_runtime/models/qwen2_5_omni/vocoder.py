@@ -27,6 +27,13 @@ Differences from the stock code, none in the math:
   steady windows batched 8 at a time synthesise 36.5 audio-seconds per second instead of 21.8 in
   float32 (H100, released size, random weights), and the audio of one window differs from
   float32's by an SNR of 46 dB. ``OMNI_VOCODER_DTYPE=float32`` keeps the stock precision;
+- a DiT block's adaptive norms take their shift, scale and gate from the time step alone, and
+  the ODE's 36 time points are fixed: their values for every evaluation and block are computed
+  once, at load (``modulations``), instead of a time embedding, a SiLU and a 1024 x 6144 linear
+  per block at each evaluation; q, k and v are one linear (``fuse_qkv``: the three weights
+  become views of one, so transformers' forward still reads them), and the feed-forward's first
+  linear applies its tanh GELU in the GEMM's epilogue. ``stock_dit`` runs transformers' own
+  block instead (the baseline ``tests/gpu/profile_vocoder.py`` measures against);
 - on CUDA, BigVGAN's 109 anti-aliased activations (upsample, SnakeBeta, downsample: about eight
   kernels each, cuDNN's slowest grouped path among them) are one Triton kernel each (`bigvgan`):
   the same arithmetic, the upsampled signal never written to memory. BigVGAN stays float32 (in
@@ -35,6 +42,7 @@ Differences from the stock code, none in the math:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import os
@@ -44,6 +52,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import apply_rotary_pos_emb, deinterleave_head_dim
 
 from omni_runtime.models.common import SingleWindow
 from omni_runtime.models.qwen2_5_omni.bigvgan import fuse_activations
@@ -81,6 +90,10 @@ class QwenVocoder(SingleWindow):
         self.num_embeds = int(self.dit.config.num_embeds)
         self.guidance_scale = guidance_scale
         self.times = self._time_points(num_steps, sway_coefficient)
+        # transformers' own DiT block at each evaluation instead of the fused one (a baseline)
+        self.stock_dit = False
+        fuse_qkv(self.dit)
+        self.modulation, self.final_modulation = modulations(self.dit, evaluation_times(self.times), device)
         self.speakers = {
             name: (value["cond"].to(device).float(), value["ref_mel"].to(device).float())
             for name, value in speakers.items()
@@ -253,14 +266,25 @@ class QwenVocoder(SingleWindow):
             for layer in dit.transformer_blocks
         ]
 
+        stock = self.stock_dit
+        evaluations = iter(range(len(self.modulation)))
+
         def velocity(t: float, state: torch.Tensor) -> torch.Tensor:
             # The ODE state stays float32; the network runs in ``dit_dtype``.
+            step = next(evaluations)  # the table's row of this time point
             hidden = state.to(self.dit_dtype)
-            t_emb = dit.time_embed(torch.full((rows,), t, device=noise.device, dtype=self.dit_dtype))
             x = dit.input_embed.proj(torch.cat((torch.cat([hidden, hidden]), constant), dim=-1))
-            for layer, mask in zip(dit.transformer_blocks, masks, strict=True):
-                x = block(layer, x, t_emb, rotary, mask)
-            out = dit.proj_out(dit.norm_out(x, t_emb)).float()
+            if stock:
+                t_emb = dit.time_embed(torch.full((rows,), t, device=noise.device, dtype=self.dit_dtype))
+                for layer in dit.transformer_blocks:
+                    x = block(layer, x, t_emb, rotary, block_diff, stock=True)
+                x = dit.norm_out(x, t_emb)
+            else:
+                for index, (layer, mask) in enumerate(zip(dit.transformer_blocks, masks, strict=True)):
+                    x = block(layer, x, self.modulation[step, index], rotary, mask)
+                scale, shift = self.final_modulation[step].chunk(2)
+                x = dit.norm_out.norm(x) * (1 + scale) + shift
+            out = dit.proj_out(x).float()
             guided, null = torch.chunk(out, 2, dim=0)
             return guided + (guided - null) * self.guidance_scale
 
@@ -291,13 +315,84 @@ class QwenVocoder(SingleWindow):
         return torch.clamp(wave, min=-1.0, max=1.0).reshape(wave.shape[0], -1)
 
 
-def _dit_block(
-    layer: Any, x: torch.Tensor, t_emb: torch.Tensor, rotary: Any, mask: torch.Tensor
-) -> torch.Tensor:
-    """``DiTDecoderLayer.forward`` with its attention mask precomputed."""
-    norm, gate_msa, shift_mlp, scale_mlp, gate_mlp = layer.attn_norm(x, emb=t_emb)
-    x = x + gate_msa.unsqueeze(1) * layer.attn(
-        hidden_states=norm, position_embeddings=rotary, attention_mask=mask
+def evaluation_times(times: list[float]) -> list[float]:
+    """The time of each of the ODE's evaluations, in the order ``_dit_sample`` makes them
+    (``RungeKutta4ODESolver``: four per step, at t0, t0 + dt/3, t0 + 2dt/3 and t1)."""
+    out = []
+    for t0, t1 in itertools.pairwise(times):
+        dt = t1 - t0
+        out += [t0, t0 + dt / 3, t0 + dt * 2 / 3, t1]
+    return out
+
+
+@torch.inference_mode()
+def modulations(dit: Any, times: list[float], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every adaptive norm's parameters at every evaluation, from the time step alone:
+    [evaluations, blocks, 6 x hidden] (each block's ``attn_norm``: shift, scale and gate for the
+    attention, then for the feed-forward) and [evaluations, 2 x hidden] (``norm_out``: scale,
+    shift). The time enters as the DiT's dtype, as ``torch.full(..., t, dtype=...)`` gives it."""
+    t = torch.tensor(times, dtype=dit.proj_out.weight.dtype, device=device)
+    embedded = dit.time_embed(t)
+    blocks = torch.stack(
+        [layer.attn_norm.linear(layer.attn_norm.silu(embedded)) for layer in dit.transformer_blocks], dim=1
     )
-    norm = layer.ff_norm(x) * (1 + scale_mlp[:, None]) + shift_mlp[:, None]
-    return x + gate_mlp.unsqueeze(1) * layer.ff(norm)
+    final = dit.norm_out.linear(dit.norm_out.silu(embedded))
+    return blocks.contiguous(), final.contiguous()
+
+
+def fuse_qkv(dit: Any) -> None:
+    """One linear for each attention's q, k and v (``attn.qkv``). The three original weights
+    and biases become views of the fused ones: no second copy, and transformers' own forward
+    (``stock_dit``) reads the same numbers."""
+    for layer in dit.transformer_blocks:
+        attn = layer.attn
+        parts = (attn.to_q, attn.to_k, attn.to_v)
+        weight = torch.cat([p.weight.detach() for p in parts])
+        bias = torch.cat([p.bias.detach() for p in parts])
+        fused = torch.nn.Linear(weight.shape[1], weight.shape[0], device="meta")
+        fused.weight = torch.nn.Parameter(weight, requires_grad=False)
+        fused.bias = torch.nn.Parameter(bias, requires_grad=False)
+        attn.qkv = fused
+        width = attn.to_q.weight.shape[0]
+        for index, part in enumerate(parts):
+            part.weight = torch.nn.Parameter(weight[index * width : (index + 1) * width], requires_grad=False)
+            part.bias = torch.nn.Parameter(bias[index * width : (index + 1) * width], requires_grad=False)
+
+
+def _dit_block(
+    layer: Any,
+    x: torch.Tensor,
+    modulation: torch.Tensor,
+    rotary: Any,
+    mask: torch.Tensor,
+    stock: bool = False,
+) -> torch.Tensor:
+    """``DiTDecoderLayer.forward`` with its norms' parameters (``modulation``, [6 x hidden]) and
+    its attention mask precomputed; ``stock``: transformers' own forward, given the time
+    embedding and the block differences instead."""
+    if stock:
+        return layer(x, modulation, position_embeddings=rotary, block_diff=mask)
+    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = modulation.chunk(6)
+    norm = layer.attn_norm.norm(x) * (1 + scale_msa) + shift_msa
+    x = x + gate_msa * _attention(layer.attn, norm, rotary, mask)
+    norm = layer.ff_norm(x) * (1 + scale_mlp) + shift_mlp
+    first, second = layer.ff.ff[0], layer.ff.ff[3]
+    # tanh GELU (the module's ``approximate="tanh"``) in the GEMM's epilogue
+    hidden = torch._addmm_activation(first.bias, norm.flatten(0, 1), first.weight.t(), use_gelu=True)
+    return x + gate_mlp * second(hidden.view(*norm.shape[:2], -1))
+
+
+def _attention(attn: Any, x: torch.Tensor, rotary: Any, mask: torch.Tensor) -> torch.Tensor:
+    """``DiTAttention.forward`` with q, k and v from one GEMM: rotary on the first head only
+    (de-interleaved first, as transformers does), then SDPA over the block mask."""
+    batch, frames, _ = x.shape
+    heads = attn.heads
+    q, k, v = attn.qkv(x).view(batch, frames, 3, heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+    cos, sin = rotary
+    q_first, k_first = apply_rotary_pos_emb(
+        deinterleave_head_dim(q[:, :1]), deinterleave_head_dim(k[:, :1]), cos, sin
+    )
+    q = torch.cat([q_first, q[:, 1:]], dim=1)
+    k = torch.cat([k_first, k[:, 1:]], dim=1)
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return attn.to_out[0](out.transpose(1, 2).reshape(batch, frames, -1))
