@@ -19,7 +19,8 @@ real time, audio seconds per second: ``omni_runtime.bench.playback``, as ``omni 
 overrides, one model load for a side-by-side comparison (two keys switch the engine instead:
 ``serial_talker_admission`` replays the old talker admission, ``stock_bigvgan`` transformers' own
 BigVGAN activations instead of the Triton kernel, ``stock_dit`` transformers' own DiT block instead of
-the vocoder's, ``thinker_hold_below_s`` which windows pause the
+the vocoder's, ``holds_spare_text`` false lets a later window pause the thinker while another reply's
+talker takes its text, ``thinker_hold_below_s`` which windows pause the
 thinker, ``vocoder_graphs`` false every vocoder window eagerly):
 
     python tests/gpu/profile_speech.py /tmp/qwen2.5-omni-7b-dummy --concurrency 1,16,32 --waves 1 \
@@ -286,6 +287,7 @@ ENGINE_SWITCHES = (
     "serial_talker_admission",
     "stock_bigvgan",
     "stock_dit",
+    "holds_spare_text",
     "thinker_hold_below_s",
     "vocoder_graphs",
 )
@@ -432,6 +434,7 @@ async def main(args: argparse.Namespace) -> None:
         engine.adapter.codec_windows = {**windows, **overrides}
         serial(engine, bool(variant.get("serial_talker_admission")))
         engine.thinker_hold_below_s = variant.get("thinker_hold_below_s", hold_default)
+        engine.holds_spare_text = bool(variant.get("holds_spare_text", True))
         await prepare_vocoder(
             engine, stock_bigvgan=bool(variant.get("stock_bigvgan")), stock_dit=bool(variant.get("stock_dit"))
         )

@@ -80,6 +80,10 @@ class PipelineEngine:
         # the thinker shares with the vocoder; None never pauses it.
         self.thinker_hold_below_s: float | None = None
         self._before_first_audio = 0  # streaming speech replies that have not sent audio yet
+        # Speech replies whose talker still takes the thinker's text (request ids), and whether a
+        # later window's hold waits until no other reply's does (deadlines.holds_thinker).
+        self._talkers_on_text: set[str] = set()
+        self.holds_spare_text = True
         self.first_audio_phases = TimeCounts()  # FIRST_AUDIO_PHASES of streaming speech replies
 
     @property
@@ -253,8 +257,10 @@ class PipelineEngine:
             return
         if (job := state.get("thinker_job")) is not None and job.finish is None:
             self.stages.thinker.finish(job, reason)
-        if (tjob := state.get("talker_job")) is not None and tjob.finish is None:
-            self._talker().finish(tjob, reason)
+        if (tjob := state.get("talker_job")) is not None:
+            self._talkers_on_text.discard(tjob.request_id)
+            if tjob.finish is None:
+                self._talker().finish(tjob, reason)
 
     def _talker(self) -> TalkerService:
         assert self.stages is not None
@@ -331,6 +337,7 @@ class PipelineEngine:
                         request, thinker_prompt, prompt_vectors, first_token, event.vector, voice, job.reused
                     )
                     state["talker_job"] = talker_job
+                    self._talkers_on_text.add(request.request_id)
                     speaker = asyncio.get_running_loop().create_task(
                         self._speak(request, talker_job, voice, out, marks)
                     )
@@ -349,6 +356,7 @@ class PipelineEngine:
                 reason = "stop"
                 break
         if talker_job is not None:
+            self._talkers_on_text.discard(request.request_id)
             self._talker().text_finished(talker_job, generated)
         audio_seconds = await speaker if speaker is not None else 0.0
         usage = Usage(
@@ -359,7 +367,7 @@ class PipelineEngine:
         )
         out.put_nowait(Finished(reason, usage))
 
-    def _window_hold(self, slack_s: float | None) -> AbstractAsyncContextManager[None]:
+    def _window_hold(self, slack_s: float | None, request_id: str) -> AbstractAsyncContextManager[None]:
         """Hold the thinker while a window with this slack is synthesised (deadlines.holds_thinker).
 
         A later window's stream has had its first audio, so any stream still before its first
@@ -368,7 +376,10 @@ class PipelineEngine:
             return contextlib.nullcontext()
         thinker = self.stages.thinker
         pending = thinker.waiting_count > 0 or self._before_first_audio > 0
-        if not holds_thinker(slack_s=slack_s, below_s=self.thinker_hold_below_s, first_audio_pending=pending):
+        text = self.holds_spare_text and bool(self._talkers_on_text - {request_id})
+        if not holds_thinker(
+            slack_s=slack_s, below_s=self.thinker_hold_below_s, first_audio_pending=pending, text_pending=text
+        ):
             return contextlib.nullcontext()
         return thinker.hold()
 
@@ -492,7 +503,7 @@ class PipelineEngine:
                 item = window_item(codes, window, voice=voice, seed=seed, sizes=standard, slack_s=slack)
                 if marks is not None and marks.window_asked is None:
                     marks.window_asked = time.monotonic()
-                async with self._window_hold(slack):
+                async with self._window_hold(slack, request.request_id):
                     pcm = await self.stages.synthesize(item)
                 samples += len(pcm)
                 out.put_nowait(AudioChunk(pcm=pcm, sample_rate=self.output_sample_rate))

@@ -97,13 +97,15 @@ def test_no_later_window_holds_the_thinker_while_another_reply_waits_for_its_fir
     engine: Any = speech_engine.engine
     engine.thinker_hold_below_s = 1e9
     thinker = engine.stages.thinker
-    decided: list[tuple[bool, int, bool]] = []  # (later window, replies before first audio, held)
+    # (later window, replies before first audio, another reply's talker on text, held)
+    decided: list[tuple[bool, int, bool, bool]] = []
     window_hold = engine._window_hold
 
-    def recording_hold(slack_s: float | None) -> Any:
+    def recording_hold(slack_s: float | None, request_id: str) -> Any:
         pending = engine._before_first_audio + thinker.waiting_count
-        hold = window_hold(slack_s)
-        decided.append((slack_s is not None, pending, not isinstance(hold, contextlib.nullcontext)))
+        text = bool(engine._talkers_on_text - {request_id})
+        hold = window_hold(slack_s, request_id)
+        decided.append((slack_s is not None, pending, text, not isinstance(hold, contextlib.nullcontext)))
         return hold
 
     engine._window_hold = recording_hold
@@ -130,10 +132,38 @@ def test_no_later_window_holds_the_thinker_while_another_reply_waits_for_its_fir
         engine.thinker_hold_below_s = None
     assert finished(first).reason == finished(second).reason == "length"
     # the first's later windows while the second waited for audio: none held the thinker
-    waited = [held for later, pending, held in decided if later and pending > 0]
+    waited = [held for later, pending, _, held in decided if later and pending > 0]
     assert waited and not any(waited), decided
-    assert all(held for later, pending, held in decided if not later or pending == 0), decided
+    # otherwise a window holds unless it is a later one while another reply's talker takes text
+    assert all(held == (not later or not text) for later, pending, text, held in decided if pending == 0), (
+        decided
+    )
     assert engine._before_first_audio == 0  # every reply reached its audio: nothing counted left
+    assert not engine._talkers_on_text  # and every reply's text ended
+
+
+def test_a_later_window_spares_the_text_another_reply_s_talker_waits_for(speech_engine: Harness) -> None:
+    """While another reply's talker still takes the thinker's text, a later window does not pause
+    the thinker (it would pause that reply's codes); a reply's own text does not count, and a
+    first window holds either way."""
+    engine: Any = speech_engine.engine
+    engine.thinker_hold_below_s = 1e9  # every listener is "about to run dry"
+    assert engine._before_first_audio == 0 and engine.stages.thinker.waiting_count == 0
+
+    def holds(slack_s: float | None, own: str, on_text: set[str], spare: bool = True) -> bool:
+        engine._talkers_on_text, engine.holds_spare_text = set(on_text), spare
+        return not isinstance(engine._window_hold(slack_s, own), contextlib.nullcontext)
+
+    try:
+        assert holds(0.1, "a", set())  # nobody waits on text
+        assert holds(0.1, "a", {"a"})  # only its own reply: its codes wait anyway
+        assert not holds(0.1, "a", {"a", "b"})  # b's talker would stop too
+        assert not holds(-0.5, "a", {"b"})  # even a stalled listener
+        assert holds(None, "a", {"b"})  # a first window: the time to first audio
+        assert holds(0.1, "a", {"b"}, spare=False)  # the rule before (profile_speech's baseline)
+    finally:
+        engine._talkers_on_text, engine.holds_spare_text = set(), True
+        engine.thinker_hold_below_s = None
 
 
 def test_a_reply_cancelled_before_its_first_audio_is_no_longer_waited_for(speech_engine: Harness) -> None:
@@ -150,6 +180,7 @@ def test_a_reply_cancelled_before_its_first_audio_is_no_longer_waited_for(speech
 
     speech_engine.run(scenario())
     assert engine._before_first_audio == 0
+    assert not engine._talkers_on_text  # its text will never end: it was let go with the reply
 
 
 def _streaming(*, talker_tokens: int) -> Any:

@@ -63,6 +63,21 @@ def test_no_later_window_holds_the_thinker_while_another_reply_waits_for_first_a
     assert holds_thinker(slack_s=slack, below_s=below, first_audio_pending=True) is holds
 
 
+@pytest.mark.parametrize(
+    ("slack", "below", "holds"),
+    [
+        (None, 0.25, True),  # a first window holds: it is a first audio
+        (0.1, 0.25, False),  # a later one leaves the other reply's text (its next codes) running
+        (-0.2, 0.25, False),  # even a stalled one
+        (None, None, False),  # a vocoder on its own GPU never holds
+    ],
+)
+def test_no_later_window_holds_the_thinker_while_another_reply_s_talker_takes_its_text(
+    slack: float | None, below: float | None, holds: bool
+) -> None:
+    assert holds_thinker(slack_s=slack, below_s=below, text_pending=True) is holds
+
+
 def test_priority_puts_first_windows_first_then_earliest_deadline() -> None:
     now = 100.0
     keys = {
