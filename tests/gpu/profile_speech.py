@@ -315,7 +315,7 @@ async def prepare_vocoder(engine: Any, *, stock_bigvgan: bool, stock_dit: bool =
                 setattr(parent, name, child.fused)
                 swapped += 1
     if getattr(vocoder, "stock_dit", stock_dit) != stock_dit:  # transformers' DiT block, or the runtime's
-        vocoder.stock_dit = stock_dit
+        vocoder.stock_dit = stock_dit  # drops its graphs, one-off sizes' too (the warm-up recaptures)
         swapped += 1
     if swapped:
         vocoder.graphs.clear()

@@ -160,8 +160,7 @@ def scale() -> int:
     # three q/k/v GEMMs, GELU apart) and with the runtime's (vocoder.py: the modulation table, one
     # q/k/v GEMM, GELU in the GEMM's epilogue), same weights, same process.
     for stock in (True, False):
-        vocoder.stock_dit = stock
-        vocoder.graphs.clear()
+        vocoder.stock_dit = stock  # drops the other block's graphs
         label = "transformers' block" if stock else "runtime's block"
         for ctx, kept, batches in ((15, 10, (1, 4, 16)), (25, 10, (1, 16)), (55, 40, (1, 8, 16, 32))):
             for rows in batches:

@@ -84,7 +84,10 @@ class WindowGraphs:
         return len(self._graphs)
 
     def clear(self) -> None:
+        """Drop every graph; with ``warm_once``, the next capture warms ``fn`` first again (what it
+        runs may have changed, and a compile must not happen inside a capture)."""
         self._graphs.clear()
+        self._warmed = False
 
     def run(
         self,

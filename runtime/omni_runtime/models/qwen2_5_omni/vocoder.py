@@ -90,10 +90,10 @@ class QwenVocoder(SingleWindow):
         self.num_embeds = int(self.dit.config.num_embeds)
         self.guidance_scale = guidance_scale
         self.times = self._time_points(num_steps, sway_coefficient)
-        # transformers' own DiT block at each evaluation instead of the fused one (a baseline)
-        self.stock_dit = False
+        self.evaluation_times = evaluation_times(self.times)  # the ODE's 36 evaluations, in order
+        self._stock_dit = False
         fuse_qkv(self.dit)
-        self.modulation, self.final_modulation = modulations(self.dit, evaluation_times(self.times), device)
+        self.modulation, self.final_modulation = modulations(self.dit, self.evaluation_times, device)
         self.speakers = {
             name: (value["cond"].to(device).float(), value["ref_mel"].to(device).float())
             for name, value in speakers.items()
@@ -126,6 +126,19 @@ class QwenVocoder(SingleWindow):
             limit=MAX_TAIL_GRAPHS,
             warm_once=True,
         )
+
+    @property
+    def stock_dit(self) -> bool:
+        """Whether each evaluation runs transformers' own DiT block instead of the fused one (the
+        baseline of ``tests/gpu/profile_vocoder.py``); a change drops every captured graph."""
+        return self._stock_dit
+
+    @stock_dit.setter
+    def stock_dit(self, stock: bool) -> None:
+        if stock != self._stock_dit:
+            self._stock_dit = stock
+            self.graphs.clear()
+            self.tail_graphs.clear()
 
     @staticmethod
     def _time_points(num_steps: int, sway: float | None) -> list[float]:
@@ -266,15 +279,15 @@ class QwenVocoder(SingleWindow):
             for layer in dit.transformer_blocks
         ]
 
-        stock = self.stock_dit
-        evaluations = iter(range(len(self.modulation)))
+        stock = self._stock_dit
 
-        def velocity(t: float, state: torch.Tensor) -> torch.Tensor:
+        def velocity(step: int, state: torch.Tensor) -> torch.Tensor:
+            """The guided velocity at evaluation ``step`` (its time: ``evaluation_times[step]``)."""
             # The ODE state stays float32; the network runs in ``dit_dtype``.
-            step = next(evaluations)  # the table's row of this time point
             hidden = state.to(self.dit_dtype)
             x = dit.input_embed.proj(torch.cat((torch.cat([hidden, hidden]), constant), dim=-1))
             if stock:
+                t = self.evaluation_times[step]
                 t_emb = dit.time_embed(torch.full((rows,), t, device=noise.device, dtype=self.dit_dtype))
                 for layer in dit.transformer_blocks:
                     x = block(layer, x, t_emb, rotary, block_diff, stock=True)
@@ -289,12 +302,13 @@ class QwenVocoder(SingleWindow):
             return guided + (guided - null) * self.guidance_scale
 
         state = noise
-        for t0, t1 in zip(self.times[:-1], self.times[1:], strict=True):  # RungeKutta4ODESolver's steps
-            dt = t1 - t0
-            k1 = velocity(t0, state)
-            k2 = velocity(t0 + dt / 3, state + dt * k1 / 3)
-            k3 = velocity(t0 + dt * 2 / 3, state + dt * (k2 - k1 / 3))
-            k4 = velocity(t1, state + dt * (k1 - k2 + k3))
+        # RungeKutta4ODESolver's steps: four evaluations each, in ``evaluation_times``' order
+        for step, (t0, t1) in enumerate(itertools.pairwise(self.times)):
+            dt, first = t1 - t0, 4 * step
+            k1 = velocity(first, state)
+            k2 = velocity(first + 1, state + dt * k1 / 3)
+            k3 = velocity(first + 2, state + dt * (k2 - k1 / 3))
+            k4 = velocity(first + 3, state + dt * (k1 - k2 + k3))
             state = state + (k1 + 3 * (k2 + k3) + k4) * dt / 8
         return state.permute(0, 2, 1)
 
