@@ -93,24 +93,44 @@ def test_no_later_window_holds_the_thinker_while_another_reply_waits_for_its_fir
 ) -> None:
     """Two streaming replies, the second sent once the first has audio: while the second has none,
     the first's later windows leave the thinker running (its text is the second's first codes);
-    every window holds once both have audio (every listener is "about to run dry" here)."""
+    every window holds once both have audio (every listener is "about to run dry" here).
+
+    The second's first window waits until the first has cut a later window, so the case under
+    test happens in every run, not only when the CPU's timing gives it."""
     engine: Any = speech_engine.engine
     engine.thinker_hold_below_s = 1e9
     thinker = engine.stages.thinker
     # (later window, replies before first audio, another reply's talker on text, held)
     decided: list[tuple[bool, int, bool, bool]] = []
     window_hold = engine._window_hold
+    one_req = _streaming(talker_tokens=200, seed=7)  # seeded: no early end code from random weights
+    two_req = _streaming(talker_tokens=60, seed=11)
+    later_while_waiting: asyncio.Event | None = None  # made inside the harness's loop
+
+    @contextlib.asynccontextmanager
+    async def after_a_later_window_of_the_first(hold: Any) -> Any:
+        assert later_while_waiting is not None
+        await asyncio.wait_for(later_while_waiting.wait(), 120)
+        async with hold:
+            yield
 
     def recording_hold(slack_s: float | None, request_id: str) -> Any:
         pending = engine._before_first_audio + thinker.waiting_count
         text = bool(engine._talkers_on_text - {request_id})
         hold = window_hold(slack_s, request_id)
         decided.append((slack_s is not None, pending, text, not isinstance(hold, contextlib.nullcontext)))
+        assert later_while_waiting is not None
+        if request_id == one_req.request_id and slack_s is not None and pending > 0:
+            later_while_waiting.set()
+        if request_id == two_req.request_id and slack_s is None:
+            return after_a_later_window_of_the_first(hold)
         return hold
 
     engine._window_hold = recording_hold
 
     async def scenario() -> tuple[list, list]:
+        nonlocal later_while_waiting
+        later_while_waiting = asyncio.Event()
         first: list = []
         second: list = []
 
@@ -118,10 +138,10 @@ def test_no_later_window_holds_the_thinker_while_another_reply_waits_for_its_fir
             async for event in engine.generate(req):
                 into.append(event)
 
-        one = asyncio.create_task(consume(_streaming(talker_tokens=200), first))
+        one = asyncio.create_task(consume(one_req, first))
         while not any(isinstance(e, AudioChunk) for e in first):
             await asyncio.sleep(0.005)
-        two = asyncio.create_task(consume(_streaming(talker_tokens=60), second))
+        two = asyncio.create_task(consume(two_req, second))
         await asyncio.wait_for(asyncio.gather(one, two), 300)
         return first, second
 
@@ -183,8 +203,8 @@ def test_a_reply_cancelled_before_its_first_audio_is_no_longer_waited_for(speech
     assert not engine._talkers_on_text  # its text will never end: it was let go with the reply
 
 
-def _streaming(*, talker_tokens: int) -> Any:
-    req = request("Say something", max_tokens=24, want_audio=True, talker_tokens=talker_tokens)
+def _streaming(*, talker_tokens: int, seed: int | None = None) -> Any:
+    req = request("Say something", max_tokens=24, want_audio=True, talker_tokens=talker_tokens, seed=seed)
     assert req.stream_audio  # audio windows as the codes come (the streaming-speech engine)
     return req
 
