@@ -188,7 +188,7 @@ async def one(
             timeline.append(Chunk(arrival_s=now, duration_s=len(event.pcm) / event.sample_rate))
         elif isinstance(event, Finished):
             marks["end"] = now
-    marks.pop("_start")
+    marks["_began"] = marks.pop("_start")  # perf_counter at the start (gpu_timeline's clock)
     TIMELINES[rid] = tuple(timeline)
     heard = play(timeline)
     if heard is not None:  # what a listener hears (not a mark: reported apart)
@@ -258,6 +258,32 @@ def report(label: str, runs: list[dict[str, float]], wall_s: float | None = None
             for k in keys
         )
     )
+
+
+async def trace_level(engine: Any, hook: Marks, args: argparse.Namespace, c: int, name: str) -> None:
+    """One wave of ``c`` replies with every kernel recorded (gpu_timeline.py): each stage stream's
+    busy time, and the GPU's, over the wave and while replies were in their text phase."""
+    from gpu_timeline import GpuTimeline, plot, print_summary
+
+    local = getattr(engine.stages, "local", engine.stages)
+    async with GpuTimeline(local.threads) as timeline:
+        runs = await asyncio.gather(
+            *(one(engine, hook, f"trace-c{c}-s{k}", args.talker_tokens, quiet=True) for k in range(c))
+        )
+    phases = [
+        (r["_began"] + r["first text"] - timeline.t0, r["_began"] + r["last text"] - timeline.t0)
+        for r in runs
+        if "first text" in r
+    ]
+    summary = timeline.summary(phases)
+    print(f"  GPU timeline, c={c}, one wave, {name} ({hook.take_calls()}):")
+    report(f"traced c={c}", runs)
+    print_summary(summary)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        stem = f"timeline-c{c}-{name}".replace(" ", "").replace("=", "-").replace(",", "_")
+        (args.out / f"{stem}.json").write_text(json.dumps(summary))
+        plot(summary, args.out / f"{stem}.png", f"GPU per stage stream, c={c}, {name}")
 
 
 def serial(engine: Any, on: bool) -> None:
@@ -466,6 +492,8 @@ async def main(args: argparse.Namespace) -> None:
             )
             name = "default" if not variant else ", ".join(f"{k}={v}" for k, v in variant.items())
             levels.append(level_summary(name, c, summary[label], walls[label]))
+            if c in args.trace_levels:  # one more wave under CUPTI, apart from the measured ones
+                await trace_level(engine, hook, args, c, name)
         write_levels(args, levels)  # after each variant, so a run cut off keeps what it measured
     engine.adapter.codec_windows = windows
     serial(engine, False)
@@ -503,6 +531,12 @@ if __name__ == "__main__":
     parser.add_argument("--first-chunk", type=levels, default=[], help="other first windows to compare")
     parser.add_argument("--concurrency", type=levels, default=[], help="closed-loop levels, e.g. 16,32")
     parser.add_argument("--waves", type=int, default=2, help="replies per stream at each level")
+    parser.add_argument(
+        "--trace-levels",
+        type=levels,
+        default=[],
+        help="after these levels, one more wave with every kernel recorded (gpu_timeline.py)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="write levels.json and speech.png here")
     parser.add_argument(
         "--variants-only", action="store_true", help="only the --window-variants ({} is the default)"

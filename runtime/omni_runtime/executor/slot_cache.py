@@ -12,6 +12,8 @@ the talker. So the runtime owns the cache and drives the model's decoder layers 
 - decode steps have static shapes for a (batch bucket, length bucket) pair, so on CUDA each pair
   is captured once as a CUDA graph and replayed; the inputs (last token, row length, rope delta,
   extra embedding) live in fixed device buffers the graph reads, so a step needs no host copies;
+- a decode step's attention packs each key/value head's query heads into one call
+  (``decode_attention``) instead of copying the cache view per query head;
 - on CUDA the decoder layers of the decode step also go through ``torch.compile`` (dynamic
   shapes, compiled once for every layer and bucket): fusing the many small element-wise kernels
   of an eager transformers layer (RMSNorm, rotary, residual adds, SiLU-mul) is what brings a
@@ -35,6 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from omni_runtime.executor.decode_attention import use_packed_decode
 from omni_runtime.executor.host_copy import to_device
 from omni_runtime.executor.kept_kv import copy_in, copy_out
 
@@ -219,6 +222,8 @@ class SlotDecoder:
         compile_layers: bool | None = None,
     ) -> None:
         self.layers, self.norm, self.rotary = layers, norm, rotary
+        if os.environ.get("OMNI_PACKED_DECODE", "1") != "0":  # 0: transformers' repeat_kv, to measure
+            use_packed_decode(layers)
         if compile_layers is None:
             compile_layers = device.type == "cuda" and os.environ.get("OMNI_TORCH_COMPILE", "1") != "0"
         self.step_layers: list[Callable[..., Any]] = list(layers)
