@@ -114,6 +114,32 @@ def test_graph_decode_equals_eager_decode(tiny_cuda) -> None:
     assert len(graphs.decoder._graphs) >= 1
 
 
+def test_packed_decode_attention_compiled_by_inductor_equals_repeated_heads() -> None:
+    """The 7B thinker's shape (28 query heads on 4 key/value heads, 128 a head), bf16, 16 rows
+    of different lengths in a 256-key view, as the slot decoder's compiled layers run it."""
+    import torch.nn.functional as F
+
+    from omni_runtime.executor.decode_attention import packed_decode_attention
+
+    class Attention(torch.nn.Module):
+        num_key_value_groups = 7
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    query = torch.randn(16, 28, 1, 128, device="cuda", generator=g, dtype=torch.bfloat16)
+    key, value = (
+        torch.randn(16, 4, 256, 128, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(2)
+    )
+    lengths = torch.randint(1, 257, (16,), device="cuda", generator=g)
+    mask = (torch.arange(256, device="cuda")[None, :] < lengths[:, None])[:, None, None, :]
+    compiled = torch.compile(packed_decode_attention, dynamic=True)
+    got, _ = compiled(Attention(), query, key, value, mask, scaling=128**-0.5)
+    k, v = (t.float().repeat_interleave(7, dim=1) for t in (key, value))
+    want = F.scaled_dot_product_attention(query.float(), k, v, attn_mask=mask, scale=128**-0.5).transpose(
+        1, 2
+    )
+    torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2)
+
+
 def test_suffixes_after_several_kept_prefixes_prefill_as_one_batch(tiny_cuda) -> None:
     """Two sessions' kept KV (prefixes of different lengths) restored into new slots and their
     suffixes prefilled in one batch: every step's greedy tokens equal fresh full prefills'."""
