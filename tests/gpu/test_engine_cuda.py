@@ -114,27 +114,44 @@ def test_graph_decode_equals_eager_decode(tiny_cuda) -> None:
     assert len(graphs.decoder._graphs) >= 1
 
 
-def test_packed_decode_attention_compiled_by_inductor_equals_repeated_heads() -> None:
-    """The 7B thinker's shape (28 query heads on 4 key/value heads, 128 a head), bf16, 16 rows
-    of different lengths in a 256-key view, as the slot decoder's compiled layers run it."""
+@pytest.mark.parametrize(
+    ("rows", "heads", "kv_heads", "dim", "length"),
+    [(16, 28, 4, 128, 256), (16, 12, 2, 64, 512), (1, 32, 4, 128, 1024)],
+    ids=["7B thinker, 16 rows", "7B talker, 16 rows", "Qwen3 thinker, one row"],
+)
+def test_packed_decode_attention_compiled_by_inductor_equals_repeated_heads(
+    rows, heads, kv_heads, dim, length
+) -> None:
+    """bf16 rows of different lengths in a cache view, as the slot decoder's compiled layers run
+    them: the split-key kernel (executor/decode_attention.py) against repeated heads in float32."""
     import torch.nn.functional as F
 
-    from omni_runtime.executor.decode_attention import packed_decode_attention
+    from omni_runtime.executor import decode_attention
+
+    groups = heads // kv_heads
 
     class Attention(torch.nn.Module):
-        num_key_value_groups = 7
+        num_key_value_groups = groups
 
     g = torch.Generator(device="cuda").manual_seed(0)
-    query = torch.randn(16, 28, 1, 128, device="cuda", generator=g, dtype=torch.bfloat16)
-    key, value = (
-        torch.randn(16, 4, 256, 128, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(2)
+    query = torch.randn(rows, heads, 1, dim, device="cuda", generator=g, dtype=torch.bfloat16)
+    cache = torch.randn(
+        2, rows + 1, kv_heads, length + 64, dim, device="cuda", generator=g, dtype=torch.bfloat16
     )
-    lengths = torch.randint(1, 257, (16,), device="cuda", generator=g)
-    mask = (torch.arange(256, device="cuda")[None, :] < lengths[:, None])[:, None, None, :]
-    compiled = torch.compile(packed_decode_attention, dynamic=True)
-    got, _ = compiled(Attention(), query, key, value, mask, scaling=128**-0.5)
-    k, v = (t.float().repeat_interleave(7, dim=1) for t in (key, value))
-    want = F.scaled_dot_product_attention(query.float(), k, v, attn_mask=mask, scale=128**-0.5).transpose(
+    key, value = cache[0, :rows, :, :length], cache[1, :rows, :, :length]  # strided views
+    lengths = torch.randint(1, length + 1, (rows,), device="cuda", generator=g)
+    mask = (torch.arange(length, device="cuda")[None, :] < lengths[:, None])[:, None, None, :]
+    calls: list[int] = []
+    original = decode_attention.split_key_attention
+    decode_attention.split_key_attention = lambda *a: calls.append(1) or original(*a)  # type: ignore[assignment]
+    try:
+        compiled = torch.compile(decode_attention.packed_decode_attention, dynamic=True)
+        got, _ = compiled(Attention(), query, key, value, mask, scaling=dim**-0.5)
+    finally:
+        decode_attention.split_key_attention = original  # type: ignore[assignment]
+    assert calls  # traced through the kernel's op, not SDPA
+    k, v = (t.float().repeat_interleave(groups, dim=1) for t in (key, value))
+    want = F.scaled_dot_product_attention(query.float(), k, v, attn_mask=mask, scale=dim**-0.5).transpose(
         1, 2
     )
     torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2)

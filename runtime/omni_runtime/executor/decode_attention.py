@@ -17,6 +17,8 @@ transformers' SDPA function unchanged.
 
 from __future__ import annotations
 
+import functools
+import os
 from typing import Any
 
 import torch
@@ -24,6 +26,10 @@ import torch.nn.functional as F
 from torch import nn
 
 NAME = "omni_packed_sdpa"
+# ``sdpa`` keeps PyTorch's SDPA for the packed query (to measure against the split-key kernel).
+KERNEL = os.environ.get("OMNI_DECODE_KERNEL", "split")
+TARGET_PROGRAMS = 256  # about two programs per SM of an H100 or H200 (132 SMs)
+BLOCK_N = 32  # keys per loop iteration of a program
 
 
 def packed_decode_attention(
@@ -49,10 +55,194 @@ def packed_decode_attention(
     batch, heads, _, dim = query.shape
     # Query heads h = k * groups + g attend with key/value head k (transformers' repeat_kv order).
     packed = query.reshape(batch, heads // groups, groups, dim)
-    out = F.scaled_dot_product_attention(
-        packed, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling
-    )
+    if dropout == 0.0 and split_kernel_fits(packed, key, value, attention_mask):
+        mask = None if attention_mask is None else attention_mask[:, 0, 0, :]
+        out = split_key_attention(packed, key, value, mask, dim**-0.5 if scaling is None else scaling)
+    else:
+        out = F.scaled_dot_product_attention(
+            packed, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling
+        )
     return out.reshape(batch, heads, 1, value.shape[-1]).transpose(1, 2).contiguous(), None
+
+
+def split_kernel_fits(
+    packed: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None
+) -> bool:
+    """Whether :func:`split_key_attention` takes this call: on CUDA (or Triton's interpreter),
+    a power-of-two head size from 16 to 256 shared by keys and values, unit-stride heads, and a
+    boolean key mask shared by every head and query position."""
+    dim = packed.shape[-1]
+    return (
+        KERNEL == "split"
+        and (packed.is_cuda or _interpreting())
+        and dim == key.shape[-1] == value.shape[-1]
+        and 16 <= dim <= 256
+        and dim & (dim - 1) == 0
+        and packed.shape[2] <= 64
+        and key.stride(-1) == 1
+        and value.stride(-1) == 1
+        and (
+            mask is None
+            or (mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[1] == mask.shape[2] == 1)
+        )
+    )
+
+
+def split_plan(rows: int, kv_heads: int, length: int) -> tuple[int, int]:
+    """(splits, keys per split) for ``rows`` x ``kv_heads`` programs over ``length`` keys: enough
+    splits that about ``TARGET_PROGRAMS`` programs run, each over whole ``BLOCK_N`` blocks."""
+    blocks = max(1, -(-length // BLOCK_N))
+    wanted = max(1, -(-TARGET_PROGRAMS // max(1, rows * kv_heads)))
+    per_split = -(-blocks // min(blocks, wanted))  # blocks a split covers
+    return -(-blocks // per_split), per_split * BLOCK_N
+
+
+def split_key_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """Attention of ``query`` [b, kv_heads, q, d] (q: one token's packed query heads) over ``key``
+    and ``value`` [b, kv_heads, L, d] (strided views of a cache) where ``mask`` [b or 1, L] is
+    true, as flash-decoding does it: the keys are cut into splits, one program per (row, head,
+    split) computes a partial softmax, and a second kernel combines the splits. A decode step
+    has few (row, head) pairs, so one program per pair (PyTorch's memory-efficient kernel) left
+    most SMs idle while it walked the keys."""
+    return torch.ops.omni.decode_attention(query, key, value, mask, scale)
+
+
+@torch.library.custom_op("omni::decode_attention", mutates_args=())
+def _decode_attention_op(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    rows, kv_heads, groups, dim = query.shape
+    length = key.shape[2]
+    splits, per_split = split_plan(rows, kv_heads, length)
+    block_g = max(16, 1 << (groups - 1).bit_length())
+    pairs = rows * kv_heads
+    m = torch.empty(pairs, splits, block_g, dtype=torch.float32, device=query.device)
+    denominators = torch.empty_like(m)
+    partial = torch.empty(pairs, splits, block_g, dim, dtype=torch.float32, device=query.device)
+    out = torch.empty(rows, kv_heads, groups, dim, dtype=query.dtype, device=query.device)
+    if mask is not None:
+        bits = mask.view(torch.uint8)
+        mask_rows = 0 if bits.shape[0] == 1 else bits.stride(0)
+        mask_keys = bits.stride(1)
+    else:
+        bits, mask_rows, mask_keys = query, 0, 0  # never read
+    partial_kernel, combine_kernel = _kernels()
+    partial_kernel[(pairs, splits)](
+        query, key, value, bits, m, denominators, partial,
+        query.stride(0), query.stride(1), query.stride(2),
+        key.stride(0), key.stride(1), key.stride(2),
+        value.stride(0), value.stride(1), value.stride(2),
+        mask_rows, mask_keys,
+        kv_heads, length, per_split, scale,
+        SPLITS=splits, GROUPS=groups, DIM=dim, BLOCK_G=block_g, BLOCK_N=BLOCK_N, HAS_MASK=mask is not None,
+    )  # fmt: skip
+    combine_kernel[(pairs,)](
+        m, denominators, partial, out,
+        out.stride(0), out.stride(1), out.stride(2), kv_heads,
+        SPLITS=splits, GROUPS=groups, DIM=dim, BLOCK_G=block_g,
+    )  # fmt: skip
+    return out
+
+
+@_decode_attention_op.register_fake
+def _(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    return torch.empty_like(query, memory_format=torch.contiguous_format)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@functools.cache
+def _kernels() -> tuple[Any, Any]:
+    """The two Triton kernels, built on first use (Triton is imported only where they run)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def partial_kernel(
+        q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, acc_ptr,
+        stride_qb, stride_qh, stride_qg,
+        stride_kb, stride_kh, stride_kn,
+        stride_vb, stride_vh, stride_vn,
+        stride_mb, stride_mn,
+        kv_heads, length, per_split, scale,
+        SPLITS: tl.constexpr, GROUPS: tl.constexpr, DIM: tl.constexpr, BLOCK_G: tl.constexpr,
+        BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr,
+    ):  # fmt: skip
+        pair = tl.program_id(0)
+        split = tl.program_id(1)
+        row = pair // kv_heads
+        head = pair % kv_heads
+        g = tl.arange(0, BLOCK_G)
+        d = tl.arange(0, DIM)
+        q_ptrs = q_ptr + row * stride_qb + head * stride_qh + g[:, None] * stride_qg + d[None, :]
+        q = tl.load(q_ptrs, mask=g[:, None] < GROUPS, other=0.0)
+        m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_G, DIM], tl.float32)
+        start = split * per_split
+        end = tl.minimum(start + per_split, length)
+        k_base = k_ptr + row * stride_kb + head * stride_kh
+        v_base = v_ptr + row * stride_vb + head * stride_vh
+        for first in range(start, end, BLOCK_N):
+            n = first + tl.arange(0, BLOCK_N)
+            inside = n < end
+            ok = inside
+            if HAS_MASK:
+                ok = ok & (tl.load(mask_ptr + row * stride_mb + n * stride_mn, mask=inside, other=0) != 0)
+            k = tl.load(k_base + n[:, None] * stride_kn + d[None, :], mask=inside[:, None], other=0.0)
+            scores = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
+            scores = tl.where(ok[None, :], scores, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: nothing to scale
+            alpha = tl.exp(m_i - m_safe)
+            p = tl.exp(scores - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v = tl.load(v_base + n[:, None] * stride_vn + d[None, :], mask=inside[:, None], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+            m_i = m_new
+        at = pair * SPLITS + split
+        tl.store(m_ptr + at * BLOCK_G + g, m_i)
+        tl.store(l_ptr + at * BLOCK_G + g, l_i)
+        tl.store(acc_ptr + (at * BLOCK_G + g[:, None]) * DIM + d[None, :], acc)
+
+    @triton.jit
+    def combine_kernel(
+        m_ptr, l_ptr, acc_ptr, out_ptr,
+        stride_ob, stride_oh, stride_og, kv_heads,
+        SPLITS: tl.constexpr, GROUPS: tl.constexpr, DIM: tl.constexpr, BLOCK_G: tl.constexpr,
+    ):  # fmt: skip
+        pair = tl.program_id(0)
+        g = tl.arange(0, BLOCK_G)
+        d = tl.arange(0, DIM)
+        m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        total = tl.zeros([BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_G, DIM], tl.float32)
+        for split in tl.static_range(SPLITS):
+            at = pair * SPLITS + split
+            m_s = tl.load(m_ptr + at * BLOCK_G + g)
+            m_new = tl.maximum(m, m_s)
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            old = tl.exp(m - m_safe)
+            new = tl.exp(m_s - m_safe)
+            total = total * old + tl.load(l_ptr + at * BLOCK_G + g) * new
+            acc = (
+                acc * old[:, None]
+                + tl.load(acc_ptr + (at * BLOCK_G + g[:, None]) * DIM + d[None, :]) * new[:, None]
+            )
+            m = m_new
+        out = acc / tl.where(total == 0.0, 1.0, total)[:, None]  # a row with no key at all: zeros
+        row = pair // kv_heads
+        head = pair % kv_heads
+        out_ptrs = out_ptr + row * stride_ob + head * stride_oh + g[:, None] * stride_og + d[None, :]
+        tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=g[:, None] < GROUPS)
+
+    return partial_kernel, combine_kernel
 
 
 def register() -> None:

@@ -14,7 +14,13 @@ from transformers import Qwen2_5OmniThinkerConfig
 from transformers.integrations import sdpa_attention
 from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as hf
 
-from omni_runtime.executor.decode_attention import NAME, packed_decode_attention, use_packed_decode
+from omni_runtime.executor.decode_attention import (
+    NAME,
+    packed_decode_attention,
+    split_kernel_fits,
+    split_plan,
+    use_packed_decode,
+)
 
 HEADS, KV_HEADS, DIM = 8, 2, 16
 
@@ -116,3 +122,25 @@ def test_a_qwen2_5_decoder_layer_decodes_the_same_with_it() -> None:
     assert model.layers[0].self_attn.config._attn_implementation == NAME
     assert use_packed_decode(model.layers) == 0  # switched already
     torch.testing.assert_close(run(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("rows", "kv_heads", "length", "want"),
+    [
+        (16, 2, 512, (8, 64)),  # the 7B talker at 16 streams: 32 (row, head) pairs, 8 splits
+        (16, 4, 256, (4, 64)),  # the 7B thinker at 16 streams
+        (1, 4, 256, (8, 32)),  # one row: a split per key block, no more
+        (32, 4, 1024, (2, 512)),
+        (1, 1, 5, (1, 32)),  # fewer keys than a block
+        (64, 8, 4096, (1, 4096)),  # pairs enough to fill the GPU: no split
+    ],
+)
+def test_split_plan(rows: int, kv_heads: int, length: int, want: tuple[int, int]) -> None:
+    assert split_plan(rows, kv_heads, length) == want
+
+
+def test_cpu_tensors_without_the_interpreter_take_pytorch_sdpa(monkeypatch) -> None:
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    query, key, value = tensors(2, 1, 64)
+    packed = query.reshape(2, KV_HEADS, HEADS // KV_HEADS, DIM)
+    assert not split_kernel_fits(packed, key, value, lengths_mask([64, 3], 64))
