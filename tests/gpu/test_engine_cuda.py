@@ -142,13 +142,14 @@ def test_packed_decode_attention_compiled_by_inductor_equals_repeated_heads(
     lengths = torch.randint(1, length + 1, (rows,), device="cuda", generator=g)
     mask = (torch.arange(length, device="cuda")[None, :] < lengths[:, None])[:, None, None, :]
     calls: list[int] = []
-    original = decode_attention.split_key_attention
+    original, kernel = decode_attention.split_key_attention, decode_attention.KERNEL
     decode_attention.split_key_attention = lambda *a: calls.append(1) or original(*a)  # type: ignore[assignment]
+    decode_attention.KERNEL = "split"  # opt-in: OMNI_DECODE_KERNEL=split
     try:
         compiled = torch.compile(decode_attention.packed_decode_attention, dynamic=True)
         got, _ = compiled(Attention(), query, key, value, mask, scaling=dim**-0.5)
     finally:
-        decode_attention.split_key_attention = original  # type: ignore[assignment]
+        decode_attention.split_key_attention, decode_attention.KERNEL = original, kernel  # type: ignore[assignment]
     assert calls  # traced through the kernel's op, not SDPA
     k, v = (t.float().repeat_interleave(groups, dim=1) for t in (key, value))
     want = F.scaled_dot_product_attention(query.float(), k, v, attn_mask=mask, scale=dim**-0.5).transpose(

@@ -13,6 +13,11 @@ talker's (tests/gpu/gpu_timeline.py).
 interface and points a decoder stack's attention modules at it. A query of one token with a mask
 shared by every head is packed; anything else (prefill, a per-head mask, a position bias) goes to
 transformers' SDPA function unchanged.
+
+``OMNI_DECODE_KERNEL=split`` (opt-in) attends with :func:`split_key_attention` instead, a
+flash-decoding kernel pair: PyTorch's memory-efficient kernel runs one program per (row, key/value
+head), 32 programs for the talker at 16 streams on a GPU of 132 SMs, each walking every key; a
+16-stream trace showed its decode attention at 36 µs a layer.
 """
 
 from __future__ import annotations
@@ -26,8 +31,9 @@ import torch.nn.functional as F
 from torch import nn
 
 NAME = "omni_packed_sdpa"
-# ``sdpa`` keeps PyTorch's SDPA for the packed query (to measure against the split-key kernel).
-KERNEL = os.environ.get("OMNI_DECODE_KERNEL", "split")
+# ``split`` runs the packed query through the split-key Triton kernels below instead of PyTorch's
+# SDPA. Off by default: tested under Triton's interpreter, not yet measured on a GPU.
+KERNEL = os.environ.get("OMNI_DECODE_KERNEL", "sdpa")
 TARGET_PROGRAMS = 256  # about two programs per SM of an H100 or H200 (132 SMs)
 BLOCK_N = 32  # keys per loop iteration of a program
 
@@ -135,13 +141,13 @@ def _decode_attention_op(
         key.stride(0), key.stride(1), key.stride(2),
         value.stride(0), value.stride(1), value.stride(2),
         mask_rows, mask_keys,
-        kv_heads, length, per_split, scale,
-        SPLITS=splits, GROUPS=groups, DIM=dim, BLOCK_G=block_g, BLOCK_N=BLOCK_N, HAS_MASK=mask is not None,
+        kv_heads, length, per_split, splits, scale,
+        GROUPS=groups, DIM=dim, BLOCK_G=block_g, BLOCK_N=BLOCK_N, HAS_MASK=mask is not None,
     )  # fmt: skip
     combine_kernel[(pairs,)](
         m, denominators, partial, out,
-        out.stride(0), out.stride(1), out.stride(2), kv_heads,
-        SPLITS=splits, GROUPS=groups, DIM=dim, BLOCK_G=block_g,
+        out.stride(0), out.stride(1), out.stride(2), kv_heads, splits,
+        GROUPS=groups, DIM=dim, BLOCK_G=block_g,
     )  # fmt: skip
     return out
 
@@ -163,15 +169,17 @@ def _kernels() -> tuple[Any, Any]:
     import triton
     import triton.language as tl
 
-    @triton.jit
+    # The sizes that change with the (batch, length) bucket are plain arguments, not specialised:
+    # one compile per stack serves every CUDA graph the slot decoder captures.
+    @triton.jit(do_not_specialize=["length", "per_split", "splits", "stride_mb"])
     def partial_kernel(
         q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, acc_ptr,
         stride_qb, stride_qh, stride_qg,
         stride_kb, stride_kh, stride_kn,
         stride_vb, stride_vh, stride_vn,
         stride_mb, stride_mn,
-        kv_heads, length, per_split, scale,
-        SPLITS: tl.constexpr, GROUPS: tl.constexpr, DIM: tl.constexpr, BLOCK_G: tl.constexpr,
+        kv_heads, length, per_split, splits, scale,
+        GROUPS: tl.constexpr, DIM: tl.constexpr, BLOCK_G: tl.constexpr,
         BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr,
     ):  # fmt: skip
         pair = tl.program_id(0)
@@ -206,16 +214,16 @@ def _kernels() -> tuple[Any, Any]:
             v = tl.load(v_base + n[:, None] * stride_vn + d[None, :], mask=inside[:, None], other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
             m_i = m_new
-        at = pair * SPLITS + split
+        at = pair * splits + split
         tl.store(m_ptr + at * BLOCK_G + g, m_i)
         tl.store(l_ptr + at * BLOCK_G + g, l_i)
         tl.store(acc_ptr + (at * BLOCK_G + g[:, None]) * DIM + d[None, :], acc)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["splits"])
     def combine_kernel(
         m_ptr, l_ptr, acc_ptr, out_ptr,
-        stride_ob, stride_oh, stride_og, kv_heads,
-        SPLITS: tl.constexpr, GROUPS: tl.constexpr, DIM: tl.constexpr, BLOCK_G: tl.constexpr,
+        stride_ob, stride_oh, stride_og, kv_heads, splits,
+        GROUPS: tl.constexpr, DIM: tl.constexpr, BLOCK_G: tl.constexpr,
     ):  # fmt: skip
         pair = tl.program_id(0)
         g = tl.arange(0, BLOCK_G)
@@ -223,8 +231,8 @@ def _kernels() -> tuple[Any, Any]:
         m = tl.full([BLOCK_G], float("-inf"), tl.float32)
         total = tl.zeros([BLOCK_G], tl.float32)
         acc = tl.zeros([BLOCK_G, DIM], tl.float32)
-        for split in tl.static_range(SPLITS):
-            at = pair * SPLITS + split
+        for split in range(splits):
+            at = pair * splits + split
             m_s = tl.load(m_ptr + at * BLOCK_G + g)
             m_new = tl.maximum(m, m_s)
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)

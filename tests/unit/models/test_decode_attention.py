@@ -4,6 +4,7 @@ torch.compile, where transformers' own SDPA function repeats them."""
 
 from __future__ import annotations
 
+import os
 from unittest import mock
 
 import pytest
@@ -144,3 +145,9 @@ def test_cpu_tensors_without_the_interpreter_take_pytorch_sdpa(monkeypatch) -> N
     query, key, value = tensors(2, 1, 64)
     packed = query.reshape(2, KV_HEADS, HEADS // KV_HEADS, DIM)
     assert not split_kernel_fits(packed, key, value, lengths_mask([64, 3], 64))
+
+
+def test_the_split_kernel_is_opt_in() -> None:
+    from omni_runtime.executor import decode_attention
+
+    assert decode_attention.KERNEL == "sdpa" or os.environ.get("OMNI_DECODE_KERNEL") == "split"

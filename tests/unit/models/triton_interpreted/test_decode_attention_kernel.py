@@ -72,6 +72,7 @@ class Attention(nn.Module):
 
 
 def test_the_packed_decode_path_takes_the_kernel_and_matches_repeated_heads(monkeypatch) -> None:
+    monkeypatch.setattr(decode_attention, "KERNEL", "split")  # opt-in (OMNI_DECODE_KERNEL=split)
     calls: list[int] = []
     original = decode_attention.split_key_attention
     monkeypatch.setattr(decode_attention, "split_key_attention", lambda *a: calls.append(1) or original(*a))
