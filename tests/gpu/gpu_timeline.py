@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 SPIN_CYCLES = 2_000_000  # per marker rank: stage k's spin runs (k + 1) times this
+TOP_KERNELS = 25  # heaviest kernels kept per stream in the summary
 
 
 def union_length(intervals: Iterable[tuple[float, float]]) -> float:
@@ -78,7 +79,7 @@ def summarize(
     }
     for stream, ivs in sorted(by_stream.items(), key=lambda kv: -union_length(kv[1])):
         stage = stages.get(stream, f"stream {stream}")
-        top = sorted(names[stream].items(), key=lambda kv: -kv[1][0])[:8]
+        top = sorted(names[stream].items(), key=lambda kv: -kv[1][0])[:TOP_KERNELS]
         out["streams"][stage] = {
             "stream": stream,
             "kernels": len(ivs),
