@@ -75,7 +75,7 @@ def split_kernel_fits(
     packed: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None
 ) -> bool:
     """Whether :func:`split_key_attention` takes this call: on CUDA (or Triton's interpreter),
-    a power-of-two head size from 16 to 256 shared by keys and values, unit-stride heads, and a
+    a power-of-two head size from 16 to 256 shared by keys and values, unit-stride head dimensions, and a
     boolean key mask shared by every head and query position."""
     dim = packed.shape[-1]
     return (
@@ -85,8 +85,7 @@ def split_kernel_fits(
         and 16 <= dim <= 256
         and dim & (dim - 1) == 0
         and packed.shape[2] <= 64
-        and key.stride(-1) == 1
-        and value.stride(-1) == 1
+        and packed.stride(-1) == key.stride(-1) == value.stride(-1) == 1
         and (
             mask is None
             or (mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[1] == mask.shape[2] == 1)
