@@ -6,7 +6,8 @@
 # $OUT/<kernel>/; the summary lines print as they come. Run from the repo root on the device, with
 # the carried wheels (.whl):
 #   bash tests/gpu/decode_kernel_ab.sh
-# KERNELS (default "sdpa split"), LEVELS (default 16), RUN_TIMEOUT (seconds per run, default 240).
+# KERNELS (default "sdpa split"), LEVELS (default 16), RUN_TIMEOUT (seconds per run, default 240),
+# VARIANTS (see the end).
 set -uo pipefail
 OUT=${OUT:-/tmp/omni-decode-ab}
 mkdir -p "$OUT"
@@ -27,3 +28,13 @@ for kernel in ${KERNELS:-sdpa split}; do
   echo "== $kernel: rc=$? in $(($(date +%s) - began)) s"
   grep -E "stall per stream|first text|GPU busy|^    (vocoder|talker|thinker):|runner calls" "$OUT/$kernel/run.log" | cut -c1-300
 done
+# VARIANTS='[{}, {"holds_spare_text": false}]': one more load (default kernel) running those
+# profile_speech window variants side by side at LEVELS, e.g. the hold rule with the faster text.
+if [ -n "${VARIANTS:-}" ]; then
+  mkdir -p "$OUT/variants"
+  (cd tests/gpu && timeout "${RUN_TIMEOUT:-240}" python profile_speech.py "$CKPT" --requests 1 \
+    --concurrency "${LEVELS:-16}" --waves 2 --variants-only --window-variants "$VARIANTS" --out "$OUT/variants") \
+    > "$OUT/variants/run.log" 2>&1
+  echo "== variants: rc=$?"
+  grep -E "stall per stream|first text|^  [a-z_]+=|^  default" "$OUT/variants/run.log" | cut -c1-300
+fi
