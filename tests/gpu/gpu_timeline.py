@@ -72,11 +72,11 @@ def summarize(
         "gpu_busy_in_text_phase_s": sum(union_length(clipped(every, s, e)) for s, e in _merged(text_phases)),
         "streams": {},
         "bins": {"any": binned(every, span, bin_s)},
-        "replies_in_text": [
-            sum(1 for s, e in text_phases if s < (k + 1) * bin_s and e > k * bin_s)
-            for k in range(len(binned([], span, bin_s)))
-        ],
     }
+    out["replies_in_text"] = [
+        sum(1 for s, e in text_phases if s < (k + 1) * bin_s and e > k * bin_s)
+        for k in range(len(out["bins"]["any"]))
+    ]
     for stream, ivs in sorted(by_stream.items(), key=lambda kv: -union_length(kv[1])):
         stage = stages.get(stream, f"stream {stream}")
         top = sorted(names[stream].items(), key=lambda kv: -kv[1][0])[:TOP_KERNELS]

@@ -343,8 +343,10 @@ async def prepare_vocoder(engine: Any, *, stock_bigvgan: bool, stock_dit: bool =
     if getattr(vocoder, "stock_dit", stock_dit) != stock_dit:  # transformers' DiT block, or the runtime's
         vocoder.stock_dit = stock_dit  # drops its graphs, one-off sizes' too (the warm-up recaptures)
         swapped += 1
-    if swapped:
+    if swapped:  # BigVGAN is in every graph, the one-off sizes' too
         vocoder.graphs.clear()
+        if hasattr(vocoder, "tail_graphs"):
+            vocoder.tail_graphs.clear()
     local = getattr(engine.stages, "local", engine.stages)
     sizes = CodecSegmenter(family_config(engine.adapter.codec_windows)).recurring_sizes()
     began = time.perf_counter()

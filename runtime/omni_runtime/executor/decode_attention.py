@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omni_runtime.executor.triton_support import triton_runs_on
+
 NAME = "omni_packed_sdpa"
 # ``split`` runs the packed query through the split-key Triton kernels below instead of PyTorch's
 # SDPA. Off by default: tested under Triton's interpreter, not yet measured on a GPU.
@@ -80,7 +82,7 @@ def split_kernel_fits(
     dim = packed.shape[-1]
     return (
         KERNEL == "split"
-        and (packed.is_cuda or _interpreting())
+        and triton_runs_on(packed)
         and dim == key.shape[-1] == value.shape[-1]
         and 16 <= dim <= 256
         and dim & (dim - 1) == 0
@@ -156,10 +158,6 @@ def _(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float
 ) -> torch.Tensor:
     return torch.empty_like(query, memory_format=torch.contiguous_format)
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @functools.cache

@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from omni_runtime.executor.triton_support import triton_runs_on
 
 NAME = "omni_fused"
 # Rows (tokens) per call up to which the fused kernels run; above, transformers' grouped_mm.
@@ -95,7 +96,7 @@ def fusable(experts: Any, hidden_states: torch.Tensor) -> bool:
         and not getattr(experts, "has_post_expert_norm", True)
         and not getattr(experts, "_is_expert_parallel", True)
         and _is_silu(experts.act_fn)
-        and (hidden_states.is_cuda or _interpreting())
+        and triton_runs_on(hidden_states)
     )
 
 
@@ -249,7 +250,7 @@ def _(logits: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tensor, 
 def router_forward(router: Any, hidden_states: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """A fused forward for transformers' ``*TopKRouter`` modules (linear, softmax, top-k,
     renormalise): the same ``(logits, weights, indices)``, the last three steps one kernel."""
-    if not (hidden_states.is_cuda or _interpreting()):  # transformers' own forward
+    if not triton_runs_on(hidden_states):  # transformers' own forward
         original: Any = _ORIGINAL.get(type(router), type(router))
         return original.forward(router, hidden_states)
     hidden_states = hidden_states.reshape(-1, router.hidden_dim)
@@ -299,10 +300,6 @@ def _cdiv(a: int, b: int) -> int:
 
 def _is_silu(act: Any) -> bool:
     return isinstance(act, torch.nn.SiLU) or type(act).__name__ in ("SiLUActivation", "SiLU")
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @functools.cache

@@ -1,0 +1,14 @@
+"""Where the executor's Triton kernels run: on CUDA tensors, or on CPU tensors under Triton's
+interpreter (``TRITON_INTERPRET=1``, which Triton reads when it is first imported), as the
+kernels' CPU tests run them. Elsewhere a caller takes its PyTorch path."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def triton_runs_on(tensor: torch.Tensor) -> bool:
+    """Whether a Triton kernel can take ``tensor``: it is on a GPU, or the interpreter is on."""
+    return tensor.is_cuda or os.environ.get("TRITON_INTERPRET", "0") == "1"
