@@ -262,7 +262,9 @@ class QwenVocoder(SingleWindow):
     def _dit_sample(self, code, noise, cond, encoded, block=None) -> torch.Tensor:
         """``Qwen2_5OmniToken2WavDiTModel.sample``: classifier-free guidance, RK4 over fixed times."""
         dit = self.dit
-        block = block or self.block  # the fixed-shape compile unless the caller picked one
+        # The fixed-shape compile unless the caller picked one (the shape-generic one: one-off sizes).
+        aligned_bias = block is None
+        block = block or self.block
         frames = noise.shape[1]
         cond = cond.to(self.dit_dtype)
         speaker = cond.unsqueeze(1).repeat(1, frames, 1)
@@ -274,10 +276,19 @@ class QwenVocoder(SingleWindow):
         positions = torch.arange(frames, device=noise.device)[None, :].repeat(rows, 1)
         rotary = dit.rotary_embed(speaker2, positions)
         block_diff = dit._create_block_diff(speaker2)
-        masks = [
-            (block_diff >= -float(layer.look_backward_block)) & (block_diff <= float(layer.look_ahead_block))
-            for layer in dit.transformer_blocks
-        ]
+        reaches = [(layer.look_backward_block, layer.look_ahead_block) for layer in dit.transformer_blocks]
+        if aligned_bias:
+            # One additive bias per distinct reach for the whole call, broadcast over rows and
+            # heads: SDPA converted and padded a boolean mask at every layer of every evaluation
+            # (792 times a window). Not for the shape-generic compile: its padded row stride is no
+            # function of the frames it can express, so each new size would recompile it.
+            biases = {
+                reach: block_bias(block_diff[0, 0], *reach, self.dit_dtype).expand(block_diff.shape)
+                for reach in set(reaches)
+            }
+            masks = [biases[reach] for reach in reaches]
+        else:
+            masks = [(block_diff >= -float(back)) & (block_diff <= float(ahead)) for back, ahead in reaches]
 
         stock = self._stock_dit
 
@@ -327,6 +338,25 @@ class QwenVocoder(SingleWindow):
             hidden = sum(block(hidden) for block in blocks) / model.num_residual_blocks
         wave = model.conv_post(model.activation_post(hidden))
         return torch.clamp(wave, min=-1.0, max=1.0).reshape(wave.shape[0], -1)
+
+
+# The memory-efficient attention kernel reads a bias whose rows start at multiples of this many
+# elements; SDPA copies any other bias into such a layout at every call.
+BIAS_ALIGNMENT = 16
+
+
+def block_bias(block_diff: torch.Tensor, back: float, ahead: float, dtype: torch.dtype) -> torch.Tensor:
+    """The DiT's block attention mask as an additive bias: [frames, frames], 0 where frame i may
+    attend frame j (its block within ``back`` blocks before and ``ahead`` after: transformers'
+    ``block_diff >= -look_backward_block & block_diff <= look_ahead_block``) and -inf elsewhere,
+    exactly what SDPA makes of the boolean mask. Its rows are padded in storage to a multiple of
+    ``BIAS_ALIGNMENT`` so SDPA reads it as it is. ``block_diff``: [frames, frames]."""
+    frames = block_diff.shape[-1]
+    padded = -(-frames // BIAS_ALIGNMENT) * BIAS_ALIGNMENT
+    bias = torch.full((frames, padded), float("-inf"), dtype=dtype, device=block_diff.device)
+    allowed = (block_diff >= -float(back)) & (block_diff <= float(ahead))
+    bias[:, :frames].masked_fill_(allowed, 0.0)
+    return bias[:, :frames]
 
 
 def evaluation_times(times: list[float]) -> list[float]:
