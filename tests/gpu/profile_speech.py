@@ -21,7 +21,8 @@ overrides, one model load for a side-by-side comparison (two keys switch the eng
 BigVGAN activations instead of the Triton kernel, ``stock_dit`` transformers' own DiT block instead of
 the vocoder's, ``holds_spare_text`` false lets a later window pause the thinker while another reply's
 talker takes its text, ``thinker_hold_below_s`` which windows pause the
-thinker, ``vocoder_graphs`` false every vocoder window eagerly):
+thinker, ``vocoder_graphs`` false every vocoder window eagerly, ``windows_ahead`` how many of a
+reply's windows may be at the vocoder at once):
 
     python tests/gpu/profile_speech.py /tmp/qwen2.5-omni-7b-dummy --concurrency 1,16,32 --waves 1 \
         --window-variants '[{"catch_up": false}]'
@@ -110,6 +111,16 @@ class Marks:
                 marks.setdefault("aggregated", time.perf_counter() - marks["_start"])
             return out
 
+        # How each reply's talker ended, and after how many codes (a random-weight talker can draw
+        # its end code early; a reply with no audio says which way it went).
+        self.talker_ends: dict[str, tuple[str, int]] = {}
+        end = talker._end
+
+        def recorded_end(job: Any, reason: Any, **kwargs: Any) -> Any:
+            self.talker_ends.setdefault(job.request_id, (str(reason), int(job.codes)))
+            return end(job, reason, **kwargs)
+
+        talker._end = recorded_end
         stages.preprocess, talker.submit, talker._accept = timed_preprocess, timed_submit, timed_accept
         stages.synthesize, stages.aggregate = timed_synthesize, timed_aggregate
         # Wall time of the runners' calls on their threads (each ends in a host read of its tokens).
@@ -188,6 +199,12 @@ async def one(
             timeline.append(Chunk(arrival_s=now, duration_s=len(event.pcm) / event.sample_rate))
         elif isinstance(event, Finished):
             marks["end"] = now
+            if event.reason == "error" or not timeline:
+                print(
+                    f"{rid}: ended {event.reason} ({event.error}) with {len(timeline)} audio chunks; talker "
+                    f"ended (reason, codes): {marks_hook.talker_ends.get(rid)}",
+                    flush=True,
+                )
     marks["_began"] = marks.pop("_start")  # perf_counter at the start (gpu_timeline's clock)
     TIMELINES[rid] = tuple(timeline)
     heard = play(timeline)
@@ -316,6 +333,7 @@ ENGINE_SWITCHES = (
     "holds_spare_text",
     "thinker_hold_below_s",
     "vocoder_graphs",
+    "windows_ahead",
 )
 
 
@@ -456,6 +474,7 @@ async def main(args: argparse.Namespace) -> None:
     freeze_heap("profile_speech")
     watch_gc(warn_above_s=0.05)
     hold_default = engine.thinker_hold_below_s
+    ahead_default = engine.windows_ahead
     variants = args.window_variants if args.variants_only else [{}, *args.window_variants]
     for variant in variants:  # one switch per variant: a swap recaptures graphs
         overrides = {k: v for k, v in variant.items() if k not in ENGINE_SWITCHES}
@@ -463,6 +482,7 @@ async def main(args: argparse.Namespace) -> None:
         serial(engine, bool(variant.get("serial_talker_admission")))
         engine.thinker_hold_below_s = variant.get("thinker_hold_below_s", hold_default)
         engine.holds_spare_text = bool(variant.get("holds_spare_text", True))
+        engine.windows_ahead = int(variant.get("windows_ahead", ahead_default))
         await prepare_vocoder(
             engine, stock_bigvgan=bool(variant.get("stock_bigvgan")), stock_dit=bool(variant.get("stock_dit"))
         )

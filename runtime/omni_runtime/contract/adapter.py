@@ -236,6 +236,8 @@ class OmniAdapter(ABC):
     # Overrides of the segmenter's window sizes (pipeline.segmenter.SegmenterConfig fields), in
     # codes: a family whose codes are longer (Qwen3's 80 ms frames) speaks first after fewer.
     codec_windows: dict[str, Any] = {}
+    # Codes (Qwen3: frames) per second of output audio: what a window not yet synthesised will play.
+    codes_per_second: float = 50.0
 
     def thread_initializer(self, stage: str) -> Any:
         """Run once in a stage's worker thread (e.g. to give it its own CUDA stream); None: nothing."""

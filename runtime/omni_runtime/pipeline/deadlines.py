@@ -58,6 +58,16 @@ class PlaybackClock:
         return None if self.ends_at is None else self.ends_at - now
 
 
+def ahead_slack(slack_s: float | None, queued_s: float) -> float | None:
+    """The slack of a window cut while ``queued_s`` seconds of its stream's audio are still being
+    synthesised: its listener's slack once that audio is out, counted as if it went out now (the
+    play head, stalled or not, then has that much more to play). ``slack_s`` is the stream's
+    slack now (None before its first audio); with nothing queued it is the window's own."""
+    if queued_s <= 0:
+        return slack_s
+    return max(slack_s or 0.0, 0.0) + queued_s
+
+
 def priority(*, slack_s: float | None, now: float, seq: int) -> Priority:
     """Sort key of a window submitted at `now` (smaller runs first); `seq` is the arrival number."""
     if slack_s is None:

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import asdict, dataclass
@@ -38,7 +39,7 @@ from omni_runtime.contract.engine import (
 from omni_runtime.contract.options import EngineOptions
 from omni_runtime.contract.stages import STREAMING_AUDIO
 from omni_runtime.executor.gpu_memory import gpu_memory
-from omni_runtime.pipeline.deadlines import THINKER_HOLD_BELOW_S, PlaybackClock, holds_thinker
+from omni_runtime.pipeline.deadlines import THINKER_HOLD_BELOW_S, PlaybackClock, ahead_slack, holds_thinker
 from omni_runtime.pipeline.detokenize import IncrementalDetokenizer, StopMatcher
 from omni_runtime.pipeline.encoding import MediaEncoders
 from omni_runtime.pipeline.graph import local_stages, pipeline_variant
@@ -55,6 +56,7 @@ from omni_runtime.pipeline.workers import TimeCounts
 log = logging.getLogger(__name__)
 # Both families' feature extractors (Whisper's) make one frame per 10 ms of 16 kHz audio.
 HOP_SAMPLES = 160
+WINDOWS_AHEAD = 2
 
 
 class PipelineEngine:
@@ -79,11 +81,14 @@ class PipelineEngine:
         # Which audio windows pause the thinker (deadlines.holds_thinker): set in start(), on a GPU
         # the thinker shares with the vocoder; None never pauses it.
         self.thinker_hold_below_s: float | None = None
-        self._before_first_audio = 0  # streaming speech replies that have not sent audio yet
+        self._before_first_audio: set[str] = set()  # streaming speech replies without audio yet (ids)
         # Speech replies whose talker still takes the thinker's text (request ids), and whether a
         # later window's hold waits until no other reply's does (deadlines.holds_thinker).
         self._talkers_on_text: set[str] = set()
         self.holds_spare_text = True
+        # Windows of one streaming reply at the vocoder at once (`_stream_windows`); 1: each is cut
+        # once the one before came back.
+        self.windows_ahead = WINDOWS_AHEAD
         self.first_audio_phases = TimeCounts()  # FIRST_AUDIO_PHASES of streaming speech replies
 
     @property
@@ -370,12 +375,13 @@ class PipelineEngine:
     def _window_hold(self, slack_s: float | None, request_id: str) -> AbstractAsyncContextManager[None]:
         """Hold the thinker while a window with this slack is synthesised (deadlines.holds_thinker).
 
-        A later window's stream has had its first audio, so any stream still before its first
-        audio is another reply's, as is any prompt waiting for the thinker."""
+        Another reply still before its first audio, or a prompt waiting for the thinker, counts as
+        pending; this reply's own first window (a later window can be cut while it is still at the
+        vocoder) does not: that window holds the thinker itself."""
         if self.stages is None:
             return contextlib.nullcontext()
         thinker = self.stages.thinker
-        pending = thinker.waiting_count > 0 or self._before_first_audio > 0
+        pending = thinker.waiting_count > 0 or bool(self._before_first_audio - {request_id})
         text = self.holds_spare_text and bool(self._talkers_on_text - {request_id})
         if not holds_thinker(
             slack_s=slack_s, below_s=self.thinker_hold_below_s, first_audio_pending=pending, text_pending=text
@@ -448,73 +454,118 @@ class PipelineEngine:
         seed = (
             request.sampling.seed if request.sampling.seed is not None else hash(request.request_id) & 0xFFFF
         )
-        clock = PlaybackClock()  # the listener's play head: orders this stream's windows (deadlines)
-        assert self.stages is not None
-        if streaming:
-            self._before_first_audio += 1
+        if not streaming:
+            return await self._speak_at_end(job, voice, out, segmenter, seed)
+        self._before_first_audio.add(request.request_id)
         try:
-            return await self._speak_windows(
-                request, job, voice, out, segmenter, streaming, seed, clock, marks if streaming else None
-            )
-        finally:
-            if streaming and clock.ends_at is None:  # ended (or failed) before its first audio
-                self._before_first_audio -= 1
+            return await self._stream_windows(request, job, voice, out, segmenter, seed, marks)
+        finally:  # ended, failed or cancelled, before its first audio or after
+            self._before_first_audio.discard(request.request_id)
 
-    async def _speak_windows(
+    async def _speak_at_end(
+        self, job: TalkerJob, voice: str | None, out: asyncio.Queue, segmenter: CodecSegmenter, seed: int
+    ) -> float:
+        """Non-streaming: the windows, cut once the talker ends, synthesised together (one chunk)."""
+        standard = segmenter.recurring_sizes()
+        codes: list[Any] = []  # codec tokens, or frames (a tuple of codes per codebook)
+        samples = 0
+        assert self.stages is not None
+        done = False
+        while not done:
+            done = _take_codes([await job.events.get()], job, codes)
+            windows = [widen_to_recurring(w, standard) for w in segmenter.push(len(codes), done=done)]
+            if not windows:
+                continue
+            items = [window_item(codes, w, voice=voice, seed=seed, sizes=standard) for w in windows]
+            calls = [asyncio.ensure_future(self.stages.synthesize(item)) for item in items]
+            try:
+                pieces = await asyncio.gather(*calls)
+            finally:  # one failed window (or a cancel) drops the rest still queued
+                for call in calls:
+                    call.cancel()
+            pcm = np.concatenate([np.asarray(p, dtype=np.float32) for p in pieces])
+            samples += len(pcm)
+            out.put_nowait(AudioChunk(pcm=pcm, sample_rate=self.output_sample_rate))
+        return samples / self.output_sample_rate
+
+    async def _stream_windows(
         self,
         request: GenerationRequest,
         job: TalkerJob,
         voice: str | None,
         out: asyncio.Queue,
         segmenter: CodecSegmenter,
-        streaming: bool,
         seed: int,
-        clock: PlaybackClock,
         marks: FirstAudioMarks | None,
     ) -> float:
+        """Streaming: each window is cut over the codes that exist when it is cut (the talker kept
+        going while the last one was synthesised: a catch-up window), up to ``windows_ahead`` of
+        them at the vocoder at once, and their audio goes out in order.
+
+        With one window at a time, a reply's second window was asked only once its first came
+        back, and at 16 streams its round trip (the vocoder call in flight, then its own) outlasted
+        the first window's 0.2 s of audio: the listener stalled there. A window cut while earlier
+        ones are still at the vocoder carries the slack it will have once they are sent
+        (`deadlines.ahead_slack`), so it never goes before a stream that runs dry sooner."""
+        assert self.stages is not None and self.adapter is not None
         standard = segmenter.recurring_sizes()
-        codes: list[Any] = []  # codec tokens, or frames (a tuple of codes per codebook)
+        code_seconds = 1.0 / self.adapter.codes_per_second
+        clock = PlaybackClock()  # the listener's play head: orders this stream's windows (deadlines)
+        codes: list[Any] = []
         samples = 0
-        assert self.stages is not None
         done = False
-        while True:
-            done = _take_codes([await job.events.get()], job, codes) or done
-            if marks is not None and codes and marks.first_code is None:
-                marks.first_code = time.monotonic()
-            if not streaming:
-                windows = [widen_to_recurring(w, standard) for w in segmenter.push(len(codes), done=done)]
-                if windows:
-                    items = [window_item(codes, w, voice=voice, seed=seed, sizes=standard) for w in windows]
-                    calls = [asyncio.ensure_future(self.stages.synthesize(item)) for item in items]
-                    try:
-                        pieces = await asyncio.gather(*calls)
-                    finally:  # one failed window (or a cancel) drops the rest still queued
-                        for call in calls:
-                            call.cancel()
-                    pcm = np.concatenate([np.asarray(p, dtype=np.float32) for p in pieces])
+        ahead: deque[tuple[float, asyncio.Future]] = deque()  # (seconds of audio, its synthesis)
+        events: asyncio.Future | None = None
+        try:
+            while True:
+                while len(ahead) < max(1, self.windows_ahead) and (
+                    ready := segmenter.push(len(codes), done=done, limit=1)
+                ):
+                    window = widen_to_recurring(ready[0], standard)
+                    queued = sum(seconds for seconds, _ in ahead)
+                    slack = ahead_slack(clock.slack(now=time.monotonic()), queued)
+                    item = window_item(codes, window, voice=voice, seed=seed, sizes=standard, slack_s=slack)
+                    if marks is not None and marks.window_asked is None:
+                        marks.window_asked = time.monotonic()
+                    seconds = (window.end - window.start) * code_seconds
+                    ahead.append(
+                        (seconds, asyncio.ensure_future(self._synthesize_held(item, slack, request)))
+                    )
+                if done and not ahead:
+                    return samples / self.output_sample_rate
+                waits: set[asyncio.Future] = {ahead[0][1]} if ahead else set()
+                if not done:
+                    events = events or asyncio.ensure_future(job.events.get())
+                    waits.add(events)
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                if events is not None and events.done():
+                    done = _take_codes([events.result()], job, codes) or done
+                    events = None
+                while ahead and ahead[0][1].done():
+                    pcm = ahead.popleft()[1].result()
                     samples += len(pcm)
                     out.put_nowait(AudioChunk(pcm=pcm, sample_rate=self.output_sample_rate))
-            # Streaming: one window at a time, each cut over the codes that exist when it is cut
-            # (the talker kept going while the last one was synthesised: a catch-up window).
-            while streaming and (ready := segmenter.push(len(codes), done=done, limit=1)):
-                window = widen_to_recurring(ready[0], standard)
-                # Seconds until this stream's listener runs dry; None before its first audio.
-                slack = clock.slack(now=time.monotonic())
-                item = window_item(codes, window, voice=voice, seed=seed, sizes=standard, slack_s=slack)
-                if marks is not None and marks.window_asked is None:
-                    marks.window_asked = time.monotonic()
-                async with self._window_hold(slack, request.request_id):
-                    pcm = await self.stages.synthesize(item)
-                samples += len(pcm)
-                out.put_nowait(AudioChunk(pcm=pcm, sample_rate=self.output_sample_rate))
-                if clock.ends_at is None:  # this stream's first audio
-                    self._before_first_audio -= 1
-                    if marks is not None:
-                        marks.record(self.first_audio_phases, audio=time.monotonic())
-                clock.sent(now=time.monotonic(), seconds=len(pcm) / self.output_sample_rate)
-                done = _take_codes([], job, codes) or done
-            if done:
-                return samples / self.output_sample_rate
+                    if clock.ends_at is None:  # this stream's first audio
+                        self._before_first_audio.discard(request.request_id)
+                        if marks is not None:
+                            marks.record(self.first_audio_phases, audio=time.monotonic())
+                    clock.sent(now=time.monotonic(), seconds=len(pcm) / self.output_sample_rate)
+                if not done:
+                    done = _take_codes([], job, codes)
+                if marks is not None and codes and marks.first_code is None:
+                    marks.first_code = time.monotonic()
+        finally:  # a failed window or a cancel drops the windows still at the vocoder
+            for _, call in ahead:
+                call.cancel()
+            if events is not None:
+                events.cancel()
+
+    async def _synthesize_held(
+        self, item: dict[str, Any], slack: float | None, request: GenerationRequest
+    ) -> Any:
+        assert self.stages is not None
+        async with self._window_hold(slack, request.request_id):
+            return await self.stages.synthesize(item)
 
 
 def _take_codes(events: list[Any], job: TalkerJob, codes: list[Any]) -> bool:

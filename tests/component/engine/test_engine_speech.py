@@ -134,7 +134,8 @@ class SlowVocoder(VocoderSpy):
 def test_a_stream_behind_its_talker_catches_up_in_larger_windows(family_speech_engine: Harness) -> None:
     """When the vocoder is slower than the talker, each window after the first covers the codes
     that exist when it is cut (up to the steady size, at a captured graph's size), instead of
-    queueing the planned ramp windows one vocoder call after another."""
+    queueing the planned ramp windows one vocoder call after another. One window at a time (a
+    window cut while the one before is at the vocoder has only the codes of that moment)."""
     from dataclasses import replace
 
     from omni_runtime.pipeline.segmenter import SegmenterConfig
@@ -142,12 +143,14 @@ def test_a_stream_behind_its_talker_catches_up_in_larger_windows(family_speech_e
     harness = family_speech_engine
     spy = SlowVocoder(harness.engine.stages.local.vocoder, delay_s=0.4)
     harness.engine.stages.local.vocoder = spy
+    ahead, harness.engine.windows_ahead = harness.engine.windows_ahead, 1
     try:
         base = request(max_tokens=40, want_audio=True, talker_tokens=90)
         greedy = replace(base, stage_params={"talker": {"max_tokens": 90, "temperature": 0.0}})
         events = harness.collect(greedy)
     finally:
         harness.engine.stages.local.vocoder = spy.vocoder
+        harness.engine.windows_ahead = ahead
     codes = spy.items[-1]["end"]
     assert codes >= 40, f"the tiny talker ended after {codes} codes: too few to show catch-up"
     windows = harness.engine.adapter.codec_windows

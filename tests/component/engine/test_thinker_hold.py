@@ -115,7 +115,7 @@ def test_no_later_window_holds_the_thinker_while_another_reply_waits_for_its_fir
             yield
 
     def recording_hold(slack_s: float | None, request_id: str) -> Any:
-        pending = engine._before_first_audio + thinker.waiting_count
+        pending = len(engine._before_first_audio - {request_id}) + thinker.waiting_count
         text = bool(engine._talkers_on_text - {request_id})
         hold = window_hold(slack_s, request_id)
         decided.append((slack_s is not None, pending, text, not isinstance(hold, contextlib.nullcontext)))
@@ -158,7 +158,7 @@ def test_no_later_window_holds_the_thinker_while_another_reply_waits_for_its_fir
     assert all(held == (not later or not text) for later, pending, text, held in decided if pending == 0), (
         decided
     )
-    assert engine._before_first_audio == 0  # every reply reached its audio: nothing counted left
+    assert not engine._before_first_audio  # every reply reached its audio: nothing counted left
     assert not engine._talkers_on_text  # and every reply's text ended
 
 
@@ -168,7 +168,7 @@ def test_a_later_window_spares_the_text_another_reply_s_talker_waits_for(speech_
     first window holds either way."""
     engine: Any = speech_engine.engine
     engine.thinker_hold_below_s = 1e9  # every listener is "about to run dry"
-    assert engine._before_first_audio == 0 and engine.stages.thinker.waiting_count == 0
+    assert not engine._before_first_audio and engine.stages.thinker.waiting_count == 0
 
     def holds(slack_s: float | None, own: str, on_text: set[str], spare: bool = True) -> bool:
         engine._talkers_on_text, engine.holds_spare_text = set(on_text), spare
@@ -199,7 +199,7 @@ def test_a_reply_cancelled_before_its_first_audio_is_no_longer_waited_for(speech
             await asyncio.sleep(0.01)
 
     speech_engine.run(scenario())
-    assert engine._before_first_audio == 0
+    assert not engine._before_first_audio
     assert not engine._talkers_on_text  # its text will never end: it was let go with the reply
 
 

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from omni_runtime.contract.adapter import window_shape
-from omni_runtime.pipeline.deadlines import PlaybackClock, holds_thinker, priority, take
+from omni_runtime.pipeline.deadlines import PlaybackClock, ahead_slack, holds_thinker, priority, take
 from omni_runtime.pipeline.workers import BatchingWorker, StageThread
 
 
@@ -28,6 +28,21 @@ def test_playback_clock(sends: list[tuple[float, float]], now: float, slack: flo
     for at, seconds in sends:
         clock.sent(now=at, seconds=seconds)
     assert clock.slack(now=now) == slack
+
+
+@pytest.mark.parametrize(
+    ("slack", "queued", "ahead"),
+    [
+        (None, 0.0, None),  # nothing at the vocoder, no audio yet: a first window
+        (1.5, 0.0, 1.5),  # nothing queued: the stream's own slack
+        (None, 0.2, 0.2),  # cut while the first window (0.2 s) is synthesised: dry 0.2 s after it
+        (0.5, 0.8, 1.3),  # 0.5 s buffered, 0.8 s more on its way
+        (-0.4, 0.8, 0.8),  # stalled: the play head waits, then plays the queued 0.8 s
+        (0.0, 0.4, 0.4),
+    ],
+)
+def test_ahead_slack(slack: float | None, queued: float, ahead: float | None) -> None:
+    assert ahead_slack(slack, queued) == ahead
 
 
 @pytest.mark.parametrize(

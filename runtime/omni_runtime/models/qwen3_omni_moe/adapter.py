@@ -89,6 +89,7 @@ class Qwen3OmniMoeAdapter(OmniAdapter):
         self.voices = tuple(str(name).capitalize() for name in sorted(speakers, key=speakers.__getitem__))
         self.default_voice = "Ethan" if "Ethan" in self.voices else (self.voices[0] if self.voices else None)
         self.codec_windows = dict(CODEC_WINDOWS)
+        self.codes_per_second = 12.5  # one frame of every codebook per 80 ms
         self.mem_fraction = options.mem_fraction_static
         self.session_kv_bytes = options.session_kv_mb << 20  # kept session KV beside the slots
         cfg = loaded.config.thinker_config
