@@ -13,8 +13,10 @@ seconds of audio buffered at the listener go ahead of one about to run dry. Inst
 
 A window carries its stream's *slack* (seconds until that deadline, None for a first window)
 rather than a clock reading, so the order also holds when the vocoder runs in another process
-(the talker stage behind a stage link) with a clock of its own. With one stream there is one
-window at a time and the order changes nothing.
+(the talker stage behind a stage link) with a clock of its own. A stream may have a second
+window at the vocoder while its first is still there (the engine's ``windows_ahead``); that one
+carries the slack it will have once the first is out (`ahead_slack`), so it is a later window, not
+a first one.
 
 The same slack decides whether a window **holds the thinker** (`holds_thinker`) where the vocoder
 shares the thinker's GPU: a window is a few thousand small kernels, and queued behind the
