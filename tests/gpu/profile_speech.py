@@ -22,7 +22,8 @@ BigVGAN activations instead of the Triton kernel, ``stock_dit`` transformers' ow
 the vocoder's, ``holds_spare_text`` false lets a later window pause the thinker while another reply's
 talker takes its text, ``thinker_hold_below_s`` which windows pause the
 thinker, ``vocoder_graphs`` false every vocoder window eagerly, ``windows_ahead`` how many of a
-reply's windows may be at the vocoder at once):
+reply's windows may be at the vocoder at once, ``vocoder_far`` ``[seconds, windows]`` as
+``OMNI_VOCODER_FAR`` sets it, far windows out of nearer ones' calls):
 
     python tests/gpu/profile_speech.py /tmp/qwen2.5-omni-7b-dummy --concurrency 1,16,32 --waves 1 \
         --window-variants '[{"catch_up": false}]'
@@ -53,6 +54,7 @@ from omni_runtime.contract.engine import (
 )
 from omni_runtime.contract.options import EngineOptions
 from omni_runtime.pipeline import build_engine
+from omni_runtime.pipeline.deadlines import FarWindows
 from omni_runtime.support.gc_pauses import collections, freeze_heap, longest_pause, watch_gc
 
 
@@ -334,6 +336,7 @@ ENGINE_SWITCHES = (
     "thinker_hold_below_s",
     "vocoder_graphs",
     "windows_ahead",
+    "vocoder_far",
 )
 
 
@@ -475,6 +478,7 @@ async def main(args: argparse.Namespace) -> None:
     watch_gc(warn_above_s=0.05)
     hold_default = engine.thinker_hold_below_s
     ahead_default = engine.windows_ahead
+    far_default = getattr(engine.stages, "local", engine.stages).vocoder_worker.far
     variants = args.window_variants if args.variants_only else [{}, *args.window_variants]
     for variant in variants:  # one switch per variant: a swap recaptures graphs
         overrides = {k: v for k, v in variant.items() if k not in ENGINE_SWITCHES}
@@ -483,6 +487,9 @@ async def main(args: argparse.Namespace) -> None:
         engine.thinker_hold_below_s = variant.get("thinker_hold_below_s", hold_default)
         engine.holds_spare_text = bool(variant.get("holds_spare_text", True))
         engine.windows_ahead = int(variant.get("windows_ahead", ahead_default))
+        far = variant.get("vocoder_far")  # [seconds, windows]: deadlines.FarWindows; absent: the default
+        worker = getattr(engine.stages, "local", engine.stages).vocoder_worker
+        worker.far = FarWindows(after_s=float(far[0]), batch=int(far[1])) if far else far_default
         await prepare_vocoder(
             engine, stock_bigvgan=bool(variant.get("stock_bigvgan")), stock_dit=bool(variant.get("stock_dit"))
         )

@@ -112,24 +112,71 @@ def holds_thinker(
     return slack_s < below_s and not first_audio_pending and not text_pending
 
 
+@dataclass(frozen=True)
+class FarWindows:
+    """A bound on how long a vocoder call runs while its windows have audio to spare.
+
+    A later window is *far* when its listener still has more than ``after_s`` seconds of audio
+    (its deadline is that far off). A far window does not ride along in a call made for a nearer
+    one, and a call of far windows alone takes at most ``batch`` of them. Under a closed loop the
+    vocoder makes audio faster than it plays, so most windows are far; in full calls of them (14
+    windows, about 180 ms on an H200) a window that had just become urgent waited for the whole
+    call in flight, then its own. Smaller calls cost batching efficiency: off unless set."""
+
+    after_s: float
+    batch: int
+
+
+def far_windows(setting: str | None) -> FarWindows | None:
+    """``OMNI_VOCODER_FAR``'s value, ``"AFTER_S,BATCH"`` (e.g. ``"1.0,4"``), as a `FarWindows`;
+    unset or empty: None (every call as full as the line allows)."""
+    if not setting:
+        return None
+    parts = setting.split(",")
+    try:
+        after_s, batch = float(parts[0]), int(parts[1])
+        if len(parts) != 2 or after_s < 0 or batch < 1:
+            raise ValueError
+    except (ValueError, IndexError):
+        raise ValueError(
+            f"OMNI_VOCODER_FAR must be 'SECONDS,WINDOWS' (seconds of audio left >= 0, windows per call"
+            f" >= 1), e.g. '1.0,4'; got {setting!r}"
+        ) from None
+    return FarWindows(after_s=after_s, batch=batch)
+
+
 def take(
-    waiting: Sequence[tuple[Priority, T]], max_batch: int, *, group: Callable[[T], Hashable] | None = None
+    waiting: Sequence[tuple[Priority, T]],
+    max_batch: int,
+    *,
+    group: Callable[[T], Hashable] | None = None,
+    far: FarWindows | None = None,
+    now: float = 0.0,
 ) -> tuple[list[T], list[tuple[Priority, T]]]:
     """The next batch (most urgent first, at most `max_batch`) and what keeps waiting.
 
     With `group`, the batch holds only items of the most urgent one's group (a vocoder window's
     shape: windows of different shapes would run one after another inside the call, and a window
     that comes meanwhile, however urgent, would wait for all of them); the others keep their place.
+    With `far` (and the clock's `now`), far windows stay out of a nearer one's call, and a call of
+    far windows takes at most `far.batch` (`FarWindows`).
     """
     ordered = sorted(waiting, key=lambda entry: entry[0])
-    if group is None or not ordered:
-        return [item for _, item in ordered[:max_batch]], list(ordered[max_batch:])
-    first = group(ordered[0][1])
+    if not ordered:
+        return [], []
+
+    def is_far(key: Priority) -> bool:
+        return far is not None and key[0] == 1 and key[1] - now > far.after_s
+
+    lead_far = is_far(ordered[0][0])
+    limit = min(max_batch, far.batch) if far is not None and lead_far else max_batch
+    first = group(ordered[0][1]) if group is not None else None
     batch: list[T] = []
     rest: list[tuple[Priority, T]] = []
-    for entry in ordered:
-        if len(batch) < max_batch and group(entry[1]) == first:
-            batch.append(entry[1])
+    for key, item in ordered:
+        same = group is None or group(item) == first
+        if len(batch) < limit and same and (lead_far or not is_far(key)):
+            batch.append(item)
         else:
-            rest.append(entry)
+            rest.append((key, item))
     return batch, rest

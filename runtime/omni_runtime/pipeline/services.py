@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from typing import Any
 
 from omni_runtime.contract.adapter import OmniAdapter, Prompt, ThinkerPrompt, Vocoder, window_shape
-from omni_runtime.contract.engine import GenerationRequest, StageLoad
+from omni_runtime.contract.engine import EngineError, GenerationRequest, StageLoad
 from omni_runtime.contract.options import EngineOptions
 from omni_runtime.pipeline import deadlines
 from omni_runtime.pipeline.remote import LinkedStages
@@ -101,6 +102,11 @@ class LocalStages:
                 order=window_priority,  # first windows, then the stream closest to an underrun
                 group=window_shape,  # one window shape per call: an urgent window waits one replay
             )
+            # Opt-in until measured on a GPU: far windows out of nearer ones' calls (deadlines.FarWindows).
+            try:
+                self.vocoder_worker.far = deadlines.far_windows(os.environ.get("OMNI_VOCODER_FAR"))
+            except ValueError as exc:
+                raise EngineError(str(exc), param="OMNI_VOCODER_FAR") from None
             self.vocoder_worker.start()
         if self.vision_link is not None:  # it loaded while the stages above did
             await self.vision_link.wait_ready()

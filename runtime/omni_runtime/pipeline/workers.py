@@ -212,6 +212,8 @@ class BatchingWorker(Generic[T, R]):
         self._order = order
         # group(item) -> key: with an order, a call takes only items of its most urgent one's group.
         self._group = group
+        # With an order: far windows keep out of nearer ones' calls, and calls of them stay short.
+        self.far: deadlines.FarWindows | None = None
         self._arrivals = itertools.count()
         self._queue: asyncio.Queue[tuple[deadlines.Priority | None, tuple[T, asyncio.Future[R]]]] = (
             asyncio.Queue()
@@ -266,7 +268,9 @@ class BatchingWorker(Generic[T, R]):
         self._waiting = [(key, entry) for key, entry in self._waiting if not self._drop_cancelled(entry)]
         group = self._group
         by_item = None if group is None else (lambda entry: group(entry[0]))  # entry: (item, future)
-        batch, self._waiting = deadlines.take(self._waiting, self._max_batch, group=by_item)
+        batch, self._waiting = deadlines.take(
+            self._waiting, self._max_batch, group=by_item, far=self.far, now=time.monotonic()
+        )
         return batch
 
     def _drop_cancelled(self, entry: tuple[T, asyncio.Future[R]]) -> bool:

@@ -5,11 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 
 import pytest
 
 from omni_runtime.contract.adapter import window_shape
-from omni_runtime.pipeline.deadlines import PlaybackClock, ahead_slack, holds_thinker, priority, take
+from omni_runtime.pipeline.deadlines import (
+    FarWindows,
+    PlaybackClock,
+    ahead_slack,
+    far_windows,
+    holds_thinker,
+    priority,
+    take,
+)
 from omni_runtime.pipeline.workers import BatchingWorker, StageThread
 
 
@@ -176,10 +185,104 @@ def test_take_one_group(
     assert take(waiting, max_batch, group=None)[0] == [item for _, item in sorted(waiting)][:max_batch]
 
 
+# Deadlines are absolute (monotonic seconds); ``now`` is 10.0, far means more than 1.0 s of audio left.
+NEAR = ((1, 10.5, 1), "near:55")  # 0.5 s left
+NEAR_31 = ((1, 10.2, 5), "near31:31")
+FAR_1 = ((1, 12.0, 2), "far1:55")  # 2 s left
+FAR_2 = ((1, 13.0, 3), "far2:55")
+FAR_3 = ((1, 14.0, 4), "far3:55")
+FIRST = ((0, 0.0, 6), "first:15")  # a first window is never far
+
+
+@pytest.mark.parametrize(
+    ("waiting", "batch", "left"),
+    [
+        ([], [], []),
+        # a near window's call leaves the far ones of its shape for later
+        ([FAR_1, NEAR, FAR_2], ["near:55"], ["far1:55", "far2:55"]),
+        # ... and a first window's call too (theirs is another shape anyway)
+        ([FAR_1, FIRST], ["first:15"], ["far1:55"]),
+        # far windows alone: a call of at most two
+        ([FAR_3, FAR_1, FAR_2], ["far1:55", "far2:55"], ["far3:55"]),
+        # the most urgent decides the shape; a near window of another shape keeps its place
+        ([FAR_1, NEAR_31, NEAR], ["near31:31"], ["near:55", "far1:55"]),
+        # exactly at the threshold is not far
+        ([((1, 11.0, 7), "edge:55"), NEAR], ["near:55", "edge:55"], []),
+    ],
+)
+def test_take_keeps_far_windows_out_of_near_calls(
+    waiting: list[tuple[tuple[int, float, int], str]], batch: list[str], left: list[str]
+) -> None:
+    far = FarWindows(after_s=1.0, batch=2)
+    chosen, rest = take(waiting, 8, group=lambda name: name.split(":")[1], far=far, now=10.0)
+    assert chosen == batch
+    assert [item for _, item in rest] == left
+    # without the rule, the same line as before: far windows ride along up to max_batch
+    assert take(waiting, 8, group=None, far=None)[0] == [item for _, item in sorted(waiting)][:8]
+
+
+@pytest.mark.parametrize(
+    ("setting", "far"),
+    [
+        (None, None),
+        ("", None),
+        ("1.0,4", FarWindows(after_s=1.0, batch=4)),
+        ("0,1", FarWindows(after_s=0.0, batch=1)),
+    ],
+)
+def test_far_windows_setting(setting: str | None, far: FarWindows | None) -> None:
+    assert far_windows(setting) == far
+
+
+@pytest.mark.parametrize("setting", ["1.0", "a,4", "1.0,0", "-1,4", "1.0,4,2", "1.0,2.5"])
+def test_far_windows_setting_names_its_format_when_wrong(setting: str) -> None:
+    with pytest.raises(ValueError, match=r"OMNI_VOCODER_FAR must be 'SECONDS,WINDOWS'.*got"):
+        far_windows(setting)
+
+
 def test_window_shape_is_context_size_and_reuse() -> None:
     window = {"start": 10, "end": 50, "ctx_start": 0, "ctx_end": 55}
     assert window_shape({"window": window, "reusable": True}) == (55, True)
     assert window_shape({"window": {**window, "ctx_end": 31}}) == (31, False)
+
+
+def _recording(
+    calls: list[list[str]], release: threading.Event
+) -> Callable[[list[dict[str, object]]], list[str]]:
+    """A vocoder for the worker tests: records each call's window names, and the call of the window
+    named "busy" blocks until ``release`` is set, so the others queue behind it."""
+
+    def synthesize(items: list[dict[str, object]]) -> list[str]:
+        calls.append([str(item["name"]) for item in items])
+        if calls[-1] == ["busy"]:
+            release.wait(timeout=30)
+        return calls[-1]
+
+    return synthesize
+
+
+async def _behind_busy(
+    worker: BatchingWorker[dict[str, object], str],
+    thread: StageThread,
+    release: threading.Event,
+    busy: dict[str, object],
+    queued: list[dict[str, object]],
+) -> None:
+    """Start ``worker``, let its call of ``busy`` block (``_recording``) until every ``queued``
+    window waits in its line, then release it and wait for them all; stop the worker after."""
+    worker.start()
+    try:
+        first = asyncio.ensure_future(worker.submit(busy))
+        while not worker.batches:
+            await asyncio.sleep(0.01)
+        futures = [asyncio.ensure_future(worker.submit(q)) for q in queued]
+        while worker.queue_depth < len(queued):
+            await asyncio.sleep(0.01)
+        release.set()
+        await asyncio.gather(first, *futures)
+    finally:
+        await worker.stop()
+        thread.shutdown()
 
 
 async def test_worker_calls_one_window_shape_at_a_time() -> None:
@@ -187,11 +290,7 @@ async def test_worker_calls_one_window_shape_at_a_time() -> None:
     release = threading.Event()
     calls: list[list[str]] = []
 
-    def synthesize(items: list[dict[str, object]]) -> list[str]:
-        calls.append([str(item["name"]) for item in items])
-        if calls[-1] == ["busy"]:
-            release.wait(timeout=30)
-        return calls[-1]
+    synthesize = _recording(calls, release)
 
     def order(item: dict[str, object], seq: int) -> tuple[int, float, int]:
         slack = item["slack_s"]
@@ -205,24 +304,36 @@ async def test_worker_calls_one_window_shape_at_a_time() -> None:
     worker: BatchingWorker[dict[str, object], str] = BatchingWorker(
         "talker_stream", synthesize, thread=thread, max_batch=16, order=order, group=window_shape
     )
-    worker.start()
-    try:
-        busy = asyncio.ensure_future(worker.submit(item("busy", None, 15)))
-        while not calls:
-            await asyncio.sleep(0.01)
-        queued = [("steady", 0.4, 55), ("short-reply", 0.1, 31), ("first", None, 15), ("steady2", 0.9, 55)]
-        futures = [asyncio.ensure_future(worker.submit(item(*q))) for q in queued]
-        while worker.queue_depth < len(queued):
-            await asyncio.sleep(0.01)
-        release.set()
-        await asyncio.gather(busy, *futures)
-    finally:
-        await worker.stop()
-        thread.shutdown()
+    queued = [("steady", 0.4, 55), ("short-reply", 0.1, 31), ("first", None, 15), ("steady2", 0.9, 55)]
+    await _behind_busy(worker, thread, release, item("busy", None, 15), [item(*q) for q in queued])
     assert calls == [["busy"], ["first"], ["short-reply"], ["steady", "steady2"]]
     waits = {w.kind: w for w in worker.waits.snapshot()}  # omni_stage_wait_seconds{kind}
     assert (waits["first"].count, waits["later"].count) == (2, 3)
     assert waits["later"].sum_s >= 3 * waits["first"].sum_s / 2 > 0  # the later ones queued longer
+
+
+async def test_worker_with_far_windows_keeps_calls_short() -> None:
+    """The vocoder's worker with ``far`` set (``OMNI_VOCODER_FAR``), on the engine's own order: a
+    near window's call carries no far window, and far windows go in calls of at most two."""
+    from omni_runtime.pipeline.services import window_priority
+
+    release = threading.Event()
+    calls: list[list[str]] = []
+
+    synthesize = _recording(calls, release)
+
+    def item(name: str, slack: float | None) -> dict[str, object]:
+        window = {"start": 0, "end": 55, "ctx_start": 0, "ctx_end": 55}
+        return {"name": name, "slack_s": slack, "window": window, "reusable": True}
+
+    thread = StageThread("vocoder-far-test")
+    worker: BatchingWorker[dict[str, object], str] = BatchingWorker(
+        "talker_stream", synthesize, thread=thread, max_batch=16, order=window_priority, group=window_shape
+    )
+    worker.far = FarWindows(after_s=1.0, batch=2)
+    queued = [("far1", 30.0), ("near", 0.3), ("far2", 31.0), ("far3", 32.0)]
+    await _behind_busy(worker, thread, release, item("busy", None), [item(*q) for q in queued])
+    assert calls == [["busy"], ["near"], ["far1", "far2"], ["far3"]]
 
 
 async def test_worker_runs_the_most_urgent_windows_first() -> None:
