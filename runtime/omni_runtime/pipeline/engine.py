@@ -556,6 +556,8 @@ class PipelineEngine:
                     marks.first_code = time.monotonic()
         finally:  # a failed window or a cancel drops the windows still at the vocoder
             for _, call in ahead:
+                if call.done() and not call.cancelled():
+                    call.exception()  # retrieved: a later window's failure is not logged as unhandled
                 call.cancel()
             if events is not None:
                 events.cancel()
