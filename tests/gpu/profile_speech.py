@@ -23,7 +23,8 @@ the vocoder's, ``holds_spare_text`` false lets a later window pause the thinker 
 talker takes its text, ``thinker_hold_below_s`` which windows pause the
 thinker, ``vocoder_graphs`` false every vocoder window eagerly, ``windows_ahead`` how many of a
 reply's windows may be at the vocoder at once, ``vocoder_far`` ``[seconds, windows]`` as
-``OMNI_VOCODER_FAR`` sets it, far windows out of nearer ones' calls):
+``OMNI_VOCODER_FAR`` sets it, far windows out of nearer ones' calls, ``vocoder_buckets`` the batch
+sizes the vocoder pads to, as ``OMNI_VOCODER_BUCKETS`` sets them):
 
     python tests/gpu/profile_speech.py /tmp/qwen2.5-omni-7b-dummy --concurrency 1,16,32 --waves 1 \
         --window-variants '[{"catch_up": false}]'
@@ -337,6 +338,7 @@ ENGINE_SWITCHES = (
     "vocoder_graphs",
     "windows_ahead",
     "vocoder_far",
+    "vocoder_buckets",
 )
 
 
@@ -479,6 +481,7 @@ async def main(args: argparse.Namespace) -> None:
     hold_default = engine.thinker_hold_below_s
     ahead_default = engine.windows_ahead
     far_default = getattr(engine.stages, "local", engine.stages).vocoder_worker.far
+    buckets_default = vocoder_of(engine).graphs.buckets
     variants = args.window_variants if args.variants_only else [{}, *args.window_variants]
     for variant in variants:  # one switch per variant: a swap recaptures graphs
         overrides = {k: v for k, v in variant.items() if k not in ENGINE_SWITCHES}
@@ -490,6 +493,13 @@ async def main(args: argparse.Namespace) -> None:
         far = variant.get("vocoder_far")  # [seconds, windows]: deadlines.FarWindows; absent: the default
         worker = getattr(engine.stages, "local", engine.stages).vocoder_worker
         worker.far = FarWindows(after_s=float(far[0]), batch=int(far[1])) if far else far_default
+        vocoder = vocoder_of(
+            engine
+        )  # batch buckets (OMNI_VOCODER_BUCKETS): the warm-up below captures new ones
+        buckets = tuple(variant.get("vocoder_buckets", buckets_default))
+        for graphs in (vocoder.graphs, getattr(vocoder, "tail_graphs", None)):
+            if graphs is not None:
+                graphs.buckets = buckets
         await prepare_vocoder(
             engine, stock_bigvgan=bool(variant.get("stock_bigvgan")), stock_dit=bool(variant.get("stock_dit"))
         )

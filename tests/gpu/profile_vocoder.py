@@ -133,7 +133,6 @@ def scale() -> int:
     from omni_runtime.models.qwen2_5_omni import vocoder as vocoder_module
     from omni_runtime.models.qwen2_5_omni.loader import load_speakers
 
-    vocoder_module.BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)
     vocoder_module.MAX_BATCH = 32
     torch.manual_seed(0)
     device = torch.device("cuda", 0)
@@ -144,6 +143,7 @@ def scale() -> int:
     vocoder = vocoder_module.QwenVocoder(
         token2wav, speakers=load_speakers(None, config), device=device, dit_dtype=torch.bfloat16
     )
+    vocoder.graphs.buckets = vocoder.tail_graphs.buckets = (1, 2, 4, 8, 16, 32)
     voice = next(iter(vocoder.speakers))
     rng = np.random.default_rng(0)
     codes = [int(c) for c in rng.integers(0, 8000, 200)]

@@ -10,6 +10,7 @@ batch) and capture the shapes that recur (the segmenter's ``reusable`` windows) 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -23,11 +24,36 @@ log = logging.getLogger(__name__)
 
 EAGER_LOG_S = 0.05  # an eager call that takes longer to launch than this is logged
 BATCH_BUCKETS = (1, 2, 4, 8, 16)  # a batch of windows is padded up to one of these: few graph shapes
+# Graphs kept captured per vocoder: every recurring window size at every bucket, with room.
+MAX_GRAPHS = 64
 
 
-def batch_bucket(n: int) -> int:
+def batch_bucket(n: int, buckets: tuple[int, ...] = BATCH_BUCKETS) -> int:
     """The smallest bucket that holds ``n`` windows (``n`` itself past the largest)."""
-    return next((b for b in BATCH_BUCKETS if b >= n), n)
+    return next((b for b in buckets if b >= n), n)
+
+
+def vocoder_buckets(setting: str | None) -> tuple[int, ...]:
+    """``OMNI_VOCODER_BUCKETS``'s value (comma-separated batch sizes, e.g. ``"1,2,4,6,8,12,16"``)
+    as the buckets a vocoder pads its batches to; unset or empty: ``BATCH_BUCKETS``.
+
+    A batch is padded up to its bucket, and every padded row costs a row's compute: 9 windows in
+    the 16 bucket cost 16. Finer buckets waste less and capture more graphs at start-up (one per
+    recurring window size and bucket; ``MAX_GRAPHS`` bounds them)."""
+    if not setting:
+        return BATCH_BUCKETS
+    try:
+        buckets = tuple(int(part) for part in setting.split(","))
+    except ValueError:
+        buckets = ()
+    largest = BATCH_BUCKETS[-1]  # the most windows of one size a vocoder call takes
+    increasing = all(b < c for b, c in itertools.pairwise(buckets))
+    if not buckets or buckets[0] != 1 or buckets[-1] != largest or not increasing:
+        raise ValueError(
+            f"OMNI_VOCODER_BUCKETS must be batch sizes in increasing order from 1 to {largest}, e.g. "
+            f"'1,2,4,6,8,12,{largest}'; got {setting!r}"
+        )
+    return buckets
 
 
 def window_batches(items: list[dict[str, Any]], max_batch: int) -> Iterator[tuple[bool, list[int]]]:
@@ -64,8 +90,10 @@ class WindowGraphs:
         enabled: bool,
         limit: int,
         warm_once: bool = False,
+        buckets: tuple[int, ...] = BATCH_BUCKETS,
     ) -> None:
         self.fn = fn
+        self.buckets = buckets  # batch sizes a caller pads to (``bucket``): one graph shape each
         # Run ``fn`` outside a capture before the first capture only, not before each one: for an
         # ``fn`` whose compiled parts take any shape (compiled and initialised by the first run).
         self.warm_once = warm_once
@@ -79,6 +107,10 @@ class WindowGraphs:
             tuple[Any, ...], tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor], torch.Tensor]
         ] = {}
         self._pool: Any = None
+
+    def bucket(self, n: int) -> int:
+        """The batch ``n`` windows are padded to: the smallest of ``buckets`` that holds them."""
+        return batch_bucket(n, self.buckets)
 
     def __len__(self) -> int:
         return len(self._graphs)

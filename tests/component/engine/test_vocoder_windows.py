@@ -47,6 +47,32 @@ def test_batched_windows_equal_single_windows(vocoder) -> None:
     assert not np.array_equal(together[0], together[2]), "different codes and voices give different audio"
 
 
+@pytest.mark.parametrize("buckets", ["1,2,4,8,16", "1,2,3,4,6,8,12,16"])
+def test_a_batch_padded_to_its_bucket_gives_each_window_its_own_audio(vocoder, buckets: str) -> None:
+    """Five windows of one size run as one batch padded to the bucket that holds them (8 by
+    default, 6 with finer buckets: ``OMNI_VOCODER_BUCKETS``); each keeps its own audio."""
+    from omni_runtime.models.window_graphs import vocoder_buckets
+
+    rng = np.random.default_rng(1)
+    items = [
+        _item([int(c) for c in rng.integers(0, 1000, 55)], 10, 50, 0, 55, "Chelsie", seed)
+        for seed in range(5)
+    ]
+    saved = vocoder.graphs.buckets
+    vocoder.graphs.buckets = vocoder_buckets(buckets)
+    padded: list[int] = []
+    inputs = vocoder.inputs
+    vocoder.inputs = lambda rows: padded.append(len(rows)) or inputs(rows)
+    try:
+        together = vocoder.synthesize_many(items)
+    finally:
+        vocoder.graphs.buckets = saved
+        del vocoder.inputs
+    assert padded == [8 if buckets == "1,2,4,8,16" else 6]
+    for a, item in zip(together, items, strict=True):
+        np.testing.assert_allclose(a, vocoder.synthesize_many([item])[0], rtol=1e-4, atol=1e-6)
+
+
 def test_window_audio_tiles_into_the_whole_length(vocoder) -> None:
     codes = list(range(100, 130))
     parts = [

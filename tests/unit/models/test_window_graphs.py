@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from omni_runtime.models.window_graphs import EAGER_LOG_S, WindowGraphs, batch_bucket
+from omni_runtime.models.window_graphs import EAGER_LOG_S, WindowGraphs, batch_bucket, vocoder_buckets
 
 
 @pytest.mark.parametrize(
@@ -17,6 +17,42 @@ from omni_runtime.models.window_graphs import EAGER_LOG_S, WindowGraphs, batch_b
 )
 def test_batch_bucket(windows: int, bucket: int) -> None:
     assert batch_bucket(windows) == bucket
+
+
+@pytest.mark.parametrize(
+    ("windows", "bucket"),
+    [(1, 1), (3, 4), (5, 6), (6, 6), (7, 8), (9, 10), (11, 12), (13, 14), (15, 16), (16, 16)],
+)
+def test_finer_buckets(windows: int, bucket: int) -> None:
+    fine = vocoder_buckets("1,2,4,6,8,10,12,14,16")
+    assert batch_bucket(windows, fine) == bucket
+    assert (
+        WindowGraphs(
+            lambda **kw: kw, device=torch.device("cpu"), enabled=False, limit=1, buckets=fine
+        ).bucket(windows)
+        == bucket
+    )
+
+
+@pytest.mark.parametrize(
+    ("setting", "buckets"),
+    [
+        (None, (1, 2, 4, 8, 16)),
+        ("", (1, 2, 4, 8, 16)),
+        ("1,2,4,6,8,12,16", (1, 2, 4, 6, 8, 12, 16)),
+        ("1,16", (1, 16)),
+    ],
+)
+def test_vocoder_buckets_setting(setting: str | None, buckets: tuple[int, ...]) -> None:
+    assert vocoder_buckets(setting) == buckets
+
+
+@pytest.mark.parametrize(
+    "setting", ["2,4,16", "1,4,2,16", "1,2,2,16", "1,2,8", "1,2,32", "1,two,16", "1,,16"]
+)
+def test_vocoder_buckets_setting_names_its_format_when_wrong(setting: str) -> None:
+    with pytest.raises(ValueError, match=r"OMNI_VOCODER_BUCKETS must be .* from 1 to 16.*got"):
+        vocoder_buckets(setting)
 
 
 def test_off_the_gpu_every_call_runs_eagerly_and_is_counted() -> None:

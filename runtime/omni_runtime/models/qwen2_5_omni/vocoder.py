@@ -56,11 +56,10 @@ from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import apply_rotary_
 
 from omni_runtime.models.common import SingleWindow
 from omni_runtime.models.qwen2_5_omni.bigvgan import fuse_activations
-from omni_runtime.models.window_graphs import BATCH_BUCKETS, WindowGraphs, batch_bucket, window_batches
+from omni_runtime.models.window_graphs import MAX_GRAPHS, WindowGraphs, vocoder_buckets, window_batches
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 16  # windows of one size from different requests synthesised together
-MAX_GRAPHS = 32  # (window size, batch) shapes kept captured: 3 recurring sizes x 5 buckets fit
 MAX_TAIL_GRAPHS = 96  # one-off sizes: every size below the largest recurring one at batch 1, and more
 MIN_AMPLITUDE = math.exp(-115 / 20.0 * math.log(10))  # BigVGAN's -115 dB floor
 NOISE_BLOCK = 16  # codes of starting noise per generator: a window of 55 codes draws 4 or 5 blocks
@@ -115,7 +114,10 @@ class QwenVocoder(SingleWindow):
                 self.block = torch.compile(_dit_block, dynamic=False)
                 self.block_any_size = torch.compile(_dit_block, dynamic=True)
         # One graph per (window size, batch bucket): the whole ODE and BigVGAN.
-        self.graphs = WindowGraphs(self._synthesize, device=device, enabled=cuda_graphs, limit=MAX_GRAPHS)
+        buckets = vocoder_buckets(os.environ.get("OMNI_VOCODER_BUCKETS"))
+        self.graphs = WindowGraphs(
+            self._synthesize, device=device, enabled=cuda_graphs, limit=MAX_GRAPHS, buckets=buckets
+        )
         # One-off sizes are graphs too, captured through the shape-generic block: launched one by
         # one, a window's 36 ODE steps x 22 blocks took 0.4-0.8 s of the vocoder thread on an H100
         # (every stream waited); a replay takes milliseconds. Batch-1 sizes are captured at start.
@@ -125,6 +127,7 @@ class QwenVocoder(SingleWindow):
             enabled=cuda_graphs,
             limit=MAX_TAIL_GRAPHS,
             warm_once=True,
+            buckets=buckets,
         )
 
     @property
@@ -167,7 +170,7 @@ class QwenVocoder(SingleWindow):
         for size in sorted(sizes):
             codes = [0] * size
             window = {"start": 0, "end": size, "ctx_start": 0, "ctx_end": size}
-            for rows in BATCH_BUCKETS:
+            for rows in self.graphs.buckets:
                 item = {"codes": codes, "window": window, "voice": voice, "seed": 0, "reusable": True}
                 self.synthesize_many([item] * rows)
         # One-off sizes: a short reply's windows (smaller than the largest recurring size; a
@@ -187,7 +190,7 @@ class QwenVocoder(SingleWindow):
         )
 
     def _batch(self, items: list[dict[str, Any]], reusable: bool) -> list[np.ndarray]:
-        rows = batch_bucket(len(items))
+        rows = (self.graphs if reusable else self.tail_graphs).bucket(len(items))
         waves = self._run(self.inputs(items + [items[-1]] * (rows - len(items))), use_graph=reusable)
         out = []
         for row, item in enumerate(items):

@@ -31,17 +31,23 @@ once per shape, outside the graph. One-off sizes (a stream's last window) run ea
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import numpy as np
 import torch
 
 from omni_runtime.models.common import SingleWindow
-from omni_runtime.models.window_graphs import BATCH_BUCKETS, WindowGraphs, batch_bucket, window_batches
+from omni_runtime.models.window_graphs import (
+    BATCH_BUCKETS,
+    MAX_GRAPHS,
+    WindowGraphs,
+    vocoder_buckets,
+    window_batches,
+)
 
 log = logging.getLogger(__name__)
 MAX_BATCH = BATCH_BUCKETS[-1]  # windows of one size synthesised together
-MAX_GRAPHS = 40  # (window size, batch bucket) shapes kept captured: 5 recurring sizes x 5 buckets fit
 
 
 class Qwen3Code2Wav(SingleWindow):
@@ -55,7 +61,13 @@ class Qwen3Code2Wav(SingleWindow):
         self.groups = int(code2wav.config.num_quantizers)
         self.codebook = int(code2wav.config.codebook_size)
         self.dtype = next(code2wav.parameters()).dtype
-        self.graphs = WindowGraphs(self._forward, device=device, enabled=cuda_graphs, limit=MAX_GRAPHS)
+        self.graphs = WindowGraphs(
+            self._forward,
+            device=device,
+            enabled=cuda_graphs,
+            limit=MAX_GRAPHS,
+            buckets=vocoder_buckets(os.environ.get("OMNI_VOCODER_BUCKETS")),
+        )
         self._masks: dict[tuple[int, int], dict[str, Any]] = {}  # (batch, frames) -> the transformer's
 
     @torch.inference_mode()
@@ -86,7 +98,7 @@ class Qwen3Code2Wav(SingleWindow):
             return
         for size in sorted(sizes):
             frames = [[0] * self.groups] * size
-            for rows in BATCH_BUCKETS:
+            for rows in self.graphs.buckets:
                 self._run([frames] * rows, use_graph=True)
         self.graphs.eager_calls = 0
         log.info("Code2Wav: %d window graphs captured", len(self.graphs))
@@ -99,7 +111,7 @@ class Qwen3Code2Wav(SingleWindow):
             raise ValueError(f"frames have {codes.shape[-1]} codes; Code2Wav takes {self.groups}")
         n = codes.shape[0]
         if use_graph and self.graphs.enabled:
-            codes = torch.cat([codes, codes[-1:].expand(batch_bucket(n) - n, -1, -1)])
+            codes = torch.cat([codes, codes[-1:].expand(self.graphs.bucket(n) - n, -1, -1)])
         # A random-weight talker may draw ids past the codebook; a trained one never does.
         codes = torch.where(codes < self.codebook, codes, torch.zeros_like(codes)).transpose(1, 2)
         codes = codes.contiguous().to(self.device)
