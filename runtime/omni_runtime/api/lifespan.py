@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from omni_runtime.api.state import AppState
-from omni_runtime.contract.engine import ChatTurn, Finished, GenerationRequest, SamplingParams
+from omni_runtime.contract.engine import ChatTurn, EngineError, Finished, GenerationRequest, SamplingParams
 from omni_runtime.support.gc_pauses import freeze_heap, watch_gc
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,10 @@ async def start_engine(state: AppState) -> None:
         raise
     except Exception as exc:  # any start failure makes the worker unready and is reported, not hidden
         state.startup_error = f"{type(exc).__name__}: {exc}"
-        log.exception("the engine failed to start")
+        if isinstance(exc, EngineError):  # a setting it refuses: the message names it and the fix
+            log.error("the engine failed to start: %s", exc)
+        else:
+            log.exception("the engine failed to start")
         if state.on_startup_failure is not None:
             state.on_startup_failure(exc)
         return

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 
 from omni_runtime.contract.adapter import window_shape
+from omni_runtime.contract.engine import EngineError
 
 log = logging.getLogger(__name__)
 
@@ -42,18 +44,27 @@ def vocoder_buckets(setting: str | None) -> tuple[int, ...]:
     recurring window size and bucket; ``MAX_GRAPHS`` bounds them)."""
     if not setting:
         return BATCH_BUCKETS
+    largest = BATCH_BUCKETS[-1]  # the most windows of one size a vocoder call takes
+    wrong = ValueError(
+        f"OMNI_VOCODER_BUCKETS must be batch sizes in increasing order from 1 to {largest}, e.g. "
+        f"'1,2,4,6,8,12,{largest}'; got {setting!r}"
+    )
     try:
         buckets = tuple(int(part) for part in setting.split(","))
     except ValueError:
-        buckets = ()
-    largest = BATCH_BUCKETS[-1]  # the most windows of one size a vocoder call takes
-    increasing = all(b < c for b, c in itertools.pairwise(buckets))
-    if not buckets or buckets[0] != 1 or buckets[-1] != largest or not increasing:
-        raise ValueError(
-            f"OMNI_VOCODER_BUCKETS must be batch sizes in increasing order from 1 to {largest}, e.g. "
-            f"'1,2,4,6,8,12,{largest}'; got {setting!r}"
-        )
+        raise wrong from None
+    if buckets[0] != 1 or buckets[-1] != largest or any(b >= c for b, c in itertools.pairwise(buckets)):
+        raise wrong
     return buckets
+
+
+def configured_buckets() -> tuple[int, ...]:
+    """The buckets ``OMNI_VOCODER_BUCKETS`` sets (``vocoder_buckets``); a wrong value stops the
+    engine's start with a message naming the variable and its format."""
+    try:
+        return vocoder_buckets(os.environ.get("OMNI_VOCODER_BUCKETS"))
+    except ValueError as exc:
+        raise EngineError(str(exc), param="OMNI_VOCODER_BUCKETS") from None
 
 
 def window_batches(items: list[dict[str, Any]], max_batch: int) -> Iterator[tuple[bool, list[int]]]:

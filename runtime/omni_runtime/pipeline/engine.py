@@ -552,8 +552,6 @@ class PipelineEngine:
                         if marks is not None:
                             marks.record(self.first_audio_phases, audio=time.monotonic())
                     clock.sent(now=time.monotonic(), seconds=len(pcm) / self.output_sample_rate)
-                if not done:
-                    done = _take_codes([], job, codes)
                 if marks is not None and codes and marks.first_code is None:
                     marks.first_code = time.monotonic()
         finally:  # a failed window or a cancel drops the windows still at the vocoder

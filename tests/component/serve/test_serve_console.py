@@ -72,3 +72,30 @@ def test_probes_are_quiet_and_ctrl_c_is_clean(tmp_path: Path) -> None:
     assert code == 0, console[-3000:]  # `omni serve` ends a Ctrl-C or SIGTERM stop with 0
     assert "leaked" not in console, [line for line in console.splitlines() if "leaked" in line][:5]
     assert "Traceback" not in console
+
+
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [
+        (
+            "OMNI_VOCODER_BUCKETS=2,16",
+            "OMNI_VOCODER_BUCKETS must be batch sizes in increasing order from 1 to 16",
+        ),
+        ("OMNI_VOCODER_FAR=soon", "OMNI_VOCODER_FAR must be 'SECONDS,WINDOWS'"),
+    ],
+)
+def test_a_wrong_vocoder_setting_stops_the_start_with_its_name_and_no_traceback(
+    tmp_path: Path, setting: str, named: str
+) -> None:
+    from omni_runtime.models.qwen2_5_omni.tiny import ensure_tiny_checkpoint
+
+    ensure_tiny_checkpoint(progress=False)
+    name, value = setting.split("=", 1)
+    argv = [sys.executable, "-m", "omni_operator.cli", "serve", "--pipeline", "streaming-speech", "--device",
+            "cpu", "--host", "127.0.0.1", "--port", str(free_port()), "--max-batch-size", "2"]  # fmt: skip
+    done = subprocess.run(
+        argv, capture_output=True, text=True, cwd=REPO, env={**os.environ, name: value}, timeout=300
+    )
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert f"omni serve: the worker failed to start: {named}" in done.stderr, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]

@@ -56,7 +56,7 @@ from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import apply_rotary_
 
 from omni_runtime.models.common import SingleWindow
 from omni_runtime.models.qwen2_5_omni.bigvgan import fuse_activations
-from omni_runtime.models.window_graphs import MAX_GRAPHS, WindowGraphs, vocoder_buckets, window_batches
+from omni_runtime.models.window_graphs import MAX_GRAPHS, WindowGraphs, configured_buckets, window_batches
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 16  # windows of one size from different requests synthesised together
@@ -114,7 +114,7 @@ class QwenVocoder(SingleWindow):
                 self.block = torch.compile(_dit_block, dynamic=False)
                 self.block_any_size = torch.compile(_dit_block, dynamic=True)
         # One graph per (window size, batch bucket): the whole ODE and BigVGAN.
-        buckets = vocoder_buckets(os.environ.get("OMNI_VOCODER_BUCKETS"))
+        buckets = configured_buckets()
         self.graphs = WindowGraphs(
             self._synthesize, device=device, enabled=cuda_graphs, limit=MAX_GRAPHS, buckets=buckets
         )

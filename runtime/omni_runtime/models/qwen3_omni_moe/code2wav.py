@@ -31,7 +31,6 @@ once per shape, outside the graph. One-off sizes (a stream's last window) run ea
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 import numpy as np
@@ -42,7 +41,7 @@ from omni_runtime.models.window_graphs import (
     BATCH_BUCKETS,
     MAX_GRAPHS,
     WindowGraphs,
-    vocoder_buckets,
+    configured_buckets,
     window_batches,
 )
 
@@ -66,7 +65,7 @@ class Qwen3Code2Wav(SingleWindow):
             device=device,
             enabled=cuda_graphs,
             limit=MAX_GRAPHS,
-            buckets=vocoder_buckets(os.environ.get("OMNI_VOCODER_BUCKETS")),
+            buckets=configured_buckets(),
         )
         self._masks: dict[tuple[int, int], dict[str, Any]] = {}  # (batch, frames) -> the transformer's
 
