@@ -16,11 +16,13 @@ CKPT=/tmp/qwen2.5-omni-7b-dummy
 [ -d "$CKPT" ] || python -m omni_operator.cli tiny-checkpoint --shape released "$CKPT" > /dev/null 2>&1
 mkdir -p "$OUT/v"
 began=$SECONDS
+variants=${VARIANTS:-}
+[ -n "$variants" ] || variants='[{}]'
 trace=()
 [ -n "${TRACE-16}" ] && trace=(--trace-levels "${TRACE-16}")
 (cd tests/gpu && timeout "${RUN_TIMEOUT:-520}" python profile_speech.py "$CKPT" --requests 1 \
   --concurrency "${LEVELS:-1,16,32}" --waves "${WAVES:-2}" "${trace[@]}" --variants-only \
-  --window-variants "${VARIANTS:-[{}]}" --out "$OUT/v") > "$OUT/v/run.log" 2>&1
+  --window-variants "$variants" --out "$OUT/v") > "$OUT/v/run.log" 2>&1
 echo "rc=$? in $((SECONDS - began)) s"
 grep -E "stall per stream|GPU busy|^    (vocoder|talker|thinker):|runner calls|worst stream|ended|capture failed|warm in" \
   "$OUT/v/run.log" | cut -c1-400

@@ -282,6 +282,35 @@ def test_the_vocoders_dit_block_speaks_as_transformers_block_does_on_cuda(tiny_c
         assert snr > 25, f"the vocoder's DiT block is {snr:.1f} dB from transformers' block"
 
 
+def test_prefill_graphs_equal_the_unpadded_prefill(tiny_cuda) -> None:
+    """A fresh prompt's prefill replays its bucket's CUDA graph (captured at start-up) and gives
+    the unpadded prefill's logits, hidden states and cache entries; a slot outside it is untouched."""
+    decoder = tiny_cuda.stages.local.thinker.runner.decoder
+    assert decoder.prefill_graphs and decoder._prefill_graphs, "no prefill graph captured at start"
+    captured = len(decoder._prefill_graphs)
+    torch.manual_seed(0)
+    lengths, slots = [13, 6, 9], [2, 0, 5]
+    embeds = torch.randn(3, 13, decoder.out_hidden.shape[-1], device="cuda")
+    positions = torch.arange(13, device="cuda").view(1, 1, -1).expand(3, 3, -1)
+    outside = decoder.cache.keys[0][1].clone()
+    outs = []
+    with torch.inference_mode():
+        for padded in (False, True):
+            decoder.prefill_padded = padded
+            logits, hidden = decoder.prefill(
+                slots=slots, embeds=embeds, positions=positions, lengths=lengths, want_hidden=True
+            )
+            keys = [decoder.cache.keys[-1][s, :, :n].clone() for s, n in zip(slots, lengths, strict=True)]
+            outs.append((logits, hidden, keys))
+    assert len(decoder._prefill_graphs) == captured  # replayed, none captured on the way
+    (want_logits, want_hidden, want_keys), (got_logits, got_hidden, got_keys) = outs
+    torch.testing.assert_close(got_logits, want_logits, rtol=1e-3, atol=1e-3)
+    for k, n in enumerate(lengths):
+        torch.testing.assert_close(got_hidden[k, :n], want_hidden[k, :n], rtol=1e-3, atol=1e-3)
+        torch.testing.assert_close(got_keys[k], want_keys[k], rtol=1e-3, atol=1e-3)
+    assert torch.equal(decoder.cache.keys[0][1], outside)
+
+
 def test_prefills_after_the_warm_up_compile_nothing(tiny_cuda) -> None:
     """Qwen2.5's dense layers: every prefill shape a request can bring was compiled at start-up."""
     from prefill_shapes import compiled_shapes  # tests/gpu, beside this file

@@ -205,7 +205,7 @@ def test_admission_prompts_queue_without_waiting_for_the_gpu(engine: Any) -> Non
     embeds = torch.zeros(
         len(ids), row.prompt_vectors.shape[-1], device="cuda", dtype=row.prompt_vectors.dtype
     )
-    thinker._captured = None  # the last prefill's capture: these vectors read ``embeds`` instead
+    thinker.decoder.kept_hidden = None  # the last prefill's accept layer: these vectors read ``embeds``
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:

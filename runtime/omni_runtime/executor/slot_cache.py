@@ -24,6 +24,13 @@ the talker. So the runtime owns the cache and drives the model's decoder layers 
   shapes a request can meet (``SlotDecoder.WARM_PREFILLS``), so no request pays a compile. A
   suffix after a kept conversation prefix runs eagerly. ``OMNI_COMPILE_PREFILL=0`` keeps prefill
   eager.
+- even compiled, a short prefill is host-bound: 48 compiled MoE layers took 71 ms of host time
+  for 12 ms of kernels (a Qwen3-Omni thinker, one row of 48 tokens, H200; its talker 38 ms for
+  3 ms). So on CUDA a fresh prompt's prefill is padded to a (rows, length) bucket and replayed as
+  a CUDA graph (``PrefillShapes``): extra rows repeat the last row (same slot, same inputs, so the
+  same cache writes), extra positions are right padding as in any batched prefill. Larger
+  prefills, suffixes after a kept prefix and prefills with an ``after_layer`` hook run as before.
+  ``OMNI_PREFILL_GRAPHS=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -54,6 +61,35 @@ def _buckets(limit: int, start: int) -> list[int]:
         size *= 2
     sizes.append(limit)
     return sizes
+
+
+# Prefill lengths padded to (tokens): steps of about 1.5x keep the padding waste under half.
+PREFILL_LENGTHS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+PREFILL_GRAPH_TOKENS = 4096  # rows x length above which a prefill runs unpadded (compute-bound)
+
+
+@dataclass(frozen=True)
+class PrefillShapes:
+    """The (rows, length) buckets a fresh prompt's prefill is padded to, one CUDA graph each."""
+
+    rows: tuple[int, ...]
+    lengths: tuple[int, ...]
+    max_tokens: int = PREFILL_GRAPH_TOKENS
+
+    @classmethod
+    def for_decoder(cls, slots: int, max_len: int) -> PrefillShapes:
+        return cls(rows=tuple(_buckets(slots, 1)), lengths=tuple(n for n in PREFILL_LENGTHS if n <= max_len))
+
+    def bucket(self, rows: int, length: int) -> tuple[int, int] | None:
+        """The smallest bucket holding ``rows`` x ``length``, or None (the prefill runs unpadded)."""
+        r = next((b for b in self.rows if b >= rows), None)
+        n = next((b for b in self.lengths if b >= length), None)
+        if r is None or n is None or r * n > self.max_tokens:
+            return None
+        return r, n
+
+    def all(self) -> list[tuple[int, int]]:
+        return [(r, n) for r in self.rows for n in self.lengths if r * n <= self.max_tokens]
 
 
 def add_after_layers(
@@ -260,6 +296,18 @@ class SlotDecoder:
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._pool: Any = None
         self._stream: torch.cuda.Stream | None = None
+        # Fresh prompts' prefills padded to buckets (``PrefillShapes``), replayed as CUDA graphs on
+        # CUDA; ``prefill_padded`` alone (tests, on CPU) runs the same padded body eagerly.
+        self.prefill_shapes = PrefillShapes.for_decoder(slots, max_len)
+        self.prefill_graphs = self.cuda_graphs and os.environ.get("OMNI_PREFILL_GRAPHS", "1") != "0"
+        self.prefill_padded = self.prefill_graphs
+        self._prefill_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self._pf: dict[str, torch.Tensor] = {}  # the padded prefill's buffers, made on first use
+        # A layer whose output every prefill keeps (before any ``after_layer`` change), as
+        # ``kept_hidden`` [rows, width, H] until the next prefill: Qwen3-Omni's talker reads the
+        # thinker's hidden states at its accept layer.
+        self.keep_layer: int | None = None
+        self.kept_hidden: torch.Tensor | None = None
 
     # -- prefill -----------------------------------------------------------------------------
     @torch.inference_mode()
@@ -291,6 +339,10 @@ class SlotDecoder:
         suffix = offsets is not None and any(offsets)
         if offsets is not None and len(offsets) != len(slots):
             raise ValueError(f"{len(offsets)} prefix offsets for {len(slots)} rows")
+        if self.prefill_padded and not suffix and after_layer is None:
+            shape = self.prefill_shapes.bucket(len(slots), embeds.shape[1])
+            if shape is not None and self._fill_prefill(shape, slots, embeds, positions, lengths):
+                return self._prefill_bucket(shape, len(slots), embeds.shape[1], want_hidden)
         self.cache.prefill_slots = to_device(slots, self.device, torch.int64)
         mask = None
         if suffix:
@@ -304,13 +356,31 @@ class SlotDecoder:
             self.cache.prefill_offsets = to_device(offsets, self.device, torch.int64)
             self.cache.prefill_span = span
             mask = suffix_mask(offsets, width, device=self.device)
+        # An inference tensor always: the compiled layers guard on it, and a plain one (made
+        # outside inference mode) would compile every layer a second time, mid-request.
+        hidden = embeds.to(self.dtype, copy=not embeds.is_inference())
+        layers = self.suffix_layers if suffix else self.prefill_layers
+        hidden = self._prefill_layers(layers, hidden, positions, mask, after_layer)
+        last = to_device([n - 1 for n in lengths], self.device, torch.int64)
+        last_hidden = hidden[torch.arange(len(slots), device=self.device), last]
+        logits = self.head_fn(last_hidden).float()
+        return logits, (hidden if want_hidden else None)
+
+    def _prefill_layers(
+        self,
+        layers: list[Callable[..., Any]],
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor | None,
+        after_layer: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """The stack over a prefill's embeddings (``cache.prefill_*`` set by the caller), then the
+        final norm; clears the cache's prefill state."""
         cache = self.cache
+        self.kept_hidden = None
         try:
-            # An inference tensor always: the compiled layers guard on it, and a plain one (made
-            # outside inference mode) would compile every layer a second time, mid-request.
-            hidden = embeds.to(self.dtype, copy=not embeds.is_inference())
             cos_sin = self.rotary(hidden, positions)
-            for index, layer in enumerate(self.suffix_layers if suffix else self.prefill_layers):
+            for index, layer in enumerate(layers):
                 # By buffer, not layer index, as in decode: a compiled layer stays one graph.
                 cache.layer_keys, cache.layer_values = cache.keys[index], cache.values[index]
                 hidden = layer(
@@ -318,6 +388,8 @@ class SlotDecoder:
                 )
                 if isinstance(hidden, tuple):
                     hidden = hidden[0]
+                if index == self.keep_layer:
+                    self.kept_hidden = hidden
                 if after_layer is not None:
                     hidden = after_layer(index, hidden)
         finally:
@@ -325,11 +397,135 @@ class SlotDecoder:
             cache.prefill_offsets = None
             cache.prefill_span = 0
             cache.layer_keys = cache.layer_values = None
-        hidden = self.norm(hidden)
-        last = to_device([n - 1 for n in lengths], self.device, torch.int64)
-        last_hidden = hidden[torch.arange(len(slots), device=self.device), last]
-        logits = self.head_fn(last_hidden).float()
-        return logits, (hidden if want_hidden else None)
+        return self.norm(hidden)  # type: ignore[no-any-return]
+
+    # -- prefill padded to a bucket, as a CUDA graph -------------------------------------------
+    def _fill_prefill(
+        self,
+        shape: tuple[int, int],
+        slots: list[int],
+        embeds: torch.Tensor,
+        positions: torch.Tensor,
+        lengths: list[int],
+    ) -> bool:
+        """Copy a prefill into the padded buffers of ``shape``; False if its layout does not fit
+        them (the prefill then runs unpadded)."""
+        rows, width = len(slots), embeds.shape[1]
+        if positions.dim() != 3 or positions.shape[1:] != (rows, width) or embeds.shape[0] != rows:
+            return False
+        pf = self._pf
+        if not pf:
+            tokens = self.prefill_shapes.max_tokens
+            most = max(self.prefill_shapes.rows)
+            hidden = self.out_hidden.shape[-1]
+            pf["embeds"] = torch.zeros(tokens, hidden, dtype=self.dtype, device=self.device)
+            pf["positions"] = torch.zeros(positions.shape[0], tokens, dtype=torch.int64, device=self.device)
+            pf["slots"] = torch.zeros(most, dtype=torch.int64, device=self.device)
+            pf["last"] = torch.zeros(most, dtype=torch.int64, device=self.device)
+            pf["rows"] = torch.arange(most, device=self.device)
+            pf["hidden"] = torch.zeros(tokens, hidden, dtype=self.dtype, device=self.device)
+            pf["kept"] = torch.zeros(tokens, hidden, dtype=self.dtype, device=self.device)
+            pf["logits"] = torch.zeros(
+                most, self.out_logits.shape[-1], dtype=torch.float32, device=self.device
+            )
+        if pf["positions"].shape[0] != positions.shape[0]:
+            return False
+        r, n = shape
+        emb = pf["embeds"][: r * n].view(r, n, -1)
+        pos = pf["positions"][:, : r * n].view(-1, r, n)
+        emb[:rows, :width].copy_(embeds)
+        pos[:, :rows, :width].copy_(positions)
+        if width < n:  # right padding: past every row's length, never attended to by a real token
+            emb[:rows, width:].zero_()
+            pos[:, :rows, width:].zero_()
+        if rows < r:  # extra rows repeat the last one: the same slot gets the same writes
+            emb[rows:].copy_(emb[rows - 1 : rows].expand(r - rows, -1, -1))
+            pos[:, rows:].copy_(pos[:, rows - 1 : rows].expand(-1, r - rows, -1))
+        pad = r - rows
+        pf["slots"][:r].copy_(to_device(list(slots) + [slots[-1]] * pad, self.device, torch.int64))
+        pf["last"][:r].copy_(
+            to_device([k - 1 for k in lengths] + [lengths[-1] - 1] * pad, self.device, torch.int64)
+        )
+        return True
+
+    def _prefill_body(self, shape: tuple[int, int]) -> None:
+        """The padded prefill of ``shape`` over the buffers ``_fill_prefill`` wrote (a graph body)."""
+        r, n = shape
+        pf = self._pf
+        self.cache.prefill_slots = pf["slots"][:r]
+        embeds = pf["embeds"][: r * n].view(r, n, -1)
+        positions = pf["positions"][:, : r * n].view(-1, r, n)
+        hidden = self._prefill_layers(self.prefill_layers, embeds, positions, None)
+        pf["hidden"][: r * n].view(r, n, -1).copy_(hidden)
+        if self.kept_hidden is not None:
+            pf["kept"][: r * n].view(r, n, -1).copy_(self.kept_hidden)
+        last_hidden = hidden[pf["rows"][:r], pf["last"][:r]]
+        pf["logits"][:r].copy_(self.head_fn(last_hidden).float())
+
+    def _prefill_bucket(
+        self, shape: tuple[int, int], rows: int, width: int, want_hidden: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        graph = self._prefill_graphs.get(shape) if self.prefill_graphs else None
+        if self.prefill_graphs and graph is None:
+            try:
+                graph = self._capture_prefill(shape)
+            except RuntimeError as exc:  # a capture problem costs speed, never a request
+                log.warning("prefill CUDA graph capture failed (%s); prefilling unpadded from now on", exc)
+                self.prefill_graphs = self.prefill_padded = False
+                self.cache.prefill_slots = None
+        if graph is not None:
+            graph.replay()
+        else:
+            self._prefill_body(shape)
+        r, n = shape
+
+        def out(name: str) -> torch.Tensor:
+            return self._pf[name][: r * n].view(r, n, -1)[:rows, :width].clone()
+
+        self.kept_hidden = out("kept") if self.keep_layer is not None else None
+        return self._pf["logits"][:rows].clone(), (out("hidden") if want_hidden else None)
+
+    def _capture_prefill(self, shape: tuple[int, int]) -> torch.cuda.CUDAGraph:
+        """Capture the padded prefill of ``shape``. Its warm-up run prefills the buffers' rows for
+        real (the request being admitted, or scratch slots at start-up)."""
+        stream = self._side_stream()
+        with torch.cuda.stream(stream):
+            self._prefill_body(shape)  # compiles a new guard region outside the capture
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self._pool, stream=stream, capture_error_mode="thread_local"):
+            self._prefill_body(shape)
+        self._prefill_graphs[shape] = graph
+        return graph
+
+    @torch.inference_mode()
+    def capture_prefills(self) -> int:
+        """Capture every prefill bucket now (scratch slots, before any request), so no request
+        pays a capture; the number captured."""
+        if not self.prefill_graphs:
+            return 0
+        for rows, length in self.prefill_shapes.all():
+            if (rows, length) in self._prefill_graphs or rows > self.slots:
+                continue
+            self._scratch_prefill(rows, length)
+            if not self.prefill_graphs:
+                break
+        return len(self._prefill_graphs)
+
+    def _scratch_prefill(self, rows: int, length: int) -> None:
+        """A prefill of zeros into slots ``0..rows-1`` (start-up only: no request holds them)."""
+        hidden = self.out_hidden.shape[-1]
+        embeds = torch.zeros(rows, length, hidden, dtype=self.dtype, device=self.device)
+        positions = torch.arange(length, device=self.device).view(1, 1, -1).expand(3, rows, -1)
+        self.prefill(
+            slots=list(range(rows)),
+            embeds=embeds,
+            positions=positions,
+            lengths=[length] * rows,
+            want_hidden=False,
+        )
 
     # -- decode ------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -384,12 +580,18 @@ class SlotDecoder:
         self.out_hidden[:batch].copy_(normed)
         self.out_inputs[:batch].copy_(inputs)
 
-    def _capture(self, batch: int, view: int) -> torch.cuda.CUDAGraph:
+    def _side_stream(self) -> torch.cuda.Stream:
+        """The capture stream, after everything queued on the current one."""
         if self._stream is None:
             # Same priority as the replaying stream: a graph's kernels keep their capture stream's.
             priority = torch.cuda.current_stream(self.device).priority
             self._stream = torch.cuda.Stream(device=self.device, priority=priority)
         self._stream.wait_stream(torch.cuda.current_stream(self.device))
+        return self._stream
+
+    def _capture(self, batch: int, view: int) -> torch.cuda.CUDAGraph:
+        self._side_stream()
+        assert self._stream is not None
         with torch.cuda.stream(self._stream):
             # Rows past the running batch are free slots: their writes land in unused cache rows.
             for _ in range(2):  # warm up kernels and workspaces outside the capture
@@ -411,6 +613,9 @@ class SlotDecoder:
         """Capture every (batch, length) bucket up front so no request pays a capture (and compile
         the prefill shapes first, ``warm_prefill``)."""
         self.warm_prefill()
+        prefills = self.capture_prefills()
+        if progress and prefills:
+            progress(f"captured {prefills} prefill graphs")
         if not self.cuda_graphs:
             return 0
         views = [t for t in self.len_buckets if max_view is None or t <= max_view]
@@ -441,21 +646,15 @@ class SlotDecoder:
         """Compile the prefill shapes requests meet, on scratch slots before any request runs."""
         if not self.compile_prefill:
             return 0
-        hidden = self.out_hidden.shape[-1]
         done = 0
-        for rows, length in self.WARM_PREFILLS:
-            if rows > self.slots or length > self.max_len:
-                continue
-            embeds = torch.zeros(rows, length, hidden, dtype=self.dtype, device=self.device)
-            positions = torch.arange(length, device=self.device).view(1, 1, -1).expand(3, rows, -1)
-            self.prefill(
-                slots=list(range(rows)),
-                embeds=embeds,
-                positions=positions,
-                lengths=[length] * rows,
-                want_hidden=False,
-            )
-            done += 1
+        padded, self.prefill_padded = self.prefill_padded, False  # the unpadded shapes' regions
+        try:
+            for rows, length in self.WARM_PREFILLS:
+                if rows <= self.slots and length <= self.max_len:
+                    self._scratch_prefill(rows, length)
+                    done += 1
+        finally:
+            self.prefill_padded = padded
         return done
 
     @torch.inference_mode()

@@ -34,21 +34,19 @@ class Qwen3ThinkerRunner(QwenThinkerRunner):
         super().__init__(*args, **kwargs)
         self.accept_layer = accept_layer
         self.layer_count = len(self.decoder.layers)
-        self._captured: torch.Tensor | None = None
+        # Every prefill keeps the accept layer's output (before the DeepStack add, as transformers
+        # records it) for the talker's prompt vectors: ``decoder.kept_hidden``.
+        if 0 < accept_layer < self.layer_count:
+            self.decoder.keep_layer = accept_layer - 1
 
     def prefill_hook(self, rows: list[ThinkerAdmission], offsets: list[int] | None = None) -> Any:
-        self._captured = None
-        wants = any(r.want_vectors for r in rows) and 0 < self.accept_layer < self.layer_count
-        capture = self.accept_layer - 1 if wants else None
         deep = self._deepstack(rows, offsets)
-        add = None if deep is None else add_after_layers(*deep)
-        if add is None and capture is None:
+        if deep is None:
             return None
+        add = add_after_layers(*deep)
 
         def hook(layer: int, hidden: torch.Tensor) -> torch.Tensor:
-            if layer == capture:
-                self._captured = hidden  # before the DeepStack add, as transformers records it
-            return hidden if add is None else add(layer, hidden)
+            return add(layer, hidden)
 
         # Under thinker TP every rank adds the same features (tp_runner broadcasts them).
         hook.deepstack = deep  # type: ignore[attr-defined]
@@ -82,7 +80,8 @@ class Qwen3ThinkerRunner(QwenThinkerRunner):
         length = embeds.shape[0]
         if self.accept_layer == 0:
             return embeds.clone()
-        source = hidden if self._captured is None else self._captured[k, :length]
+        kept = self.decoder.kept_hidden
+        source = hidden if kept is None else kept[k, :length]
         is_media = to_device([i in self.media_id_set for i in ids], self.device, torch.bool)[:, None]
         return torch.where(is_media, source.to(embeds.dtype), embeds)
 

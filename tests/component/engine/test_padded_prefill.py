@@ -1,0 +1,181 @@
+"""A fresh prompt's prefill padded to a (rows, length) bucket, as the CUDA graphs replay it, computes
+what the unpadded prefill computes: the same logits, hidden states, kept accept-layer states and
+cache entries for every real position, no write to a slot outside the batch, and the same greedy
+decode afterwards. On the CPU the padded body runs eagerly (``prefill_padded``); on CUDA the same
+body is what each graph captured (tests/gpu/test_engine_cuda.py replays them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from omni_runtime.executor.slot_cache import PrefillShapes, SlotDecoder
+from omni_runtime.models.qwen2_5_omni.runners import QwenThinkerRunner
+
+
+@pytest.mark.parametrize(
+    ("slots", "max_len", "rows", "length", "bucket"),
+    [
+        (32, 4096, 1, 48, (1, 48)),
+        (32, 4096, 1, 49, (1, 64)),
+        (32, 4096, 3, 7, (4, 8)),
+        (32, 4096, 5, 100, (8, 128)),
+        (32, 4096, 16, 256, (16, 256)),  # 4096 tokens: the largest graph
+        (32, 4096, 17, 100, (32, 128)),  # 32 x 128 = 4096 tokens: still a graph
+        (32, 4096, 17, 129, None),  # 32 x 192 tokens: unpadded
+        (32, 4096, 1, 257, None),  # longer than the longest bucket
+        (6, 4096, 5, 20, (6, 24)),  # the slot count is the last row bucket
+        (32, 100, 1, 97, None),  # buckets stop at the decoder's max_len
+    ],
+)
+def test_prefill_buckets(
+    slots: int, max_len: int, rows: int, length: int, bucket: tuple[int, int] | None
+) -> None:
+    shapes = PrefillShapes.for_decoder(slots, max_len)
+    assert shapes.bucket(rows, length) == bucket
+
+
+def test_every_bucket_is_listed_once_and_within_the_token_limit() -> None:
+    shapes = PrefillShapes.for_decoder(32, 4096)
+    every = shapes.all()
+    assert len(every) == len(set(every))
+    assert all(r * n <= shapes.max_tokens for r, n in every)
+    assert (32, 128) in every and (32, 192) not in every and (1, 256) in every
+
+
+@pytest.fixture(scope="module")
+def thinker(tiny_checkpoint: Path):
+    from transformers import Qwen2_5OmniForConditionalGeneration
+
+    model = Qwen2_5OmniForConditionalGeneration.from_pretrained(str(tiny_checkpoint), dtype=torch.float32)
+    return model.thinker.eval()
+
+
+@pytest.fixture(scope="module")
+def qwen3_thinker(hf_qwen3):
+    """Qwen3-Omni's MoE thinker as the runtime runs it, keeping its talker's accept layer."""
+    from types import SimpleNamespace
+
+    from omni_runtime.models.qwen3_omni_moe.runners import Qwen3ThinkerRunner
+
+    cfg = hf_qwen3.config.thinker_config
+    names = SimpleNamespace(
+        text_config=cfg.text_config,
+        audio_token_index=cfg.audio_token_id,
+        image_token_index=cfg.image_token_id,
+        video_token_index=cfg.video_token_id,
+    )
+
+    def build() -> SlotDecoder:
+        runner = Qwen3ThinkerRunner(
+            hf_qwen3.thinker.model.language_model,
+            hf_qwen3.thinker.lm_head,
+            names,
+            slots=6,
+            max_len=256,
+            dtype=torch.float32,
+            device=torch.device("cpu"),
+            cuda_graphs=False,
+            accept_layer=int(hf_qwen3.config.talker_config.accept_hidden_layer),
+        )
+        assert runner.decoder.keep_layer is not None  # the tiny talker reads an inner layer
+        return runner.decoder
+
+    return build
+
+
+def _decoder(thinker, *, padded: bool, keep_layer: int | None = None) -> SlotDecoder:
+    if not isinstance(thinker, torch.nn.Module):  # Qwen3: a builder; its runner sets the kept layer
+        decoder = thinker()
+    else:
+        decoder = QwenThinkerRunner(
+            thinker.model.language_model,
+            thinker.lm_head,
+            thinker.config,
+            slots=6,
+            max_len=256,
+            dtype=torch.float32,
+            device=torch.device("cpu"),
+            cuda_graphs=False,
+        ).decoder
+        decoder.keep_layer = keep_layer
+    decoder.prefill_padded = padded
+    return decoder
+
+
+@pytest.fixture(params=["qwen2_5_omni", "qwen3_omni_moe"])
+def family_thinker(request: pytest.FixtureRequest):
+    return request.getfixturevalue("thinker" if request.param == "qwen2_5_omni" else "qwen3_thinker")
+
+
+def _prefill(decoder: SlotDecoder, embeds: torch.Tensor, lengths: list[int], slots: list[int]):
+    rows, width = embeds.shape[:2]
+    positions = torch.arange(width).view(1, 1, -1).expand(3, rows, -1)
+    with torch.inference_mode():
+        return decoder.prefill(
+            slots=slots, embeds=embeds, positions=positions, lengths=lengths, want_hidden=True
+        )
+
+
+@pytest.mark.parametrize(
+    ("lengths", "slots"),
+    [
+        ([13], [2]),  # one row, padded to length 16
+        ([7, 12, 3], [0, 4, 1]),  # three rows padded to four (the last repeated), length 16
+        ([16, 16], [3, 5]),  # exactly a bucket
+    ],
+)
+def test_padded_prefill_equals_unpadded(family_thinker, lengths: list[int], slots: list[int]) -> None:
+    thinker = family_thinker
+    torch.manual_seed(0)
+    hidden_size = _decoder(thinker, padded=False).out_hidden.shape[-1]
+    width = max(lengths)
+    embeds = torch.randn(len(lengths), width, hidden_size)
+    for k, n in enumerate(lengths):
+        embeds[k, n:] = 0.0  # right padding, as right_padded makes it
+    plain = _decoder(thinker, padded=False, keep_layer=0)
+    padded = _decoder(thinker, padded=True, keep_layer=0)
+    sentinel = 7.0  # a slot outside the batch keeps what it held
+    outside = next(s for s in range(6) if s not in slots)
+    for decoder in (plain, padded):
+        for keys in decoder.cache.keys:
+            keys[outside].fill_(sentinel)
+    want_logits, want_hidden = _prefill(plain, embeds, lengths, slots)
+    got_logits, got_hidden = _prefill(padded, embeds, lengths, slots)
+    assert padded.prefill_shapes.bucket(len(slots), width) is not None
+    assert got_logits.shape == want_logits.shape and got_hidden is not None and want_hidden is not None
+    assert got_hidden.shape == want_hidden.shape == (len(lengths), width, hidden_size)
+    torch.testing.assert_close(got_logits, want_logits, rtol=1e-4, atol=1e-4)
+    assert plain.kept_hidden is not None and padded.kept_hidden is not None
+    for k, n in enumerate(lengths):
+        torch.testing.assert_close(got_hidden[k, :n], want_hidden[k, :n], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(padded.kept_hidden[k, :n], plain.kept_hidden[k, :n], rtol=1e-4, atol=1e-4)
+    for want_keys, got_keys in zip(plain.cache.keys, padded.cache.keys, strict=True):
+        for slot, n in zip(slots, lengths, strict=True):
+            torch.testing.assert_close(got_keys[slot, :, :n], want_keys[slot, :, :n], rtol=1e-4, atol=1e-4)
+        assert bool((got_keys[outside] == sentinel).all())
+
+
+def test_decode_after_a_padded_prefill_follows_the_same_tokens(family_thinker) -> None:
+    thinker = family_thinker
+    torch.manual_seed(1)
+    hidden_size = _decoder(thinker, padded=False).out_hidden.shape[-1]
+    lengths, slots = [9, 5, 11], [0, 1, 2]
+    embeds = torch.randn(3, 11, hidden_size)
+    tokens = []
+    for padded in (False, True):
+        decoder = _decoder(thinker, padded=padded)
+        logits, _ = _prefill(decoder, embeds, lengths, slots)
+        with torch.inference_mode():
+            decoder.last_ids[:3].copy_(logits.argmax(-1))
+            decoder.lengths[:3].copy_(torch.tensor(lengths))
+            steps = []
+            for i in range(5):
+                out = decoder.decode(3, max_length=max(lengths) + 1 + i)
+                steps.append(out.logits.argmax(-1).tolist())
+                decoder.last_ids[:3].copy_(out.logits.argmax(-1))
+                decoder.lengths[:3] += 1
+        tokens.append(steps)
+    assert tokens[0] == tokens[1]
