@@ -30,7 +30,8 @@ the talker. So the runtime owns the cache and drives the model's decoder layers 
   a CUDA graph (``PrefillShapes``): extra rows repeat the last row (same slot, same inputs, so the
   same cache writes), extra positions are right padding as in any batched prefill. Larger
   prefills, suffixes after a kept prefix and prefills with an ``after_layer`` hook run as before.
-  ``OMNI_PREFILL_GRAPHS=0`` turns it off.
+  Opt-in for now, ``OMNI_PREFILL_GRAPHS=1``: first audio came sooner on GPUs, but in one H200 run
+  most Qwen3 replies ended early with it, and none without (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -299,7 +300,9 @@ class SlotDecoder:
         # Fresh prompts' prefills padded to buckets (``PrefillShapes``), replayed as CUDA graphs on
         # CUDA; ``prefill_padded`` alone (tests, on CPU) runs the same padded body eagerly.
         self.prefill_shapes = PrefillShapes.for_decoder(slots, max_len)
-        self.prefill_graphs = self.cuda_graphs and os.environ.get("OMNI_PREFILL_GRAPHS", "1") != "0"
+        # Opt-in (``OMNI_PREFILL_GRAPHS=1``) until a GPU check passes: with it on, one H200 run's
+        # Qwen3 talkers drew their end code early in most replies (docs/benchmarks.md).
+        self.prefill_graphs = self.cuda_graphs and os.environ.get("OMNI_PREFILL_GRAPHS", "0") == "1"
         self.prefill_padded = self.prefill_graphs
         self._prefill_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._pf: dict[str, torch.Tensor] = {}  # the padded prefill's buffers, made on first use
