@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -230,6 +231,44 @@ def test_streaming_speech_on_cuda(loop: Loop, tiny_cuda) -> None:
     assert kinds.index("AudioChunk") < max(i for i, k in enumerate(kinds) if k == "TextDelta")
     assert sum(len(c.pcm) for c in chunks) % 480 == 0
     assert isinstance(events[-1], Finished)
+
+
+def test_speech_with_prefill_graphs_equals_speech_without(loop: Loop, tiny_cuda) -> None:
+    """Greedy replies, one and three at once, with the thinker's and talker's prefills as CUDA
+    graphs (opt-in, ``OMNI_PREFILL_GRAPHS=1``; captured on the stage threads) and without: the
+    same text and the same audio."""
+    local = tiny_cuda.stages.local
+    stages = (local.thinker, local.talker)
+    texts = ["Speak.", "Tell me about the sea.", "Hello there, how are you?"]
+
+    def replies() -> list[tuple[list[int], np.ndarray]]:
+        async def one(text: str) -> tuple[list[int], np.ndarray]:
+            events = await _collect(tiny_cuda, _request(text, tokens=24, audio=True, talker=60))
+            pcm = [e.pcm for e in events if isinstance(e, AudioChunk)]
+            return _ids(events), np.concatenate(pcm)
+
+        async def together() -> list[tuple[list[int], np.ndarray]]:
+            return list(await asyncio.gather(*(one(t) for t in texts)))
+
+        return [loop.run(one(t)) for t in texts] + loop.run(together())
+
+    def switch(on: bool) -> None:
+        for stage in stages:
+            decoder = stage.runner.decoder
+            decoder.prefill_graphs = decoder.prefill_padded = on
+            if on:
+                loop.run(stage.thread.run(decoder.capture_prefills))
+
+    plain = replies()
+    switch(True)
+    try:
+        graphed = replies()
+    finally:
+        switch(False)
+    for (ids, pcm), (want_ids, want_pcm) in zip(graphed, plain, strict=True):
+        assert ids == want_ids
+        assert pcm.shape == want_pcm.shape and pcm.size > 0
+        assert np.abs(pcm - want_pcm).max() <= 1e-3 * np.abs(want_pcm).max()
 
 
 def test_one_off_windows_replay_graphs_captured_at_start(tiny_cuda) -> None:
