@@ -31,7 +31,9 @@ the talker. So the runtime owns the cache and drives the model's decoder layers 
   same cache writes), extra positions are right padding as in any batched prefill. Larger
   prefills, suffixes after a kept prefix and prefills with an ``after_layer`` hook run as before.
   Opt-in for now, ``OMNI_PREFILL_GRAPHS=1``: first audio came sooner on GPUs, but in one H200 run
-  most Qwen3 replies ended early with it, and none without (docs/benchmarks.md).
+  most Qwen3 replies ended early with it, and none without (docs/benchmarks.md). After capturing,
+  ``check_prefill_graphs`` compares graph and unpadded prefills of random prompts, logs the
+  difference, and turns the graphs off when it is beyond bfloat16 rounding.
 """
 
 from __future__ import annotations
@@ -515,7 +517,67 @@ class SlotDecoder:
             self._scratch_prefill(rows, length)
             if not self.prefill_graphs:
                 break
+        if self.prefill_graphs and not self.check_prefill_graphs():
+            self.prefill_graphs = self.prefill_padded = False
+            self._prefill_graphs.clear()
         return len(self._prefill_graphs)
+
+    # Largest |graph - unpadded| a checked prefill may show, relative to the largest unpadded
+    # value: bfloat16 rounding of differently shaped GEMMs stays far below it, a wrong graph not.
+    PREFILL_CHECK_TOLERANCE = 0.05
+
+    @torch.inference_mode()
+    def check_prefill_graphs(self, shapes: tuple[tuple[int, int], ...] = ((1, 37), (3, 21))) -> bool:
+        """Prefill random prompts (scratch slots, start-up only) through the graphs and unpadded,
+        compare logits, hidden states and last-layer keys, log the differences; False (the graphs
+        are not to be used) when any is beyond ``PREFILL_CHECK_TOLERANCE``."""
+        generator = torch.Generator(device=self.device).manual_seed(0)
+        worst = 0.0
+        for rows, length in shapes:
+            if (
+                rows > self.slots
+                or length + 2 > self.max_len
+                or self.prefill_shapes.bucket(rows, length) is None
+            ):
+                continue
+            lengths = [max(1, length - 5 * k) for k in range(rows)]
+            embeds = torch.randn(
+                rows,
+                length,
+                self.out_hidden.shape[-1],
+                device=self.device,
+                dtype=self.dtype,
+                generator=generator,
+            )
+            positions = torch.arange(length, device=self.device).view(1, 1, -1).expand(3, rows, -1)
+            outs = []
+            for padded in (False, True):
+                self.prefill_padded = padded
+                logits, hidden = self.prefill(
+                    slots=list(range(rows)),
+                    embeds=embeds,
+                    positions=positions,
+                    lengths=lengths,
+                    want_hidden=True,
+                )
+                assert hidden is not None
+                keys = [self.cache.keys[-1][r, :, :n].clone() for r, n in enumerate(lengths)]
+                outs.append((logits.float(), [hidden[r, :n].float() for r, n in enumerate(lengths)], keys))
+            self.prefill_padded = True
+            (want_logits, want_hidden, want_keys), (got_logits, got_hidden, got_keys) = outs
+            pairs = [(got_logits, want_logits), *zip(got_hidden, want_hidden, strict=True)]
+            pairs += [(a.float(), b.float()) for a, b in zip(got_keys, want_keys, strict=True)]
+            for got, want in pairs:
+                scale = float(want.abs().max()) or 1.0
+                worst = max(worst, float((got - want).abs().max()) / scale)
+        ok = worst <= self.PREFILL_CHECK_TOLERANCE
+        (log.info if ok else log.warning)(
+            "prefill graphs %s: largest difference from the unpadded prefill %.2g of the largest value%s",
+            "checked" if ok else "DIFFER",
+            worst,
+            "" if ok else f" (over {self.PREFILL_CHECK_TOLERANCE}); prefilling unpadded",
+        )
+        return ok
 
     def _scratch_prefill(self, rows: int, length: int) -> None:
         """A prefill of zeros into slots ``0..rows-1`` (start-up only: no request holds them)."""

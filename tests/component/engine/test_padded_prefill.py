@@ -179,3 +179,25 @@ def test_decode_after_a_padded_prefill_follows_the_same_tokens(family_thinker) -
                 decoder.lengths[:3] += 1
         tokens.append(steps)
     assert tokens[0] == tokens[1]
+
+
+def test_the_start_up_check_passes_an_equal_padded_prefill_and_fails_a_wrong_one(
+    family_thinker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``check_prefill_graphs`` (run after the graphs are captured; a False turns them off) against
+    the padded body as it is, then with its logits wrong."""
+    decoder = _decoder(family_thinker, padded=True)
+    with caplog.at_level("INFO", logger="omni_runtime.executor.slot_cache"):
+        assert decoder.check_prefill_graphs()
+    assert "prefill graphs checked" in caplog.text
+    body = decoder._prefill_body
+
+    def wrong(shape: tuple[int, int]) -> None:
+        body(shape)
+        decoder._pf["logits"].add_(1.0)
+
+    decoder._prefill_body = wrong  # type: ignore[method-assign]
+    caplog.clear()
+    with caplog.at_level("INFO", logger="omni_runtime.executor.slot_cache"):
+        assert not decoder.check_prefill_graphs()
+    assert "prefill graphs DIFFER" in caplog.text and "prefilling unpadded" in caplog.text
