@@ -181,11 +181,12 @@ def test_decode_after_a_padded_prefill_follows_the_same_tokens(family_thinker) -
     assert tokens[0] == tokens[1]
 
 
+@pytest.mark.parametrize("wrong_part", ["logits", "keys"])
 def test_the_start_up_check_passes_an_equal_padded_prefill_and_fails_a_wrong_one(
-    family_thinker, caplog: pytest.LogCaptureFixture
+    family_thinker, wrong_part: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """``check_prefill_graphs`` (run after the graphs are captured; a False turns them off) against
-    the padded body as it is, then with its logits wrong."""
+    the padded body as it is, then with its logits or its cache writes wrong."""
     decoder = _decoder(family_thinker, padded=True)
     with caplog.at_level("INFO", logger="omni_runtime.executor.slot_cache"):
         assert decoder.check_prefill_graphs()
@@ -194,7 +195,10 @@ def test_the_start_up_check_passes_an_equal_padded_prefill_and_fails_a_wrong_one
 
     def wrong(shape: tuple[int, int]) -> None:
         body(shape)
-        decoder._pf["logits"].add_(1.0)
+        if wrong_part == "logits":
+            decoder._pf["logits"].add_(1.0)
+        else:
+            decoder.cache.keys[-1][0].add_(1.0)
 
     decoder._prefill_body = wrong  # type: ignore[method-assign]
     caplog.clear()
