@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import statistics
 import time
 from typing import Any
@@ -96,6 +97,10 @@ def main_shapes(text: str) -> list[tuple[int, int]]:
 
 
 async def main(args: argparse.Namespace) -> None:
+    # The start-up check of the captured graphs logs its verdict here ("prefill graphs checked").
+    check_log = logging.getLogger("omni_runtime.executor.slot_cache")
+    check_log.setLevel(logging.INFO)
+    check_log.addHandler(logging.StreamHandler())
     engine = build_engine(
         EngineOptions(
             model_path=args.model_path,
