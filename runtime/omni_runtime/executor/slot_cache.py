@@ -673,18 +673,17 @@ class SlotDecoder:
         return self._stream
 
     def _capture(self, batch: int, view: int) -> torch.cuda.CUDAGraph:
-        self._side_stream()
-        assert self._stream is not None
-        with torch.cuda.stream(self._stream):
+        stream = self._side_stream()
+        with torch.cuda.stream(stream):
             # Rows past the running batch are free slots: their writes land in unused cache rows.
             for _ in range(2):  # warm up kernels and workspaces outside the capture
                 self._step(batch, view)
-        torch.cuda.current_stream(self.device).wait_stream(self._stream)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         # thread_local: other stage threads keep using CUDA (syncs included) while this one captures.
-        with torch.cuda.graph(graph, pool=self._pool, stream=self._stream, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, pool=self._pool, stream=stream, capture_error_mode="thread_local"):
             self._step(batch, view)
         self._graphs[(batch, view)] = graph
         return graph

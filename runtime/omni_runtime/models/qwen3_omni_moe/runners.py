@@ -43,11 +43,7 @@ class Qwen3ThinkerRunner(QwenThinkerRunner):
         deep = self._deepstack(rows, offsets)
         if deep is None:
             return None
-        add = add_after_layers(*deep)
-
-        def hook(layer: int, hidden: torch.Tensor) -> torch.Tensor:
-            return add(layer, hidden)
-
+        hook = add_after_layers(*deep)
         # Under thinker TP every rank adds the same features (tp_runner broadcasts them).
         hook.deepstack = deep  # type: ignore[attr-defined]
         return hook
