@@ -36,6 +36,7 @@ import argparse
 import asyncio
 import contextvars
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -209,6 +210,9 @@ async def one(
                     flush=True,
                 )
     marks["_began"] = marks.pop("_start")  # perf_counter at the start (gpu_timeline's clock)
+    ended = marks_hook.talker_ends.get(rid)
+    if ended is not None:  # how the talker ended: an early end code cuts the reply's audio short
+        marks["_talker_end"], marks["_talker_codes"] = ended  # type: ignore[assignment]
     TIMELINES[rid] = tuple(timeline)
     heard = play(timeline)
     if heard is not None:  # what a listener hears (not a mark: reported apart)
@@ -269,6 +273,15 @@ def report(label: str, runs: list[dict[str, float]], wall_s: float | None = None
             f" real time {sum(s <= 1e-9 for s in stalls)}/{len(heard)};"
             f" chunks per stream {sum(r['_windows'] for r in heard) / len(heard):.1f}"
             + (f"; audio s/s {audio / wall_s:.1f}" if wall_s else "")
+        )
+    ends: dict[str, int] = {}
+    for r in runs:
+        ends[str(r.get("_talker_end"))] = ends.get(str(r.get("_talker_end")), 0) + 1
+    codes = sorted(int(r["_talker_codes"]) for r in runs if "_talker_codes" in r)
+    if codes:
+        print(
+            f"  {label}: talker ends {dict(sorted(ends.items()))}; codes min {codes[0]}, "
+            f"median {codes[len(codes) // 2]}, max {codes[-1]}"
         )
     print(f"  {label} ({len(runs)} requests), p50 / p95 s:")
     print(
@@ -339,7 +352,30 @@ ENGINE_SWITCHES = (
     "windows_ahead",
     "vocoder_far",
     "vocoder_buckets",
+    "prefill_graphs",
 )
+
+
+def set_prefill(engine: Any, mode: str | None) -> str:
+    """How the thinker and talker prefill fresh prompts (``OMNI_PREFILL_GRAPHS=1`` captured their
+    graphs at start-up): "graphs" (both replay them), "padded" (both run the padded body eagerly,
+    no graph), "thinker" or "talker" (that stack's graphs only), "off" (both unpadded). None
+    leaves each decoder as start-up left it. Returns what each decoder does now."""
+    local = getattr(engine.stages, "local", engine.stages)
+    shown = []
+    for name in ("thinker", "talker"):
+        decoder = getattr(getattr(local, name).runner, "decoder", None)
+        if decoder is None or not hasattr(decoder, "prefill_padded"):
+            continue
+        if not hasattr(decoder, "_captured_prefills"):
+            decoder._captured_prefills = decoder.prefill_graphs  # what start-up left on
+        if mode is not None:
+            graphs = mode in ("graphs", name) and decoder._captured_prefills
+            decoder.prefill_graphs = graphs
+            decoder.prefill_padded = graphs or mode == "padded"
+        kind = "graphs" if decoder.prefill_graphs else "padded" if decoder.prefill_padded else "unpadded"
+        shown.append(f"{name} {kind}")
+    return ", ".join(shown)
 
 
 async def prepare_vocoder(engine: Any, *, stock_bigvgan: bool, stock_dit: bool = False) -> None:
@@ -444,6 +480,9 @@ def time_vocoder(vocoder: Any, windows: dict[str, tuple[int, int, int, int]], *,
 
 
 async def main(args: argparse.Namespace) -> None:
+    check_log = logging.getLogger("omni_runtime.executor.slot_cache")  # the prefill graphs' check
+    check_log.setLevel(logging.INFO)
+    check_log.addHandler(logging.StreamHandler())
     engine = build_engine(
         EngineOptions(
             model_path=args.path,
@@ -505,6 +544,7 @@ async def main(args: argparse.Namespace) -> None:
         )
         if vocoder_of(engine) is not None:
             vocoder_of(engine).graphs.enabled = bool(variant.get("vocoder_graphs", True))
+        print(f"prefill: {set_prefill(engine, variant.get('prefill_graphs'))}", flush=True)
         for c in args.concurrency:  # closed loop: c streams, each starting its next reply as one ends
 
             async def stream(k: int, c: int = c) -> list[dict[str, float]]:

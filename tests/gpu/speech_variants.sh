@@ -4,7 +4,8 @@
 # on the device, with the carried wheels (.whl):
 #   VARIANTS='[{}, {"vocoder_far": [1.0, 4]}, {"vocoder_buckets": [1,2,4,6,8,10,12,14,16]}]' \
 #     bash tests/gpu/speech_variants.sh
-# LEVELS (default 1,16,32), WAVES (default 2), TRACE (levels traced with CUPTI, default 16; empty:
+# FAMILY (default qwen2_5_omni; qwen3_omni_moe wants TALKER_TOKENS=125 and an H200), TALKER_TOKENS
+# (default 400), LEVELS (default 1,16,32), WAVES (default 2), TRACE (levels traced with CUPTI, default 16; empty:
 # none), RUN_TIMEOUT (seconds, default 520). The keys a variant takes are profile_speech.py's
 # (--window-variants). Results in $OUT/v: run.log, levels.json, speech.png, GPU timelines.
 set -uo pipefail
@@ -12,8 +13,9 @@ OUT=${OUT:-/tmp/omni-speech-variants}
 pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > /dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD/operator:$PWD/runtime PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 nvidia-smi --query-gpu=name --format=csv,noheader
-CKPT=/tmp/qwen2.5-omni-7b-dummy
-[ -d "$CKPT" ] || python -m omni_operator.cli tiny-checkpoint --shape released "$CKPT" > /dev/null 2>&1
+FAMILY=${FAMILY:-qwen2_5_omni}
+CKPT=${CKPT:-/tmp/$FAMILY-released-dummy}
+[ -d "$CKPT" ] || python -m omni_operator.cli tiny-checkpoint --family "$FAMILY" --shape released "$CKPT" > /dev/null 2>&1
 mkdir -p "$OUT/v"
 began=$SECONDS
 variants=${VARIANTS:-}
@@ -21,8 +23,8 @@ variants=${VARIANTS:-}
 trace=()
 [ -n "${TRACE-16}" ] && trace=(--trace-levels "${TRACE-16}")
 (cd tests/gpu && timeout "${RUN_TIMEOUT:-520}" python profile_speech.py "$CKPT" --requests 1 \
-  --concurrency "${LEVELS:-1,16,32}" --waves "${WAVES:-2}" "${trace[@]}" --variants-only \
+  --talker-tokens "${TALKER_TOKENS:-400}" --concurrency "${LEVELS:-1,16,32}" --waves "${WAVES:-2}" "${trace[@]}" --variants-only \
   --window-variants "$variants" --out "$OUT/v") > "$OUT/v/run.log" 2>&1
 echo "rc=$? in $((SECONDS - began)) s"
-grep -E "stall per stream|GPU busy|^    (vocoder|talker|thinker):|runner calls|worst stream|ended|capture failed|warm in" \
+grep -E "stall per stream|talker ends|^prefill:|prefill graphs|GPU busy|^    (vocoder|talker|thinker):|runner calls|worst stream|ended|capture failed|warm in" \
   "$OUT/v/run.log" | cut -c1-400
