@@ -78,9 +78,8 @@ def shadow(decoder: Any, name: str, log: list[str]) -> None:
             return float((b.float() - a.float()).abs().max()) / (float(a.float().abs().max()) or 1.0)
 
         parts = [f"logits {rel(want_logits, logits):.2g}"]
-        parts.append(
-            f"hidden {max(rel(want_hidden[r, :n], hidden[r, :n]) for r, n in enumerate(lengths):.2g}")
-        )
+        worst = max(rel(want_hidden[r, :n], hidden[r, :n]) for r, n in enumerate(lengths))
+        parts.append(f"hidden {worst:.2g}")
         if want_kept is not None and kept is not None:
             worst = max(rel(want_kept[r, :n], kept[r, :n]) for r, n in enumerate(lengths))
             parts.append(f"kept {worst:.2g}")
