@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 import numpy as np
-import torch
+from prefill_shapes import shadow_padded_prefills  # tests/gpu, beside this script
 
 from omni_runtime.contract.engine import AudioChunk, ChatTurn, GenerationRequest, SamplingParams, TextDelta
 from omni_runtime.contract.options import EngineOptions
@@ -56,45 +56,6 @@ class Recorder:
         talker._accept = recorded
 
 
-def shadow(decoder: Any, name: str, log: list[str]) -> None:
-    """Wrap ``decoder.prefill``: a padded call runs unpadded first (same slots), then padded, and
-    the largest relative difference of logits, hidden and kept layer goes to ``log``."""
-    prefill = decoder.prefill
-
-    def checked(**kwargs: Any) -> Any:
-        if not decoder.prefill_padded:
-            return prefill(**kwargs)
-        decoder.prefill_padded = False
-        try:
-            want_logits, want_hidden = prefill(**{**kwargs, "want_hidden": True})
-            want_kept = None if decoder.kept_hidden is None else decoder.kept_hidden.clone()
-        finally:
-            decoder.prefill_padded = True
-        logits, hidden = prefill(**{**kwargs, "want_hidden": True})
-        kept = decoder.kept_hidden
-        lengths = kwargs["lengths"]
-
-        def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-            return float((b.float() - a.float()).abs().max()) / (float(a.float().abs().max()) or 1.0)
-
-        parts = [f"logits {rel(want_logits, logits):.2g}"]
-        worst = max(rel(want_hidden[r, :n], hidden[r, :n]) for r, n in enumerate(lengths))
-        parts.append(f"hidden {worst:.2g}")
-        if want_kept is not None and kept is not None:
-            worst = max(rel(want_kept[r, :n], kept[r, :n]) for r, n in enumerate(lengths))
-            parts.append(f"kept {worst:.2g}")
-        same = torch.equal(want_logits.argmax(-1), logits.argmax(-1))
-        log.append(
-            f"{name} prefill rows {len(lengths)} lengths {lengths} width {kwargs['embeds'].shape[1]} "
-            f"offsets {kwargs.get('offsets')} hook {kwargs.get('after_layer') is not None}: "
-            + ", ".join(parts)
-            + f", argmax {'same' if same else 'DIFFERS'}"
-        )
-        return logits, (hidden if kwargs["want_hidden"] else None)
-
-    decoder.prefill = checked
-
-
 async def main(args: argparse.Namespace) -> None:
     if args.family == "qwen3_omni_moe":
         from omni_runtime.models.qwen3_omni_moe.tiny import ensure_tiny_checkpoint
@@ -113,10 +74,10 @@ async def main(args: argparse.Namespace) -> None:
     await engine.start()
     recorder = Recorder(engine)
     local = engine.stages.local
-    log: list[str] = []
+    log: list[dict[str, Any]] = []
     if args.shadow:
         for name in ("thinker", "talker"):
-            shadow(getattr(local, name).runner.decoder, name, log)
+            shadow_padded_prefills(getattr(local, name).runner.decoder, name, log)
 
     async def one(prompt: str) -> tuple[list[int], list[Any], np.ndarray]:
         req = request(prompt, args.temperature)
@@ -144,8 +105,11 @@ async def main(args: argparse.Namespace) -> None:
         log.clear()
         results[mode] = await replies()
         print(f"mode {mode}:", flush=True)
-        for line in log:
-            print("   ", line)
+        for entry in log:
+            print(
+                "   ",
+                ", ".join(f"{k} {v:.2g}" if isinstance(v, float) else f"{k} {v}" for k, v in entry.items()),
+            )
         for k, ((ids, codes, pcm), (want_ids, want_codes, want_pcm)) in enumerate(
             zip(results[mode], results["off"], strict=True)
         ):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call: are prefills replayed as CUDA graphs (OMNI_PREFILL_GRAPHS=1, opt-in) equal to
+# One device call: are prefills replayed as CUDA graphs (on by default; OMNI_PREFILL_GRAPHS=0 turns them off) equal to
 # unpadded ones? The GPU tests of both tiny checkpoints (whole seeded replies with and without,
 # and single prefills), then tests/gpu/profile_prefill.py on the released Qwen3-Omni shape in
 # bfloat16 (per stack and shape: the largest relative difference of logits, hidden states, kept

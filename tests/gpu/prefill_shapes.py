@@ -53,3 +53,45 @@ def compiled_shapes(decoders: dict[str, Any]) -> list[tuple[str, int, int, int]]
             if counters["stats"]["unique_graphs"] != before:
                 compiled.append((name, rows, length, offset))
     return compiled
+
+
+def shadow_padded_prefills(decoder: Any, name: str, log: list[dict[str, Any]]) -> Any:
+    """Wrap ``decoder.prefill`` (an instance attribute; returns the original to put back): a padded
+    call (a CUDA graph where captured) runs unpadded first on the same slots, then padded, so the
+    cache keeps the padded call's writes. Each appends to ``log``: the stack, the shape, the largest
+    difference of logits, hidden states and kept layer relative to the unpadded values, and
+    whether every row's argmax agrees."""
+    import torch
+
+    prefill = decoder.prefill
+
+    def rel(a: Any, b: Any) -> float:
+        return float((b.float() - a.float()).abs().max()) / (float(a.float().abs().max()) or 1.0)
+
+    def checked(**kwargs: Any) -> Any:
+        if not decoder.prefill_padded:
+            return prefill(**kwargs)
+        decoder.prefill_padded = False
+        try:
+            want_logits, want_hidden = prefill(**{**kwargs, "want_hidden": True})
+            want_kept = None if decoder.kept_hidden is None else decoder.kept_hidden.clone()
+        finally:
+            decoder.prefill_padded = True
+        logits, hidden = prefill(**{**kwargs, "want_hidden": True})
+        lengths = kwargs["lengths"]
+        entry = {
+            "stack": name,
+            "lengths": list(lengths),
+            "width": int(kwargs["embeds"].shape[1]),
+            "logits": rel(want_logits, logits),
+            "hidden": max(rel(want_hidden[r, :n], hidden[r, :n]) for r, n in enumerate(lengths)),
+            "argmax same": bool(torch.equal(want_logits.argmax(-1), logits.argmax(-1))),
+        }
+        if want_kept is not None and decoder.kept_hidden is not None:
+            kept = decoder.kept_hidden
+            entry["kept"] = max(rel(want_kept[r, :n], kept[r, :n]) for r, n in enumerate(lengths))
+        log.append(entry)
+        return logits, (hidden if kwargs["want_hidden"] else None)
+
+    decoder.prefill = checked
+    return prefill

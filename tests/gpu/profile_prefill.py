@@ -117,7 +117,9 @@ async def main(args: argparse.Namespace) -> None:
     local = engine.stages.local
     decoders = {"thinker": local.thinker.runner.decoder, "talker": local.talker.runner.decoder}
     for name, decoder in decoders.items():
-        decoder.prefill_graphs = decoder.prefill_padded = True  # as OMNI_PREFILL_GRAPHS=1 does
+        decoder.prefill_graphs = decoder.prefill_padded = (
+            True  # as start-up leaves them (unless OMNI_PREFILL_GRAPHS=0)
+        )
         with torch.inference_mode():
             print(f"{name}: {decoder.capture_prefills()} prefill graphs captured", flush=True)
         for rows, length in main_shapes(args.shapes):

@@ -357,8 +357,8 @@ ENGINE_SWITCHES = (
 
 
 def set_prefill(engine: Any, mode: str | None) -> str:
-    """How the thinker and talker prefill fresh prompts (``OMNI_PREFILL_GRAPHS=1`` captured their
-    graphs at start-up): "graphs" (both replay them), "padded" (both run the padded body eagerly,
+    """How the thinker and talker prefill fresh prompts (start-up captured their graphs unless
+    ``OMNI_PREFILL_GRAPHS=0``): "graphs" (both replay them), "padded" (both run the padded body eagerly,
     no graph), "thinker" or "talker" (that stack's graphs only), "off" (both unpadded). None
     leaves each decoder as start-up left it. Returns what each decoder does now."""
     local = getattr(engine.stages, "local", engine.stages)

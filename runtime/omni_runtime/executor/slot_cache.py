@@ -30,10 +30,10 @@ the talker. So the runtime owns the cache and drives the model's decoder layers 
   a CUDA graph (``PrefillShapes``): extra rows repeat the last row (same slot, same inputs, so the
   same cache writes), extra positions are right padding as in any batched prefill. Larger
   prefills, suffixes after a kept prefix and prefills with an ``after_layer`` hook run as before.
-  Opt-in for now, ``OMNI_PREFILL_GRAPHS=1``: first audio came sooner on GPUs, but in one H200 run
-  most Qwen3 replies ended early with it, and none without (docs/benchmarks.md). After capturing,
-  ``check_prefill_graphs`` compares graph and unpadded prefills of random prompts, logs the
-  difference, and turns the graphs off when it is beyond bfloat16 rounding.
+  After capturing, ``check_prefill_graphs`` compares graph and unpadded prefills of random
+  prompts, logs the difference, and turns the graphs off when it is beyond bfloat16 rounding.
+  ``OMNI_PREFILL_GRAPHS=0`` turns them off (docs/benchmarks.md: Qwen3 first audio at 32 streams
+  0.58 → 0.49 s p95 on an H200).
 """
 
 from __future__ import annotations
@@ -302,9 +302,9 @@ class SlotDecoder:
         # Fresh prompts' prefills padded to buckets (``PrefillShapes``), replayed as CUDA graphs on
         # CUDA; ``prefill_padded`` alone (tests, on CPU) runs the same padded body eagerly.
         self.prefill_shapes = PrefillShapes.for_decoder(slots, max_len)
-        # Opt-in (``OMNI_PREFILL_GRAPHS=1``) until a GPU check passes: with it on, one H200 run's
-        # Qwen3 talkers drew their end code early in most replies (docs/benchmarks.md).
-        self.prefill_graphs = self.cuda_graphs and os.environ.get("OMNI_PREFILL_GRAPHS", "0") == "1"
+        # On unless ``OMNI_PREFILL_GRAPHS=0``; the start-up check (``check_prefill_graphs``) turns
+        # them off when a graph's prefill differs from the unpadded one.
+        self.prefill_graphs = self.cuda_graphs and os.environ.get("OMNI_PREFILL_GRAPHS", "1") != "0"
         self.prefill_padded = self.prefill_graphs
         self._prefill_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._pf: dict[str, torch.Tensor] = {}  # the padded prefill's buffers, made on first use
