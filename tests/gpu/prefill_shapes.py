@@ -69,20 +69,22 @@ def shadow_padded_prefills(decoder: Any, name: str, log: list[dict[str, Any]]) -
         return float((b.float() - a.float()).abs().max()) / (float(a.float().abs().max()) or 1.0)
 
     def checked(**kwargs: Any) -> Any:
-        if not decoder.prefill_padded:
+        flag = "suffix_padded" if any(kwargs.get("offsets") or ()) else "prefill_padded"
+        if not getattr(decoder, flag):
             return prefill(**kwargs)
-        decoder.prefill_padded = False
+        setattr(decoder, flag, False)
         try:
             want_logits, want_hidden = prefill(**{**kwargs, "want_hidden": True})
             want_kept = None if decoder.kept_hidden is None else decoder.kept_hidden.clone()
         finally:
-            decoder.prefill_padded = True
+            setattr(decoder, flag, True)
         logits, hidden = prefill(**{**kwargs, "want_hidden": True})
         lengths = kwargs["lengths"]
         entry = {
             "stack": name,
             "lengths": list(lengths),
             "width": int(kwargs["embeds"].shape[1]),
+            "offsets": list(kwargs.get("offsets") or ()),
             "logits": rel(want_logits, logits),
             "hidden": max(rel(want_hidden[r, :n], hidden[r, :n]) for r, n in enumerate(lengths)),
             "argmax same": bool(torch.equal(want_logits.argmax(-1), logits.argmax(-1))),

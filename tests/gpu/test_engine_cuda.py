@@ -327,31 +327,58 @@ def test_the_vocoders_dit_block_speaks_as_transformers_block_does_on_cuda(tiny_c
         assert snr > 25, f"the vocoder's DiT block is {snr:.1f} dB from transformers' block"
 
 
-def test_prefill_graphs_equal_the_unpadded_prefill(tiny_cuda) -> None:
+@pytest.mark.parametrize("offset", [0, 20])
+def test_prefill_graphs_equal_the_unpadded_prefill(tiny_cuda, offset: int) -> None:
     """A fresh prompt's prefill replays its bucket's CUDA graph (captured at start-up) and gives
-    the unpadded prefill's logits, hidden states and cache entries; a slot outside it is untouched."""
+    the unpadded prefill's logits, hidden states and cache entries; a slot outside it is untouched.
+    With a kept prefix (``offset``): the suffixes' (rows, length, span) graph, captured on first use
+    (``OMNI_SUFFIX_GRAPHS=1``), against the unpadded suffix after the same prefixes."""
     decoder = tiny_cuda.stages.local.thinker.runner.decoder
-    before = decoder.prefill_graphs, decoder.prefill_padded
+    before = decoder.prefill_graphs, decoder.prefill_padded, decoder.suffix_graphs, decoder.suffix_padded
     decoder.prefill_graphs = decoder.prefill_padded = True  # as start-up leaves them (OMNI_PREFILL_GRAPHS)
+    decoder.suffix_graphs = decoder.suffix_padded = bool(offset)
     with torch.inference_mode():
         assert decoder.capture_prefills() > 0
-    captured = len(decoder._prefill_graphs)
     torch.manual_seed(0)
     lengths, slots = [13, 6, 9], [2, 0, 5]
-    embeds = torch.randn(3, 13, decoder.out_hidden.shape[-1], device="cuda")
-    positions = torch.arange(13, device="cuda").view(1, 1, -1).expand(3, 3, -1)
+    hidden = decoder.out_hidden.shape[-1]
+    embeds = torch.randn(3, 13, hidden, device="cuda")
+    positions = (torch.arange(13, device="cuda") + offset).view(1, 1, -1).expand(3, 3, -1)
     outside = decoder.cache.keys[0][1].clone()
     outs = []
     with torch.inference_mode():
-        for padded in (False, True):
-            decoder.prefill_padded = padded
-            logits, hidden = decoder.prefill(
-                slots=slots, embeds=embeds, positions=positions, lengths=lengths, want_hidden=True
+        if offset:  # the same kept prefixes for both suffixes, prefilled unpadded once
+            decoder.prefill_padded = False
+            decoder.prefill(
+                slots=slots,
+                embeds=torch.randn(3, offset, hidden, device="cuda"),
+                positions=torch.arange(offset, device="cuda").view(1, 1, -1).expand(3, 3, -1),
+                lengths=[offset] * 3,
+                want_hidden=False,
             )
-            keys = [decoder.cache.keys[-1][s, :, :n].clone() for s, n in zip(slots, lengths, strict=True)]
-            outs.append((logits, hidden, keys))
-    decoder.prefill_graphs, decoder.prefill_padded = before
-    assert len(decoder._prefill_graphs) == captured  # replayed, none captured on the way
+        captured = len(decoder._prefill_graphs)
+        for padded in (False, True):
+            decoder.prefill_padded = decoder.suffix_padded = padded
+            logits, states = decoder.prefill(
+                slots=slots,
+                embeds=embeds,
+                positions=positions,
+                lengths=lengths,
+                want_hidden=True,
+                offsets=[offset] * 3 if offset else None,
+            )
+            keys = [
+                decoder.cache.keys[-1][s, :, : offset + n].clone()
+                for s, n in zip(slots, lengths, strict=True)
+            ]
+            outs.append((logits, states, keys))
+    suffix_graphs = [shape for shape in decoder._prefill_graphs if len(shape) == 3]
+    decoder.prefill_graphs, decoder.prefill_padded, decoder.suffix_graphs, decoder.suffix_padded = before
+    if offset:
+        # The start-up check captured (2, 24, 256) for its own suffix; this one is new.
+        assert (4, 16, 256) in suffix_graphs and len(decoder._prefill_graphs) == captured + 1
+    else:
+        assert len(decoder._prefill_graphs) == captured  # replayed, none captured on the way
     (want_logits, want_hidden, want_keys), (got_logits, got_hidden, got_keys) = outs
     torch.testing.assert_close(got_logits, want_logits, rtol=1e-3, atol=1e-3)
     for k, n in enumerate(lengths):

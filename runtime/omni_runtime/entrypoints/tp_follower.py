@@ -124,7 +124,7 @@ def serve_ops(adapter: Any, leader_fd: int) -> int:
                 if agreed < 1:
                     continue  # rank 0 reports the error and stops us
                 decoder = adapter.build_thinker_runner(slots=agreed, max_len=args[1]).decoder
-                decoder.prefill_graphs = decoder.prefill_padded = False  # as rank 0's (LeaderDecoder)
+                decoder.unpadded_prefills()  # as rank 0's (LeaderDecoder)
             elif op == OP_STOP:
                 log.info("stopping")
                 return 0

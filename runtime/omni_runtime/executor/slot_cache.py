@@ -33,7 +33,10 @@ the talker. So the runtime owns the cache and drives the model's decoder layers 
   After capturing, ``check_prefill_graphs`` compares graph and unpadded prefills of random
   prompts, logs the difference, and turns the graphs off when it is beyond bfloat16 rounding.
   ``OMNI_PREFILL_GRAPHS=0`` turns them off (docs/benchmarks.md: Qwen3 first audio at 32 streams
-  0.58 → 0.49 s p95 on an H200).
+  0.58 → 0.49 s p95 on an H200). With ``OMNI_SUFFIX_GRAPHS=1`` (opt-in until measured on a GPU)
+  suffixes after a kept prefix do the same in (rows, length, span) buckets, each captured on
+  first use: the span is the keys their attention reads, the longest prefix plus the padded
+  length rounded up to a power of two from 256.
 """
 
 from __future__ import annotations
@@ -69,6 +72,11 @@ def _buckets(limit: int, start: int) -> list[int]:
 # Prefill lengths padded to (tokens): steps of about 1.5x keep the padding waste under half.
 PREFILL_LENGTHS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 PREFILL_GRAPH_TOKENS = 4096  # rows x length above which a prefill runs unpadded (compute-bound)
+# A suffix after a kept prefix reads the keys of its whole span, padded to one of these (doubling
+# from 256 up to the decoder's max_len): a graph per (rows, length, span) bucket, captured on first
+# use, at most MAX_SUFFIX_GRAPHS of them (beyond, suffixes of new buckets run unpadded).
+SUFFIX_SPAN_START = 256
+MAX_SUFFIX_GRAPHS = 64
 
 
 @dataclass(frozen=True)
@@ -78,18 +86,30 @@ class PrefillShapes:
     rows: tuple[int, ...]
     lengths: tuple[int, ...]
     max_tokens: int = PREFILL_GRAPH_TOKENS
+    spans: tuple[int, ...] = ()  # a suffix bucket's key span; the last is the decoder's max_len
 
     @classmethod
     def for_decoder(cls, slots: int, max_len: int) -> PrefillShapes:
-        return cls(rows=tuple(_buckets(slots, 1)), lengths=tuple(n for n in PREFILL_LENGTHS if n <= max_len))
+        return cls(
+            rows=tuple(_buckets(slots, 1)),
+            lengths=tuple(n for n in PREFILL_LENGTHS if n <= max_len),
+            spans=tuple(_buckets(max_len, min(SUFFIX_SPAN_START, max_len))),
+        )
 
-    def bucket(self, rows: int, length: int) -> tuple[int, int] | None:
-        """The smallest bucket holding ``rows`` x ``length``, or None (the prefill runs unpadded)."""
+    def bucket(self, rows: int, length: int, offsets: list[int] | None = None) -> tuple[int, ...] | None:
+        """The smallest bucket holding ``rows`` x ``length``, or None (the prefill runs unpadded).
+
+        With ``offsets`` (suffixes after kept prefixes): (rows, length, span), the span holding
+        every row's prefix and the padded suffix, whose padding positions must stay inside the
+        slot (the longest prefix plus the padded length at most the last span)."""
         r = next((b for b in self.rows if b >= rows), None)
         n = next((b for b in self.lengths if b >= length), None)
         if r is None or n is None or r * n > self.max_tokens:
             return None
-        return r, n
+        if offsets is None:
+            return r, n
+        span = next((b for b in self.spans if b >= max(offsets) + n), None)
+        return None if span is None else (r, n, span)
 
     def all(self) -> list[tuple[int, int]]:
         return [(r, n) for r in self.rows for n in self.lengths if r * n <= self.max_tokens]
@@ -128,12 +148,25 @@ def right_padded(
     return out, positions
 
 
-def suffix_mask(offsets: list[int], width: int, *, device: torch.device | str = "cpu") -> torch.Tensor:
-    """Attention mask [b, 1, width, max(offsets) + width] of suffixes prefilled after kept
-    prefixes: row r's query j (its position offsets[r] + j) sees keys 0..offsets[r] + j of its
-    slot. Keys past a row's own span are other rows' reach (or stale) and stay hidden."""
-    keys = torch.arange(max(offsets) + width, device=device)
-    queries = torch.arange(width, device=device)[None, :] + torch.tensor(offsets, device=device)[:, None]
+def suffix_mask(
+    offsets: list[int] | torch.Tensor,
+    width: int,
+    *,
+    span: int | None = None,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """Attention mask [b, 1, width, span] of suffixes prefilled after kept prefixes: row r's query
+    j (its position offsets[r] + j) sees keys 0..offsets[r] + j of its slot. Keys past a row's own
+    span are other rows' reach (or stale) and stay hidden. ``span`` defaults to max(offsets) +
+    width; ``offsets`` as a device tensor (a padded suffix's graph) needs it given."""
+    if isinstance(offsets, torch.Tensor):
+        assert span is not None, "a span for offsets on the device"
+        starts, device = offsets, offsets.device
+    else:
+        starts = torch.tensor(offsets, device=device)
+        span = max(offsets) + width if span is None else span
+    keys = torch.arange(span, device=device)
+    queries = torch.arange(width, device=device)[None, :] + starts[:, None]
     return (keys[None, None, :] <= queries[:, :, None])[:, None]
 
 
@@ -306,7 +339,11 @@ class SlotDecoder:
         # them off when a graph's prefill differs from the unpadded one.
         self.prefill_graphs = self.cuda_graphs and os.environ.get("OMNI_PREFILL_GRAPHS", "1") != "0"
         self.prefill_padded = self.prefill_graphs
-        self._prefill_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        # Suffixes after a kept prefix the same way, in (rows, length, span) buckets captured on
+        # first use: opt-in (``OMNI_SUFFIX_GRAPHS=1``) until measured on a GPU.
+        self.suffix_graphs = self.prefill_graphs and os.environ.get("OMNI_SUFFIX_GRAPHS", "0") == "1"
+        self.suffix_padded = self.suffix_graphs
+        self._prefill_graphs: dict[tuple[int, ...], torch.cuda.CUDAGraph] = {}
         self._pf: dict[str, torch.Tensor] = {}  # the padded prefill's buffers, made on first use
         # A layer whose output every prefill keeps (before any ``after_layer`` change), as
         # ``kept_hidden`` [rows, width, H] until the next prefill: Qwen3-Omni's talker reads the
@@ -344,9 +381,10 @@ class SlotDecoder:
         suffix = offsets is not None and any(offsets)
         if offsets is not None and len(offsets) != len(slots):
             raise ValueError(f"{len(offsets)} prefix offsets for {len(slots)} rows")
-        if self.prefill_padded and not suffix and after_layer is None:
-            shape = self.prefill_shapes.bucket(len(slots), embeds.shape[1])
-            if shape is not None and self._fill_prefill(shape, slots, embeds, positions, lengths):
+        if (self.suffix_padded if suffix else self.prefill_padded) and after_layer is None:
+            kept = offsets if suffix else None
+            shape = self.prefill_shapes.bucket(len(slots), embeds.shape[1], kept)
+            if shape is not None and self._fill_prefill(shape, slots, embeds, positions, lengths, kept):
                 return self._prefill_bucket(shape, len(slots), embeds.shape[1], want_hidden)
         self.cache.prefill_slots = to_device(slots, self.device, torch.int64)
         mask = None
@@ -407,14 +445,16 @@ class SlotDecoder:
     # -- prefill padded to a bucket, as a CUDA graph -------------------------------------------
     def _fill_prefill(
         self,
-        shape: tuple[int, int],
+        shape: tuple[int, ...],
         slots: list[int],
         embeds: torch.Tensor,
         positions: torch.Tensor,
         lengths: list[int],
+        offsets: list[int] | None = None,
     ) -> bool:
-        """Copy a prefill into the padded buffers of ``shape``; False if its layout does not fit
-        them (the prefill then runs unpadded)."""
+        """Copy a prefill (suffixes after ``offsets`` kept positions, if given) into the padded
+        buffers of ``shape``; False if its layout does not fit them (the prefill then runs
+        unpadded)."""
         rows, width = len(slots), embeds.shape[1]
         if positions.dim() != 3 or positions.shape[1:] != (rows, width) or embeds.shape[0] != rows:
             return False
@@ -427,6 +467,7 @@ class SlotDecoder:
             pf["positions"] = torch.zeros(positions.shape[0], tokens, dtype=torch.int64, device=self.device)
             pf["slots"] = torch.zeros(most, dtype=torch.int64, device=self.device)
             pf["last"] = torch.zeros(most, dtype=torch.int64, device=self.device)
+            pf["offsets"] = torch.zeros(most, dtype=torch.int64, device=self.device)
             pf["rows"] = torch.arange(most, device=self.device)
             pf["hidden"] = torch.zeros(tokens, hidden, dtype=self.dtype, device=self.device)
             pf["kept"] = torch.zeros(tokens, hidden, dtype=self.dtype, device=self.device)
@@ -435,7 +476,7 @@ class SlotDecoder:
             )
         if pf["positions"].shape[0] != positions.shape[0]:
             return False
-        r, n = shape
+        r, n = shape[:2]
         emb = pf["embeds"][: r * n].view(r, n, -1)
         pos = pf["positions"][:, : r * n].view(-1, r, n)
         emb[:rows, :width].copy_(embeds)
@@ -451,16 +492,25 @@ class SlotDecoder:
         pf["last"][:r].copy_(
             to_device([k - 1 for k in lengths] + [lengths[-1] - 1] * pad, self.device, torch.int64)
         )
+        if offsets is not None:
+            pf["offsets"][:r].copy_(to_device(list(offsets) + [offsets[-1]] * pad, self.device, torch.int64))
         return True
 
-    def _prefill_body(self, shape: tuple[int, int]) -> None:
-        """The padded prefill of ``shape`` over the buffers ``_fill_prefill`` wrote (a graph body)."""
-        r, n = shape
+    def _prefill_body(self, shape: tuple[int, ...]) -> None:
+        """The padded prefill of ``shape`` over the buffers ``_fill_prefill`` wrote (a graph body):
+        (rows, length) fresh prompts, (rows, length, span) suffixes after kept prefixes."""
+        r, n = shape[:2]
         pf = self._pf
         self.cache.prefill_slots = pf["slots"][:r]
         embeds = pf["embeds"][: r * n].view(r, n, -1)
         positions = pf["positions"][:, : r * n].view(-1, r, n)
-        hidden = self._prefill_layers(self.prefill_layers, embeds, positions, None)
+        layers, mask = self.prefill_layers, None
+        if len(shape) > 2:  # suffixes: each row writes after, and attends to, its kept prefix
+            offsets = pf["offsets"][:r]
+            self.cache.prefill_offsets, self.cache.prefill_span = offsets, shape[2]
+            mask = suffix_mask(offsets, n, span=shape[2])
+            layers = self.suffix_layers
+        hidden = self._prefill_layers(layers, embeds, positions, mask)
         pf["hidden"][: r * n].view(r, n, -1).copy_(hidden)
         if self.kept_hidden is not None:
             pf["kept"][: r * n].view(r, n, -1).copy_(self.kept_hidden)
@@ -468,21 +518,24 @@ class SlotDecoder:
         pf["logits"][:r].copy_(self.head_fn(last_hidden).float())
 
     def _prefill_bucket(
-        self, shape: tuple[int, int], rows: int, width: int, want_hidden: bool
+        self, shape: tuple[int, ...], rows: int, width: int, want_hidden: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        graph = self._prefill_graphs.get(shape) if self.prefill_graphs else None
-        if self.prefill_graphs and graph is None:
+        suffix = len(shape) > 2
+        graphs = self.suffix_graphs if suffix else self.prefill_graphs
+        graph = self._prefill_graphs.get(shape) if graphs else None
+        if graphs and graph is None and (not suffix or self._suffix_graph_count() < MAX_SUFFIX_GRAPHS):
             try:
                 graph = self._capture_prefill(shape)
             except RuntimeError as exc:  # a capture problem costs speed, never a request
                 log.warning("prefill CUDA graph capture failed (%s); prefilling unpadded from now on", exc)
-                self.prefill_graphs = self.prefill_padded = False
-                self.cache.prefill_slots = None
+                self.unpadded_prefills()
+                self.cache.prefill_slots = self.cache.prefill_offsets = None
+                self.cache.prefill_span = 0
         if graph is not None:
             graph.replay()
         else:
             self._prefill_body(shape)
-        r, n = shape
+        r, n = shape[:2]
 
         def out(name: str) -> torch.Tensor:
             return self._pf[name][: r * n].view(r, n, -1)[:rows, :width].clone()
@@ -490,7 +543,15 @@ class SlotDecoder:
         self.kept_hidden = out("kept") if self.keep_layer is not None else None
         return self._pf["logits"][:rows].clone(), (out("hidden") if want_hidden else None)
 
-    def _capture_prefill(self, shape: tuple[int, int]) -> torch.cuda.CUDAGraph:
+    def unpadded_prefills(self) -> None:
+        """Every prefill from now on runs unpadded, without graphs (fresh prompts and suffixes)."""
+        self.prefill_graphs = self.prefill_padded = False
+        self.suffix_graphs = self.suffix_padded = False
+
+    def _suffix_graph_count(self) -> int:
+        return sum(len(shape) > 2 for shape in self._prefill_graphs)
+
+    def _capture_prefill(self, shape: tuple[int, ...]) -> torch.cuda.CUDAGraph:
         """Capture the padded prefill of ``shape``. Its warm-up run prefills the buffers' rows for
         real (the request being admitted, or scratch slots at start-up)."""
         stream = self._side_stream()
@@ -518,7 +579,7 @@ class SlotDecoder:
             if not self.prefill_graphs:
                 break
         if self.prefill_graphs and not self.check_prefill_graphs():
-            self.prefill_graphs = self.prefill_padded = False
+            self.unpadded_prefills()
             self._prefill_graphs.clear()
         return len(self._prefill_graphs)
 
@@ -527,15 +588,24 @@ class SlotDecoder:
     PREFILL_CHECK_TOLERANCE = 0.05
 
     @torch.inference_mode()
-    def check_prefill_graphs(self, shapes: tuple[tuple[int, int], ...] = ((1, 37), (3, 21))) -> bool:
+    def check_prefill_graphs(
+        self, shapes: tuple[tuple[int, int, int], ...] = ((1, 37, 0), (3, 21, 0), (2, 21, 40))
+    ) -> bool:
         """Prefill random prompts (scratch slots, start-up only) through the graphs and unpadded,
         log the largest difference; False (the graphs are not to be used) when it is beyond
-        ``PREFILL_CHECK_TOLERANCE``."""
+        ``PREFILL_CHECK_TOLERANCE``. Shapes are (rows, length, kept prefix); a suffix shape is
+        checked where suffixes are padded."""
         generator = torch.Generator(device=self.device).manual_seed(0)
         worst = 0.0
-        for rows, length in shapes:
-            if rows <= self.slots and length + 2 <= self.max_len and self.prefill_shapes.bucket(rows, length):
-                differences = self.prefill_differences(rows, length, generator)
+        for rows, length, offset in shapes:
+            kept = [offset] * rows if offset else None
+            if (
+                (self.suffix_padded if offset else self.prefill_padded)
+                and rows <= self.slots
+                and offset + length + 2 <= self.max_len
+                and self.prefill_shapes.bucket(rows, length, kept)
+            ):
+                differences = self.prefill_differences(rows, length, generator, offset=offset)
                 worst = max([worst, *(v for k, v in differences.items() if k != "argmax equal")])
         ok = worst <= self.PREFILL_CHECK_TOLERANCE
         (log.info if ok else log.warning)(
@@ -547,28 +617,46 @@ class SlotDecoder:
         return ok
 
     @torch.inference_mode()
-    def prefill_differences(self, rows: int, length: int, generator: torch.Generator) -> dict[str, float]:
-        """One prefill of random embeddings (ragged lengths, scratch slots ``0..rows-1``) padded and
-        unpadded: the largest difference of the logits, the hidden states, the kept layer's states
-        and the last layer's keys at real positions, each relative to its largest unpadded value,
-        and whether every row's argmax agrees (1.0) or not (0.0)."""
+    def prefill_differences(
+        self, rows: int, length: int, generator: torch.Generator, *, offset: int = 0
+    ) -> dict[str, float]:
+        """One prefill of random embeddings (ragged lengths, scratch slots ``0..rows-1``; after a
+        random kept prefix of ``offset`` positions, if given) padded and unpadded: the largest
+        difference of the logits, the hidden states, the kept layer's states and the last layer's
+        keys at real positions, each relative to its largest unpadded value, and whether every
+        row's argmax agrees (1.0) or not (0.0)."""
         lengths = [max(1, length - 5 * k) for k in range(rows)]
         hidden_size = self.out_hidden.shape[-1]
-        embeds = torch.randn(
-            rows, length, hidden_size, device=self.device, dtype=self.dtype, generator=generator
-        )
-        positions = torch.arange(length, device=self.device).view(1, 1, -1).expand(3, rows, -1)
-        padded_before = self.prefill_padded
+
+        def randn(width: int) -> torch.Tensor:
+            shape = (rows, width, hidden_size)
+            return torch.randn(shape, device=self.device, dtype=self.dtype, generator=generator)
+
+        def arange(start: int, width: int) -> torch.Tensor:
+            return torch.arange(start, start + width, device=self.device).view(1, 1, -1).expand(3, rows, -1)
+
+        embeds, positions = randn(length), arange(offset, length)
+        padded_before = self.prefill_padded, self.suffix_padded
         outs: list[dict[str, list[torch.Tensor]]] = []
         try:
+            if offset:  # the kept prefix, once, unpadded: both suffixes attend to the same one
+                self.prefill_padded = False
+                self.prefill(
+                    slots=list(range(rows)),
+                    embeds=randn(offset),
+                    positions=arange(0, offset),
+                    lengths=[offset] * rows,
+                    want_hidden=False,
+                )
             for padded in (False, True):
-                self.prefill_padded = padded
+                self.prefill_padded = self.suffix_padded = padded
                 logits, hidden = self.prefill(
                     slots=list(range(rows)),
                     embeds=embeds,
                     positions=positions,
                     lengths=lengths,
                     want_hidden=True,
+                    offsets=[offset] * rows if offset else None,
                 )
                 assert hidden is not None
                 kept = self.kept_hidden
@@ -580,12 +668,13 @@ class SlotDecoder:
                         if kept is None
                         else [kept[r, :n].float() for r, n in enumerate(lengths)],
                         "keys": [
-                            self.cache.keys[-1][r, :, :n].float().clone() for r, n in enumerate(lengths)
+                            self.cache.keys[-1][r, :, : offset + n].float().clone()
+                            for r, n in enumerate(lengths)
                         ],
                     }
                 )
         finally:
-            self.prefill_padded = padded_before
+            self.prefill_padded, self.suffix_padded = padded_before
         want, got = outs
         out: dict[str, float] = {}
         for name, tensors in want.items():

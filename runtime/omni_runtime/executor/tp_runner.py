@@ -53,7 +53,7 @@ class LeaderDecoder:
         self._inner = inner
         self._leader = leader
         # Every rank runs each prefill unpadded: no rank captures a graph of collectives alone.
-        inner.prefill_graphs = inner.prefill_padded = False
+        inner.unpadded_prefills()
         self._handles = itertools.count(1)
         self._kept: dict[int, int] = {}  # id(rank 0's copy) -> handle of every rank's copy
         self._forgotten: list[int] = []  # handles whose rank-0 copy was freed (any thread appends)

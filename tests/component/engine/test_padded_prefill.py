@@ -205,3 +205,144 @@ def test_the_start_up_check_passes_an_equal_padded_prefill_and_fails_a_wrong_one
     with caplog.at_level("INFO", logger="omni_runtime.executor.slot_cache"):
         assert not decoder.check_prefill_graphs()
     assert "prefill graphs DIFFER" in caplog.text and "prefilling unpadded" in caplog.text
+
+
+# -- suffixes after a kept prefix, padded to (rows, length, span) buckets (OMNI_SUFFIX_GRAPHS=1) --
+
+
+@pytest.mark.parametrize(
+    ("max_len", "rows", "length", "offsets", "bucket"),
+    [
+        (4096, 1, 21, [40], (1, 24, 256)),
+        (4096, 1, 21, [232], (1, 24, 256)),  # 232 + 24 = 256: still the first span
+        (4096, 1, 21, [233], (1, 24, 512)),
+        (4096, 3, 60, [100, 0, 300], (4, 64, 512)),  # the longest prefix sets the span
+        (4096, 1, 5, [4088], (1, 8, 4096)),  # the padded suffix ends at the slot's end
+        (4096, 1, 5, [4089], None),  # its padding would pass the slot's end: unpadded
+        (300, 1, 20, [270], (1, 24, 300)),  # the last span is the decoder's max_len
+        (300, 1, 20, [280], None),
+        (4096, 1, 300, [10], None),  # longer than the longest length bucket
+    ],
+)
+def test_suffix_buckets(
+    max_len: int, rows: int, length: int, offsets: list[int], bucket: tuple[int, ...] | None
+) -> None:
+    shapes = PrefillShapes.for_decoder(32, max_len)
+    assert shapes.bucket(rows, length, offsets) == bucket
+
+
+def _suffix_decoder(thinker, *, padded: bool) -> SlotDecoder:
+    decoder = _decoder(thinker, padded=False, keep_layer=0)
+    decoder.suffix_padded = padded
+    return decoder
+
+
+def _prefill_at(decoder: SlotDecoder, embeds: torch.Tensor, lengths: list[int], slots: list[int], offsets):
+    width = embeds.shape[1]
+    positions = torch.stack([torch.arange(o, o + width) for o in offsets])[None].expand(3, -1, -1)
+    with torch.inference_mode():
+        return decoder.prefill(
+            slots=slots,
+            embeds=embeds,
+            positions=positions,
+            lengths=lengths,
+            want_hidden=True,
+            offsets=list(offsets),
+        )
+
+
+@pytest.mark.parametrize(
+    ("offsets", "lengths", "slots"),
+    [
+        ([30], [13], [2]),  # one row after a prefix of 30, padded to length 16, span 256
+        ([12, 40, 5], [7, 12, 3], [0, 4, 1]),  # three prefixes, ragged; rows padded to four
+        ([20, 0], [16, 16], [3, 5]),  # a row without a prefix beside one with
+    ],
+)
+def test_padded_suffix_equals_unpadded(
+    family_thinker, offsets: list[int], lengths: list[int], slots: list[int]
+) -> None:
+    """Each row's prefix is prefilled first (unpadded, the same in both decoders); the suffixes
+    then run unpadded in one decoder and padded in the other: the same logits, hidden states,
+    kept layer and cache entries from each row's prefix to its suffix's end, and a slot outside
+    the batch keeps what it held."""
+    thinker = family_thinker
+    torch.manual_seed(3)
+    plain, padded = _suffix_decoder(thinker, padded=False), _suffix_decoder(thinker, padded=True)
+    hidden_size = plain.out_hidden.shape[-1]
+    prefixes = [torch.randn(1, max(o, 1), hidden_size) for o in offsets]
+    width = max(lengths)
+    embeds = torch.randn(len(lengths), width, hidden_size)
+    for k, n in enumerate(lengths):
+        embeds[k, n:] = 0.0
+    outside = next(s for s in range(6) if s not in slots)
+    for decoder in (plain, padded):
+        for keys in decoder.cache.keys:
+            keys[outside].fill_(7.0)
+        for slot, offset, prefix in zip(slots, offsets, prefixes, strict=True):
+            if offset:
+                _prefill(decoder, prefix, [offset], [slot])
+    want_logits, want_hidden = _prefill_at(plain, embeds, lengths, slots, offsets)
+    bodies: list[tuple[int, ...]] = []
+    body = padded._prefill_body
+    padded._prefill_body = lambda shape: (bodies.append(shape), body(shape))[1]  # type: ignore[method-assign]
+    got_logits, got_hidden = _prefill_at(padded, embeds, lengths, slots, offsets)
+    assert bodies == [padded.prefill_shapes.bucket(len(slots), width, offsets)] and len(bodies[0]) == 3
+    torch.testing.assert_close(got_logits, want_logits, rtol=1e-4, atol=1e-4)
+    assert plain.kept_hidden is not None and padded.kept_hidden is not None
+    for k, n in enumerate(lengths):
+        torch.testing.assert_close(got_hidden[k, :n], want_hidden[k, :n], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(padded.kept_hidden[k, :n], plain.kept_hidden[k, :n], rtol=1e-4, atol=1e-4)
+    for want_keys, got_keys in zip(plain.cache.keys, padded.cache.keys, strict=True):
+        for slot, offset, n in zip(slots, offsets, lengths, strict=True):
+            torch.testing.assert_close(
+                got_keys[slot, :, : offset + n], want_keys[slot, :, : offset + n], rtol=1e-4, atol=1e-4
+            )
+        assert bool((got_keys[outside] == 7.0).all())
+
+
+def test_decode_after_a_padded_suffix_follows_the_same_tokens(family_thinker) -> None:
+    thinker = family_thinker
+    torch.manual_seed(4)
+    offsets, lengths, slots = [25, 9], [6, 11], [1, 3]
+    tokens = []
+    for padded in (False, True):
+        torch.manual_seed(4)
+        decoder = _suffix_decoder(thinker, padded=padded)
+        hidden_size = decoder.out_hidden.shape[-1]
+        for slot, offset in zip(slots, offsets, strict=True):
+            _prefill(decoder, torch.randn(1, offset, hidden_size), [offset], [slot])
+        logits, _ = _prefill_at(decoder, torch.randn(2, 11, hidden_size), lengths, slots, offsets)
+        with torch.inference_mode():
+            # Rows 0 and 1 of the decode batch: move the two slots there first.
+            for row, slot in enumerate(slots):
+                decoder.move(slot, row, offsets[row] + lengths[row])
+            decoder.last_ids[:2].copy_(logits.argmax(-1))
+            decoder.lengths[:2].copy_(torch.tensor([o + n for o, n in zip(offsets, lengths, strict=True)]))
+            steps = []
+            for _ in range(5):
+                out = decoder.decode(2, max_length=max(decoder.lengths[:2].tolist()) + 1)
+                steps.append(out.logits.argmax(-1).tolist())
+                decoder.last_ids[:2].copy_(out.logits.argmax(-1))
+                decoder.lengths[:2] += 1
+        tokens.append(steps)
+    assert tokens[0] == tokens[1]
+
+
+def test_the_start_up_check_covers_a_padded_suffix(family_thinker, caplog: pytest.LogCaptureFixture) -> None:
+    """With suffixes padded, the check also prefills a suffix after a kept prefix both ways; a
+    wrong suffix body (its cache writes off by one) fails it."""
+    decoder = _suffix_decoder(family_thinker, padded=True)
+    with caplog.at_level("INFO", logger="omni_runtime.executor.slot_cache"):
+        assert decoder.check_prefill_graphs(shapes=((2, 21, 40),))
+    assert "prefill graphs checked" in caplog.text
+    body = decoder._prefill_body
+
+    def wrong(shape: tuple[int, ...]) -> None:
+        body(shape)
+        if len(shape) > 2:
+            decoder.cache.keys[-1][0, :, 40].add_(1.0)
+
+    decoder._prefill_body = wrong  # type: ignore[method-assign]
+    with caplog.at_level("INFO", logger="omni_runtime.executor.slot_cache"):
+        assert not decoder.check_prefill_graphs(shapes=((2, 21, 40),))
