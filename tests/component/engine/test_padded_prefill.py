@@ -147,15 +147,29 @@ def test_padded_prefill_equals_unpadded(family_thinker, lengths: list[int], slot
     assert padded.prefill_shapes.bucket(len(slots), width) is not None
     assert got_logits.shape == want_logits.shape and got_hidden is not None and want_hidden is not None
     assert got_hidden.shape == want_hidden.shape == (len(lengths), width, hidden_size)
+    _assert_same_prefill(
+        (plain, want_logits, want_hidden), (padded, got_logits, got_hidden), slots, lengths, [0] * len(slots)
+    )
+    for keys in padded.cache.keys:
+        assert bool((keys[outside] == sentinel).all())
+
+
+def _assert_same_prefill(want, got, slots: list[int], lengths: list[int], offsets: list[int]) -> None:
+    """(decoder, logits, hidden) of the unpadded and the padded prefill: the same logits, hidden
+    states and kept layer at every real position, the same cache from each slot's start to its
+    prompt's end."""
+    (plain, want_logits, want_hidden), (padded, got_logits, got_hidden) = want, got
     torch.testing.assert_close(got_logits, want_logits, rtol=1e-4, atol=1e-4)
     assert plain.kept_hidden is not None and padded.kept_hidden is not None
     for k, n in enumerate(lengths):
         torch.testing.assert_close(got_hidden[k, :n], want_hidden[k, :n], rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(padded.kept_hidden[k, :n], plain.kept_hidden[k, :n], rtol=1e-4, atol=1e-4)
     for want_keys, got_keys in zip(plain.cache.keys, padded.cache.keys, strict=True):
-        for slot, n in zip(slots, lengths, strict=True):
-            torch.testing.assert_close(got_keys[slot, :, :n], want_keys[slot, :, :n], rtol=1e-4, atol=1e-4)
-        assert bool((got_keys[outside] == sentinel).all())
+        for slot, offset, n in zip(slots, offsets, lengths, strict=True):
+            end = offset + n
+            torch.testing.assert_close(
+                got_keys[slot, :, :end], want_keys[slot, :, :end], rtol=1e-4, atol=1e-4
+            )
 
 
 def test_decode_after_a_padded_prefill_follows_the_same_tokens(family_thinker) -> None:
@@ -288,17 +302,11 @@ def test_padded_suffix_equals_unpadded(
     padded._prefill_body = lambda shape: (bodies.append(shape), body(shape))[1]  # type: ignore[method-assign]
     got_logits, got_hidden = _prefill_at(padded, embeds, lengths, slots, offsets)
     assert bodies == [padded.prefill_shapes.bucket(len(slots), width, offsets)] and len(bodies[0]) == 3
-    torch.testing.assert_close(got_logits, want_logits, rtol=1e-4, atol=1e-4)
-    assert plain.kept_hidden is not None and padded.kept_hidden is not None
-    for k, n in enumerate(lengths):
-        torch.testing.assert_close(got_hidden[k, :n], want_hidden[k, :n], rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(padded.kept_hidden[k, :n], plain.kept_hidden[k, :n], rtol=1e-4, atol=1e-4)
-    for want_keys, got_keys in zip(plain.cache.keys, padded.cache.keys, strict=True):
-        for slot, offset, n in zip(slots, offsets, lengths, strict=True):
-            torch.testing.assert_close(
-                got_keys[slot, :, : offset + n], want_keys[slot, :, : offset + n], rtol=1e-4, atol=1e-4
-            )
-        assert bool((got_keys[outside] == 7.0).all())
+    _assert_same_prefill(
+        (plain, want_logits, want_hidden), (padded, got_logits, got_hidden), slots, lengths, offsets
+    )
+    for keys in padded.cache.keys:
+        assert bool((keys[outside] == 7.0).all())
 
 
 def test_decode_after_a_padded_suffix_follows_the_same_tokens(family_thinker) -> None:
