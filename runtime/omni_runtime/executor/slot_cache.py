@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -525,7 +526,14 @@ class SlotDecoder:
         graph = self._prefill_graphs.get(shape) if graphs else None
         if graphs and graph is None and (not suffix or self._suffix_graph_count() < MAX_SUFFIX_GRAPHS):
             try:
+                began = time.perf_counter()
                 graph = self._capture_prefill(shape)
+                if suffix:  # on first use, while serving: what it cost, once
+                    log.info(
+                        "captured the suffix prefill graph (rows, length, span) %s in %.0f ms",
+                        shape,
+                        (time.perf_counter() - began) * 1000,
+                    )
             except RuntimeError as exc:  # a capture problem costs speed, never a request
                 log.warning("prefill CUDA graph capture failed (%s); prefilling unpadded from now on", exc)
                 self.unpadded_prefills()
