@@ -384,7 +384,7 @@ class SlotDecoder:
             raise ValueError(f"{len(offsets)} prefix offsets for {len(slots)} rows")
         if (self.suffix_padded if suffix else self.prefill_padded) and after_layer is None:
             kept = offsets if suffix else None
-            shape = self.prefill_shapes.bucket(len(slots), embeds.shape[1], kept)
+            shape = self._padded_shape(len(slots), embeds.shape[1], kept)
             if shape is not None and self._fill_prefill(shape, slots, embeds, positions, lengths, kept):
                 return self._prefill_bucket(shape, len(slots), embeds.shape[1], want_hidden)
         self.cache.prefill_slots = to_device(slots, self.device, torch.int64)
@@ -524,7 +524,7 @@ class SlotDecoder:
         suffix = len(shape) > 2
         graphs = self.suffix_graphs if suffix else self.prefill_graphs
         graph = self._prefill_graphs.get(shape) if graphs else None
-        if graphs and graph is None and (not suffix or self._suffix_graph_count() < MAX_SUFFIX_GRAPHS):
+        if graphs and graph is None:
             try:
                 began = time.perf_counter()
                 graph = self._capture_prefill(shape)
@@ -556,8 +556,19 @@ class SlotDecoder:
         self.prefill_graphs = self.prefill_padded = False
         self.suffix_graphs = self.suffix_padded = False
 
-    def _suffix_graph_count(self) -> int:
-        return sum(len(shape) > 2 for shape in self._prefill_graphs)
+    def _padded_shape(self, rows: int, width: int, offsets: list[int] | None) -> tuple[int, ...] | None:
+        """The bucket a prefill is padded to, or None (it runs unpadded): suffixes of a bucket not
+        yet captured once ``MAX_SUFFIX_GRAPHS`` are, run unpadded too."""
+        shape = self.prefill_shapes.bucket(rows, width, offsets)
+        if (
+            shape is not None
+            and offsets is not None
+            and self.suffix_graphs
+            and shape not in self._prefill_graphs
+            and sum(len(s) > 2 for s in self._prefill_graphs) >= MAX_SUFFIX_GRAPHS
+        ):
+            return None
+        return shape
 
     def _capture_prefill(self, shape: tuple[int, ...]) -> torch.cuda.CUDAGraph:
         """Capture the padded prefill of ``shape``. Its warm-up run prefills the buffers' rows for

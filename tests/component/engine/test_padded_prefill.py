@@ -354,3 +354,17 @@ def test_the_start_up_check_covers_a_padded_suffix(family_thinker, caplog: pytes
     decoder._prefill_body = wrong  # type: ignore[method-assign]
     with caplog.at_level("INFO", logger="omni_runtime.executor.slot_cache"):
         assert not decoder.check_prefill_graphs(shapes=((2, 21, 40),))
+
+
+def test_suffixes_of_new_buckets_run_unpadded_once_the_suffix_graphs_are_at_their_limit(thinker) -> None:
+    from omni_runtime.executor.slot_cache import MAX_SUFFIX_GRAPHS
+
+    decoder = _suffix_decoder(thinker, padded=True)
+    decoder.suffix_graphs = True  # as on CUDA with OMNI_SUFFIX_GRAPHS=1 (no graph is replayed here)
+    others = {(1, 8, 1000 + k): object() for k in range(MAX_SUFFIX_GRAPHS - 1)}  # other buckets
+    decoder._prefill_graphs = {**others, (1, 24): object()}  # type: ignore[dict-item]
+    assert decoder._padded_shape(1, 21, [40]) == (1, 24, 256)  # would be the 64th: may be captured
+    decoder._prefill_graphs[(1, 24, 256)] = object()  # type: ignore[assignment]
+    assert decoder._padded_shape(1, 21, [40]) == (1, 24, 256)  # captured (the 64th): replayed
+    assert decoder._padded_shape(3, 21, [40]) is None  # (4, 24, 256) would be the 65th: unpadded
+    assert decoder._padded_shape(3, 21, None) == (4, 24)  # fresh prompts are not counted
