@@ -93,6 +93,10 @@ class SpeechLevel:
     rtf_max: float | None
     audio_s: float
     audio_s_per_s: float  # audio seconds received per wall second of the level
+    # Audio seconds per stream, shortest and median: replies asked for a fixed length that come
+    # out shorter (a talker that drew its end code early) show as a minimum below the median.
+    stream_audio_min_s: float | None = None
+    stream_audio_p50_s: float | None = None
 
     def row_fields(self) -> dict[str, float | int | None]:
         """The fields a bench row (`LevelSummary`) carries; audio_s stays out (it has no column)."""
@@ -124,4 +128,6 @@ def summarize_speech(timelines: Sequence[Sequence[Chunk]], *, wall_s: float) -> 
         rtf_max=max(rtfs) if rtfs else None,
         audio_s=audio,
         audio_s_per_s=audio / wall_s if wall_s > 0 else 0.0,
+        stream_audio_min_s=min((x.audio_s for x in played), default=None),
+        stream_audio_p50_s=p([x.audio_s for x in played], 50),
     )

@@ -37,6 +37,8 @@ _SPEECH_COLUMNS = (
     ("rtf p50", "rtf_p50", "{:.3f}"),
     ("rt/str", None, ""),
     ("audio s/s", "audio_s_per_s", "{:.2f}"),
+    ("audio/str min", "stream_audio_min_s", "{:.2f}"),  # a reply cut short shows here
+    ("audio/str p50", "stream_audio_p50_s", "{:.2f}"),
     ("ttfa 1st wave", "ttfa_first_wave_p50_s", "{:.3f}"),  # p50 of the first C requests sent
     ("ttfa later", "ttfa_later_p50_s", "{:.3f}"),  # p50 of the rest
 )

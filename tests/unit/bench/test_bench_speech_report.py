@@ -30,6 +30,8 @@ def _speech_row(label: str, concurrency: int, **extra: object) -> LevelSummary:
         "audio_streams": 4,
         "realtime_streams": 3,
         "audio_s_per_s": 12.5,
+        "stream_audio_min_s": 1.5,
+        "stream_audio_p50_s": 9.75,
     }
     return replace(row, ttfa_p50_s=0.25, **{**speech, **extra})  # type: ignore[arg-type]
 
@@ -44,14 +46,15 @@ def test_speech_table_is_exact() -> None:
     assert lines[0].split() == [
         "label", "load", "ok/all", "req/s", "tok/s", "lat", "mean", "lat", "p50", "lat", "p95", "ttft",
         "p50", "ttfa", "p50", "ttfa", "p95", "ttfa", "p99", "stall/str", "stall", "max", "rtf", "p50",
-        "rt/str", "audio", "s/s", "ttfa", "1st", "wave", "ttfa", "later",
+        "rt/str", "audio", "s/s", "audio/str", "min", "audio/str", "p50", "ttfa", "1st", "wave", "ttfa",
+        "later",
     ]  # fmt: skip
     assert lines[2].split() == [
         "omni", "4", "4/4", "2.00", "64.0", "-", "-", "-", "-", "0.250", "0.500", "0.750", "0.125",
-        "0.500", "0.250", "3/4", "12.50", "0.600", "0.400",
+        "0.500", "0.250", "3/4", "12.50", "1.50", "9.75", "0.600", "0.400",
     ]  # fmt: skip
     assert lines[3].split()[:2] == ["omni", "1.5/s"]
-    assert lines[4].split()[-4:] == ["4/4", "12.50", "-", "-"]
+    assert lines[4].split()[-6:] == ["4/4", "12.50", "1.50", "9.75", "-", "-"]
 
 
 def test_first_wave_and_later_ttfa() -> None:

@@ -89,6 +89,7 @@ def test_summarize_speech_level_exact() -> None:
     assert level.rtf_max == pytest.approx(5 / 3)
     assert level.audio_s == 13.5
     assert level.audio_s_per_s == 13.5 / 4.0
+    assert (level.stream_audio_min_s, level.stream_audio_p50_s) == (3.0, 5.0)  # streams of 5, 3, 5.5 s
 
 
 def test_summarize_speech_without_audio() -> None:
@@ -115,6 +116,7 @@ def test_level_summary_carries_the_listener_numbers() -> None:
     assert (row.audio_streams, row.realtime_streams, row.failed, row.refused) == (2, 1, 2, 1)
     assert row.stall_mean_s == 1.0 and row.stall_max_s == 2.0
     assert row.audio_s_per_s == 1.0
+    assert (row.stream_audio_min_s, row.stream_audio_p50_s) == (3.0, 3.0)
     assert row.rtf_p50 == pytest.approx((2 / 3 + 5 / 3) / 2)
     assert row.load == "0.5/s"
     # the row survives a JSON round trip (a baseline file)
