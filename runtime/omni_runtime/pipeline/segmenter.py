@@ -59,6 +59,8 @@ class SegmenterConfig:
 def family_config(windows: Mapping[str, Any], *, at_end: bool = False) -> SegmenterConfig:
     """The default windows with a model family's overrides (``OmniAdapter.codec_windows``)."""
     fields: dict[str, Any] = {**windows, "at_end": at_end}
+    if "ramp" in fields:  # a list from JSON (a bench variant) or a tuple: the config keeps a tuple
+        fields["ramp"] = tuple(int(size) for size in fields["ramp"])
     return SegmenterConfig(**fields)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from omni_runtime.pipeline.segmenter import CodecSegmenter, SegmenterConfig, Window, widen_to_recurring
@@ -179,3 +181,15 @@ def test_catch_up_windows_tile_the_stream_at_recurring_sizes(available: int) -> 
             if w.ctx_end == w.end + cfg.right_context:
                 assert w.ctx_end - w.ctx_start in sizes, (cfg, available, w)
             assert w.end - w.start <= max(cfg.chunk, *cfg.ramp, cfg.first_chunk)
+
+
+def test_a_ramp_from_json_becomes_the_configs_tuple() -> None:
+    """A bench variant's windows come from JSON, where a ramp is a list."""
+    from omni_runtime.pipeline.segmenter import family_config
+
+    config = family_config({"first_chunk": 10, "ramp": [10, 10, 20, 30]})
+    assert config.ramp == (10, 10, 20, 30) and hash(config) == hash(replace(config))
+    assert (
+        CodecSegmenter(config).recurring_sizes()
+        == CodecSegmenter(family_config({"first_chunk": 10, "ramp": (10, 10, 20, 30)})).recurring_sizes()
+    )
