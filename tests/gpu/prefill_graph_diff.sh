@@ -5,8 +5,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/omni-prefill-diff}
 mkdir -p "$OUT/diff"
-pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > /dev/null 2>&1
-export PYTHONPATH=/tmp/site:$PWD/operator:$PWD/runtime PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+source tests/gpu/device_env.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 for family in ${FAMILIES:-qwen2_5_omni qwen3_omni_moe}; do
   for t in ${TEMPERATURES:-0.0 1.0}; do

@@ -8,8 +8,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/omni-prefill-check}
 mkdir -p "$OUT/check"
-pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > /dev/null 2>&1
-export PYTHONPATH=/tmp/site:$PWD/operator:$PWD/runtime PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+source tests/gpu/device_env.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 timeout "${TESTS_TIMEOUT:-300}" python -m pytest -q -p no:cacheprovider \
   tests/gpu/test_engine_cuda.py tests/gpu/test_qwen3_talker_cuda.py -k "prefill" \

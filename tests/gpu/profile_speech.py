@@ -367,10 +367,8 @@ def set_prefill(engine: Any, mode: str | None) -> str:
         decoder = getattr(getattr(local, name).runner, "decoder", None)
         if decoder is None or not hasattr(decoder, "prefill_padded"):
             continue
-        if not hasattr(decoder, "_captured_prefills"):
-            decoder._captured_prefills = decoder.prefill_graphs  # what start-up left on
-        if mode is not None:
-            graphs = mode in ("graphs", name) and decoder._captured_prefills
+        if mode is not None:  # graphs only where start-up captured (and checked) them
+            graphs = mode in ("graphs", name) and bool(decoder._prefill_graphs)
             decoder.prefill_graphs = graphs
             decoder.prefill_padded = graphs or mode == "padded"
         kind = "graphs" if decoder.prefill_graphs else "padded" if decoder.prefill_padded else "unpadded"

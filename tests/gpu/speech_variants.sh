@@ -10,8 +10,7 @@
 # (--window-variants). Results in $OUT/v: run.log, levels.json, speech.png, GPU timelines.
 set -uo pipefail
 OUT=${OUT:-/tmp/omni-speech-variants}
-pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > /dev/null 2>&1
-export PYTHONPATH=/tmp/site:$PWD/operator:$PWD/runtime PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+source tests/gpu/device_env.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 FAMILY=${FAMILY:-qwen2_5_omni}
 CKPT=${CKPT:-/tmp/$FAMILY-released-dummy}

@@ -107,7 +107,8 @@ class SpeechLevel:
 
 def summarize_speech(timelines: Sequence[Sequence[Chunk]], *, wall_s: float) -> SpeechLevel:
     played = [p for p in (play(t) for t in timelines) if p is not None]
-    audio = sum(p.audio_s for p in played)
+    streams = [p.audio_s for p in played]
+    audio = sum(streams)
 
     def p(values: list[float], q: float) -> float | None:
         return percentile(values, q) if values else None
@@ -128,6 +129,6 @@ def summarize_speech(timelines: Sequence[Sequence[Chunk]], *, wall_s: float) -> 
         rtf_max=max(rtfs) if rtfs else None,
         audio_s=audio,
         audio_s_per_s=audio / wall_s if wall_s > 0 else 0.0,
-        stream_audio_min_s=min((x.audio_s for x in played), default=None),
-        stream_audio_p50_s=p([x.audio_s for x in played], 50),
+        stream_audio_min_s=min(streams, default=None),
+        stream_audio_p50_s=p(streams, 50),
     )
