@@ -82,6 +82,7 @@ class PipelineEngine:
         # the thinker shares with the vocoder; None never pauses it.
         self.thinker_hold_below_s: float | None = None
         self._before_first_audio: set[str] = set()  # streaming speech replies without audio yet (ids)
+        self._speech_streams = 0  # streaming speech replies between their talker's start and their end
         # Speech replies whose talker still takes the thinker's text (request ids), and whether a
         # later window's hold waits until no other reply's does (deadlines.holds_thinker).
         self._talkers_on_text: set[str] = set()
@@ -457,10 +458,12 @@ class PipelineEngine:
         if not streaming:
             return await self._speak_at_end(job, voice, out, segmenter, seed)
         self._before_first_audio.add(request.request_id)
+        self._speech_streams += 1
         try:
             return await self._stream_windows(request, job, voice, out, segmenter, seed, marks)
         finally:  # ended, failed or cancelled, before its first audio or after
             self._before_first_audio.discard(request.request_id)
+            self._speech_streams -= 1
 
     async def _speak_at_end(
         self, job: TalkerJob, voice: str | None, out: asyncio.Queue, segmenter: CodecSegmenter, seed: int
@@ -523,7 +526,7 @@ class PipelineEngine:
         try:
             while True:
                 while len(ahead) < max(1, self.windows_ahead) and (
-                    ready := segmenter.push(len(codes), done=done, limit=1)
+                    ready := segmenter.push(len(codes), done=done, limit=1, streams=self._speech_streams)
                 ):
                     window = widen_to_recurring(ready[0], standard)
                     queued = sum(seconds for seconds, _ in ahead)

@@ -45,6 +45,16 @@ class SegmenterConfig:
     # of playback while the buffer is still short (a 4-code window plays 0.32 s of Qwen3 audio; a
     # 15-code one then takes longer than that to make at real-time factor 0.5).
     ramp: tuple[int, ...] = ()
+    # Under load a longer first window: while the worker carries at least ``busy_streams``
+    # streaming speech replies, the first window holds ``first_chunk_busy`` codes (0: always
+    # ``first_chunk``). The second window's codes and its vocoder call (batched with every other
+    # stream's) must arrive before the first window has played: at 16 streams on an H100 that
+    # round trip is about 0.3 s, longer than 10 codes of audio, so almost every stream stalled
+    # there; 20 codes cover it at about 70 ms more first-audio latency (docs/benchmarks.md). A lone
+    # stream keeps the short first window. Decided when the first window is cut, so a stream of a
+    # wave that starts together sees the others.
+    first_chunk_busy: int = 0
+    busy_streams: int = 0
     left_context: int = 10
     right_context: int = 5
     # Non-streaming: the streaming windows, all at once when the stream ends. ``whole`` instead
@@ -71,28 +81,35 @@ class CodecSegmenter:
         self.config = config or SegmenterConfig()
         self._next = 0  # first code not yet covered by an emitted window
         self._sizes: frozenset[int] | None = None  # recurring context sizes (catch-up windows)
+        self._first: int | None = None  # codes the first window took, once cut
 
     def recurring_sizes(self) -> frozenset[int]:
         """Context sizes (``ctx_end - ctx_start``) of the windows every long stream starts with:
         the first, the second (its left context is cut short by the stream's start) and the
         steady one. These recur across requests, so they are worth a CUDA graph each."""
-        probe = CodecSegmenter(replace(self.config, whole=False, at_end=False, catch_up=False))
-        windows = probe.push(self.codes_to_cover())
-        return frozenset(w.ctx_end - w.ctx_start for w in windows)
+        sizes: set[int] = set()
+        for streams in {1, max(1, self.config.busy_streams)}:  # a lone stream's first window, a busy one's
+            probe = CodecSegmenter(replace(self.config, whole=False, at_end=False, catch_up=False))
+            windows = probe.push(self.codes_to_cover(), streams=streams)
+            sizes.update(w.ctx_end - w.ctx_start for w in windows)
+        return frozenset(sizes)
 
     def codes_to_cover(self) -> int:
         """Codes a stream needs so that every recurring window size has occurred once."""
         cfg = self.config
-        return cfg.first_chunk + sum(cfg.ramp) + 2 * cfg.chunk + cfg.right_context
+        return max(cfg.first_chunk, cfg.first_chunk_busy) + sum(cfg.ramp) + 2 * cfg.chunk + cfg.right_context
 
     @property
     def emitted_until(self) -> int:
         return self._next
 
-    def push(self, available: int, *, done: bool = False, limit: int | None = None) -> list[Window]:
+    def push(
+        self, available: int, *, done: bool = False, limit: int | None = None, streams: int = 1
+    ) -> list[Window]:
         """``available`` codes exist now; ``done`` once the talker has finished. At most ``limit``
         windows (None: every window that is ready); the rest are cut by a later call, over the
-        codes that exist then."""
+        codes that exist then. ``streams``: the streaming speech replies the worker carries now
+        (this one included), which sizes the first window (``first_chunk_busy``)."""
         cfg = self.config
         windows: list[Window] = []
         if cfg.whole:
@@ -103,7 +120,7 @@ class CodecSegmenter:
         if cfg.at_end and not done:
             return windows
         while self._next < available and (limit is None or len(windows) < limit):
-            planned = self._size(self._index(self._next))
+            planned = self._first_size(streams) if self._next == 0 else self._size(self._index(self._next))
             end = self._next + planned
             if end + cfg.right_context > available:
                 if not done:
@@ -114,8 +131,15 @@ class CodecSegmenter:
                 end = self._catch_up(end, ctx_start, available, cap=max(planned, cfg.chunk), done=done)
             ctx_end = min(available, end + cfg.right_context)
             windows.append(Window(self._next, end, ctx_start, ctx_end))
+            if self._next == 0:
+                self._first = end
             self._next = end
         return windows
+
+    def _first_size(self, streams: int) -> int:
+        cfg = self.config
+        busy = cfg.first_chunk_busy > 0 and streams >= max(1, cfg.busy_streams)
+        return cfg.first_chunk_busy if busy else cfg.first_chunk
 
     def _catch_up(self, end: int, ctx_start: int, available: int, *, cap: int, done: bool) -> int:
         """The farthest end past the planned ``end``, at most ``cap`` codes from the window's
@@ -145,10 +169,11 @@ class CodecSegmenter:
             index += 1
 
     def _size(self, index: int) -> int:
-        """Codes in window ``index``: the first, then the ramp, then the steady chunk."""
+        """Codes in window ``index``: the first (as cut, once it is), then the ramp, then the
+        steady chunk."""
         cfg = self.config
         if index == 0:
-            return cfg.first_chunk
+            return cfg.first_chunk if self._first is None else self._first
         return cfg.ramp[index - 1] if index - 1 < len(cfg.ramp) else cfg.chunk
 
 

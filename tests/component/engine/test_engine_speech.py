@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -220,3 +221,56 @@ def test_talker_rows_admitted_together_draw_what_they_draw_alone(family_speech_e
     torch.testing.assert_close(logits[3], torch.cat(logits[:3]), rtol=1e-4, atol=1e-4)
     assert together == alone
     assert state() == alone_state
+
+
+def test_a_reply_that_starts_while_another_speaks_gets_the_busy_first_window(
+    family_speech_engine: Harness,
+) -> None:
+    """With ``busy_streams`` 2, a reply alone cuts the family's first window; one that starts
+    while another reply is still speaking cuts ``first_chunk_busy`` codes instead (the engine
+    counts its streaming speech replies; the segmenter's table tests cover the windows after it)."""
+    from dataclasses import replace
+
+    harness = family_speech_engine
+    engine = harness.engine
+    family = dict(engine.adapter.codec_windows)
+    first = family["first_chunk"]
+    busy = {**family, "first_chunk_busy": 2 * first, "busy_streams": 2}
+    spy = VocoderSpy(engine.stages.local.vocoder)
+    engine.stages.local.vocoder = spy
+
+    def greedy(tokens: int, codes: int):
+        base = request(max_tokens=tokens, want_audio=True, talker_tokens=codes)
+        return replace(base, stage_params={"talker": {"max_tokens": codes, "temperature": 0.0}})
+
+    async def two() -> tuple[list, list, int]:
+        long = engine.generate(greedy(200, 400))
+        before = []
+        async for event in long:  # the long reply alone, until its first audio
+            before.append(event)
+            if isinstance(event, AudioChunk):
+                break
+        assert engine._speech_streams == 1
+        windows_alone = list(spy.windows)
+        rest = asyncio.ensure_future(_drain(long))
+        second = [event async for event in engine.generate(greedy(8, 3 * first + 10))]
+        live = not rest.done()  # the long reply still spoke when the second one ended
+        await rest
+        return windows_alone, second, live
+
+    engine.adapter.codec_windows = busy
+    try:
+        alone, second, live = harness.run(two())
+    finally:
+        engine.adapter.codec_windows = family
+        engine.stages.local.vocoder = spy.vocoder
+    assert live, "the long reply ended before the second: nothing was measured under load"
+    assert alone[0] == (0, first)  # alone: the family's first window
+    firsts = [w for w in spy.windows if w[0] == 0]
+    assert firsts == [(0, first), (0, 2 * first)], spy.windows
+    assert any(isinstance(e, AudioChunk) for e in second) and engine._speech_streams == 0
+
+
+async def _drain(events) -> None:
+    async for _ in events:
+        pass

@@ -193,3 +193,58 @@ def test_a_ramp_from_json_becomes_the_configs_tuple() -> None:
         CodecSegmenter(config).recurring_sizes()
         == CodecSegmenter(family_config({"first_chunk": 10, "ramp": (10, 10, 20, 30)})).recurring_sizes()
     )
+
+
+# Under load, a longer first window (the Qwen2.5 family's sizes, in codes).
+BUSY = SegmenterConfig(
+    first_chunk=10,
+    ramp=(10, 20, 30),
+    chunk=40,
+    left_context=10,
+    right_context=5,
+    first_chunk_busy=20,
+    busy_streams=12,
+)
+
+
+@pytest.mark.parametrize(
+    ("streams", "first"),
+    [
+        (1, Window(0, 10, 0, 15)),
+        (11, Window(0, 10, 0, 15)),
+        (12, Window(0, 20, 0, 25)),
+        (32, Window(0, 20, 0, 25)),
+    ],
+)
+def test_the_first_window_grows_once_the_worker_carries_busy_streams(streams: int, first: Window) -> None:
+    seg = CodecSegmenter(BUSY)
+    assert seg.push(first.ctx_end - 1, streams=streams) == []  # its right context is not there yet
+    assert seg.push(first.ctx_end, streams=streams) == [first]
+
+
+def test_the_load_when_the_first_window_is_cut_decides_it_and_the_ramp_follows_it() -> None:
+    seg = CodecSegmenter(BUSY)
+    assert seg.push(14, streams=1) == []  # a lone stream so far: 10 codes, not yet 15 exist
+    assert seg.push(15, streams=16) == []  # a wave arrived before the cut: now 20 codes
+    assert seg.push(25, streams=16) == [Window(0, 20, 0, 25)]
+    # then the ramp as planned after a first window: 10, 20, 30, steady 40 (load no longer matters)
+    assert seg.push(35, streams=1) == [Window(20, 30, 10, 35)]
+    assert seg.push(55) == [Window(30, 50, 20, 55)]
+    assert seg.push(85) == [Window(50, 80, 40, 85)]
+    assert seg.push(125) == [Window(80, 120, 70, 125)]
+
+
+def test_a_busy_first_window_adds_no_new_recurring_size() -> None:
+    """Both first windows' streams fall on sizes captured as graphs: 15 (lone) and 25 (busy, the
+    same as a lone stream's second window), so a busy worker replays graphs like an idle one."""
+    busy = CodecSegmenter(BUSY)
+    assert busy.recurring_sizes() == CodecSegmenter(replace(BUSY, first_chunk_busy=0)).recurring_sizes()
+    assert busy.recurring_sizes() == frozenset({15, 25, 35, 45, 55})
+    assert busy.codes_to_cover() == 20 + 60 + 80 + 5
+    lone = CodecSegmenter(replace(BUSY, first_chunk=20))  # a first window of 20 as a lone stream's
+    assert {w.ctx_end - w.ctx_start for w in lone.push(200)} <= busy.recurring_sizes()
+
+
+def test_without_first_chunk_busy_the_load_changes_nothing() -> None:
+    seg = CodecSegmenter(replace(BUSY, first_chunk_busy=0))
+    assert seg.push(15, streams=64) == [Window(0, 10, 0, 15)]
