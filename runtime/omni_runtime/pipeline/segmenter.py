@@ -74,6 +74,29 @@ def family_config(windows: Mapping[str, Any], *, at_end: bool = False) -> Segmen
     return SegmenterConfig(**fields)
 
 
+def with_busy_streams(windows: Mapping[str, Any], setting: str | None) -> dict[str, Any]:
+    """A family's windows with ``OMNI_BUSY_STREAMS`` applied: from how many streaming speech
+    replies on the first window holds ``first_chunk_busy`` codes; ``0`` keeps the short first
+    window at any load; unset or empty: the family's own."""
+    out = dict(windows)
+    if not setting:
+        return out
+    try:
+        streams = int(setting)
+        if streams < 0:
+            raise ValueError
+    except ValueError:
+        raise ValueError(
+            f"OMNI_BUSY_STREAMS must be a whole number of streams >= 0 (0: the short first window at"
+            f" any load), e.g. '4'; got {setting!r}"
+        ) from None
+    if streams == 0:
+        out["first_chunk_busy"] = 0
+    elif out.get("first_chunk_busy"):
+        out["busy_streams"] = streams
+    return out
+
+
 class CodecSegmenter:
     """Tracks how many codes exist and yields the windows that became ready."""
 

@@ -19,7 +19,7 @@ from omni_runtime.contract.options import EngineOptions
 from omni_runtime.pipeline import deadlines
 from omni_runtime.pipeline.remote import LinkedStages
 from omni_runtime.pipeline.scheduler import ThinkerScheduler
-from omni_runtime.pipeline.segmenter import CodecSegmenter, family_config
+from omni_runtime.pipeline.segmenter import CodecSegmenter, family_config, with_busy_streams
 from omni_runtime.pipeline.talker import TalkerScheduler
 from omni_runtime.pipeline.workers import BatchingWorker, StageThread, TimeCounts
 
@@ -53,6 +53,12 @@ class LocalStages:
 
     async def start(self) -> None:
         adapter, options = self.adapter, self.options
+        try:  # first: the engine's segmenters and the vocoder's warm-up sizes follow it
+            adapter.codec_windows = with_busy_streams(
+                adapter.codec_windows, os.environ.get("OMNI_BUSY_STREAMS")
+            )
+        except ValueError as exc:
+            raise EngineError(str(exc), param="OMNI_BUSY_STREAMS") from None
         if "audio_encoder" in self.hosted:
             self.audio = BatchingWorker(
                 "audio_encoder", adapter.encode_audio, thread=self._thread("audio_encoder")

@@ -82,9 +82,10 @@ def test_probes_are_quiet_and_ctrl_c_is_clean(tmp_path: Path) -> None:
             "OMNI_VOCODER_BUCKETS must be batch sizes in increasing order from 1 to 16",
         ),
         ("OMNI_VOCODER_FAR=soon", "OMNI_VOCODER_FAR must be 'SECONDS,WINDOWS'"),
+        ("OMNI_BUSY_STREAMS=-1", "OMNI_BUSY_STREAMS must be a whole number of streams >= 0"),
     ],
 )
-def test_a_wrong_vocoder_setting_stops_the_start_with_its_name_and_no_traceback(
+def test_a_wrong_speech_setting_stops_the_start_with_its_name_and_no_traceback(
     tmp_path: Path, setting: str, named: str
 ) -> None:
     from omni_runtime.models.qwen2_5_omni.tiny import ensure_tiny_checkpoint

@@ -248,3 +248,32 @@ def test_a_busy_first_window_adds_no_new_recurring_size() -> None:
 def test_without_first_chunk_busy_the_load_changes_nothing() -> None:
     seg = CodecSegmenter(replace(BUSY, first_chunk_busy=0))
     assert seg.push(15, streams=64) == [Window(0, 10, 0, 15)]
+
+
+@pytest.mark.parametrize(
+    ("setting", "first_chunk_busy", "busy_streams"),
+    [(None, 20, 12), ("", 20, 12), ("4", 20, 4), ("1", 20, 1), ("0", 0, 12)],
+)
+def test_omni_busy_streams_moves_or_turns_off_the_busy_first_window(
+    setting: str | None, first_chunk_busy: int, busy_streams: int
+) -> None:
+    from omni_runtime.pipeline.segmenter import with_busy_streams
+
+    family = {"first_chunk": 10, "first_chunk_busy": 20, "busy_streams": 12}
+    windows = with_busy_streams(family, setting)
+    assert (windows["first_chunk_busy"], windows["busy_streams"]) == (first_chunk_busy, busy_streams)
+    assert family["busy_streams"] == 12  # the family's own dict is left as it was
+
+
+def test_omni_busy_streams_on_a_family_without_a_busy_window_changes_nothing() -> None:
+    from omni_runtime.pipeline.segmenter import with_busy_streams
+
+    assert with_busy_streams({"first_chunk": 4}, "8") == {"first_chunk": 4}
+
+
+@pytest.mark.parametrize("setting", ["-1", "four", "2.5"])
+def test_a_wrong_omni_busy_streams_names_itself_and_the_fix(setting: str) -> None:
+    from omni_runtime.pipeline.segmenter import with_busy_streams
+
+    with pytest.raises(ValueError, match=rf"OMNI_BUSY_STREAMS must be a whole number.*got '{setting}'"):
+        with_busy_streams({"first_chunk_busy": 20}, setting)

@@ -48,10 +48,13 @@ DEFAULT_SYSTEM_PROMPT = (
 # Streaming windows, in codes (50 a second): a first window of 10 (0.2 s of audio), then 10, 20,
 # 30, then the steady 40. A first window of 5 came 25-40 ms sooner on an H100 but left the listener
 # waiting about 0.12 s for the second even with one stream (docs/benchmarks.md, "First window and
-# thinker holds"); 10 covers the second window's making at one stream. From 12 streaming replies
-# on, the first window holds 20 codes (0.4 s): at 16 streams on an H100 the second window's codes
-# and its batched vocoder call took about 0.3 s, and with 10 almost every stream stalled there.
-CODEC_WINDOWS = {"first_chunk": 10, "ramp": (10, 20, 30), "first_chunk_busy": 20, "busy_streams": 12}
+# thinker holds"); 10 covers the second window's making at one stream. From 4 streaming replies on,
+# the first window holds 20 codes (0.4 s): on an H100 at 4, 8 and 16 streams the second window's
+# codes and its batched vocoder call took about 0.3 s, and with 10 every stream stalled there for
+# 0.1-0.25 s; with 20, 15 of 16 and 15 of 32 streams played without a stall, for 0.09-0.11 s more
+# first-audio latency (docs/benchmarks.md, "A longer first window under load").
+# OMNI_BUSY_STREAMS=N moves the threshold; 0 keeps 10 at any load.
+CODEC_WINDOWS = {"first_chunk": 10, "ramp": (10, 20, 30), "first_chunk_busy": 20, "busy_streams": 4}
 
 
 class Qwen25OmniAdapter(OmniAdapter):
