@@ -80,9 +80,10 @@ if [ "$PIPELINE" != text ] && [ "${SPEECH:-1}" = 1 ]; then
 fi
 if [ "${REALTIME:-1}" = 1 ]; then
   # RT_TURNS turns per session (the by_turn rows show turn 1 vs turn N); RT_LABEL names the file;
-  # RT_LEVELS the concurrent sessions per round (1,8,8: eight sessions twice, first time vs again).
+  # RT_LEVELS the concurrent sessions per round (1,8,8: eight sessions twice, first time vs again);
+  # RT_ARGS more of realtime_latency's flags (e.g. "--paced --speech-seconds 4.5").
   timeout "${RT_TIMEOUT:-120}" python3 -m omni_runtime.bench.realtime_latency --url ws://127.0.0.1:8000/v1/realtime \
-    --concurrency "${RT_LEVELS:-1,8}" --turns "${RT_TURNS:-2}" --turn commit 2>&1 | tail -"${RT_LINES:-8}" | tee "$OUT/realtime${RT_LABEL:-}.txt"
+    --concurrency "${RT_LEVELS:-1,8}" --turns "${RT_TURNS:-2}" --turn commit ${RT_ARGS:-} 2>&1 | tail -"${RT_LINES:-8}" | tee "$OUT/realtime${RT_LABEL:-}.txt"
 fi
 # What the worker counted over the whole run: stage busy time, GPU memory and allocator retries.
 curl -sf localhost:8000/metrics | grep -E "^omni_(stage_busy|stage_calls|gpu_|session_kv)" > "$OUT/metrics.txt"

@@ -48,6 +48,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from omni_runtime.bench.cancel_tail import BUSY, metrics_url_of, stage_counters
 from omni_runtime.bench.quantile import percentile
+from omni_runtime.support.cli_types import positive_float
 
 RATE = 16_000
 
@@ -73,6 +74,7 @@ class Probe:
     max_output_tokens: int = 16
     timeout_s: float = 300.0
     metrics_url: str | None = None  # the worker's /metrics: each round's stage shares
+    paced: bool = False  # send the speech as it is spoken (0.1 s a piece, 0.1 s apart), not at once
 
 
 def _pcm16(pcm: np.ndarray) -> str:
@@ -137,6 +139,8 @@ async def one_session(probe: Probe) -> list[TurnSample]:
                         }
                     )
                 )
+                if probe.paced:  # as a microphone sends it: the worker can work while the user speaks
+                    await asyncio.sleep(0.1)
             if probe.turn == "commit":
                 await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
                 ended = time.monotonic()
@@ -342,6 +346,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--wav", help="speech to send (any rate; default: a synthetic voiced signal)")
     parser.add_argument("--max-output-tokens", type=int, default=16)
+    parser.add_argument(
+        "--speech-seconds",
+        type=positive_float,
+        default=1.5,
+        help="length of the synthetic speech of each turn (default 1.5; ignored with --wav)",
+    )
+    parser.add_argument(
+        "--paced",
+        action="store_true",
+        help="send the speech in real time (0.1 s pieces, 0.1 s apart) instead of at once, so work done "
+        "while the user speaks (early encoding, warm-ups) shows in the latency",
+    )
     parser.add_argument("--metrics-url", help="the worker's /metrics (default: from --url; 'none' skips it)")
     args = parser.parse_args(argv)
     if args.wav:
@@ -354,13 +370,14 @@ def main(argv: list[str] | None = None) -> int:
     elif args.turn == "vad":
         parser.error("--turn vad needs real speech: pass --wav (for example made by espeak-ng -w)")
     else:
-        speech = synthetic_speech()
+        speech = synthetic_speech(args.speech_seconds)
     probe = Probe(
         url=args.url,
         speech=speech,
         turns=args.turns,
         turn=args.turn,
         max_output_tokens=args.max_output_tokens,
+        paced=args.paced,
         metrics_url=None if args.metrics_url == "none" else (args.metrics_url or metrics_url_of(args.url)),
     )
     rounds = []

@@ -8,6 +8,7 @@ the limits a worker actually runs with next to the live counts.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, fields
 
 from omni_runtime.contract.workers import DEFAULT_MAX_SPEECH_STREAMS
@@ -44,6 +45,9 @@ class RealtimeSettings:
     # the client asks ?duplex=0 (otherwise only with ?duplex=1, and /v1/duplex always).
     duplex_by_default: bool = False
     max_realtime_sessions: int = 64
+    # Prefill the turn being spoken, chunk by chunk, into the session's kept KV while the user
+    # speaks (session/warmup.py); opt-in until measured on a GPU: `OMNI_WARM_SPOKEN_AUDIO=1`.
+    warm_spoken_audio: bool = field(default_factory=lambda: os.environ.get("OMNI_WARM_SPOKEN_AUDIO") == "1")
     max_session_seconds: float = 3600.0  # a socket open longer is closed with an error event
     session_idle_timeout_s: float = 600.0  # no client event for this long closes the session
     max_event_bytes: int = 8 * 1024 * 1024  # one client message (JSON text), checked before parsing

@@ -7,6 +7,8 @@ import asyncio
 import contextlib
 import json
 import socket
+import time
+from dataclasses import replace
 
 import pytest
 import uvicorn
@@ -195,6 +197,23 @@ async def test_latency_probe_measures_every_turn(served) -> None:
     assert 0 <= report["median_s"] <= report["p90_s"] <= report["max_s"] < 5
     assert [(row["turn_index"], row["samples"]) for row in report["by_turn"]] == [(1, 2), (2, 2)]
     assert all(row["median_s"] <= row["max_s"] <= report["max_s"] for row in report["by_turn"])
+
+
+async def test_a_paced_probe_sends_its_speech_in_real_time(served) -> None:
+    """``--paced``: 0.5 s of speech goes out as five 0.1 s pieces 0.1 s apart (0.5 s of waiting
+    before the commit that an unpaced turn does not have)."""
+    from omni_runtime.bench.realtime_latency import Probe, measure, synthetic_speech
+
+    host, _ = await served()
+    probe = Probe(url=f"ws://{host}/v1/realtime", speech=synthetic_speech(0.5), turns=1, max_output_tokens=2)
+    began = time.monotonic()
+    await measure(probe, concurrency=1)
+    at_once = time.monotonic() - began
+    began = time.monotonic()
+    report = await measure(replace(probe, paced=True), concurrency=1)
+    paced = time.monotonic() - began
+    assert report["samples"] == 1
+    assert paced >= 0.5 and paced - at_once > 0.3, (paced, at_once)
 
 
 # --- vLLM's transcription dialect on the same endpoint --------------------------------------------

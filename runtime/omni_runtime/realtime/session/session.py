@@ -287,12 +287,14 @@ class RealtimeSession:
         if end is None or early.start is None:
             return
         audio = self.input.peek(start=early.start)[: end - early.start]
-        self.engine.prefetch_media(
+        if self.engine.prefetch_media(
             [MediaInput(kind="audio", data=audio, sample_rate=MODEL_RATE)], audio_prefix=True
-        )
+        ):
+            self.warmer.on_speech_encoded(audio)
 
     async def _clear(self, event: dict[str, Any]) -> None:
         self.early.reset()
+        self.warmer.forget_speech()
         self.input.clear()
         if self._listener is not None:
             self._listener.reset_pending()
@@ -300,6 +302,7 @@ class RealtimeSession:
 
     def commit_audio(self, samples: np.ndarray, item_id: str) -> None:
         self.early.reset()
+        self.warmer.forget_speech()
         item = Item(id=item_id, role="user", content=[Part(type="input_audio", audio=samples)])
         previous = self.conversation.add(item)
         self._last_commit_at = time.monotonic()
