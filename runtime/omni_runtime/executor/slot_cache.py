@@ -34,9 +34,10 @@ the talker. So the runtime owns the cache and drives the model's decoder layers 
   prompts, logs the difference, and turns the graphs off when it is beyond bfloat16 rounding.
   ``OMNI_PREFILL_GRAPHS=0`` turns them off (docs/benchmarks.md: Qwen3 first audio at 32 streams
   0.58 → 0.49 s p95 on an H200). With ``OMNI_SUFFIX_GRAPHS=1`` (opt-in until measured on a GPU)
-  suffixes after a kept prefix do the same in (rows, length, span) buckets, each captured on
-  first use: the span is the keys their attention reads, the longest prefix plus the padded
-  length rounded up to a power of two from 256.
+  suffixes after a kept prefix do the same in (rows, length, span) buckets captured at start-up
+  (``PrefillShapes.suffixes``): the span is the keys their attention reads, the longest prefix
+  plus the padded length rounded up to a power of two from 256; a suffix of another bucket runs
+  unpadded.
 """
 
 from __future__ import annotations
@@ -73,11 +74,16 @@ def _buckets(limit: int, start: int) -> list[int]:
 # Prefill lengths padded to (tokens): steps of about 1.5x keep the padding waste under half.
 PREFILL_LENGTHS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 PREFILL_GRAPH_TOKENS = 4096  # rows x length above which a prefill runs unpadded (compute-bound)
-# A suffix after a kept prefix reads the keys of its whole span, padded to one of these (doubling
-# from 256 up to the decoder's max_len): a graph per (rows, length, span) bucket, captured on first
-# use, at most MAX_SUFFIX_GRAPHS of them (beyond, suffixes of new buckets run unpadded).
+# A suffix after a kept prefix (a conversation's next turn) is padded to one of SUFFIX_LENGTHS and
+# reads the keys of its whole span, padded to one of the spans (doubling from 256 up to the
+# decoder's max_len): a graph per (rows, length, span) bucket. They are captured at start-up, rows
+# up to SUFFIX_GRAPH_ROWS and spans up to SUFFIX_GRAPH_SPAN, never while serving: captured on first
+# use, each new bucket cost the request that met it 50-180 ms on an H100, and two captures failed
+# under load (docs/benchmarks.md); a suffix of another bucket runs unpadded.
+SUFFIX_LENGTHS = (32, 64, 128)
 SUFFIX_SPAN_START = 256
-MAX_SUFFIX_GRAPHS = 64
+SUFFIX_GRAPH_ROWS = 8
+SUFFIX_GRAPH_SPAN = 1024
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,7 @@ class PrefillShapes:
     lengths: tuple[int, ...]
     max_tokens: int = PREFILL_GRAPH_TOKENS
     spans: tuple[int, ...] = ()  # a suffix bucket's key span; the last is the decoder's max_len
+    suffix_lengths: tuple[int, ...] = ()  # a suffix's padded lengths
 
     @classmethod
     def for_decoder(cls, slots: int, max_len: int) -> PrefillShapes:
@@ -95,6 +102,7 @@ class PrefillShapes:
             rows=tuple(_buckets(slots, 1)),
             lengths=tuple(n for n in PREFILL_LENGTHS if n <= max_len),
             spans=tuple(_buckets(max_len, min(SUFFIX_SPAN_START, max_len))),
+            suffix_lengths=tuple(n for n in SUFFIX_LENGTHS if n < max_len),
         )
 
     def bucket(self, rows: int, length: int, offsets: list[int] | None = None) -> tuple[int, ...] | None:
@@ -104,7 +112,8 @@ class PrefillShapes:
         every row's prefix and the padded suffix, whose padding positions must stay inside the
         slot (the longest prefix plus the padded length at most the last span)."""
         r = next((b for b in self.rows if b >= rows), None)
-        n = next((b for b in self.lengths if b >= length), None)
+        lengths = self.lengths if offsets is None else self.suffix_lengths
+        n = next((b for b in lengths if b >= length), None)
         if r is None or n is None or r * n > self.max_tokens:
             return None
         if offsets is None:
@@ -114,6 +123,20 @@ class PrefillShapes:
 
     def all(self) -> list[tuple[int, int]]:
         return [(r, n) for r in self.rows for n in self.lengths if r * n <= self.max_tokens]
+
+    def suffixes(
+        self, *, max_rows: int = SUFFIX_GRAPH_ROWS, max_span: int = SUFFIX_GRAPH_SPAN
+    ) -> list[tuple[int, int, int]]:
+        """The suffix buckets captured at start-up: rows up to ``max_rows``, spans up to ``max_span``."""
+        return [
+            (r, n, span)
+            for r in self.rows
+            if r <= max_rows
+            for n in self.suffix_lengths
+            if r * n <= self.max_tokens
+            for span in self.spans
+            if n < span <= max_span
+        ]
 
 
 def add_after_layers(
@@ -340,11 +363,12 @@ class SlotDecoder:
         # them off when a graph's prefill differs from the unpadded one.
         self.prefill_graphs = self.cuda_graphs and os.environ.get("OMNI_PREFILL_GRAPHS", "1") != "0"
         self.prefill_padded = self.prefill_graphs
-        # Suffixes after a kept prefix the same way, in (rows, length, span) buckets captured on
-        # first use: opt-in (``OMNI_SUFFIX_GRAPHS=1``) until measured on a GPU.
+        # Suffixes after a kept prefix the same way, in (rows, length, span) buckets captured at
+        # start-up (``PrefillShapes.suffixes``): opt-in (``OMNI_SUFFIX_GRAPHS=1``) until measured.
         self.suffix_graphs = self.prefill_graphs and os.environ.get("OMNI_SUFFIX_GRAPHS", "0") == "1"
         self.suffix_padded = self.suffix_graphs
         self._prefill_graphs: dict[tuple[int, ...], torch.cuda.CUDAGraph] = {}
+        self._capturing = False  # capture_prefills under way: suffix buckets may be captured
         self._pf: dict[str, torch.Tensor] = {}  # the padded prefill's buffers, made on first use
         # A layer whose output every prefill keeps (before any ``after_layer`` change), as
         # ``kept_hidden`` [rows, width, H] until the next prefill: Qwen3-Omni's talker reads the
@@ -526,14 +550,7 @@ class SlotDecoder:
         graph = self._prefill_graphs.get(shape) if graphs else None
         if graphs and graph is None:
             try:
-                began = time.perf_counter()
                 graph = self._capture_prefill(shape)
-                if suffix:  # on first use, while serving: what it cost, once
-                    log.info(
-                        "captured the suffix prefill graph (rows, length, span) %s in %.0f ms",
-                        shape,
-                        (time.perf_counter() - began) * 1000,
-                    )
             except RuntimeError as exc:  # a capture problem costs speed, never a request
                 log.warning("prefill CUDA graph capture failed (%s); prefilling unpadded from now on", exc)
                 self.unpadded_prefills()
@@ -557,15 +574,15 @@ class SlotDecoder:
         self.suffix_graphs = self.suffix_padded = False
 
     def _padded_shape(self, rows: int, width: int, offsets: list[int] | None) -> tuple[int, ...] | None:
-        """The bucket a prefill is padded to, or None (it runs unpadded): suffixes of a bucket not
-        yet captured once ``MAX_SUFFIX_GRAPHS`` are, run unpadded too."""
+        """The bucket a prefill is padded to, or None (it runs unpadded): with suffix graphs on,
+        a suffix whose bucket was not captured at start-up runs unpadded (no capture while serving)."""
         shape = self.prefill_shapes.bucket(rows, width, offsets)
         if (
             shape is not None
             and offsets is not None
             and self.suffix_graphs
+            and not self._capturing
             and shape not in self._prefill_graphs
-            and sum(len(s) > 2 for s in self._prefill_graphs) >= MAX_SUFFIX_GRAPHS
         ):
             return None
         return shape
@@ -597,6 +614,27 @@ class SlotDecoder:
             self._scratch_prefill(rows, length)
             if not self.prefill_graphs:
                 break
+        if self.suffix_graphs:  # each after a scratch prefix that fills its span
+            began, before = time.perf_counter(), len(self._prefill_graphs)
+            self._capturing = True
+            try:
+                for rows, length, span in self.prefill_shapes.suffixes():
+                    if (
+                        (rows, length, span) in self._prefill_graphs
+                        or rows > self.slots
+                        or span > self.max_len
+                    ):
+                        continue
+                    self._scratch_prefill(rows, length, offset=span - length)
+                    if not self.suffix_graphs:
+                        break
+            finally:
+                self._capturing = False
+            log.info(
+                "captured %d suffix prefill graphs (rows, length, span) in %.1f s",
+                len(self._prefill_graphs) - before,
+                time.perf_counter() - began,
+            )
         if self.prefill_graphs and not self.check_prefill_graphs():
             self.unpadded_prefills()
             self._prefill_graphs.clear()
@@ -705,17 +743,21 @@ class SlotDecoder:
         out["argmax equal"] = float(torch.equal(want["logits"][0].argmax(-1), got["logits"][0].argmax(-1)))
         return out
 
-    def _scratch_prefill(self, rows: int, length: int) -> None:
-        """A prefill of zeros into slots ``0..rows-1`` (start-up only: no request holds them)."""
+    def _scratch_prefill(self, rows: int, length: int, *, offset: int = 0) -> None:
+        """A prefill of zeros into slots ``0..rows-1`` (start-up only: no request holds them);
+        with ``offset``, a suffix after that many positions the slots are taken to hold."""
         hidden = self.out_hidden.shape[-1]
         embeds = torch.zeros(rows, length, hidden, dtype=self.dtype, device=self.device)
-        positions = torch.arange(length, device=self.device).view(1, 1, -1).expand(3, rows, -1)
+        positions = (
+            torch.arange(offset, offset + length, device=self.device).view(1, 1, -1).expand(3, rows, -1)
+        )
         self.prefill(
             slots=list(range(rows)),
             embeds=embeds,
             positions=positions,
             lengths=[length] * rows,
             want_hidden=False,
+            offsets=[offset] * rows if offset else None,
         )
 
     # -- decode ------------------------------------------------------------------------------

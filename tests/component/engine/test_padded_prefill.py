@@ -227,14 +227,15 @@ def test_the_start_up_check_passes_an_equal_padded_prefill_and_fails_a_wrong_one
 @pytest.mark.parametrize(
     ("max_len", "rows", "length", "offsets", "bucket"),
     [
-        (4096, 1, 21, [40], (1, 24, 256)),
-        (4096, 1, 21, [232], (1, 24, 256)),  # 232 + 24 = 256: still the first span
-        (4096, 1, 21, [233], (1, 24, 512)),
+        (4096, 1, 21, [40], (1, 32, 256)),  # suffix lengths are 32, 64, 128
+        (4096, 1, 21, [224], (1, 32, 256)),  # 224 + 32 = 256: still the first span
+        (4096, 1, 21, [225], (1, 32, 512)),
         (4096, 3, 60, [100, 0, 300], (4, 64, 512)),  # the longest prefix sets the span
-        (4096, 1, 5, [4088], (1, 8, 4096)),  # the padded suffix ends at the slot's end
-        (4096, 1, 5, [4089], None),  # its padding would pass the slot's end: unpadded
-        (300, 1, 20, [270], (1, 24, 300)),  # the last span is the decoder's max_len
-        (300, 1, 20, [280], None),
+        (4096, 1, 5, [4064], (1, 32, 4096)),  # the padded suffix ends at the slot's end
+        (4096, 1, 5, [4065], None),  # its padding would pass the slot's end: unpadded
+        (300, 1, 20, [268], (1, 32, 300)),  # the last span is the decoder's max_len
+        (300, 1, 20, [269], None),
+        (4096, 1, 129, [10], None),  # longer than the longest suffix length
         (4096, 1, 300, [10], None),  # longer than the longest length bucket
     ],
 )
@@ -356,15 +357,23 @@ def test_the_start_up_check_covers_a_padded_suffix(family_thinker, caplog: pytes
         assert not decoder.check_prefill_graphs(shapes=((2, 21, 40),))
 
 
-def test_suffixes_of_new_buckets_run_unpadded_once_the_suffix_graphs_are_at_their_limit(thinker) -> None:
-    from omni_runtime.executor.slot_cache import MAX_SUFFIX_GRAPHS
+def test_the_start_up_suffix_buckets() -> None:
+    """Rows 1-8 x lengths 32, 64, 128 x spans 256-1024, captured at start-up (36 per decoder)."""
+    shapes = PrefillShapes.for_decoder(32, 4096)
+    grid = shapes.suffixes()
+    assert len(grid) == len(set(grid)) == 4 * 3 * 3
+    assert grid[:3] == [(1, 32, 256), (1, 32, 512), (1, 32, 1024)] and grid[-1] == (8, 128, 1024)
+    assert all(shapes.bucket(r, n, [span - n]) == (r, n, span) for r, n, span in grid)
+    small = PrefillShapes.for_decoder(2, 300)  # few slots, a short context: rows 1-2, spans 256, 300
+    assert small.suffixes() == [(r, n, s) for r in (1, 2) for n in (32, 64, 128) for s in (256, 300)]
 
+
+def test_with_suffix_graphs_a_suffix_of_a_bucket_not_captured_at_start_up_runs_unpadded(thinker) -> None:
     decoder = _suffix_decoder(thinker, padded=True)
     decoder.suffix_graphs = True  # as on CUDA with OMNI_SUFFIX_GRAPHS=1 (no graph is replayed here)
-    others = {(1, 8, 1000 + k): object() for k in range(MAX_SUFFIX_GRAPHS - 1)}  # other buckets
-    decoder._prefill_graphs = {**others, (1, 24): object()}  # type: ignore[dict-item]
-    assert decoder._padded_shape(1, 21, [40]) == (1, 24, 256)  # would be the 64th: may be captured
-    decoder._prefill_graphs[(1, 24, 256)] = object()  # type: ignore[assignment]
-    assert decoder._padded_shape(1, 21, [40]) == (1, 24, 256)  # captured (the 64th): replayed
-    assert decoder._padded_shape(3, 21, [40]) is None  # (4, 24, 256) would be the 65th: unpadded
-    assert decoder._padded_shape(3, 21, None) == (4, 24)  # fresh prompts are not counted
+    decoder._prefill_graphs = {(1, 24): object(), (1, 32, 256): object()}  # type: ignore[dict-item]
+    assert decoder._padded_shape(1, 21, [40]) == (1, 32, 256)  # captured at start-up: replayed
+    assert decoder._padded_shape(3, 21, [40]) is None  # (4, 32, 256) was not: unpadded
+    assert decoder._padded_shape(3, 21, None) == (4, 24)  # fresh prompts are not affected
+    decoder._capturing = True  # start-up (capture_prefills): any bucket may be captured
+    assert decoder._padded_shape(3, 21, [40]) == (4, 32, 256)
