@@ -113,6 +113,17 @@ class _EngineCollector(Collector):
             value=stats.max_running_batch,
         )
         yield GaugeMetricFamily(
+            "omni_speaking_streams",
+            "Streaming speech replies speaking now (from their talker's start to their end).",
+            value=stats.speaking_streams,
+        )
+        yield CounterMetricFamily(
+            "omni_busy_first_windows",
+            "Streaming speech replies whose first window was the longer one cut under load "
+            "(OMNI_BUSY_STREAMS).",
+            value=stats.busy_first_windows,
+        )
+        yield GaugeMetricFamily(
             "omni_engine_active_requests",
             "Requests the engine holds (queued or running).",
             value=stats.active_requests,

@@ -83,6 +83,7 @@ class PipelineEngine:
         self.thinker_hold_below_s: float | None = None
         self._before_first_audio: set[str] = set()  # streaming speech replies without audio yet (ids)
         self._speech_streams = 0  # streaming speech replies between their talker's start and their end
+        self._busy_first_windows = 0  # of them, those whose first window was cut under load
         # Speech replies whose talker still takes the thinker's text (request ids), and whether a
         # later window's hold waits until no other reply's does (deadlines.holds_thinker).
         self._talkers_on_text: set[str] = set()
@@ -188,6 +189,8 @@ class PipelineEngine:
             prefetch_failed=prefetch.failed if prefetch else 0,
             **self._session_kv_stats(),
             first_audio_phases=self.first_audio_phases.snapshot(),
+            speaking_streams=self._speech_streams,
+            busy_first_windows=self._busy_first_windows,
             gpus=gpu_memory(),
         )
 
@@ -528,6 +531,8 @@ class PipelineEngine:
                 while len(ahead) < max(1, self.windows_ahead) and (
                     ready := segmenter.push(len(codes), done=done, limit=1, streams=self._speech_streams)
                 ):
+                    if ready[0].start == 0 and segmenter.first_busy:
+                        self._busy_first_windows += 1
                     window = widen_to_recurring(ready[0], standard)
                     queued = sum(seconds for seconds, _ in ahead)
                     slack = ahead_slack(clock.slack(now=time.monotonic()), queued)

@@ -105,6 +105,7 @@ class CodecSegmenter:
         self._next = 0  # first code not yet covered by an emitted window
         self._sizes: frozenset[int] | None = None  # recurring context sizes (catch-up windows)
         self._first: int | None = None  # codes the first window took, once cut
+        self.first_busy = False  # the first window was cut at ``first_chunk_busy`` (under load)
 
     def recurring_sizes(self) -> frozenset[int]:
         """Context sizes (``ctx_end - ctx_start``) of the windows every long stream starts with:
@@ -156,6 +157,7 @@ class CodecSegmenter:
             windows.append(Window(self._next, end, ctx_start, ctx_end))
             if self._next == 0:
                 self._first = end
+                self.first_busy = planned != cfg.first_chunk and planned == cfg.first_chunk_busy
             self._next = end
         return windows
 

@@ -250,7 +250,7 @@ def test_a_reply_that_starts_while_another_speaks_gets_the_busy_first_window(
             before.append(event)
             if isinstance(event, AudioChunk):
                 break
-        assert engine._speech_streams == 1
+        assert engine.stats().speaking_streams == 1
         windows_alone = list(spy.windows)
         rest = asyncio.ensure_future(_drain(long))
         second = [event async for event in engine.generate(greedy(8, 3 * first + 10))]
@@ -259,6 +259,7 @@ def test_a_reply_that_starts_while_another_speaks_gets_the_busy_first_window(
         return windows_alone, second, live
 
     engine.adapter.codec_windows = busy
+    busy_before = engine.stats().busy_first_windows
     try:
         alone, second, live = harness.run(two())
     finally:
@@ -268,7 +269,9 @@ def test_a_reply_that_starts_while_another_speaks_gets_the_busy_first_window(
     assert alone[0] == (0, first)  # alone: the family's first window
     firsts = [w for w in spy.windows if w[0] == 0]
     assert firsts == [(0, first), (0, 2 * first)], spy.windows
-    assert any(isinstance(e, AudioChunk) for e in second) and engine._speech_streams == 0
+    assert any(isinstance(e, AudioChunk) for e in second)
+    stats = engine.stats()  # what /metrics shows: omni_speaking_streams, omni_busy_first_windows_total
+    assert stats.speaking_streams == 0 and stats.busy_first_windows == busy_before + 1
 
 
 async def _drain(events) -> None:

@@ -219,7 +219,9 @@ BUSY = SegmenterConfig(
 def test_the_first_window_grows_once_the_worker_carries_busy_streams(streams: int, first: Window) -> None:
     seg = CodecSegmenter(BUSY)
     assert seg.push(first.ctx_end - 1, streams=streams) == []  # its right context is not there yet
+    assert not seg.first_busy
     assert seg.push(first.ctx_end, streams=streams) == [first]
+    assert seg.first_busy == (streams >= 12)
 
 
 def test_the_load_when_the_first_window_is_cut_decides_it_and_the_ramp_follows_it() -> None:
