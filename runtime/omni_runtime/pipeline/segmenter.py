@@ -55,6 +55,7 @@ class SegmenterConfig:
     # wave that starts together sees the others.
     first_chunk_busy: int = 0
     busy_streams: int = 0
+    ramp_busy: tuple[int, ...] = ()  # the ramp after a busy first window (empty: ``ramp``)
     left_context: int = 10
     right_context: int = 5
     # Non-streaming: the streaming windows, all at once when the stream ends. ``whole`` instead
@@ -69,8 +70,9 @@ class SegmenterConfig:
 def family_config(windows: Mapping[str, Any], *, at_end: bool = False) -> SegmenterConfig:
     """The default windows with a model family's overrides (``OmniAdapter.codec_windows``)."""
     fields: dict[str, Any] = {**windows, "at_end": at_end}
-    if "ramp" in fields:  # a list from JSON (a bench variant) or a tuple: the config keeps a tuple
-        fields["ramp"] = tuple(int(size) for size in fields["ramp"])
+    for name in ("ramp", "ramp_busy"):  # a list from JSON (a bench variant) or a tuple: kept a tuple
+        if name in fields:
+            fields[name] = tuple(int(size) for size in fields[name])
     return SegmenterConfig(**fields)
 
 
@@ -121,7 +123,8 @@ class CodecSegmenter:
     def codes_to_cover(self) -> int:
         """Codes a stream needs so that every recurring window size has occurred once."""
         cfg = self.config
-        return max(cfg.first_chunk, cfg.first_chunk_busy) + sum(cfg.ramp) + 2 * cfg.chunk + cfg.right_context
+        ramp = max(sum(cfg.ramp), sum(cfg.ramp_busy))
+        return max(cfg.first_chunk, cfg.first_chunk_busy) + ramp + 2 * cfg.chunk + cfg.right_context
 
     @property
     def emitted_until(self) -> int:
@@ -199,7 +202,8 @@ class CodecSegmenter:
         cfg = self.config
         if index == 0:
             return cfg.first_chunk if self._first is None else self._first
-        return cfg.ramp[index - 1] if index - 1 < len(cfg.ramp) else cfg.chunk
+        ramp = cfg.ramp_busy if self.first_busy and cfg.ramp_busy else cfg.ramp
+        return ramp[index - 1] if index - 1 < len(ramp) else cfg.chunk
 
 
 def widen_to_recurring(window: Window, sizes: frozenset[int]) -> Window:

@@ -279,3 +279,23 @@ def test_a_wrong_omni_busy_streams_names_itself_and_the_fix(setting: str) -> Non
 
     with pytest.raises(ValueError, match=rf"OMNI_BUSY_STREAMS must be a whole number.*got '{setting}'"):
         with_busy_streams({"first_chunk_busy": 20}, setting)
+
+
+def test_a_busy_first_window_can_have_a_ramp_of_its_own() -> None:
+    """``ramp_busy``: after a busy first window of 20, windows of 10, 10, 20, 30 (instead of the
+    ramp's 10, 20, 30); a lone stream keeps the ramp. Every size either cuts is a recurring one."""
+    cfg = replace(BUSY, ramp_busy=(10, 10, 20, 30))
+    planned = replace(cfg, catch_up=False)  # the planned tiling (all codes exist at once here)
+    busy, lone = CodecSegmenter(planned), CodecSegmenter(planned)
+    assert [(w.start, w.end) for w in busy.push(200, streams=12)] == [
+        (0, 20), (20, 30), (30, 40), (40, 60), (60, 90), (90, 130), (130, 170),
+    ]  # fmt: skip
+    assert [(w.start, w.end) for w in lone.push(200)] == [
+        (0, 10), (10, 20), (20, 40), (40, 70), (70, 110), (110, 150), (150, 190),
+    ]  # fmt: skip
+    sizes = CodecSegmenter(cfg).recurring_sizes()
+    windows = CodecSegmenter(cfg).push(400, streams=12) + CodecSegmenter(cfg).push(400)
+    assert {w.ctx_end - w.ctx_start for w in windows if w.ctx_end < 400} <= sizes
+    from omni_runtime.pipeline.segmenter import family_config
+
+    assert family_config({"ramp_busy": [10, 10, 20, 30]}).ramp_busy == (10, 10, 20, 30)
