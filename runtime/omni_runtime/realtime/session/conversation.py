@@ -61,6 +61,11 @@ class Item:
                 pieces.append(part.transcript)
         return " ".join(piece for piece in pieces if piece)
 
+    def chat_turn(self) -> ChatTurn | None:
+        """The engine's turn for this item (None: it contributes nothing to the context)."""
+        text, media = self.history_text(), self.media()
+        return ChatTurn(role=self.role, text=text, media=media) if text or media else None
+
     def media(self) -> tuple[MediaInput, ...]:
         out: list[MediaInput] = []
         for part in self.content:
@@ -195,11 +200,7 @@ class Conversation:
         turns: list[ChatTurn] = []
         if instructions:
             turns.append(ChatTurn(role="system", text=instructions))
-        for item in items[start:]:
-            text, media = item.history_text(), item.media()
-            if not text and not media:
-                continue
-            turns.append(ChatTurn(role=item.role, text=text, media=media))
+        turns.extend(turn for item in items[start:] if (turn := item.chat_turn()) is not None)
         return tuple(turns)
 
 

@@ -87,8 +87,9 @@ class PrefixWarmer:
             return
         item = Item(id="spoken", role="user", content=[Part(type="input_audio", audio=self._speech)])
         self._speech = None
+        turn = item.chat_turn()
         self.armed = False  # this warm-up covers the history too
-        if self._start((ChatTurn(role="user", text=item.history_text(), media=item.media()),)):
+        if turn is not None and self._start((turn,)):
             self.spoken += 1
 
     def _start(self, spoken: tuple[ChatTurn, ...]) -> bool:
