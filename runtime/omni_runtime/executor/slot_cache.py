@@ -618,12 +618,8 @@ class SlotDecoder:
             began, before = time.perf_counter(), len(self._prefill_graphs)
             self._capturing = True
             try:
-                for rows, length, span in self.prefill_shapes.suffixes():
-                    if (
-                        (rows, length, span) in self._prefill_graphs
-                        or rows > self.slots
-                        or span > self.max_len
-                    ):
+                for rows, length, span in self.prefill_shapes.suffixes():  # rows <= slots, span <= max_len
+                    if (rows, length, span) in self._prefill_graphs:
                         continue
                     self._scratch_prefill(rows, length, offset=span - length)
                     if not self.suffix_graphs:
