@@ -11,12 +11,14 @@ when it differs from what this module generates.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from omni_operator.api import runtime_env
 from omni_operator.api.spec import (
     GROUP,
     KIND,
@@ -137,7 +139,29 @@ def cel_rules() -> list[Schema]:
         (f"{placement} != 'withThinker' || {vision_tp} <= {thinker_tp}", rules.VISION_TP_LE_THINKER),
     ]
     pairs += _peer_rules(runtime, pipeline)
-    return [{"rule": rule, "message": r.message} for rule, r in pairs]
+    return [*({"rule": rule, "message": r.message} for rule, r in pairs), *_env_rules()]
+
+
+def _env_rules() -> list[Schema]:
+    """spec.runtime.env in the loader's words (api/runtime_env): a name that is no environment
+    variable name (the message names it, so it is an expression), and each name the operator sets."""
+    env = "self.runtime.env"
+    present = _set("runtime.env")
+    pattern = json.dumps(runtime_env.NAME_PATTERN)  # a CEL string literal
+    first_bad = f"{env}.filter(n, !n.matches({pattern}))[0]"
+    tail = f": {runtime_env.BAD_NAME_REASON}; {runtime_env.BAD_NAME_FIX}"
+    out: list[Schema] = [
+        {
+            "rule": f"!({present}) || {env}.all(n, n.matches({pattern}))",
+            "message": f"{runtime_env.FIELD}: every name must match {runtime_env.NAME_PATTERN}; "
+            f"{runtime_env.BAD_NAME_FIX}",
+            "messageExpression": f"{json.dumps(runtime_env.FIELD + '.')} + {first_bad} + {json.dumps(tail)}",
+        }
+    ]
+    for name in runtime_env.OPERATOR_ENV:
+        words = runtime_env.message(name, runtime_env.reserved_reason(name), runtime_env.RESERVED_FIX)
+        out.append({"rule": f"!({present} && '{name}' in {env})", "message": words})
+    return out
 
 
 def _peer_rules(runtime: str, pipeline: str) -> list[tuple[str, rules.Rule]]:

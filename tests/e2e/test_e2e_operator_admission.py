@@ -37,6 +37,38 @@ def test_impossible_spec_is_rejected_at_apply_with_the_planners_message(
     assert crds.kubectl("get", "omnideployments", "-n", namespace, "-o", "name").stdout.strip() == ""
 
 
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {"OMNI_BUSY_STREAMS": "8", "MY-VAR": "x"},
+            "spec.runtime.env.MY-VAR: is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*); "
+            "use letters, digits and _, not starting with a digit",
+        ),
+        (
+            {"HOME": "/home/omni"},
+            "spec.runtime.env.HOME: is set by the operator (a writable home beside the read-only root "
+            "filesystem); remove it from runtime.env",
+        ),
+    ],
+    ids=["bad-name", "operator-name"],
+)
+def test_runtime_env_is_refused_at_apply_with_the_loaders_message(
+    crds: ControlPlane, namespace: str, env: dict[str, str], message: str
+) -> None:
+    """The CRD's rules on spec.runtime.env (one with a message expression naming the variable) pass
+    the API server's cost check and say what `omni plan` says; a good env is admitted."""
+    bad = deployment("badenv", spec={"runtime": {"env": env}})
+    result = crds.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(bad), check=False)
+    assert result.returncode != 0
+    assert message in result.stderr
+    good = deployment("goodenv", spec={"runtime": {"env": {"OMNI_BUSY_STREAMS": "8", "_X1": ""}}})
+    result = crds.kubectl(
+        "apply", "-n", namespace, "--dry-run=server", "-f", "-", input=yaml.safe_dump(good), check=False
+    )
+    assert result.returncode == 0, result.stderr
+
+
 def test_spec_that_does_not_fit_its_gpus_is_an_invalid_spec_condition(
     crds: ControlPlane, api: Api, namespace: str
 ) -> None:

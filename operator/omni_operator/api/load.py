@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from omni_operator.api.runtime_env import EntryError
 from omni_operator.api.spec import API_VERSION, KIND, OmniDeployment
 
 
@@ -149,6 +150,9 @@ def _spec_error(exc: ValidationError, *, file: str) -> SpecError:
         )
     if kind == "enum":
         return error(f"{given!r} is not a valid {loc[-1]}", f"use one of {ctx['expected']}")
+    if kind == "value_error" and isinstance(ctx.get("error"), EntryError):
+        entry = ctx["error"]
+        return error(entry.reason, entry.fix, where=f"{field}.{entry.entry}")
     if kind == "value_error":
         message = str(ctx.get("error", err["msg"]))
         reason, _, fix = message.partition("; ")
@@ -173,6 +177,9 @@ def _spec_error(exc: ValidationError, *, file: str) -> SpecError:
             f"{given!r} does not match {ctx['pattern']}",
             _PATTERN_FIXES.get(field, "use a value matching that pattern"),
         )
+    if kind == "string_type" and isinstance(given, int | float) and not isinstance(given, bool):
+        # YAML reads an unquoted 8 as a number (env values, names): say how to write the string.
+        return error(f"expected a string, got {given!r}", f"quote it: {loc[-1]}: '{given}'")
     for prefix, words in _TYPE_WORDS.items():
         if kind.startswith(f"{prefix}_"):
             return error(f"expected {words}, got {given!r}", f"set {loc[-1] if loc else 'it'} to {words}")

@@ -10,9 +10,10 @@ import ipaddress
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from omni_operator.api import runtime_env
 from omni_operator.api.streaming_input import StreamingInputSpec
 
 GROUP = "omni.dev"
@@ -186,6 +187,23 @@ class RuntimeSpec(SpecModel):
     extra_args: list[str] = Field(
         default_factory=list, description="Extra arguments for every runtime process."
     )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment variables (name: string value) for every stage process of every "
+        "worker, on every runtime: the stage pods' containers on a cluster and the processes `omni up` "
+        "starts alike; not the router, which reads none of them. For the runtime's switches, e.g. "
+        "OMNI_BUSY_STREAMS: '8' (the builtin runtime's OMNI_* variables), or a peer runtime's own. "
+        "Names match [A-Za-z_][A-Za-z0-9_]*; the names the operator sets itself are refused ("
+        + ", ".join(runtime_env.OPERATOR_ENV)
+        + "). OMP_NUM_THREADS set here wins over the thread count a CPU-only pod gets from its CPU limit "
+        "and the runtime's one thread on a GPU. Part of the worker template: a change rolls the workers "
+        "out one by one, like any other pod change.",
+    )
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        return runtime_env.check_env(env)
 
 
 class Resources(SpecModel):

@@ -136,6 +136,10 @@ class WorkerLayout:
         suffix = f"-{rank}" if rank else ""
         hostname = f"{role.value}{suffix}"
         port = self.port(index, role)
+        # spec.runtime.env reaches every stage process here, once: the pod revision, the rendered
+        # pods and local mode all take it from the plan. The names the layout sets itself are
+        # refused in the spec (api/runtime_env), so no name comes from both.
+        container = container.model_copy(update={"env": {**self.spec.runtime.env, **container.env}})
         return StagePod(
             role=role,
             name=f"{worker}-{role.value}{suffix}",

@@ -23,11 +23,12 @@ def _digest(payload: object) -> str:
 def worker_revision(spec: OmniDeploymentSpec) -> str:
     """Hash of everything that shapes a worker; workers count, router and rollout are left out.
 
-    spec.media, spec.streamingInput, spec.speech and spec.sessionKv count only when set, so a deployment that leaves
-    them alone keeps the revision it had before the fields existed (an operator upgrade does not roll
-    its workers).
+    spec.media, spec.streamingInput, spec.speech, spec.sessionKv and spec.runtime.env count only when set, so a
+    deployment that leaves them alone keeps the revision it had before the fields existed (an operator
+    upgrade does not roll its workers).
     """
     shaping = {"model", "runtime", "pipeline", "stages", "gpu"}
+    unset = {} if spec.runtime.env else {"runtime": {"env"}}
     if spec.media != MediaSpec():
         shaping.add("media")
     if spec.streaming_input != StreamingInputSpec():
@@ -36,7 +37,7 @@ def worker_revision(spec: OmniDeploymentSpec) -> str:
         shaping.add("speech")
     if spec.session_kv != SessionKVSpec():
         shaping.add("session_kv")
-    return _digest(spec.model_dump(mode="json", by_alias=True, include=shaping))
+    return _digest(spec.model_dump(mode="json", by_alias=True, include=shaping, exclude=unset))
 
 
 def pod_revision(pod: StagePod, *, worker: str, revision: str) -> str:

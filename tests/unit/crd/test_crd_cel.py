@@ -10,6 +10,8 @@ import pytest
 import yaml
 
 from omni_operator import crdgen
+from omni_operator.api.load import SpecError, parse_deployments
+from omni_operator.api.runtime_env import OPERATOR_ENV
 from omni_operator.api.spec import OmniDeployment
 from omni_operator.plan import PlanError, plan_deployment
 
@@ -19,12 +21,16 @@ SCHEMA = crdgen.crd_manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema
 
 
 def _failing_messages(spec: dict) -> list[str]:
+    """What the API server says for `spec`: each failing rule's messageExpression, else its message."""
     env = celpy.Environment()
     activation = {"self": celpy.json_to_cel(spec)}
     failing = []
     for rule in SCHEMA["properties"]["spec"]["x-kubernetes-validations"]:
         if not bool(env.program(env.compile(rule["rule"])).evaluate(activation)):
-            failing.append(rule["message"])
+            if "messageExpression" in rule:
+                failing.append(str(env.program(env.compile(rule["messageExpression"])).evaluate(activation)))
+            else:
+                failing.append(rule["message"])
     return failing
 
 
@@ -63,6 +69,39 @@ def test_cel_rejects_what_the_planner_rejects_with_its_message(spec: dict) -> No
     with pytest.raises(PlanError) as caught:
         plan_deployment(dep)
     assert _failing_messages(spec) == [str(caught.value)]
+
+
+ENV_CASES = [
+    {"MY-VAR": "x"},
+    {"OMNI_BUSY_STREAMS": "8", "1ST": "x"},
+    {"A B": "x"},
+    *({name: "x"} for name in OPERATOR_ENV),
+]
+
+
+@pytest.mark.parametrize(
+    "env", ENV_CASES, ids=[next(iter(e.keys() - {"OMNI_BUSY_STREAMS"})) for e in ENV_CASES]
+)
+def test_cel_refuses_a_runtime_env_name_with_the_loaders_message(env: dict[str, str]) -> None:
+    spec = {"model": {"name": "m"}, "runtime": {"env": env}}
+    doc = {
+        "apiVersion": "omni.dev/v1alpha1",
+        "kind": "OmniDeployment",
+        "metadata": {"name": "x"},
+        "spec": spec,
+    }
+    with pytest.raises(SpecError) as caught:
+        parse_deployments(yaml.safe_dump(doc), file="d.yaml")
+    assert _failing_messages(spec) == [str(caught.value).removeprefix("d.yaml: ")]
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [{"model": {"name": "m"}}, {"model": {"name": "m"}, "runtime": {}}, {"model": {"name": "m"}, "runtime": {"env": {}}},
+     {"model": {"name": "m"}, "runtime": {"env": {"OMNI_BUSY_STREAMS": "8", "_x9": "", "OMP_NUM_THREADS": "2"}}}],
+)  # fmt: skip
+def test_cel_admits_a_good_or_absent_runtime_env(spec: dict) -> None:
+    assert _failing_messages(spec) == []
 
 
 def test_name_length_rule_matches_the_loader() -> None:

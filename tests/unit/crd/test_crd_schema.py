@@ -148,6 +148,7 @@ BROKEN = [
     pytest.param(("spec", "media"), {"allowedDomains": ["https://x.com"]}, "does not match", id="media-domain"),
     pytest.param(("spec", "media"), {"deniedNetworks": ["ten/8"]}, "does not match", id="media-network"),
     pytest.param(("spec", "speech"), {"maxStreams": -1}, "-1 is less than the minimum of 0", id="speech-limit"),
+    pytest.param(("spec", "runtime"), {"env": {"OMNI_BUSY_STREAMS": 8}}, "8 is not of type 'string'", id="env-number"),
 ]  # fmt: skip
 
 

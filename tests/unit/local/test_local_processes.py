@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import socket
 import sys
+from pathlib import Path
 
 import pytest
 
-from omni_operator.api.load import parse_deployments
+from omni_operator.api.load import load_deployments, parse_deployments
+from omni_operator.api.runtime_env import OPERATOR_ENV
 from omni_operator.api.spec import OmniDeployment
 from omni_operator.local.default import DEFAULT_DEPLOYMENT_YAML
 from omni_operator.local.processes import (
@@ -27,6 +29,7 @@ from omni_operator.local.processes import (
 
 SETTINGS = LocalSettings(base_port=9100, router_port=9000, gpu_offset=0, workers_file="/state/workers.json")
 PY = (sys.executable, "-m", "omni_operator.cli")
+EXAMPLES = sorted((Path(__file__).resolve().parents[3] / "examples").glob("*.yaml"))
 
 
 def dep(**spec: object) -> OmniDeployment:
@@ -120,6 +123,38 @@ def test_router_spec() -> None:
         "/state/workers.json",
     )
     assert spec.env == {"CUDA_VISIBLE_DEVICES": ""}
+
+
+def test_spec_env_reaches_every_worker_process_over_the_inherited_one_and_not_the_router() -> None:
+    spec = dep(
+        workers=2,
+        gpu={"tier": "h100"},
+        runtime={"env": {"OMNI_BUSY_STREAMS": "8", "OMNI_SUFFIX_GRAPHS": "1"}},
+    )
+    plan = plan_local(spec, SETTINGS)
+    base = {"PATH": "/bin", "OMNI_BUSY_STREAMS": "2"}
+    assert [(p.name, p.env) for p in process_specs(plan=plan, base_env=base)] == [
+        (
+            f"d-w{i}/{role}",
+            {
+                "PATH": "/bin",
+                "OMNI_BUSY_STREAMS": "8",
+                "OMNI_SUFFIX_GRAPHS": "1",
+                "CUDA_VISIBLE_DEVICES": gpus,
+            },
+        )
+        for i in range(2)
+        for role, gpus in (("thinker", str(2 * i)), ("talker", str(2 * i + 1)), ("api", ""))
+    ]
+    assert router_spec(plan=plan, base_env=base).env == {**base, "CUDA_VISIBLE_DEVICES": ""}
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_every_name_local_mode_sets_is_refused_in_the_spec(path: Path) -> None:
+    (example,) = load_deployments(path)
+    plan = plan_local(example, SETTINGS)
+    written = {name for spec in process_specs(plan=plan, base_env={}) for name in spec.env}
+    assert written <= OPERATOR_ENV.keys()
 
 
 def test_capacity_message_names_the_field_and_the_fix() -> None:

@@ -68,9 +68,13 @@ def test_denied_networks_are_normalized_for_the_policy() -> None:
 
 def test_worker_revision_moves_only_when_media_is_set() -> None:
     base = deployment(**{"model.name": "Qwen2.5-Omni-7B"})
-    # The revision of a spec without media is what it was before spec.media existed.
+    # The revision of a spec without media is what it was before spec.media existed (and before
+    # spec.runtime.env, which counts only when set too: test_plan_runtime_env pins the hashes).
     shaping = base.spec.model_dump(
-        mode="json", by_alias=True, include={"model", "runtime", "pipeline", "stages", "gpu"}
+        mode="json",
+        by_alias=True,
+        include={"model", "runtime", "pipeline", "stages", "gpu"},
+        exclude={"runtime": {"env"}},
     )
     canonical = json.dumps(shaping, sort_keys=True, separators=(",", ":"), default=str)
     assert worker_revision(base.spec) == hashlib.sha256(canonical.encode()).hexdigest()[:10]

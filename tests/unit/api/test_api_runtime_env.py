@@ -1,0 +1,98 @@
+"""spec.runtime.env in the loader: names that are environment variable names and not the operator's
+own load; any other is refused with one message naming spec.runtime.env.NAME and the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from omni_operator.api.load import SpecError, parse_deployments
+from omni_operator.api.runtime_env import OPERATOR_ENV
+from omni_operator.api.spec import RuntimeSpec
+
+HEAD = "apiVersion: omni.dev/v1alpha1\nkind: OmniDeployment\nmetadata:\n  name: demo\nspec:\n  model: {name: x}\n"
+
+
+def _load(env: str) -> RuntimeSpec:
+    (dep,) = parse_deployments(HEAD + f"  runtime:\n    env: {env}\n", file="d.yaml")
+    return dep.spec.runtime
+
+
+def test_env_loads_in_file_order_and_defaults_to_empty() -> None:
+    runtime = _load("{OMNI_BUSY_STREAMS: '8', OMNI_SUFFIX_GRAPHS: '1', _private2: '', OMP_NUM_THREADS: '4'}")
+    assert runtime.env == {
+        "OMNI_BUSY_STREAMS": "8",
+        "OMNI_SUFFIX_GRAPHS": "1",
+        "_private2": "",
+        "OMP_NUM_THREADS": "4",
+    }
+    assert list(runtime.env) == ["OMNI_BUSY_STREAMS", "OMNI_SUFFIX_GRAPHS", "_private2", "OMP_NUM_THREADS"]
+    (dep,) = parse_deployments(HEAD, file="d.yaml")
+    assert dep.spec.runtime.env == {}
+
+
+NAME_FIX = "is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*); use letters, digits and _, not starting with a digit"
+
+REFUSED = [
+    pytest.param("{MY-VAR: x}", f"d.yaml: spec.runtime.env.MY-VAR: {NAME_FIX}", id="dash"),
+    pytest.param("{1ST: x}", f"d.yaml: spec.runtime.env.1ST: {NAME_FIX}", id="leading-digit"),
+    pytest.param("{'A B': x}", f"d.yaml: spec.runtime.env.A B: {NAME_FIX}", id="space"),
+    pytest.param("{OMNI.X: x}", f"d.yaml: spec.runtime.env.OMNI.X: {NAME_FIX}", id="dot"),
+    pytest.param(
+        "{HOME: /home/omni}",
+        "d.yaml: spec.runtime.env.HOME: is set by the operator (a writable home beside the read-only root "
+        "filesystem); remove it from runtime.env",
+        id="home",
+    ),
+    pytest.param(
+        "{OMNI_CACHE_DIR: /data}",
+        "d.yaml: spec.runtime.env.OMNI_CACHE_DIR: is set by the operator (the pod's writable cache volume); "
+        "remove it from runtime.env",
+        id="cache-dir",
+    ),
+    pytest.param(
+        "{OMNI_BUSY_STREAMS: '8', CUDA_VISIBLE_DEVICES: '0'}",
+        "d.yaml: spec.runtime.env.CUDA_VISIBLE_DEVICES: is set by the operator (the GPUs the plan gives each "
+        "process); remove it from runtime.env",
+        id="gpus",
+    ),
+    pytest.param(
+        "{MASTER_PORT: '1234', X-Y: z}",
+        "d.yaml: spec.runtime.env.MASTER_PORT: is set by the operator (the rendezvous of a thinker spread over "
+        "several nodes); remove it from runtime.env",
+        id="first-in-file-order",
+    ),
+    pytest.param(
+        "{OMNI_BUSY_STREAMS: 8}",
+        "d.yaml: spec.runtime.env.OMNI_BUSY_STREAMS: expected a string, got 8; quote it: OMNI_BUSY_STREAMS: '8'",
+        id="unquoted-number",
+    ),
+    pytest.param("[OMNI_BUSY_STREAMS]", "d.yaml: spec.runtime.env: expected a mapping, got ['OMNI_BUSY_STREAMS']; "
+                 "set env to a mapping", id="list"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("env", "message"), REFUSED)
+def test_refused_env_says_which_name_and_the_fix(env: str, message: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        _load(env)
+    assert str(caught.value) == message
+
+
+def test_the_error_names_the_entry_as_its_field() -> None:
+    with pytest.raises(SpecError) as caught:
+        _load("{HF_HOME: /hf}")
+    err = caught.value
+    assert (err.field, err.reason, err.fix) == (
+        "spec.runtime.env.HF_HOME",
+        "is set by the operator (a cache in the pod's writable cache volume)",
+        "remove it from runtime.env",
+    )
+
+
+def test_every_operator_name_is_refused_and_listed_in_the_field_description() -> None:
+    description = RuntimeSpec.model_fields["env"].description or ""
+    for name in OPERATOR_ENV:
+        with pytest.raises(SpecError, match=f"spec.runtime.env.{name}: is set by the operator"):
+            _load(f"{{{name}: x}}")
+        assert name in description
+    assert "OMNI_BUSY_STREAMS" in description and "roll" in description
