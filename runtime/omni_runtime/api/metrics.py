@@ -113,9 +113,10 @@ class _EngineCollector(Collector):
             value=stats.max_running_batch,
         )
         yield GaugeMetricFamily(
-            "omni_speaking_streams",
-            "Streaming speech replies speaking now (from their talker's start to their end).",
-            value=stats.speaking_streams,
+            "omni_speech_replies",
+            "Streaming speech replies in flight now (from their acceptance to their end): the load "
+            "OMNI_BUSY_STREAMS compares with when a reply's first window is cut.",
+            value=stats.speech_replies,
         )
         yield CounterMetricFamily(
             "omni_busy_first_windows",

@@ -187,9 +187,10 @@ class EngineStats:
     prefetch_done: int = 0
     prefetch_failed: int = 0
     first_audio_phases: tuple[TimeHistogram, ...] = ()  # streaming speech replies, by phase
-    # Streaming speech replies speaking now (talker started, not ended), and how many replies'
-    # first window was the longer one cut under load (``SegmenterConfig.first_chunk_busy``).
-    speaking_streams: int = 0
+    # Streaming speech replies in flight now (accepted, not ended: the load a first window is cut
+    # under), and how many replies' first window was the longer one cut under load
+    # (``SegmenterConfig.first_chunk_busy``).
+    speech_replies: int = 0
     busy_first_windows: int = 0
     # Conversation KV (pipeline/conversation_kv.py): sessions with kept thinker KV, its bytes and
     # budget; session turns admitted after a kept prefix (hits) or prefilled in full (misses),

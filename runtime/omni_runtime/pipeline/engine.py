@@ -82,7 +82,10 @@ class PipelineEngine:
         # the thinker shares with the vocoder; None never pauses it.
         self.thinker_hold_below_s: float | None = None
         self._before_first_audio: set[str] = set()  # streaming speech replies without audio yet (ids)
-        self._speech_streams = 0  # streaming speech replies between their talker's start and their end
+        # Streaming speech replies from their acceptance to their end: the load a first window is
+        # cut under (a reply still in its prompt or thinker counts, so every reply of a wave that
+        # starts together, and one arriving as others end, sees the rest).
+        self._speech_replies = 0
         self._busy_first_windows = 0  # of them, those whose first window was cut under load
         # Speech replies whose talker still takes the thinker's text (request ids), and whether a
         # later window's hold waits until no other reply's does (deadlines.holds_thinker).
@@ -189,7 +192,7 @@ class PipelineEngine:
             prefetch_failed=prefetch.failed if prefetch else 0,
             **self._session_kv_stats(),
             first_audio_phases=self.first_audio_phases.snapshot(),
-            speaking_streams=self._speech_streams,
+            speech_replies=self._speech_replies,
             busy_first_windows=self._busy_first_windows,
             gpus=gpu_memory(),
         )
@@ -293,9 +296,24 @@ class PipelineEngine:
     async def _run(
         self, request: GenerationRequest, voice: str | None, out: asyncio.Queue, state: dict
     ) -> None:
+        marks = FirstAudioMarks(accepted=time.monotonic())
+        counted = int(request.want_audio and request.stream_audio and self.variant in STREAMING_AUDIO)
+        self._speech_replies += counted
+        try:
+            await self._run_accepted(request, voice, out, state, marks)
+        finally:  # ended, failed or cancelled
+            self._speech_replies -= counted
+
+    async def _run_accepted(
+        self,
+        request: GenerationRequest,
+        voice: str | None,
+        out: asyncio.Queue,
+        state: dict,
+        marks: FirstAudioMarks,
+    ) -> None:
         stages, adapter, encoders = self.stages, self.adapter, self.encoders
         assert stages is not None and adapter is not None and encoders is not None  # generate() checked
-        marks = FirstAudioMarks(accepted=time.monotonic())
         prompt = await stages.preprocess(request)
         audio, image, video = await encoders.encode(prompt)
         thinker_prompt = await stages.aggregate(prompt, audio=audio, image=image, video=video)
@@ -461,12 +479,10 @@ class PipelineEngine:
         if not streaming:
             return await self._speak_at_end(job, voice, out, segmenter, seed)
         self._before_first_audio.add(request.request_id)
-        self._speech_streams += 1
         try:
             return await self._stream_windows(request, job, voice, out, segmenter, seed, marks)
         finally:  # ended, failed or cancelled, before its first audio or after
             self._before_first_audio.discard(request.request_id)
-            self._speech_streams -= 1
 
     async def _speak_at_end(
         self, job: TalkerJob, voice: str | None, out: asyncio.Queue, segmenter: CodecSegmenter, seed: int
@@ -529,7 +545,7 @@ class PipelineEngine:
         try:
             while True:
                 while len(ahead) < max(1, self.windows_ahead) and (
-                    ready := segmenter.push(len(codes), done=done, limit=1, streams=self._speech_streams)
+                    ready := segmenter.push(len(codes), done=done, limit=1, streams=self._speech_replies)
                 ):
                     if ready[0].start == 0 and segmenter.first_busy:
                         self._busy_first_windows += 1

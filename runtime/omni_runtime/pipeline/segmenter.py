@@ -51,8 +51,9 @@ class SegmenterConfig:
     # stream's) must arrive before the first window has played: at 16 streams on an H100 that
     # round trip is about 0.3 s, longer than 10 codes of audio, so almost every stream stalled
     # there; 20 codes cover it at about 70 ms more first-audio latency (docs/benchmarks.md). A lone
-    # stream keeps the short first window. Decided when the first window is cut, so a stream of a
-    # wave that starts together sees the others.
+    # stream keeps the short first window. Decided when the first window is cut, under the replies
+    # the engine has accepted and not yet ended (one still in its prompt counts), so a stream of a
+    # wave that starts together sees the others, and so does one that starts as others end.
     first_chunk_busy: int = 0
     busy_streams: int = 0
     ramp_busy: tuple[int, ...] = ()  # the ramp after a busy first window (empty: ``ramp``)

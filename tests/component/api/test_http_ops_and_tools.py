@@ -59,7 +59,7 @@ def test_metrics_count_requests_latencies_and_audio(worker: Worker) -> None:
     for gauge in (
         "omni_queue_depth",
         "omni_running_batch_size",
-        "omni_speaking_streams",
+        "omni_speech_replies",
         "omni_busy_first_windows_total",
         "omni_active_sessions",
         "omni_output_tokens_total",

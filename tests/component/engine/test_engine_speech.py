@@ -247,10 +247,12 @@ def test_a_reply_that_starts_while_another_speaks_gets_the_busy_first_window(
         long = engine.generate(greedy(200, 400))
         before = []
         async for event in long:  # the long reply alone, until its first audio
+            if not before:  # counted from its acceptance, before its talker starts
+                assert engine.stats().speech_replies == 1
             before.append(event)
             if isinstance(event, AudioChunk):
                 break
-        assert engine.stats().speaking_streams == 1
+        assert engine.stats().speech_replies == 1
         windows_alone = list(spy.windows)
         rest = asyncio.ensure_future(_drain(long))
         second = [event async for event in engine.generate(greedy(8, 3 * first + 10))]
@@ -270,8 +272,8 @@ def test_a_reply_that_starts_while_another_speaks_gets_the_busy_first_window(
     firsts = [w for w in spy.windows if w[0] == 0]
     assert firsts == [(0, first), (0, 2 * first)], spy.windows
     assert any(isinstance(e, AudioChunk) for e in second)
-    stats = engine.stats()  # what /metrics shows: omni_speaking_streams, omni_busy_first_windows_total
-    assert stats.speaking_streams == 0 and stats.busy_first_windows == busy_before + 1
+    stats = engine.stats()  # what /metrics shows: omni_speech_replies, omni_busy_first_windows_total
+    assert stats.speech_replies == 0 and stats.busy_first_windows == busy_before + 1
 
 
 async def _drain(events) -> None:

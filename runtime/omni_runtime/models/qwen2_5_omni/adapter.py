@@ -52,9 +52,18 @@ DEFAULT_SYSTEM_PROMPT = (
 # the first window holds 20 codes (0.4 s): on an H100 at 4, 8 and 16 streams the second window's
 # codes and its batched vocoder call took about 0.3 s, and with 10 every stream stalled there for
 # 0.1-0.25 s; with 20, 15 of 16 and 15 of 32 streams played without a stall, for 0.09-0.11 s more
-# first-audio latency (docs/benchmarks.md, "A longer first window under load").
+# first-audio latency (docs/benchmarks.md, "A longer first window under load"). After a busy first
+# window two windows of 10: the third window's codes come at the thinker's text rate, and with one
+# window of 10 then 20 at 16 streams it stalled up to 0.17-0.22 s; with 10, 10 at most 0.04 s
+# (two H100 calls, "The third window under load").
 # OMNI_BUSY_STREAMS=N moves the threshold; 0 keeps 10 at any load.
-CODEC_WINDOWS = {"first_chunk": 10, "ramp": (10, 20, 30), "first_chunk_busy": 20, "busy_streams": 4}
+CODEC_WINDOWS = {
+    "first_chunk": 10,
+    "ramp": (10, 20, 30),
+    "first_chunk_busy": 20,
+    "busy_streams": 4,
+    "ramp_busy": (10, 10, 20, 30),
+}
 
 
 class Qwen25OmniAdapter(OmniAdapter):
