@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import re
 
+from omni_runtime.contract import switches
+
 FIELD = "spec.runtime.env"
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
@@ -64,11 +66,15 @@ def message(name: str, reason: str, fix: str) -> str:
     return f"{FIELD}.{name}: {reason}; {fix}"
 
 
-def check_env(env: dict[str, str]) -> dict[str, str]:
-    """`env` itself when every name may be set; else EntryError for the first name that may not."""
-    for name in env:
+def check_env(env: dict[str, str], *, builtin: bool = False) -> dict[str, str]:
+    """`env` itself when every name may be set; else EntryError for the first name that may not.
+    For the builtin runtime also its switches' values and names one letter off a switch's, in the
+    words `omni serve` refuses them with (omni_runtime.contract.switches)."""
+    for name, value in env.items():
         if not re.fullmatch(NAME_PATTERN, name):
             raise EntryError(name, reason=BAD_NAME_REASON, fix=BAD_NAME_FIX)
         if name in OPERATOR_ENV:
             raise EntryError(name, reason=reserved_reason(name), fix=RESERVED_FIX)
+        if builtin and (wrong := switches.problem(name, value)) is not None:
+            raise EntryError(name, reason=wrong[0], fix=wrong[1])
     return env

@@ -10,7 +10,7 @@ import ipaddress
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from omni_operator.api import runtime_env
@@ -202,8 +202,8 @@ class RuntimeSpec(SpecModel):
 
     @field_validator("env")
     @classmethod
-    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
-        return runtime_env.check_env(env)
+    def _env_names(cls, env: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        return runtime_env.check_env(env, builtin=info.data.get("type") == RuntimeType.builtin)
 
 
 class Resources(SpecModel):

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from omni_runtime.contract.options import EngineOptions
 from omni_runtime.contract.stages import HOSTABLE, Stage, with_colocated
+from omni_runtime.entrypoints.switch_values import all_problems
 
 log = logging.getLogger("omni.stage")
 
@@ -124,6 +125,9 @@ def _watch_parent(parent: int) -> None:
 def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if wrong := all_problems(os.environ):  # before anything loads: a wrong switch is not the default
+        print(f"omni stage: {'; '.join(wrong)}", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

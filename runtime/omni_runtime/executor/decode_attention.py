@@ -23,19 +23,19 @@ head), 32 programs for the talker at 16 streams on a GPU of 132 SMs, each walkin
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omni_runtime.contract import switches
 from omni_runtime.executor.triton_support import triton_runs_on
 
 NAME = "omni_packed_sdpa"
 # ``split`` runs the packed query through the split-key Triton kernels below instead of PyTorch's
 # SDPA. Off by default: tested under Triton's interpreter, not yet measured on a GPU.
-KERNEL = os.environ.get("OMNI_DECODE_KERNEL", "sdpa")
+KERNEL = switches.choice("OMNI_DECODE_KERNEL")
 TARGET_PROGRAMS = 256  # about two programs per SM of an H100 or H200 (132 SMs)
 BLOCK_N = 32  # keys per loop iteration of a program
 

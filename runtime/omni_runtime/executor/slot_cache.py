@@ -43,7 +43,6 @@ the talker. So the runtime owns the cache and drives the model's decoder layers 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,6 +51,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from omni_runtime.contract import switches
 from omni_runtime.executor.decode_attention import use_packed_decode
 from omni_runtime.executor.host_copy import to_device
 from omni_runtime.executor.kept_kv import copy_in, copy_out
@@ -318,14 +318,14 @@ class SlotDecoder:
         compile_layers: bool | None = None,
     ) -> None:
         self.layers, self.norm, self.rotary = layers, norm, rotary
-        if os.environ.get("OMNI_PACKED_DECODE", "1") != "0":  # 0: transformers' repeat_kv, to measure
+        if switches.flag("OMNI_PACKED_DECODE"):  # 0: transformers' repeat_kv, to measure
             use_packed_decode(layers)
         if compile_layers is None:
-            compile_layers = device.type == "cuda" and os.environ.get("OMNI_TORCH_COMPILE", "1") != "0"
+            compile_layers = device.type == "cuda" and switches.flag("OMNI_TORCH_COMPILE")
         self.step_layers: list[Callable[..., Any]] = list(layers)
         if compile_layers:
             self.step_layers = _compiled(layers)
-        self.compile_prefill = compile_layers and os.environ.get("OMNI_COMPILE_PREFILL", "1") != "0"
+        self.compile_prefill = compile_layers and switches.flag("OMNI_COMPILE_PREFILL")
         self.prefill_layers: list[Callable[..., Any]] = (
             self.step_layers if self.compile_prefill else list(layers)
         )
@@ -361,11 +361,11 @@ class SlotDecoder:
         self.prefill_shapes = PrefillShapes.for_decoder(slots, max_len)
         # On unless ``OMNI_PREFILL_GRAPHS=0``; the start-up check (``check_prefill_graphs``) turns
         # them off when a graph's prefill differs from the unpadded one.
-        self.prefill_graphs = self.cuda_graphs and os.environ.get("OMNI_PREFILL_GRAPHS", "1") != "0"
+        self.prefill_graphs = self.cuda_graphs and switches.flag("OMNI_PREFILL_GRAPHS")
         self.prefill_padded = self.prefill_graphs
         # Suffixes after a kept prefix the same way, in (rows, length, span) buckets captured at
         # start-up (``PrefillShapes.suffixes``): opt-in (``OMNI_SUFFIX_GRAPHS=1``) until measured.
-        self.suffix_graphs = self.prefill_graphs and os.environ.get("OMNI_SUFFIX_GRAPHS", "0") == "1"
+        self.suffix_graphs = self.prefill_graphs and switches.flag("OMNI_SUFFIX_GRAPHS")
         self.suffix_padded = self.suffix_graphs
         self._prefill_graphs: dict[tuple[int, ...], torch.cuda.CUDAGraph] = {}
         self._capturing = False  # capture_prefills under way: suffix buckets may be captured

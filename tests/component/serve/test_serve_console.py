@@ -83,9 +83,14 @@ def test_probes_are_quiet_and_ctrl_c_is_clean(tmp_path: Path) -> None:
         ),
         ("OMNI_VOCODER_FAR=soon", "OMNI_VOCODER_FAR must be 'SECONDS,WINDOWS'"),
         ("OMNI_BUSY_STREAMS=-1", "OMNI_BUSY_STREAMS must be a whole number of streams >= 0"),
+        ("OMNI_PREFILL_GRAPHS=maybe", "OMNI_PREFILL_GRAPHS is 'maybe', not a flag; use 1 or 0"),
+        (
+            "OMNI_SUFIX_GRAPHS=1",
+            "OMNI_SUFIX_GRAPHS is not one of the builtin runtime's switches; did you mean",
+        ),
     ],
 )
-def test_a_wrong_speech_setting_stops_the_start_with_its_name_and_no_traceback(
+def test_a_wrong_switch_stops_the_start_with_its_name_and_no_traceback(
     tmp_path: Path, setting: str, named: str
 ) -> None:
     from omni_runtime.models.qwen2_5_omni.tiny import ensure_tiny_checkpoint
@@ -97,6 +102,6 @@ def test_a_wrong_speech_setting_stops_the_start_with_its_name_and_no_traceback(
     done = subprocess.run(
         argv, capture_output=True, text=True, cwd=REPO, env={**os.environ, name: value}, timeout=300
     )
-    assert done.returncode == 1, done.stderr[-3000:]
-    assert f"omni serve: the worker failed to start: {named}" in done.stderr, done.stderr[-3000:]
+    assert done.returncode == 2, done.stderr[-3000:]  # refused before loading, like a wrong flag
+    assert f"omni serve: {named}" in done.stderr, done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]

@@ -66,6 +66,23 @@ REFUSED = [
         "d.yaml: spec.runtime.env.OMNI_BUSY_STREAMS: expected a string, got 8; quote it: OMNI_BUSY_STREAMS: '8'",
         id="unquoted-number",
     ),
+    pytest.param(
+        "{OMNI_PREFILL_GRAPHS: 'maybe'}",
+        "d.yaml: spec.runtime.env.OMNI_PREFILL_GRAPHS: is 'maybe', not a flag; use 1 or 0 (on/off, true/false "
+        "and yes/no work too)",
+        id="switch-flag",
+    ),
+    pytest.param(
+        "{OMNI_DECODE_KERNEL: flash}",
+        "d.yaml: spec.runtime.env.OMNI_DECODE_KERNEL: is 'flash'; use one of sdpa, split",
+        id="switch-choice",
+    ),
+    pytest.param(
+        "{OMNI_BUSY_STREAM: '8'}",
+        "d.yaml: spec.runtime.env.OMNI_BUSY_STREAM: is not one of the builtin runtime's switches; did you mean "
+        "OMNI_BUSY_STREAMS?",
+        id="switch-typo",
+    ),
     pytest.param("[OMNI_BUSY_STREAMS]", "d.yaml: spec.runtime.env: expected a mapping, got ['OMNI_BUSY_STREAMS']; "
                  "set env to a mapping", id="list"),
 ]  # fmt: skip
@@ -96,3 +113,13 @@ def test_every_operator_name_is_refused_and_listed_in_the_field_description() ->
             _load(f"{{{name}: x}}")
         assert name in description
     assert "OMNI_BUSY_STREAMS" in description and "roll" in description
+
+
+def test_a_peer_runtime_takes_omni_names_as_they_are() -> None:
+    """The builtin runtime's switches are checked only for it: sglang-omni and vllm-omni read none."""
+    (dep,) = parse_deployments(
+        HEAD
+        + "  runtime:\n    type: vllm-omni\n    env: {OMNI_PREFILL_GRAPHS: maybe, OMNI_BUSY_STREAM: '8'}\n",
+        file="d.yaml",
+    )
+    assert dep.spec.runtime.env == {"OMNI_PREFILL_GRAPHS": "maybe", "OMNI_BUSY_STREAM": "8"}

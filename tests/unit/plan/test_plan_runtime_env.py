@@ -57,7 +57,7 @@ def test_the_worker_revision_follows_the_env() -> None:
             {},
             {"OMNI_BUSY_STREAMS": "8"},
             {"OMNI_BUSY_STREAMS": "4"},
-            {"OMNI_SUFFIX_GRAPHS": "8"},
+            {"OMNI_SUFFIX_GRAPHS": "1"},
         )
     }
     assert len(revisions) == 4  # unset and {} are one deployment

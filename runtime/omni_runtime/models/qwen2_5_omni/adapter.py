@@ -10,12 +10,12 @@ mrope positions from ``get_rope_index``), thinker and talker (runners.py) and th
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from omni_runtime.contract import switches
 from omni_runtime.contract.adapter import OmniAdapter, Prompt, ThinkerPrompt, ThinkerRunner
 from omni_runtime.contract.engine import EngineError, GenerationRequest
 from omni_runtime.contract.options import EngineOptions
@@ -323,9 +323,10 @@ class Qwen25OmniAdapter(OmniAdapter):
         if self.loaded.token2wav is None:
             raise EngineError("this worker has no vocoder loaded", param="modalities")
         on_gpu = self.placement.talker.type == "cuda"
-        precision = os.environ.get("OMNI_VOCODER_DTYPE", "bfloat16" if on_gpu else "float32")
-        if precision not in ("bfloat16", "float32"):
-            raise EngineError(f"OMNI_VOCODER_DTYPE must be bfloat16 or float32, not {precision!r}")
+        try:
+            precision = switches.choice("OMNI_VOCODER_DTYPE", "bfloat16" if on_gpu else "float32")
+        except ValueError as exc:
+            raise EngineError(str(exc), param="OMNI_VOCODER_DTYPE") from None
         return QwenVocoder(
             self.loaded.token2wav,
             speakers=self.loaded.speakers,

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from omni_runtime.contract import switches
 from omni_runtime.contract.engine import EngineError
 from omni_runtime.contract.options import EngineOptions
 
@@ -131,12 +132,13 @@ def choose_attention_kernels(keep_cudnn: bool | None = None) -> bool:
     kernel it was traced with.
     """
     if keep_cudnn is None:
-        keep_cudnn = os.environ.get("OMNI_CUDNN_ATTENTION", "0") == "1"
+        keep_cudnn = switches.flag("OMNI_CUDNN_ATTENTION")
     torch.backends.cuda.enable_cudnn_sdp(keep_cudnn)
     return keep_cudnn
 
 
 STREAM_PRIORITIES = {"talker": -2, "vocoder": -1}  # lower is served first; unnamed stages 0
+STREAM_STAGES = ("thinker", "mm_aggregate", "audio_encoder", "image_encoder", "talker", "vocoder")
 
 
 def stream_priorities(text: str | None = None) -> dict[str, int]:
@@ -149,10 +151,13 @@ def stream_priorities(text: str | None = None) -> dict[str, int]:
     for part in text.split(","):
         stage, _, value = part.partition("=")
         try:
+            if stage.strip() not in STREAM_STAGES:
+                raise ValueError
             out[stage.strip()] = int(value)
         except ValueError:
             raise ValueError(
-                f"OMNI_STREAM_PRIORITIES: expected stage=integer pairs like thinker=-2,talker=-1, got {part!r}"
+                f"OMNI_STREAM_PRIORITIES must be stage=integer pairs like thinker=-2,talker=-1 (stages: "
+                f"{', '.join(STREAM_STAGES)}); got {part!r}"
             ) from None
     return out
 

@@ -45,7 +45,6 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -54,6 +53,7 @@ import numpy as np
 import torch
 from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import apply_rotary_pos_emb, deinterleave_head_dim
 
+from omni_runtime.contract import switches
 from omni_runtime.models.common import SingleWindow
 from omni_runtime.models.qwen2_5_omni.bigvgan import fuse_activations
 from omni_runtime.models.window_graphs import MAX_GRAPHS, WindowGraphs, configured_buckets, window_batches
@@ -107,7 +107,7 @@ class QwenVocoder(SingleWindow):
             fuse_activations(self.bigvgan)  # a Triton kernel: the CPU keeps transformers' modules
             # Only the float32 DiT and BigVGAN are affected: every other stage runs in bfloat16.
             torch.backends.cuda.matmul.allow_tf32 = True
-            if os.environ.get("OMNI_TORCH_COMPILE", "1") != "0":
+            if switches.flag("OMNI_TORCH_COMPILE"):
                 # One specialisation per (window size, batch bucket): 3 x 5 by default, more than
                 # dynamo's default limit of 8, past which the block would silently run uncompiled.
                 torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)

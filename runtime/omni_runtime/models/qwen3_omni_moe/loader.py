@@ -31,6 +31,7 @@ import torch
 from torch import nn
 from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as hf
 
+from omni_runtime.contract import switches
 from omni_runtime.contract.engine import EngineError
 from omni_runtime.contract.options import EngineOptions
 from omni_runtime.executor import moe_decode
@@ -54,7 +55,7 @@ _FUSED = {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}
 # executor.moe_decode), and transformers' grouped_mm (torch's grouped GEMM over tokens sorted by
 # expert, routing on the device, no host sync: CUDA-graph capturable), batched_mm (a gathered bmm
 # per token-expert pair) and eager (its per-expert Python loop, with a host sync per step).
-MOE_EXPERTS = (moe_decode.NAME, "grouped_mm", "batched_mm", "eager")
+MOE_EXPERTS = switches.BY_NAME["OMNI_MOE_EXPERTS"].choices  # moe_decode.NAME first
 
 
 class RopeIndex:

@@ -1,0 +1,164 @@
+"""The builtin runtime's environment switches: every ``OMNI_*`` variable it reads, in one place.
+
+A switch is a flag (``1``/``0``; ``on``/``off``, ``true``/``false``, ``yes``/``no`` too), a choice of
+names, or a value with its own format, which the module that uses it parses at the engine's start
+(``OMNI_BUSY_STREAMS``: ``pipeline.segmenter.with_busy_streams``, and so on). ``omni serve`` and
+``omni stage`` check the flags and choices set in their environment before loading anything
+(`problems`), and so does ``omni plan`` for an OmniDeployment's ``spec.runtime.env`` (builtin
+runtime), with the same words: a wrong value stops the start with the variable's name and the
+fix instead of silently meaning the default (``OMNI_PREFILL_GRAPHS=false`` used to keep the graphs
+on, since only ``0`` turned them off). A name one letter off a switch's is caught the same way.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+Kind = Literal["flag", "choice", "value"]
+
+
+@dataclass(frozen=True)
+class Switch:
+    name: str
+    kind: Kind
+    default: str  # what unset means, in the switch's own words
+    summary: str
+    choices: tuple[str, ...] = ()  # a choice's names
+    example: str = ""  # a value's format, by example
+
+
+SWITCHES: tuple[Switch, ...] = (
+    Switch(
+        "OMNI_BUSY_STREAMS",
+        "value",
+        "the family's (Qwen2.5-Omni: 4)",
+        "From how many streaming speech replies in flight a reply's first audio window is the longer one "
+        "(less stall under load, about 0.1 s later first audio); 0: never.",
+        example="8",
+    ),
+    Switch(
+        "OMNI_WARM_SPOKEN_AUDIO",
+        "flag",
+        "0",
+        "Realtime: prefill each whole chunk of the user's speech into the session's KV while they speak.",
+    ),
+    Switch(
+        "OMNI_SUFFIX_GRAPHS",
+        "flag",
+        "0",
+        "CUDA graphs (captured at start-up) for a turn's prefill after a kept conversation prefix.",
+    ),
+    Switch("OMNI_PREFILL_GRAPHS", "flag", "1", "CUDA graphs for prompt prefill."),
+    Switch("OMNI_TORCH_COMPILE", "flag", "1", "torch.compile the decoder layers and the vocoder on a GPU."),
+    Switch("OMNI_COMPILE_PREFILL", "flag", "1", "With OMNI_TORCH_COMPILE, compile the prefill path too."),
+    Switch(
+        "OMNI_PACKED_DECODE",
+        "flag",
+        "1",
+        "Decode attention over the packed KV heads; 0: transformers' copy of the cache per query head.",
+    ),
+    Switch(
+        "OMNI_CUDNN_ATTENTION",
+        "flag",
+        "0",
+        "Keep cuDNN's attention kernels (each new shape plans for up to seconds; off by default).",
+    ),
+    Switch(
+        "OMNI_DECODE_KERNEL",
+        "choice",
+        "sdpa",
+        "Decode attention kernel: PyTorch's SDPA, or split (split-key Triton kernels; not yet measured).",
+        choices=("sdpa", "split"),
+    ),
+    Switch(
+        "OMNI_VOCODER_DTYPE",
+        "choice",
+        "bfloat16 on a GPU, float32 on CPU",
+        "The Qwen2.5-Omni vocoder's precision.",
+        choices=("bfloat16", "float32"),
+    ),
+    Switch(
+        "OMNI_VOCODER_BUCKETS",
+        "value",
+        "1,2,4,8,16",
+        "Batch sizes a vocoder call is padded to (one CUDA graph each per window size).",
+        example="1,2,4,6,8,12,16",
+    ),
+    Switch(
+        "OMNI_VOCODER_FAR",
+        "value",
+        "off",
+        "SECONDS,WINDOWS: windows with more than SECONDS of audio still to play go at most WINDOWS a call.",
+        example="1.0,4",
+    ),
+    Switch(
+        "OMNI_STREAM_PRIORITIES",
+        "value",
+        "talker=-2,vocoder=-1",
+        "CUDA stream priority per stage (lower is served first; stages not named: 0).",
+        example="thinker=-2,talker=-1",
+    ),
+    Switch(
+        "OMNI_MOE_EXPERTS",
+        "choice",
+        "omni_fused for the thinker where Triton runs, else grouped_mm",
+        "Qwen3-Omni's MoE experts kernel.",
+        choices=("omni_fused", "grouped_mm", "batched_mm", "eager"),
+    ),
+)
+BY_NAME = {switch.name: switch for switch in SWITCHES}
+
+_ON = ("1", "on", "true", "yes")
+_OFF = ("0", "off", "false", "no")
+
+
+def problem(name: str, value: str) -> tuple[str, str] | None:
+    """What is wrong with ``name=value`` as (reason, fix), or None. Checks a flag's or a choice's
+    value, and a name close to a switch's that is not one; a value-kind switch's format is its
+    parser's to check, and other names are not the runtime's to judge."""
+    switch = BY_NAME.get(name)
+    if switch is None:
+        if name.startswith("OMNI_") and (close := difflib.get_close_matches(name, BY_NAME, n=1, cutoff=0.85)):
+            return "is not one of the builtin runtime's switches", f"did you mean {close[0]}?"
+        return None
+    word = value.strip().lower()
+    if switch.kind == "flag" and word and word not in _ON + _OFF:
+        return f"is {value!r}, not a flag", "use 1 or 0 (on/off, true/false and yes/no work too)"
+    if switch.kind == "choice" and value.strip() and value.strip() not in switch.choices:
+        return f"is {value!r}", f"use one of {', '.join(switch.choices)}"
+    return None
+
+
+def problems(environ: Mapping[str, str]) -> list[str]:
+    """Every set variable's `problem`, as ``NAME reason; fix``."""
+    found = []
+    for name, value in environ.items():
+        if (wrong := problem(name, value)) is not None:
+            found.append(f"{name} {wrong[0]}; {wrong[1]}")
+    return found
+
+
+def flag(name: str, environ: Mapping[str, str] | None = None) -> bool:
+    """A flag switch's value: its default when unset or empty. A wrong value raises ValueError
+    with `problem`'s words (``omni serve`` has refused it before this is read)."""
+    switch = BY_NAME[name]
+    assert switch.kind == "flag", name
+    value = (os.environ if environ is None else environ).get(name, "")
+    if (p := problem(name, value)) is not None:
+        raise ValueError(f"{name} {p[0]}; {p[1]}")
+    word = value.strip().lower() or switch.default
+    return word in _ON
+
+
+def choice(name: str, default: str | None = None, environ: Mapping[str, str] | None = None) -> str:
+    """A choice switch's value: ``default`` (else the switch's own) when unset or empty."""
+    switch = BY_NAME[name]
+    assert switch.kind == "choice", name
+    value = (os.environ if environ is None else environ).get(name, "").strip()
+    if (p := problem(name, value)) is not None:
+        raise ValueError(f"{name} {p[0]}; {p[1]}")
+    return value or (default if default is not None else switch.default)
