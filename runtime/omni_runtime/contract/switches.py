@@ -37,7 +37,8 @@ SWITCHES: tuple[Switch, ...] = (
         "value",
         "the family's (Qwen2.5-Omni: 4)",
         "From how many streaming speech replies in flight a reply's first audio window is the longer one "
-        "(less stall under load, about 0.1 s later first audio); 0: never.",
+        "(less stall under load, about 0.1 s later first audio); 0: never. Qwen2.5-Omni only (Qwen3-Omni "
+        "has no longer first window).",
         example="8",
     ),
     Switch(
@@ -105,7 +106,7 @@ SWITCHES: tuple[Switch, ...] = (
     Switch(
         "OMNI_MOE_EXPERTS",
         "choice",
-        "omni_fused for the thinker where Triton runs, else grouped_mm",
+        "omni_fused for the thinker where Triton is installed, else grouped_mm",
         "Qwen3-Omni's MoE experts kernel.",
         choices=("omni_fused", "grouped_mm", "batched_mm", "eager"),
     ),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from omni_runtime.contract import switches
 from omni_runtime.media.limits import MediaLimits
 from omni_runtime.realtime.settings import START_POLICIES, RealtimeSettings
 from omni_runtime.support.cli_types import positive_int
@@ -91,5 +92,6 @@ def realtime_settings(args: argparse.Namespace, *, limits: MediaLimits) -> Realt
         streaming_input_enabled=not args.no_streaming_input,
         duplex_by_default=args.pipeline == "duplex",
         media_limits=limits,
+        warm_spoken_audio=switches.flag("OMNI_WARM_SPOKEN_AUDIO"),
         **valued,  # type: ignore[arg-type]
     )

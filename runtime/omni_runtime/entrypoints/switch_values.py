@@ -32,7 +32,7 @@ def value_problems(environ: Mapping[str, str]) -> list[str]:
     found = []
     for name, parse in _parsers().items():
         value = environ.get(name, "")
-        if value.strip():
+        if value:  # blank but not empty: the parser refuses it now rather than as its stage starts
             try:
                 parse(value)
             except ValueError as exc:

@@ -35,9 +35,18 @@ from omni_runtime.executor.triton_support import triton_runs_on
 NAME = "omni_packed_sdpa"
 # ``split`` runs the packed query through the split-key Triton kernels below instead of PyTorch's
 # SDPA. Off by default: tested under Triton's interpreter, not yet measured on a GPU.
-KERNEL = switches.choice("OMNI_DECODE_KERNEL")
+KERNEL: str | None = None  # None: OMNI_DECODE_KERNEL, read when first needed (kernel())
 TARGET_PROGRAMS = 256  # about two programs per SM of an H100 or H200 (132 SMs)
 BLOCK_N = 32  # keys per loop iteration of a program
+
+
+def kernel() -> str:
+    """``KERNEL``, read from ``OMNI_DECODE_KERNEL`` the first time (a wrong value raises here, in
+    the switch's words; `omni serve` refuses it before loading)."""
+    global KERNEL
+    if KERNEL is None:
+        KERNEL = switches.choice("OMNI_DECODE_KERNEL")
+    return KERNEL
 
 
 def packed_decode_attention(
@@ -81,7 +90,7 @@ def split_kernel_fits(
     boolean key mask shared by every head and query position."""
     dim = packed.shape[-1]
     return (
-        KERNEL == "split"
+        kernel() == "split"
         and triton_runs_on(packed)
         and dim == key.shape[-1] == value.shape[-1]
         and 16 <= dim <= 256

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from omni_runtime.contract import switches
 from omni_runtime.contract.workers import DEFAULT_MAX_SPEECH_STREAMS
 from omni_runtime.media.limits import MediaLimits
 
@@ -46,8 +45,9 @@ class RealtimeSettings:
     duplex_by_default: bool = False
     max_realtime_sessions: int = 64
     # Prefill the turn being spoken, chunk by chunk, into the session's kept KV while the user
-    # speaks (session/warmup.py); opt-in until measured on a GPU: `OMNI_WARM_SPOKEN_AUDIO=1`.
-    warm_spoken_audio: bool = field(default_factory=lambda: switches.flag("OMNI_WARM_SPOKEN_AUDIO"))
+    # speaks (session/warmup.py); opt-in: `OMNI_WARM_SPOKEN_AUDIO=1` (`omni serve` reads it, in
+    # entrypoints.streaming_input_flags.realtime_settings, after checking every switch).
+    warm_spoken_audio: bool = False
     max_session_seconds: float = 3600.0  # a socket open longer is closed with an error event
     session_idle_timeout_s: float = 600.0  # no client event for this long closes the session
     max_event_bytes: int = 8 * 1024 * 1024  # one client message (JSON text), checked before parsing

@@ -84,6 +84,7 @@ def test_probes_are_quiet_and_ctrl_c_is_clean(tmp_path: Path) -> None:
         ("OMNI_VOCODER_FAR=soon", "OMNI_VOCODER_FAR must be 'SECONDS,WINDOWS'"),
         ("OMNI_BUSY_STREAMS=-1", "OMNI_BUSY_STREAMS must be a whole number of streams >= 0"),
         ("OMNI_PREFILL_GRAPHS=maybe", "OMNI_PREFILL_GRAPHS is 'maybe', not a flag; use 1 or 0"),
+        ("OMNI_WARM_SPOKEN_AUDIO=maybe", "OMNI_WARM_SPOKEN_AUDIO is 'maybe', not a flag; use 1 or 0"),
         (
             "OMNI_SUFIX_GRAPHS=1",
             "OMNI_SUFIX_GRAPHS is not one of the builtin runtime's switches; did you mean",
