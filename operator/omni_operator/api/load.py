@@ -177,9 +177,11 @@ def _spec_error(exc: ValidationError, *, file: str) -> SpecError:
             f"{given!r} does not match {ctx['pattern']}",
             _PATTERN_FIXES.get(field, "use a value matching that pattern"),
         )
-    if kind == "string_type" and isinstance(given, int | float) and not isinstance(given, bool):
-        # YAML reads an unquoted 8 as a number (env values, names): say how to write the string.
-        return error(f"expected a string, got {given!r}", f"quote it: {loc[-1]}: '{given}'")
+    if kind == "string_type" and isinstance(given, int | float):
+        # YAML reads an unquoted 8 as a number and on, yes or true as a boolean (env values, names):
+        # say how to write the string.
+        text = str(given).lower() if isinstance(given, bool) else given
+        return error(f"expected a string, got {given!r}", f"quote it: {loc[-1]}: '{text}'")
     for prefix, words in _TYPE_WORDS.items():
         if kind.startswith(f"{prefix}_"):
             return error(f"expected {words}, got {given!r}", f"set {loc[-1] if loc else 'it'} to {words}")

@@ -67,6 +67,11 @@ REFUSED = [
         id="unquoted-number",
     ),
     pytest.param(
+        "{OMNI_SUFFIX_GRAPHS: on}",
+        "d.yaml: spec.runtime.env.OMNI_SUFFIX_GRAPHS: expected a string, got True; quote it: OMNI_SUFFIX_GRAPHS: 'true'",
+        id="unquoted-boolean",
+    ),
+    pytest.param(
         "{OMNI_PREFILL_GRAPHS: 'maybe'}",
         "d.yaml: spec.runtime.env.OMNI_PREFILL_GRAPHS: is 'maybe', not a flag; use 1 or 0 (on/off, true/false "
         "and yes/no work too)",
