@@ -32,6 +32,7 @@ from omni_operator.api.spec import (
 from omni_operator.api.status import OmniDeploymentStatus
 from omni_operator.plan import rules
 from omni_operator.plan.catalogue import PEER_VERSIONS, SGLANG_OMNI
+from omni_runtime.contract import switches
 
 CRD_FILE = f"{GROUP}_{PLURAL}.yaml"
 Schema = dict[str, Any]
@@ -139,7 +140,11 @@ def cel_rules() -> list[Schema]:
         (f"{placement} != 'withThinker' || {vision_tp} <= {thinker_tp}", rules.VISION_TP_LE_THINKER),
     ]
     pairs += _peer_rules(runtime, pipeline)
-    return [*({"rule": rule, "message": r.message} for rule, r in pairs), *_env_rules()]
+    return [
+        *({"rule": rule, "message": r.message} for rule, r in pairs),
+        *_env_rules(),
+        *_switch_rules(runtime),
+    ]
 
 
 def _env_rules() -> list[Schema]:
@@ -161,6 +166,32 @@ def _env_rules() -> list[Schema]:
     for name in runtime_env.OPERATOR_ENV:
         words = runtime_env.message(name, runtime_env.reserved_reason(name), runtime_env.RESERVED_FIX)
         out.append({"rule": f"!({present} && '{name}' in {env})", "message": words})
+    return out
+
+
+def _switch_rules(runtime: str) -> list[Schema]:
+    """The builtin runtime's flags and choices in spec.runtime.env (omni_runtime.contract.switches),
+    with the loader's message: the value is named, so each message is an expression."""
+    env = "self.runtime.env"
+    present = _set("runtime.env")
+    out: list[Schema] = []
+    for switch in switches.SWITCHES:
+        if switch.kind == "value":
+            continue  # a format only its parser knows: the worker refuses it as it starts
+        value = f"{env}[{json.dumps(switch.name)}]"
+        if switch.kind == "flag":
+            tail, fix = f"', {switches.NOT_A_FLAG}; ", switches.FLAG_FIX
+        else:
+            tail, fix = "'; ", switches.choice_fix(switch)
+        head = f"{runtime_env.FIELD}.{switch.name}: is '"
+        out.append(
+            {
+                "rule": f"{runtime} != 'builtin' || !({present} && {json.dumps(switch.name)} in {env})"
+                f" || {value}.matches({json.dumps(switches.pattern(switch))})",
+                "message": f"{runtime_env.FIELD}.{switch.name}: {fix}",
+                "messageExpression": f"{json.dumps(head)} + {value} + {json.dumps(tail + fix)}",
+            }
+        )
     return out
 
 

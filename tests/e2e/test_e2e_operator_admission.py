@@ -50,8 +50,17 @@ def test_impossible_spec_is_rejected_at_apply_with_the_planners_message(
             "spec.runtime.env.HOME: is set by the operator (a writable home beside the read-only root "
             "filesystem); remove it from runtime.env",
         ),
+        (
+            {"OMNI_PREFILL_GRAPHS": "maybe"},
+            "spec.runtime.env.OMNI_PREFILL_GRAPHS: is 'maybe', not a flag; use 1 or 0 (on/off, true/false and "
+            "yes/no work too)",
+        ),
+        (
+            {"OMNI_DECODE_KERNEL": "flash"},
+            "spec.runtime.env.OMNI_DECODE_KERNEL: is 'flash'; use one of sdpa, split",
+        ),
     ],
-    ids=["bad-name", "operator-name"],
+    ids=["bad-name", "operator-name", "switch-flag", "switch-choice"],
 )
 def test_runtime_env_is_refused_at_apply_with_the_loaders_message(
     crds: ControlPlane, namespace: str, env: dict[str, str], message: str
@@ -62,7 +71,10 @@ def test_runtime_env_is_refused_at_apply_with_the_loaders_message(
     result = crds.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(bad), check=False)
     assert result.returncode != 0
     assert message in result.stderr
-    good = deployment("goodenv", spec={"runtime": {"env": {"OMNI_BUSY_STREAMS": "8", "_X1": ""}}})
+    good = deployment(
+        "goodenv",
+        spec={"runtime": {"env": {"OMNI_BUSY_STREAMS": "8", "_X1": "", "OMNI_SUFFIX_GRAPHS": "On"}}},
+    )
     result = crds.kubectl(
         "apply", "-n", namespace, "--dry-run=server", "-f", "-", input=yaml.safe_dump(good), check=False
     )

@@ -115,6 +115,20 @@ BY_NAME = {switch.name: switch for switch in SWITCHES}
 
 _ON = ("1", "on", "true", "yes")
 _OFF = ("0", "off", "false", "no")
+FLAG_FIX = "use 1 or 0 (on/off, true/false and yes/no work too)"
+NOT_A_FLAG = "not a flag"  # a flag's reason: "is 'maybe', not a flag"
+
+
+def choice_fix(switch: Switch) -> str:
+    return f"use one of {', '.join(switch.choices)}"
+
+
+def pattern(switch: Switch) -> str:
+    """A regular expression (RE2 and Python alike) of the values `problem` takes for a flag or a
+    choice, blank included (the default): the CRD's CEL rules check spec.runtime.env with it."""
+    words = _ON + _OFF if switch.kind == "flag" else switch.choices
+    case = "(?i:" if switch.kind == "flag" else "("
+    return rf"^\s*{case}{'|'.join(words)})?\s*$"
 
 
 def problem(name: str, value: str) -> tuple[str, str] | None:
@@ -128,9 +142,9 @@ def problem(name: str, value: str) -> tuple[str, str] | None:
         return None
     word = value.strip().lower()
     if switch.kind == "flag" and word and word not in _ON + _OFF:
-        return f"is {value!r}, not a flag", "use 1 or 0 (on/off, true/false and yes/no work too)"
+        return f"is {value!r}, {NOT_A_FLAG}", FLAG_FIX
     if switch.kind == "choice" and value.strip() and value.strip() not in switch.choices:
-        return f"is {value!r}", f"use one of {', '.join(switch.choices)}"
+        return f"is {value!r}", choice_fix(switch)
     return None
 
 

@@ -71,27 +71,37 @@ def test_cel_rejects_what_the_planner_rejects_with_its_message(spec: dict) -> No
     assert _failing_messages(spec) == [str(caught.value)]
 
 
-ENV_CASES = [
-    {"MY-VAR": "x"},
-    {"OMNI_BUSY_STREAMS": "8", "1ST": "x"},
-    {"A B": "x"},
-    *({name: "x"} for name in OPERATOR_ENV),
-]
-
-
-@pytest.mark.parametrize(
-    "env", ENV_CASES, ids=[next(iter(e.keys() - {"OMNI_BUSY_STREAMS"})) for e in ENV_CASES]
-)
-def test_cel_refuses_a_runtime_env_name_with_the_loaders_message(env: dict[str, str]) -> None:
-    spec = {"model": {"name": "m"}, "runtime": {"env": env}}
+def _load(spec: dict) -> None:
     doc = {
         "apiVersion": "omni.dev/v1alpha1",
         "kind": "OmniDeployment",
         "metadata": {"name": "x"},
         "spec": spec,
     }
+    parse_deployments(yaml.safe_dump(doc), file="d.yaml")
+
+
+ENV_CASES = [
+    {"MY-VAR": "x"},
+    {"OMNI_BUSY_STREAMS": "8", "1ST": "x"},
+    {"A B": "x"},
+    *({name: "x"} for name in OPERATOR_ENV),
+    # the builtin runtime's switches: a flag's or a choice's value
+    {"OMNI_PREFILL_GRAPHS": "maybe"},
+    {"OMNI_BUSY_STREAMS": "8", "OMNI_SUFFIX_GRAPHS": "enabled"},
+    {"OMNI_DECODE_KERNEL": "flash"},
+    {"OMNI_VOCODER_DTYPE": "float16"},
+    {"OMNI_MOE_EXPERTS": "Grouped_MM"},
+]
+
+
+@pytest.mark.parametrize(
+    "env", ENV_CASES, ids=[next(iter(e.keys() - {"OMNI_BUSY_STREAMS"})) for e in ENV_CASES]
+)
+def test_cel_refuses_a_runtime_env_entry_with_the_loaders_message(env: dict[str, str]) -> None:
+    spec = {"model": {"name": "m"}, "runtime": {"env": env}}
     with pytest.raises(SpecError) as caught:
-        parse_deployments(yaml.safe_dump(doc), file="d.yaml")
+        _load(spec)
     assert _failing_messages(spec) == [str(caught.value).removeprefix("d.yaml: ")]
 
 
@@ -111,3 +121,27 @@ def test_name_length_rule_matches_the_loader() -> None:
     assert bool(program.evaluate({"self": celpy.json_to_cel({"metadata": {"name": "a" * 40}})}))
     assert not bool(program.evaluate({"self": celpy.json_to_cel({"metadata": {"name": "a" * 41}})}))
     assert rule["message"] == "metadata.name: is longer than 40 characters; shorten it to 40 or fewer"
+
+
+@pytest.mark.parametrize(
+    "env",
+    [{"OMNI_PREFILL_GRAPHS": " OFF "}, {"OMNI_SUFFIX_GRAPHS": ""}, {"OMNI_WARM_SPOKEN_AUDIO": "yes"},
+     {"OMNI_DECODE_KERNEL": "split"}, {"OMNI_BUSY_STREAMS": "many"}],
+)  # fmt: skip
+def test_cel_admits_what_the_loader_admits_for_the_switches(env: dict[str, str]) -> None:
+    """A value switch's format is the worker's to check (OMNI_BUSY_STREAMS: 'many' passes both)."""
+    spec = {"model": {"name": "m"}, "runtime": {"env": env}}
+    _load(spec)
+    assert _failing_messages(spec) == []
+
+
+def test_a_peer_runtime_is_not_held_to_the_builtin_switches() -> None:
+    assert (
+        _failing_messages(
+            {
+                "model": {"name": "m"},
+                "runtime": {"type": "vllm-omni", "env": {"OMNI_PREFILL_GRAPHS": "maybe"}},
+            }
+        )
+        == []
+    )
