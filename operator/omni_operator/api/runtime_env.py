@@ -68,8 +68,8 @@ def message(name: str, reason: str, fix: str) -> str:
 
 def check_env(env: dict[str, str], *, builtin: bool = False) -> dict[str, str]:
     """`env` itself when every name may be set; else EntryError for the first name that may not.
-    For the builtin runtime also its switches' values and names one letter off a switch's, in the
-    words `omni serve` refuses them with (omni_runtime.contract.switches)."""
+    For the builtin runtime also its switches' values (flags, choices, value formats) and names one
+    letter off a switch's, in the words `omni serve` refuses them with (omni_runtime.contract.switches)."""
     for name, value in env.items():
         if not re.fullmatch(NAME_PATTERN, name):
             raise EntryError(name, reason=BAD_NAME_REASON, fix=BAD_NAME_FIX)

@@ -195,8 +195,8 @@ class RuntimeSpec(SpecModel):
         "OMNI_BUSY_STREAMS: '8' (the builtin runtime's OMNI_* variables), or a peer runtime's own. "
         "Names match [A-Za-z_][A-Za-z0-9_]*; the names the operator sets itself are refused ("
         + ", ".join(runtime_env.OPERATOR_ENV)
-        + "); for the builtin runtime its switches' flags (1/0, on/off, true/false, yes/no) and choices are "
-        "checked too. OMP_NUM_THREADS set here wins over the thread count a CPU-only pod gets from its CPU limit "
+        + "); for the builtin runtime its switches' values are checked too (flags: 1/0, on/off, true/false, "
+        "yes/no). OMP_NUM_THREADS set here wins over the thread count a CPU-only pod gets from its CPU limit "
         "and the runtime's one thread on a GPU. Part of the worker template: a change rolls the workers "
         "out one by one, like any other pod change.",
     )

@@ -1,24 +1,64 @@
 """The builtin runtime's environment switches: every ``OMNI_*`` variable it reads, in one place.
 
 A switch is a flag (``1``/``0``; ``on``/``off``, ``true``/``false``, ``yes``/``no`` too), a choice of
-names, or a value with its own format, which the module that uses it parses at the engine's start
-(``OMNI_BUSY_STREAMS``: ``pipeline.segmenter.with_busy_streams``, and so on). ``omni serve`` and
-``omni stage`` check the flags and choices set in their environment before loading anything
-(`problems`), and so does ``omni plan`` for an OmniDeployment's ``spec.runtime.env`` (builtin
-runtime), with the same words: a wrong value stops the start with the variable's name and the
-fix instead of silently meaning the default (``OMNI_PREFILL_GRAPHS=false`` used to keep the graphs
-on, since only ``0`` turned them off). A name one letter off a switch's is caught the same way.
+names, or a value with a format of its own, parsed here (`read`) into plain values the module that
+uses it turns into its own objects. ``omni serve`` and ``omni stage`` check every switch set in
+their environment before loading anything (`problems`), and so does ``omni plan`` for an
+OmniDeployment's ``spec.runtime.env`` (builtin runtime), with the same words: a wrong value stops
+the start with the variable's name and the fix instead of silently meaning the default
+(``OMNI_PREFILL_GRAPHS=false`` used to keep the graphs on, since only ``0`` turned them off). A
+name one letter off a switch's is caught the same way.
 """
 
 from __future__ import annotations
 
 import difflib
+import itertools
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 Kind = Literal["flag", "choice", "value"]
+
+# A vocoder call's batch buckets (models.window_graphs pads a batch of windows up to one of them);
+# the largest is the most windows of one size a call takes.
+VOCODER_BATCH_BUCKETS = (1, 2, 4, 8, 16)
+# The stage threads that get a CUDA stream (models.qwen2_5_omni.placement), by OMNI_STREAM_PRIORITIES' names.
+STREAM_STAGES = ("thinker", "mm_aggregate", "audio_encoder", "image_encoder", "talker", "vocoder")
+
+
+def _streams(text: str) -> int:
+    streams = int(text)
+    if streams < 0:
+        raise ValueError
+    return streams
+
+
+def _buckets(text: str) -> tuple[int, ...]:
+    buckets = tuple(int(part) for part in text.split(","))
+    if buckets[0] != 1 or buckets[-1] != VOCODER_BATCH_BUCKETS[-1]:
+        raise ValueError
+    if any(b >= c for b, c in itertools.pairwise(buckets)):
+        raise ValueError
+    return buckets
+
+
+def _far(text: str) -> tuple[float, int]:
+    after_s, batch = text.split(",")
+    if float(after_s) < 0 or int(batch) < 1:
+        raise ValueError
+    return float(after_s), int(batch)
+
+
+def _priorities(text: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for part in text.split(","):
+        stage, _, value = part.partition("=")
+        if stage.strip() not in STREAM_STAGES:
+            raise ValueError
+        out[stage.strip()] = int(value)
+    return out
 
 
 @dataclass(frozen=True)
@@ -29,6 +69,9 @@ class Switch:
     summary: str
     choices: tuple[str, ...] = ()  # a choice's names
     example: str = ""  # a value's format, by example
+    # A value's parser (raises ValueError on a wrong one) and what a wrong one is not.
+    parse: Callable[[str], Any] | None = None
+    format: str = ""
 
 
 SWITCHES: tuple[Switch, ...] = (
@@ -39,7 +82,9 @@ SWITCHES: tuple[Switch, ...] = (
         "From how many streaming speech replies in flight a reply's first audio window is the longer one "
         "(less stall under load, about 0.1 s later first audio); 0: never. Qwen2.5-Omni only (Qwen3-Omni "
         "has no longer first window).",
-        example="8",
+        example="4",
+        parse=_streams,
+        format="not a whole number of streams >= 0 (0: the short first window at any load)",
     ),
     Switch(
         "OMNI_WARM_SPOKEN_AUDIO",
@@ -88,6 +133,8 @@ SWITCHES: tuple[Switch, ...] = (
         "1,2,4,8,16",
         "Batch sizes a vocoder call is padded to (one CUDA graph each per window size).",
         example="1,2,4,6,8,12,16",
+        parse=_buckets,
+        format=f"not batch sizes in increasing order from 1 to {VOCODER_BATCH_BUCKETS[-1]}",
     ),
     Switch(
         "OMNI_VOCODER_FAR",
@@ -95,6 +142,8 @@ SWITCHES: tuple[Switch, ...] = (
         "off",
         "SECONDS,WINDOWS: windows with more than SECONDS of audio still to play go at most WINDOWS a call.",
         example="1.0,4",
+        parse=_far,
+        format="not SECONDS,WINDOWS (seconds of audio left >= 0, windows per call >= 1)",
     ),
     Switch(
         "OMNI_STREAM_PRIORITIES",
@@ -102,6 +151,8 @@ SWITCHES: tuple[Switch, ...] = (
         "talker=-2,vocoder=-1",
         "CUDA stream priority per stage (lower is served first; stages not named: 0).",
         example="thinker=-2,talker=-1",
+        parse=_priorities,
+        format=f"not stage=integer pairs (stages: {', '.join(STREAM_STAGES)})",
     ),
     Switch(
         "OMNI_MOE_EXPERTS",
@@ -132,9 +183,9 @@ def pattern(switch: Switch) -> str:
 
 
 def problem(name: str, value: str) -> tuple[str, str] | None:
-    """What is wrong with ``name=value`` as (reason, fix), or None. Checks a flag's or a choice's
-    value, and a name close to a switch's that is not one; a value-kind switch's format is its
-    parser's to check, and other names are not the runtime's to judge."""
+    """What is wrong with ``name=value`` as (reason, fix), or None. Checks a switch's value (empty:
+    its default) and a name close to a switch's that is not one; other names are not the runtime's
+    to judge."""
     switch = BY_NAME.get(name)
     if switch is None:
         if name.startswith("OMNI_") and (close := difflib.get_close_matches(name, BY_NAME, n=1, cutoff=0.85)):
@@ -145,6 +196,11 @@ def problem(name: str, value: str) -> tuple[str, str] | None:
         return f"is {value!r}, {NOT_A_FLAG}", FLAG_FIX
     if switch.kind == "choice" and value.strip() and value.strip() not in switch.choices:
         return f"is {value!r}", choice_fix(switch)
+    if switch.parse is not None and value:
+        try:
+            switch.parse(value)
+        except (ValueError, IndexError):
+            return f"is {value!r}, {switch.format}", f"use e.g. {switch.example}"
     return None
 
 
@@ -177,3 +233,20 @@ def choice(name: str, default: str | None = None, environ: Mapping[str, str] | N
     if (p := problem(name, value)) is not None:
         raise ValueError(f"{name} {p[0]}; {p[1]}")
     return value or (default if default is not None else switch.default)
+
+
+def read(name: str, environ: Mapping[str, str] | None = None) -> Any:
+    """A value switch's parsed value (``OMNI_VOCODER_FAR``: a (seconds, windows) pair, and so on),
+    or None when unset or empty; a wrong value raises ValueError in `problem`'s words."""
+    return parse(name, (os.environ if environ is None else environ).get(name, ""))
+
+
+def parse(name: str, value: str | None) -> Any:
+    """`read` of a given value (None or empty: None)."""
+    switch = BY_NAME[name]
+    assert switch.parse is not None, name
+    if not value:
+        return None
+    if (p := problem(name, value)) is not None:
+        raise ValueError(f"{name} {p[0]}; {p[1]}")
+    return switch.parse(value)

@@ -21,11 +21,11 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from omni_runtime.contract import switches
 from omni_runtime.contract.options import DEFAULT_SESSION_KV_MB, EngineOptions
 from omni_runtime.contract.stages import STAGES
 from omni_runtime.contract.workers import DEFAULT_MAX_SPEECH_STREAMS
 from omni_runtime.entrypoints.streaming_input_flags import add_streaming_input_flags, realtime_settings
-from omni_runtime.entrypoints.switch_values import all_problems
 from omni_runtime.media.limits import MediaLimits
 from omni_runtime.router.head_limit import DEFAULT_MAX_HEADER_BYTES, head_limited_protocol
 from omni_runtime.support.cli_types import non_negative_int, positive_float, positive_int
@@ -360,7 +360,7 @@ def _bind(host: str, port: int) -> socket.socket:
 def main(argv: list[str]) -> int:
     config = parse_args(argv)  # argparse exits 2 on bad flags
     args = config.args
-    if wrong := all_problems(os.environ):  # before anything loads: a wrong switch is not the default
+    if wrong := switches.problems(os.environ):  # before anything loads: a wrong switch is not the default
         print(f"omni serve: {'; '.join(wrong)}", file=sys.stderr)
         return 2
     logging.basicConfig(

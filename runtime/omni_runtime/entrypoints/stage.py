@@ -24,9 +24,9 @@ import threading
 import time
 from dataclasses import dataclass
 
+from omni_runtime.contract import switches
 from omni_runtime.contract.options import EngineOptions
 from omni_runtime.contract.stages import HOSTABLE, Stage, with_colocated
-from omni_runtime.entrypoints.switch_values import all_problems
 
 log = logging.getLogger("omni.stage")
 
@@ -125,7 +125,7 @@ def _watch_parent(parent: int) -> None:
 def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if wrong := all_problems(os.environ):  # before anything loads: a wrong switch is not the default
+    if wrong := switches.problems(os.environ):  # before anything loads: a wrong switch is not the default
         print(f"omni stage: {'; '.join(wrong)}", file=sys.stderr)
         return 2
     logging.basicConfig(

@@ -10,7 +10,6 @@ batch) and capture the shapes that recur (the segmenter's ``reusable`` windows) 
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import time
@@ -19,13 +18,15 @@ from typing import Any
 
 import torch
 
+from omni_runtime.contract import switches
 from omni_runtime.contract.adapter import window_shape
 from omni_runtime.contract.engine import EngineError
 
 log = logging.getLogger(__name__)
 
 EAGER_LOG_S = 0.05  # an eager call that takes longer to launch than this is logged
-BATCH_BUCKETS = (1, 2, 4, 8, 16)  # a batch of windows is padded up to one of these: few graph shapes
+# A batch of windows is padded up to one of these: few graph shapes.
+BATCH_BUCKETS = switches.VOCODER_BATCH_BUCKETS
 # Graphs kept captured per vocoder: every recurring window size at every bucket, with room.
 MAX_GRAPHS = 64
 
@@ -37,25 +38,13 @@ def batch_bucket(n: int, buckets: tuple[int, ...] = BATCH_BUCKETS) -> int:
 
 def vocoder_buckets(setting: str | None) -> tuple[int, ...]:
     """``OMNI_VOCODER_BUCKETS``'s value (comma-separated batch sizes, e.g. ``"1,2,4,6,8,12,16"``)
-    as the buckets a vocoder pads its batches to; unset or empty: ``BATCH_BUCKETS``.
+    as the buckets a vocoder pads its batches to; unset or empty: ``BATCH_BUCKETS``. A wrong value
+    raises ValueError in the switch's words (contract.switches).
 
     A batch is padded up to its bucket, and every padded row costs a row's compute: 9 windows in
     the 16 bucket cost 16. Finer buckets waste less and capture more graphs at start-up (one per
     recurring window size and bucket; ``MAX_GRAPHS`` bounds them)."""
-    if not setting:
-        return BATCH_BUCKETS
-    largest = BATCH_BUCKETS[-1]  # the most windows of one size a vocoder call takes
-    wrong = ValueError(
-        f"OMNI_VOCODER_BUCKETS must be batch sizes in increasing order from 1 to {largest}, e.g. "
-        f"'1,2,4,6,8,12,{largest}'; got {setting!r}"
-    )
-    try:
-        buckets = tuple(int(part) for part in setting.split(","))
-    except ValueError:
-        raise wrong from None
-    if buckets[0] != 1 or buckets[-1] != largest or any(b >= c for b, c in itertools.pairwise(buckets)):
-        raise wrong
-    return buckets
+    return switches.parse("OMNI_VOCODER_BUCKETS", setting) or BATCH_BUCKETS
 
 
 def configured_buckets() -> tuple[int, ...]:

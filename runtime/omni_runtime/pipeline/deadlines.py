@@ -34,6 +34,8 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from omni_runtime.contract import switches
+
 T = TypeVar("T")
 
 Priority = tuple[int, float, int]
@@ -129,20 +131,10 @@ class FarWindows:
 
 def far_windows(setting: str | None) -> FarWindows | None:
     """``OMNI_VOCODER_FAR``'s value, ``"AFTER_S,BATCH"`` (e.g. ``"1.0,4"``), as a `FarWindows`;
-    unset or empty: None (every call as full as the line allows)."""
-    if not setting:
-        return None
-    parts = setting.split(",")
-    try:
-        after_s, batch = float(parts[0]), int(parts[1])
-        if len(parts) != 2 or after_s < 0 or batch < 1:
-            raise ValueError
-    except (ValueError, IndexError):
-        raise ValueError(
-            f"OMNI_VOCODER_FAR must be 'SECONDS,WINDOWS' (seconds of audio left >= 0, windows per call"
-            f" >= 1), e.g. '1.0,4'; got {setting!r}"
-        ) from None
-    return FarWindows(after_s=after_s, batch=batch)
+    unset or empty: None (every call as full as the line allows). A wrong value raises ValueError
+    in the switch's words (contract.switches)."""
+    pair = switches.parse("OMNI_VOCODER_FAR", setting)
+    return None if pair is None else FarWindows(after_s=pair[0], batch=pair[1])
 
 
 def take(

@@ -25,6 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from omni_runtime.contract import switches
+
 
 @dataclass(frozen=True)
 class Window:
@@ -80,19 +82,12 @@ def family_config(windows: Mapping[str, Any], *, at_end: bool = False) -> Segmen
 def with_busy_streams(windows: Mapping[str, Any], setting: str | None) -> dict[str, Any]:
     """A family's windows with ``OMNI_BUSY_STREAMS`` applied: from how many streaming speech
     replies on the first window holds ``first_chunk_busy`` codes; ``0`` keeps the short first
-    window at any load; unset or empty: the family's own."""
+    window at any load; unset or empty: the family's own. A wrong value raises ValueError in the
+    switch's words (contract.switches)."""
     out = dict(windows)
-    if not setting:
+    streams = switches.parse("OMNI_BUSY_STREAMS", setting)
+    if streams is None:
         return out
-    try:
-        streams = int(setting)
-        if streams < 0:
-            raise ValueError
-    except ValueError:
-        raise ValueError(
-            f"OMNI_BUSY_STREAMS must be a whole number of streams >= 0 (0: the short first window at"
-            f" any load), e.g. '4'; got {setting!r}"
-        ) from None
     if streams == 0:
         out["first_chunk_busy"] = 0
     elif out.get("first_chunk_busy"):

@@ -79,10 +79,10 @@ def test_probes_are_quiet_and_ctrl_c_is_clean(tmp_path: Path) -> None:
     [
         (
             "OMNI_VOCODER_BUCKETS=2,16",
-            "OMNI_VOCODER_BUCKETS must be batch sizes in increasing order from 1 to 16",
+            "OMNI_VOCODER_BUCKETS is '2,16', not batch sizes in increasing order from 1 to 16",
         ),
-        ("OMNI_VOCODER_FAR=soon", "OMNI_VOCODER_FAR must be 'SECONDS,WINDOWS'"),
-        ("OMNI_BUSY_STREAMS=-1", "OMNI_BUSY_STREAMS must be a whole number of streams >= 0"),
+        ("OMNI_VOCODER_FAR=soon", "OMNI_VOCODER_FAR is 'soon', not SECONDS,WINDOWS"),
+        ("OMNI_BUSY_STREAMS=-1", "OMNI_BUSY_STREAMS is '-1', not a whole number of streams >= 0"),
         ("OMNI_PREFILL_GRAPHS=maybe", "OMNI_PREFILL_GRAPHS is 'maybe', not a flag; use 1 or 0"),
         ("OMNI_WARM_SPOKEN_AUDIO=maybe", "OMNI_WARM_SPOKEN_AUDIO is 'maybe', not a flag; use 1 or 0"),
         (

@@ -88,6 +88,12 @@ REFUSED = [
         "OMNI_BUSY_STREAMS?",
         id="switch-typo",
     ),
+    pytest.param(
+        "{OMNI_VOCODER_FAR: soon}",
+        "d.yaml: spec.runtime.env.OMNI_VOCODER_FAR: is 'soon', not SECONDS,WINDOWS (seconds of audio left >= 0, "
+        "windows per call >= 1); use e.g. 1.0,4",
+        id="switch-value-format",
+    ),
     pytest.param("[OMNI_BUSY_STREAMS]", "d.yaml: spec.runtime.env: expected a mapping, got ['OMNI_BUSY_STREAMS']; "
                  "set env to a mapping", id="list"),
 ]  # fmt: skip

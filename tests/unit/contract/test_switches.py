@@ -38,8 +38,6 @@ def test_an_unset_flag_is_its_default() -> None:
          ["OMNI_SUFIX_GRAPHS is not one of the builtin runtime's switches; did you mean OMNI_SUFFIX_GRAPHS?"]),
         # names far from every switch are not the runtime's (the operator's, a test harness's)
         ({"OMNI_CACHE_DIR": "/cache", "OMNI_E2E": "1", "PATH": "/bin"}, []),
-        # a value-kind switch's format is its parser's (pipeline.segmenter, deadlines, window_graphs)
-        ({"OMNI_BUSY_STREAMS": "many"}, []),
     ],
 )  # fmt: skip
 def test_problems_name_the_variable_and_the_fix(environ: dict[str, str], found: list[str]) -> None:
@@ -70,31 +68,49 @@ def test_every_switch_the_runtime_reads_is_listed_and_documented() -> None:
         assert re.search(rf"^\| `{switch.name}` \| {re.escape(switch.default)} \|", readme, re.M), switch.name
 
 
-def test_every_value_switch_has_its_parser_checked_before_loading() -> None:
-    from omni_runtime.entrypoints.switch_values import value_switches
-
-    assert value_switches() == {s.name for s in switches.SWITCHES if s.kind == "value"}
-
-
 @pytest.mark.parametrize(
     ("environ", "found"),
     [
         ({"OMNI_BUSY_STREAMS": "8", "OMNI_VOCODER_FAR": "1.0,4", "OMNI_STREAM_PRIORITIES": "thinker=-1"}, []),
         ({"OMNI_BUSY_STREAMS": "many"},
-         ["OMNI_BUSY_STREAMS must be a whole number of streams >= 0 (0: the short first window at any load), "
-          "e.g. '4'; got 'many'"]),
+         ["OMNI_BUSY_STREAMS is 'many', not a whole number of streams >= 0 (0: the short first window at any "
+          "load); use e.g. 4"]),
         ({"OMNI_STREAM_PRIORITIES": "thinkr=-1", "OMNI_PACKED_DECODE": "x"},
-         ["OMNI_PACKED_DECODE is 'x', not a flag; use 1 or 0 (on/off, true/false and yes/no work too)",
-          "OMNI_STREAM_PRIORITIES must be stage=integer pairs like thinker=-2,talker=-1 (stages: thinker, "
-          "mm_aggregate, audio_encoder, image_encoder, talker, vocoder); got 'thinkr=-1'"]),
+         ["OMNI_STREAM_PRIORITIES is 'thinkr=-1', not stage=integer pairs (stages: thinker, mm_aggregate, "
+          "audio_encoder, image_encoder, talker, vocoder); use e.g. thinker=-2,talker=-1",
+          "OMNI_PACKED_DECODE is 'x', not a flag; use 1 or 0 (on/off, true/false and yes/no work too)"]),
         ({"OMNI_VOCODER_BUCKETS": "2,16"},
-         ["OMNI_VOCODER_BUCKETS must be batch sizes in increasing order from 1 to 16, e.g. '1,2,4,6,8,12,16'; "
-          "got '2,16'"]),
+         ["OMNI_VOCODER_BUCKETS is '2,16', not batch sizes in increasing order from 1 to 16; use e.g. "
+          "1,2,4,6,8,12,16"]),
+        ({"OMNI_VOCODER_FAR": " "},
+         ["OMNI_VOCODER_FAR is ' ', not SECONDS,WINDOWS (seconds of audio left >= 0, windows per call >= 1); "
+          "use e.g. 1.0,4"]),
     ],
 )  # fmt: skip
-def test_a_worker_refuses_every_wrong_switch_in_the_words_of_its_parser(
+def test_a_wrong_value_switch_names_itself_its_format_and_an_example(
     environ: dict[str, str], found: list[str]
 ) -> None:
-    from omni_runtime.entrypoints.switch_values import all_problems
+    assert switches.problems(environ) == found
 
-    assert all_problems(environ) == found
+
+@pytest.mark.parametrize(
+    ("name", "value", "parsed"),
+    [
+        ("OMNI_BUSY_STREAMS", "0", 0),
+        ("OMNI_BUSY_STREAMS", "", None),
+        ("OMNI_VOCODER_BUCKETS", "1,2,4,6,8,12,16", (1, 2, 4, 6, 8, 12, 16)),
+        ("OMNI_VOCODER_FAR", "0,1", (0.0, 1)),
+        ("OMNI_STREAM_PRIORITIES", "thinker=-2, talker=-1", {"thinker": -2, "talker": -1}),
+    ],
+)
+def test_read_gives_a_value_switchs_plain_value(name: str, value: str, parsed: object) -> None:
+    assert switches.read(name, {name: value}) == parsed
+    assert switches.read(name, {}) is None
+
+
+def test_every_value_switch_has_a_parser_a_format_and_an_example() -> None:
+    for switch in switches.SWITCHES:
+        assert (switch.parse is not None) == (switch.kind == "value"), switch.name
+        if switch.kind == "value":
+            assert switch.format and switch.example, switch.name
+            assert switches.parse(switch.name, switch.example) is not None

@@ -126,13 +126,21 @@ def test_name_length_rule_matches_the_loader() -> None:
 @pytest.mark.parametrize(
     "env",
     [{"OMNI_PREFILL_GRAPHS": " OFF "}, {"OMNI_SUFFIX_GRAPHS": ""}, {"OMNI_WARM_SPOKEN_AUDIO": "yes"},
-     {"OMNI_DECODE_KERNEL": "split"}, {"OMNI_BUSY_STREAMS": "many"}],
+     {"OMNI_DECODE_KERNEL": "split"}, {"OMNI_BUSY_STREAMS": "8"}],
 )  # fmt: skip
 def test_cel_admits_what_the_loader_admits_for_the_switches(env: dict[str, str]) -> None:
-    """A value switch's format is the worker's to check (OMNI_BUSY_STREAMS: 'many' passes both)."""
     spec = {"model": {"name": "m"}, "runtime": {"env": env}}
     _load(spec)
     assert _failing_messages(spec) == []
+
+
+def test_a_value_switchs_format_is_the_loaders_alone() -> None:
+    """CEL has no parser for a value switch's format: kubectl apply admits it, and the operator
+    reports the loader's refusal in the deployment's status (README, runtime switches)."""
+    spec = {"model": {"name": "m"}, "runtime": {"env": {"OMNI_BUSY_STREAMS": "many"}}}
+    assert _failing_messages(spec) == []
+    with pytest.raises(SpecError, match=r"spec.runtime.env.OMNI_BUSY_STREAMS: is 'many', not a whole number"):
+        _load(spec)
 
 
 def test_a_peer_runtime_is_not_held_to_the_builtin_switches() -> None:

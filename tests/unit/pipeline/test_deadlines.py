@@ -236,7 +236,9 @@ def test_far_windows_setting(setting: str | None, far: FarWindows | None) -> Non
 
 @pytest.mark.parametrize("setting", ["1.0", "a,4", "1.0,0", "-1,4", "1.0,4,2", "1.0,2.5"])
 def test_far_windows_setting_names_its_format_when_wrong(setting: str) -> None:
-    with pytest.raises(ValueError, match=r"OMNI_VOCODER_FAR must be 'SECONDS,WINDOWS'.*got"):
+    with pytest.raises(
+        ValueError, match=r"^OMNI_VOCODER_FAR is '.*', not SECONDS,WINDOWS .*; use e.g. 1.0,4"
+    ):
         far_windows(setting)
 
 

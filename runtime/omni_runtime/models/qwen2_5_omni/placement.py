@@ -138,28 +138,15 @@ def choose_attention_kernels(keep_cudnn: bool | None = None) -> bool:
 
 
 STREAM_PRIORITIES = {"talker": -2, "vocoder": -1}  # lower is served first; unnamed stages 0
-STREAM_STAGES = ("thinker", "mm_aggregate", "audio_encoder", "image_encoder", "talker", "vocoder")
 
 
 def stream_priorities(text: str | None = None) -> dict[str, int]:
     """Each stage's CUDA stream priority: ``STREAM_PRIORITIES``, or ``OMNI_STREAM_PRIORITIES``
-    (``thinker=-2,talker=-1``: the named stages' values, the others 0) to measure another order."""
+    (``thinker=-2,talker=-1``: the named stages' values, the others 0) to measure another order.
+    A wrong value raises ValueError in the switch's words (contract.switches)."""
     text = os.environ.get("OMNI_STREAM_PRIORITIES", "") if text is None else text
-    if not text.strip():
-        return dict(STREAM_PRIORITIES)
-    out: dict[str, int] = {}
-    for part in text.split(","):
-        stage, _, value = part.partition("=")
-        try:
-            if stage.strip() not in STREAM_STAGES:
-                raise ValueError
-            out[stage.strip()] = int(value)
-        except ValueError:
-            raise ValueError(
-                f"OMNI_STREAM_PRIORITIES must be stage=integer pairs like thinker=-2,talker=-1 (stages: "
-                f"{', '.join(STREAM_STAGES)}); got {part!r}"
-            ) from None
-    return out
+    parsed = switches.parse("OMNI_STREAM_PRIORITIES", text)
+    return dict(STREAM_PRIORITIES) if parsed is None else parsed
 
 
 def stage_stream_initializer(placement: Placement, stage: str) -> Any:
