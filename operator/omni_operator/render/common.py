@@ -171,7 +171,11 @@ def peer_cache_env() -> dict[str, str]:
 
 
 def env_list(env: dict[str, str]) -> list[Manifest]:
-    return [{"name": k, "value": v} for k, v in env.items()]
+    """A container's env, each value reaching the process as written. The kubelet expands
+    ``$(NAME)`` in env values and reduces ``$$`` to ``$``, so every ``$`` is doubled: a value such as
+    spec.runtime.env's ``a$(HOME)`` means the same on a cluster as under ``omni up``, which passes
+    values as they are."""
+    return [{"name": k, "value": v.replace("$", "$$")} for k, v in env.items()]
 
 
 def container_ports(container: Container) -> list[Manifest]:

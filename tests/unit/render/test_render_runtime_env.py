@@ -131,3 +131,40 @@ def test_every_name_the_operator_sets_on_a_stage_pod_is_refused_in_the_spec(dep:
 def test_vllm_omnis_deploy_dir_variable_is_refused_in_the_spec() -> None:
     # Set by the worker command's shell prelude, not in the pod's env list.
     assert adapters.VLLM_DEPLOY_DIR_ENV in OPERATOR_ENV
+
+
+def _kubelet_expand(value: str, defined: dict[str, str]) -> str:
+    """The kubelet's expansion of a container env value (Kubernetes' third_party/forked/golang/
+    expansion): ``$$`` is one ``$``, ``$(NAME)`` a defined variable's value (else left as
+    written), a ``$`` before anything else itself."""
+    out, checkpoint, cursor = [], 0, 0
+    while cursor < len(value):
+        if value[cursor] == "$" and cursor + 1 < len(value):
+            out.append(value[checkpoint:cursor])
+            rest = value[cursor + 1 :]
+            if rest[0] == "$":
+                read, advance = "$", 1
+            elif rest[0] == "(" and ")" in rest:
+                name = rest[1 : rest.index(")")]
+                read, advance = defined.get(name, f"$({name})"), rest.index(")") + 1
+            else:
+                read, advance = "$" + rest[0] if rest[0] != "(" else "$(", 1
+            out.append(read)
+            cursor += advance
+            checkpoint = cursor + 1
+        cursor += 1
+    return "".join(out) + value[checkpoint:]
+
+
+@pytest.mark.parametrize("value", ["a$(HOME)b", "$$", "x$", "$(", "50$ off", "$(OMNI_CACHE_DIR)/x", "plain"])
+def test_a_value_reaches_the_process_as_written_as_under_omni_up(value: str) -> None:
+    """`omni up` passes a value as it is; on a cluster the kubelet expands it, so the renderer
+    escapes every $ and the kubelet's expansion gives the written value back."""
+    pods = _pods(_example("tiny-cpu.yaml", {"MY_VALUE": value}))
+    for name, pod in pods.items():
+        env = _env(pod)
+        rendered = {e["name"]: e["value"] for e in env if "value" in e}  # not valueFrom
+        defined = {name: _kubelet_expand(text, {}) for name, text in rendered.items()}
+        if "MY_VALUE" in rendered:
+            assert _kubelet_expand(rendered["MY_VALUE"], defined) == value, name
+    assert _kubelet_expand("a$(HOME)b", {"HOME": "/tmp"}) == "a/tmpb"  # what it would have been
