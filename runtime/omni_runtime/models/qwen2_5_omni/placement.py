@@ -4,7 +4,6 @@ CUDA stream each stage thread runs on (both families)."""
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -144,8 +143,8 @@ def stream_priorities(text: str | None = None) -> dict[str, int]:
     """Each stage's CUDA stream priority: ``STREAM_PRIORITIES``, or ``OMNI_STREAM_PRIORITIES``
     (``thinker=-2,talker=-1``: the named stages' values, the others 0) to measure another order.
     A wrong value raises ValueError in the switch's words (contract.switches)."""
-    text = os.environ.get("OMNI_STREAM_PRIORITIES", "") if text is None else text
-    parsed = switches.parse("OMNI_STREAM_PRIORITIES", text)
+    name = "OMNI_STREAM_PRIORITIES"
+    parsed = switches.read(name) if text is None else switches.parse(name, text)
     return dict(STREAM_PRIORITIES) if parsed is None else parsed
 
 
