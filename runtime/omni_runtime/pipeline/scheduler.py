@@ -195,13 +195,16 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
     async def _iteration(self) -> None:
         await self._resume.wait()
         loop = asyncio.get_running_loop()
-        keep = [j for j in self.running if j.finish is not None and self._keeps(j)]
-        moves = self._drop_finished()
+        ended = [j for j in self.running if j.finish is not None]
+        keep = [j for j in ended if self._keeps(j)]
         if keep:  # before the moves and admissions that reuse the slots
             kept = await self.thread.run(self._keep, keep)
             for job, entry in zip(keep, kept, strict=True):
                 if entry is not None and job.session is not None:
                     self.kv.put(job.session, entry)
+        # Ended rows leave only now: until their KV is kept, the batch is not quiet. A row that
+        # ended during the copy stays for the next iteration, which keeps it.
+        moves = self._drop_finished({id(j) for j in ended})
         admit = self._pick_admissions()
         if not self.running and not admit:
             self._wake.clear()
@@ -226,8 +229,8 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
         self.rows_stepped += n
         self._dispatch_step(step)
 
-    def _drop_finished(self) -> list[tuple[int, int, int]]:
-        slots: list[int | None] = [id(j) if j.finish is None else None for j in self.running]
+    def _drop_finished(self, ended: set[int]) -> list[tuple[int, int, int]]:
+        slots: list[int | None] = [None if id(j) in ended else id(j) for j in self.running]
         if all(s is not None for s in slots):
             return []
         by_id = {id(j): j for j in self.running}
