@@ -4,8 +4,9 @@ Closed loop (`run_level`): N requests with a fixed number in flight. Open loop (
 requests arrive as a Poisson process at a given rate for a given time, whatever the server's pace,
 so a level shows a steady state instead of one wave.
 
-Every request asks for exactly ``max_tokens`` tokens (``ignore_eos``), so levels compare equal
-work. Streaming requests time the first text delta and every audio delta: each delta is a small
+Every request asks for exactly ``max_tokens`` tokens (``ignore_eos``), and a speech request for
+exactly its talker budget of codes (``stage_params.talker.ignore_eos``), so levels and A/B sides
+compare equal work. Streaming requests time the first text delta and every audio delta: each delta is a small
 WAV file (or raw 16-bit PCM), so its arrival and its duration give the stream's audio timeline
 (`omni_runtime.bench.playback` plays it back). Non-streaming replies carry all audio at once, so
 first token, first audio and latency coincide.
@@ -23,6 +24,7 @@ import time
 import wave
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import cast
 
 import httpx
 
@@ -67,10 +69,18 @@ def request_body(spec: LoadSpec) -> dict[str, object]:
         "temperature": 0.0,
         "stream": spec.stream,
     }
+    stage_params: dict[str, dict[str, object]] = {}
     if spec.mode == "speech":
         body["modalities"] = ["text", "audio"]
         body["audio"] = {"format": "wav"}
-    body.update(spec.extra_body or {})
+        stage_params["talker"] = {"ignore_eos": True}  # every reply speaks its talker budget too
+    extra = dict(spec.extra_body or {})
+    extra_stages = cast(dict[str, dict[str, object]], extra.pop("stage_params", None) or {})
+    for stage, params in extra_stages.items():  # merged per stage
+        stage_params[stage] = {**stage_params.get(stage, {}), **params}
+    body.update(extra)
+    if stage_params:
+        body["stage_params"] = stage_params
     return body
 
 

@@ -128,6 +128,8 @@ class TalkerAdmission:
     # stand in for this prompt's (conversation KV); None: prefill the whole prompt.
     prefix: Any = None
     prefix_length: int = 0
+    # Never sample an end code (stage_params.talker.ignore_eos): the row speaks until its budget.
+    ignore_eos: bool = False
 
 
 class TalkerRunner(Protocol):

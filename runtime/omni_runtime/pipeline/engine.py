@@ -421,7 +421,7 @@ class PipelineEngine:
         voice: str | None,
         reused: int = 0,
     ) -> TalkerJob:
-        max_codes, per_token = talker_limits(request)
+        limits = talker_limits(request)
         assert self.adapter is not None
         defaults = self.adapter.talker_sampling_defaults()
         params = {
@@ -444,12 +444,13 @@ class PipelineEngine:
                 repetition_penalty=float(params.get("repetition_penalty", 1.05)),
                 seed=None if seed is None else seed + 7919,
             ),
+            ignore_eos=limits.ignore_eos,
         )
         job = TalkerJob(
             admission=admission,
             request_id=request.request_id,
-            max_codes=max_codes,
-            codes_per_text_token=per_token,
+            max_codes=limits.max_codes,
+            codes_per_text_token=limits.per_text_token,
             session=request.session_key,
             prefix_limit=reused,  # the thinker's kept prefix: the talker's vectors there are kept ones
         )

@@ -303,11 +303,20 @@ class TalkerScheduler(SchedulerLoop[TalkerJob]):
             codes = [None] * n
         firsts: list[tuple[Any, int]] = []
         if admit:
-            first_codes = self.runner.admit([replace(j.admission, slot=j.slot) for j in admit])
+            first_codes = self.runner.admit([self._admission(j) for j in admit])
             firsts = [
                 (c, self.runner.prompt_length(j.admission)) for c, j in zip(first_codes, admit, strict=True)
             ]
         return firsts, codes
+
+    def _admission(self, job: TalkerJob) -> TalkerAdmission:
+        """The row as the runner admits it: in its slot, and with ignore_eos its end codes never
+        sampled (so it ends at its budget, "length")."""
+        admission = replace(job.admission, slot=job.slot)
+        if not admission.ignore_eos:
+            return admission
+        suppress = (*admission.sampling.suppress_tokens, *sorted(self.eos))
+        return replace(admission, sampling=replace(admission.sampling, suppress_tokens=suppress))
 
     def _accept(self, job: TalkerJob, code: Any) -> None:
         """One code of ``job``: a codec token, or a frame (a sequence led by its first codebook's)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from omni_runtime.contract.adapter import OmniAdapter, RowSampling
@@ -49,6 +50,7 @@ def validate_request(request: GenerationRequest, *, engine: ServingEngine) -> st
             'modalities ["text"] or use a worker with the speech pipeline',
             param="modalities",
         )
+    talker_limits(request)  # stage_params.talker's values, before any stage runs
     adapter = engine.adapter
     try:
         return resolve_voice(
@@ -71,8 +73,18 @@ def row_sampling(sp: SamplingParams) -> RowSampling:
     )
 
 
-def talker_limits(request: GenerationRequest) -> tuple[int, int]:
-    """Codec-token budget: stage_params.talker.max_tokens, and codes allowed per text token."""
+@dataclass(frozen=True)
+class TalkerLimits:
+    """``stage_params.talker``'s length settings."""
+
+    max_codes: int  # max_tokens: codec tokens (frames) at most
+    per_text_token: int  # codes_per_text_token: the budget once the text is known
+    ignore_eos: bool  # speak exactly max_tokens codes: the end code is never sampled (benchmarks)
+
+
+def talker_limits(request: GenerationRequest) -> TalkerLimits:
+    """Codec-token budget: stage_params.talker.max_tokens, codes allowed per text token, and
+    ignore_eos (a fixed length, as the thinker's ``ignore_eos``)."""
     params: dict[str, Any] = dict(request.stage_params.get("talker", {}))
     try:
         max_codes = int(params.get("max_tokens", DEFAULT_TALKER_MAX_TOKENS))
@@ -81,4 +93,10 @@ def talker_limits(request: GenerationRequest) -> tuple[int, int]:
         raise EngineError(f"stage_params.talker: {exc}", param="stage_params") from exc
     if max_codes < 1:
         raise EngineError("stage_params.talker.max_tokens must be at least 1", param="stage_params")
-    return max_codes, per_token
+    ignore_eos = params.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise EngineError(
+            f"stage_params.talker.ignore_eos must be true or false, not {ignore_eos!r}",
+            param="stage_params.talker.ignore_eos",
+        )
+    return TalkerLimits(max_codes, per_token, ignore_eos)

@@ -144,6 +144,7 @@ def pack_talker_admission(adm: TalkerAdmission) -> Frame:
         "first_token": adm.first_token,
         "voice": adm.voice,
         "sampling": pack_sampling(adm.sampling),
+        "ignore_eos": adm.ignore_eos,
     }
     tensors = {
         "prompt_vectors": adm.prompt_vectors,
@@ -163,4 +164,5 @@ def unpack_talker_admission(payload: dict[str, Any], tensors: dict[str, Any]) ->
         first_vector=tensors["first_vector"],
         voice=payload["voice"],
         sampling=unpack_sampling(payload["sampling"]),
+        ignore_eos=bool(payload.get("ignore_eos", False)),
     )

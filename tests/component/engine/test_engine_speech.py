@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +45,23 @@ def text_engine(tiny_checkpoint: Path) -> Iterator[Harness]:
     harness = Harness(tiny_options(tiny_checkpoint, pipeline="text"))
     yield harness
     harness.close()
+
+
+@contextlib.contextmanager
+def admissions(runner) -> Iterator[list]:
+    """The rows the real talker runner admits while the block runs."""
+    seen: list = []
+    admit = runner.admit
+
+    def recording(rows):
+        seen.extend(rows)
+        return admit(rows)
+
+    runner.admit = recording
+    try:
+        yield seen
+    finally:
+        runner.admit = admit
 
 
 def _spy(harness: Harness) -> VocoderSpy:
@@ -177,19 +196,9 @@ def test_talker_rows_admitted_together_draw_what_they_draw_alone(family_speech_e
 
     harness = family_speech_engine
     runner = harness.engine.stages.local.talker.runner
-    seen: list = []
-    admit = runner.admit
-
-    def recording(rows):
-        seen.extend(rows)
-        return admit(rows)
-
-    runner.admit = recording
-    try:
+    with admissions(runner) as seen:
         for prompt in ("Hi.", "Tell me a much longer story about a robot who sails the sea.", "What?"):
             harness.collect(request(prompt, max_tokens=4, want_audio=True, talker_tokens=6))
-    finally:
-        runner.admit = admit
     rows = [
         replace(row, slot=i, sampling=replace(row.sampling, temperature=1.0, seed=11 + i))
         for i, row in enumerate(seen)
@@ -279,3 +288,33 @@ def test_a_reply_that_starts_while_another_speaks_gets_the_busy_first_window(
 async def _drain(events) -> None:
     async for _ in events:
         pass
+
+
+def test_talker_ignore_eos_speaks_exactly_its_budget(family_speech_engine: Harness) -> None:
+    """stage_params.talker.ignore_eos: the runner admits the row with its end codes suppressed
+    (never sampled), so every reply speaks its whole talker budget: a benchmark's equal work."""
+    budget = 40
+    runner = family_speech_engine.engine.stages.local.talker.runner
+
+    def spoken(seed: int, *, ignore_eos: bool) -> float:
+        base = request(max_tokens=8, temperature=1.0, seed=seed, want_audio=True, talker_tokens=budget)
+        req = replace(base, stage_params={"talker": {"max_tokens": budget, "ignore_eos": ignore_eos}})
+        return finished(family_speech_engine.collect(req)).usage.audio_seconds
+
+    with admissions(runner) as admitted:
+        free = spoken(3, ignore_eos=False)
+        fixed = [spoken(seed, ignore_eos=True) for seed in (3, 4)]
+    eos = set(runner.codec_eos_ids)
+    assert [eos <= set(row.sampling.suppress_tokens) for row in admitted] == [False, True, True]
+    # the full budget: 40 codes (Qwen2.5, 0.02 s each) or frames (Qwen3, 0.08 s each, less its edge)
+    engine = family_speech_engine.engine
+    per_code = engine.stages.local.vocoder.samples_per_code / engine.adapter.output_sample_rate
+    assert fixed[0] == pytest.approx(fixed[1]) and fixed[0] == pytest.approx(budget * per_code, rel=0.01)
+    assert free <= fixed[0] + 1e-6
+
+
+def test_talker_ignore_eos_must_be_a_boolean(speech_engine: Harness) -> None:
+    req = replace(request(want_audio=True), stage_params={"talker": {"ignore_eos": "yes"}})
+    with pytest.raises(EngineError) as err:
+        speech_engine.collect(req)
+    assert err.value.param == "stage_params.talker.ignore_eos" and "true or false" in str(err.value)

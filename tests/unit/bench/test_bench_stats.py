@@ -135,9 +135,29 @@ def test_request_body_fixes_the_output_length() -> None:
     speech = request_body(LoadSpec(url="http://x", model="m", mode="speech", stream=True, max_tokens=64))
     assert speech["ignore_eos"] is True and speech["max_tokens"] == 64 and speech["stream"] is True
     assert speech["modalities"] == ["text", "audio"]
-    assert "modalities" not in request_body(
-        LoadSpec(url="http://x", model="m", mode="text", stream=False, max_tokens=8)
+    assert speech["stage_params"] == {"talker": {"ignore_eos": True}}  # the audio's length is fixed too
+    text = request_body(LoadSpec(url="http://x", model="m", mode="text", stream=False, max_tokens=8))
+    assert "modalities" not in text and "stage_params" not in text
+
+
+def test_extra_body_stage_params_merge_per_stage() -> None:
+    """--extra-body's stage_params add to the bench's own (a talker budget beside ignore_eos)
+    instead of replacing them; its other keys replace the bench's."""
+    extra = {"stage_params": {"talker": {"max_tokens": 400}, "thinker": {"top_k": 5}}, "temperature": 0.5}
+    body = request_body(
+        LoadSpec(url="http://x", model="m", mode="speech", stream=True, max_tokens=64, extra_body=extra)
     )
+    assert body["stage_params"] == {
+        "talker": {"ignore_eos": True, "max_tokens": 400},
+        "thinker": {"top_k": 5},
+    }
+    assert body["temperature"] == 0.5
+    off = {"stage_params": {"talker": {"ignore_eos": False}}}
+    body = request_body(
+        LoadSpec(url="http://x", model="m", mode="speech", stream=True, max_tokens=8, extra_body=off)
+    )
+    assert body["stage_params"] == {"talker": {"ignore_eos": False}}
+    assert extra["stage_params"] == {"talker": {"max_tokens": 400}, "thinker": {"top_k": 5}}  # not mutated
 
 
 def test_request_rows_are_exact_and_in_send_order() -> None:

@@ -93,9 +93,11 @@ def test_talker_admission_round_trip() -> None:
         first_vector=torch.randn(4),
         voice="Chelsie",
         sampling=RowSampling(temperature=0.9, top_k=40, seed=1),
+        ignore_eos=True,
     )
     back = wire.unpack_talker_admission(*_unpack(wire.pack_talker_admission(adm)))
     assert back.sampling == adm.sampling and back.first_token == 7 and back.voice == "Chelsie"
+    assert back.ignore_eos is True  # a remote talker speaks its whole budget too
     assert torch.equal(back.prompt_vectors, adm.prompt_vectors)
 
 

@@ -25,6 +25,7 @@ import contextlib
 import json
 import logging
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,7 @@ RELEASED_7B_TALKER = {
     "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 16, 0]},
 }
 TALKER_STAGES = frozenset({"talker", "talker_stream"})
-DUMMY_TP_SEED = 20250326
+DUMMY_SEED = 20250326
 
 
 class RopeIndex:
@@ -134,7 +135,11 @@ class Checkpoint:
 
 
 def build_module(cls: Any, config: Any, *, device: torch.device, dtype: torch.dtype, random: bool) -> Any:
-    """Construct on the device; skip weight init when weights are about to be loaded (both families)."""
+    """Construct on the device; skip weight init when weights are about to be loaded (both families).
+
+    Random (dummy) weights are seeded by the class: every process and every tensor-parallel rank
+    that builds a module draws the same tensors, whichever other modules it hosts, and so does the
+    next start of the server (an A/B bench's two sides serve the same model)."""
     from transformers.initialization import no_init_weights
 
     # The current-device guard matters for a module placed on another GPU than cuda:0: some
@@ -142,6 +147,7 @@ def build_module(cls: Any, config: Any, *, device: torch.device, dtype: torch.dt
     guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     with guard, torch.device(device):
         if random:
+            torch.manual_seed(DUMMY_SEED + zlib.crc32(cls.__name__.encode()))
             module = cls._from_config(config, dtype=dtype, attn_implementation="sdpa")
         else:
             with no_init_weights():
@@ -334,8 +340,6 @@ def _load_parts(
 
     dtype = placement.dtype
     if "thinker" in hosted:
-        if random and tp_world > 1:
-            torch.manual_seed(DUMMY_TP_SEED)  # every rank draws the same full weights, then keeps its shard
         loaded.text = part(
             hf.Qwen2_5OmniThinkerTextModel,
             thinker_cfg.text_config,
@@ -377,8 +381,6 @@ def _load_parts(
             dtype,
         )
     if "image_encoder" in hosted:
-        if random and vision_world > 1:
-            torch.manual_seed(DUMMY_TP_SEED)  # every vision rank draws the same full tower
         loaded.visual = part(
             hf.Qwen2_5OmniVisionEncoder, thinker_cfg.vision_config, "thinker.visual.", placement.vision, dtype
         )

@@ -38,7 +38,6 @@ from omni_runtime.executor import moe_decode
 from omni_runtime.executor.tensor_parallel import check_tp_size, shard_text_model
 from omni_runtime.executor.tp_group import TPLeader
 from omni_runtime.models.qwen2_5_omni.loader import (
-    DUMMY_TP_SEED,
     Checkpoint,
     build_module,
     eos_ids,
@@ -251,8 +250,6 @@ def _load(
     )
     dtype, text_cfg = placement.dtype, thinker_cfg.text_config
     if "thinker" in hosted:
-        if random and tp_world > 1:
-            torch.manual_seed(DUMMY_TP_SEED)  # every rank draws the same full weights, then keeps its shard
         text = build_module(
             hf.Qwen3OmniMoeThinkerTextModel, text_cfg, device=placement.thinker, dtype=dtype, random=random
         )

@@ -275,7 +275,8 @@ class Qwen3TalkerRunner:
         return positions, delta
 
     def _set_sampling(self, row: TalkerAdmission) -> None:
-        self.sampler.set_row(row.slot, replace(row.sampling, suppress_tokens=self.suppress), history=[])
+        suppress = (*self.suppress, *row.sampling.suppress_tokens)
+        self.sampler.set_row(row.slot, replace(row.sampling, suppress_tokens=suppress), history=[])
         greedy = row.sampling.temperature <= 0
         seed = None if row.sampling.seed is None else row.sampling.seed + 1
         self.predictor_sampler.set_row(
