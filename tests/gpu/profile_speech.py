@@ -179,7 +179,7 @@ def speech_request(rid: str, talker_tokens: int, *, text_tokens: int = 64) -> Ge
         turns=(ChatTurn(role="user", text="Tell me a story about a robot."),),
         sampling=SamplingParams(max_tokens=text_tokens, temperature=0.0, ignore_eos=True),
         want_audio=True,
-        stage_params={"talker": {"max_tokens": talker_tokens}},
+        stage_params={"talker": {"max_tokens": talker_tokens, "ignore_eos": True}},  # exactly that long
     )
 
 

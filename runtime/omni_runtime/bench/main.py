@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--extra-body",
         type=_json_object,
         default=None,
-        help='JSON merged into every request, e.g. \'{"stage_params": {"talker": {"max_tokens": 200}}}\'',
+        help='JSON merged into every request (stage_params per stage), e.g. \'{"stage_params": {"talker": {"max_tokens": 200}}}\'',
     )
     return p
 
