@@ -170,17 +170,19 @@ def _env_rules() -> list[Schema]:
 
 
 def _switch_rules(runtime: str) -> list[Schema]:
-    """The builtin runtime's flags and choices in spec.runtime.env (omni_runtime.contract.switches),
-    with the loader's message: the value is named, so each message is an expression."""
+    """The builtin runtime's switches in spec.runtime.env (omni_runtime.contract.switches), with the
+    loader's message: the value is named, so each message is an expression. A value switch's rule
+    checks its written form; what only its parser knows (buckets in increasing order, say) the
+    operator reports in status, and the worker refuses as it starts."""
     env = "self.runtime.env"
     present = _set("runtime.env")
     out: list[Schema] = []
     for switch in switches.SWITCHES:
-        if switch.kind == "value":
-            continue  # a format only its parser knows: the worker refuses it as it starts
         value = f"{env}[{json.dumps(switch.name)}]"
         if switch.kind == "flag":
             tail, fix = f"', {switches.NOT_A_FLAG}; ", switches.FLAG_FIX
+        elif switch.kind == "value":
+            tail, fix = f"', {switch.format}; ", f"use e.g. {switch.example}"
         else:
             tail, fix = "'; ", switches.choice_fix(switch)
         head = f"{runtime_env.FIELD}.{switch.name}: is '"

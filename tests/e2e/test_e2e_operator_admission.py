@@ -59,8 +59,17 @@ def test_impossible_spec_is_rejected_at_apply_with_the_planners_message(
             {"OMNI_DECODE_KERNEL": "flash"},
             "spec.runtime.env.OMNI_DECODE_KERNEL: is 'flash'; use one of sdpa, split",
         ),
+        (
+            {"OMNI_VOCODER_FAR": "soon"},
+            "spec.runtime.env.OMNI_VOCODER_FAR: is 'soon', not SECONDS,WINDOWS (seconds of audio left >= 0, "
+            "windows per call >= 1); use e.g. 1.0,4",
+        ),
+        (
+            {"OMNI_STREAM_PRIORITIES": "talker=-1,thinkr=-2"},
+            "spec.runtime.env.OMNI_STREAM_PRIORITIES: is 'talker=-1,thinkr=-2', not stage=integer pairs",
+        ),
     ],
-    ids=["bad-name", "operator-name", "switch-flag", "switch-choice"],
+    ids=["bad-name", "operator-name", "switch-flag", "switch-choice", "switch-value", "switch-priorities"],
 )
 def test_runtime_env_is_refused_at_apply_with_the_loaders_message(
     crds: ControlPlane, namespace: str, env: dict[str, str], message: str
@@ -73,7 +82,18 @@ def test_runtime_env_is_refused_at_apply_with_the_loaders_message(
     assert message in result.stderr
     good = deployment(
         "goodenv",
-        spec={"runtime": {"env": {"OMNI_BUSY_STREAMS": "8", "_X1": "", "OMNI_SUFFIX_GRAPHS": "On"}}},
+        spec={
+            "runtime": {
+                "env": {
+                    "OMNI_BUSY_STREAMS": "8",
+                    "_X1": "",
+                    "OMNI_SUFFIX_GRAPHS": "On",
+                    "OMNI_VOCODER_FAR": " 1.5, 4",
+                    "OMNI_STREAM_PRIORITIES": "thinker=-2, talker = -1",
+                    "OMNI_VOCODER_BUCKETS": "",
+                }
+            }
+        },
     )
     result = crds.kubectl(
         "apply", "-n", namespace, "--dry-run=server", "-f", "-", input=yaml.safe_dump(good), check=False

@@ -19,6 +19,9 @@ from omni_runtime.contract import switches
 
 FIELD = "spec.runtime.env"
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# The longest value (characters): switches are short, and the bound keeps the CEL rules that read
+# a value (the builtin runtime's switch formats) within the API server's cost budget.
+VALUE_MAX_LENGTH = 4096
 
 _CACHE = "a cache in the pod's writable cache volume"
 _RENDEZVOUS = "the rendezvous of a thinker spread over several nodes"

@@ -187,7 +187,7 @@ class RuntimeSpec(SpecModel):
     extra_args: list[str] = Field(
         default_factory=list, description="Extra arguments for every runtime process."
     )
-    env: dict[str, str] = Field(
+    env: dict[str, Annotated[str, Field(max_length=runtime_env.VALUE_MAX_LENGTH)]] = Field(
         default_factory=dict,
         description="Environment variables (name: string value) for every stage process of every "
         "worker, on every runtime: the stage pods' containers on a cluster and the processes `omni up` "
@@ -195,8 +195,9 @@ class RuntimeSpec(SpecModel):
         "OMNI_BUSY_STREAMS: '8' (the builtin runtime's OMNI_* variables), or a peer runtime's own. "
         "Names match [A-Za-z_][A-Za-z0-9_]*; the names the operator sets itself are refused ("
         + ", ".join(runtime_env.OPERATOR_ENV)
-        + "); for the builtin runtime its switches' values are checked too (flags: 1/0, on/off, true/false, "
-        "yes/no). OMP_NUM_THREADS set here wins over the thread count a CPU-only pod gets from its CPU limit "
+        + f"); values hold at most {runtime_env.VALUE_MAX_LENGTH} characters. For the builtin runtime its "
+        "switches' values are checked too (flags: 1/0, on/off, true/false, yes/no; a value switch's "
+        "format). OMP_NUM_THREADS set here wins over the thread count a CPU-only pod gets from its CPU limit "
         "and the runtime's one thread on a GPU. Part of the worker template: a change rolls the workers "
         "out one by one, like any other pod change.",
     )

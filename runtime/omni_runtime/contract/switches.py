@@ -15,6 +15,7 @@ from __future__ import annotations
 import difflib
 import itertools
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -61,6 +62,9 @@ def _priorities(text: str) -> dict[str, int]:
     return out
 
 
+_PRIORITY = rf"({'|'.join(STREAM_STAGES)})\s*=\s*[+-]?\d+"  # one stage=integer of OMNI_STREAM_PRIORITIES
+
+
 @dataclass(frozen=True)
 class Switch:
     name: str
@@ -72,6 +76,9 @@ class Switch:
     # A value's parser (raises ValueError on a wrong one) and what a wrong one is not.
     parse: Callable[[str], Any] | None = None
     format: str = ""
+    # A value's written form, a regular expression that RE2 (the CRD's CEL rules) and Python read
+    # alike: checked before the parser, so `kubectl apply` refuses what omni serve would.
+    shape: str = ""
 
 
 SWITCHES: tuple[Switch, ...] = (
@@ -85,6 +92,7 @@ SWITCHES: tuple[Switch, ...] = (
         example="4",
         parse=_streams,
         format="not a whole number of streams >= 0 (0: the short first window at any load)",
+        shape=r"\d+",
     ),
     Switch(
         "OMNI_WARM_SPOKEN_AUDIO",
@@ -135,6 +143,7 @@ SWITCHES: tuple[Switch, ...] = (
         example="1,2,4,6,8,12,16",
         parse=_buckets,
         format=f"not batch sizes in increasing order from 1 to {VOCODER_BATCH_BUCKETS[-1]}",
+        shape=r"\d+(\s*,\s*\d+)*",
     ),
     Switch(
         "OMNI_VOCODER_FAR",
@@ -144,6 +153,7 @@ SWITCHES: tuple[Switch, ...] = (
         example="1.0,4",
         parse=_far,
         format="not SECONDS,WINDOWS (seconds of audio left >= 0, windows per call >= 1)",
+        shape=r"(\d+(\.\d*)?|\.\d+)\s*,\s*\d+",
     ),
     Switch(
         "OMNI_STREAM_PRIORITIES",
@@ -153,6 +163,7 @@ SWITCHES: tuple[Switch, ...] = (
         example="thinker=-2,talker=-1",
         parse=_priorities,
         format=f"not stage=integer pairs (stages: {', '.join(STREAM_STAGES)})",
+        shape=_PRIORITY + r"(\s*,\s*" + _PRIORITY + ")*",
     ),
     Switch(
         "OMNI_MOE_EXPERTS",
@@ -176,7 +187,11 @@ def choice_fix(switch: Switch) -> str:
 
 def pattern(switch: Switch) -> str:
     """A regular expression (RE2 and Python alike) of the values `problem` takes for a flag or a
-    choice, blank included (the default): the CRD's CEL rules check spec.runtime.env with it."""
+    choice, blank included (the default), and of a value's written form (empty: unset; its parser
+    still checks what the form cannot, e.g. buckets in increasing order): the CRD's CEL rules
+    check spec.runtime.env with it."""
+    if switch.kind == "value":
+        return rf"^(\s*({switch.shape})\s*)?$"
     words = _ON + _OFF if switch.kind == "flag" else switch.choices
     case = "(?i:" if switch.kind == "flag" else "("
     return rf"^\s*{case}{'|'.join(words)})?\s*$"
@@ -198,6 +213,8 @@ def problem(name: str, value: str) -> tuple[str, str] | None:
         return f"is {value!r}", choice_fix(switch)
     if switch.parse is not None and value:
         try:
+            if not re.match(pattern(switch), value):
+                raise ValueError
             switch.parse(value)
         except (ValueError, IndexError):
             return f"is {value!r}, {switch.format}", f"use e.g. {switch.example}"

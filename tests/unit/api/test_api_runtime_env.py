@@ -96,6 +96,8 @@ REFUSED = [
     ),
     pytest.param("[OMNI_BUSY_STREAMS]", "d.yaml: spec.runtime.env: expected a mapping, got ['OMNI_BUSY_STREAMS']; "
                  "set env to a mapping", id="list"),
+    pytest.param("{X: " + "a" * 4097 + "}", "d.yaml: spec.runtime.env.X: is longer than 4096 characters; shorten "
+                 "it to 4096 or fewer", id="too-long"),  # the CRD's maxLength too (it bounds CEL's cost)
 ]  # fmt: skip
 
 

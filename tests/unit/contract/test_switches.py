@@ -114,3 +114,42 @@ def test_every_value_switch_has_a_parser_a_format_and_an_example() -> None:
         if switch.kind == "value":
             assert switch.format and switch.example, switch.name
             assert switches.parse(switch.name, switch.example) is not None
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "wrong"),
+    [
+        ("OMNI_BUSY_STREAMS", " 8 ", False),
+        ("OMNI_BUSY_STREAMS", "", False),  # unset: the default
+        ("OMNI_BUSY_STREAMS", "+4", True),  # int() takes it; the written form (and CEL) does not
+        ("OMNI_BUSY_STREAMS", "4_0", True),
+        ("OMNI_VOCODER_BUCKETS", "1, 2,4 ,16", False),
+        ("OMNI_VOCODER_BUCKETS", "1,,16", True),
+        ("OMNI_VOCODER_BUCKETS", "1,8,4,16", True),  # the form holds; the parser's order does not
+        ("OMNI_VOCODER_FAR", ".5,2", False),
+        ("OMNI_VOCODER_FAR", "1.,2", False),
+        ("OMNI_VOCODER_FAR", "1e3,4", True),
+        ("OMNI_VOCODER_FAR", "1.0,0", True),  # windows per call >= 1: the parser's
+        ("OMNI_STREAM_PRIORITIES", "thinker=-2, talker = +1", False),
+        ("OMNI_STREAM_PRIORITIES", "talker=-1,", True),
+        ("OMNI_STREAM_PRIORITIES", "talker=-1;vocoder=0", True),
+    ],
+)
+def test_a_value_switch_is_checked_by_its_written_form_then_its_parser(
+    name: str, value: str, wrong: bool
+) -> None:
+    """The form (`pattern`, which the CRD's CEL rule uses too) is checked before the parser, so
+    `kubectl apply` refuses no value `omni serve` takes, and a value off the form is refused by both."""
+    switch = switches.BY_NAME[name]
+    assert (switches.problem(name, value) is not None) == wrong
+    if re.match(switches.pattern(switch), value) is None:
+        assert wrong
+    if not wrong:
+        assert value == "" or switches.parse(name, value) is not None
+
+
+def test_every_value_switchs_example_has_its_written_form() -> None:
+    for switch in switches.SWITCHES:
+        if switch.kind == "value":
+            assert switch.shape and re.match(switches.pattern(switch), switch.example), switch.name
+            assert not re.match(switches.pattern(switch), " "), switch.name  # blank is no value

@@ -126,7 +126,8 @@ def test_name_length_rule_matches_the_loader() -> None:
 @pytest.mark.parametrize(
     "env",
     [{"OMNI_PREFILL_GRAPHS": " OFF "}, {"OMNI_SUFFIX_GRAPHS": ""}, {"OMNI_WARM_SPOKEN_AUDIO": "yes"},
-     {"OMNI_DECODE_KERNEL": "split"}, {"OMNI_BUSY_STREAMS": "8"}],
+     {"OMNI_DECODE_KERNEL": "split"}, {"OMNI_BUSY_STREAMS": "8"}, {"OMNI_VOCODER_FAR": " 0.5 , 4"},
+     {"OMNI_VOCODER_BUCKETS": "1,2,4,8,16"}, {"OMNI_STREAM_PRIORITIES": "vocoder=-1, thinker = +2"}],
 )  # fmt: skip
 def test_cel_admits_what_the_loader_admits_for_the_switches(env: dict[str, str]) -> None:
     spec = {"model": {"name": "m"}, "runtime": {"env": env}}
@@ -134,12 +135,28 @@ def test_cel_admits_what_the_loader_admits_for_the_switches(env: dict[str, str])
     assert _failing_messages(spec) == []
 
 
-def test_a_value_switchs_format_is_the_loaders_alone() -> None:
-    """CEL has no parser for a value switch's format: kubectl apply admits it, and the operator
+@pytest.mark.parametrize(
+    "env",
+    [{"OMNI_BUSY_STREAMS": "many"}, {"OMNI_VOCODER_FAR": "soon"}, {"OMNI_VOCODER_BUCKETS": "1;16"},
+     {"OMNI_STREAM_PRIORITIES": "talker=-1,thinkr=-2"}],
+)  # fmt: skip
+def test_cel_refuses_a_value_switch_off_its_written_form_with_the_loaders_message(
+    env: dict[str, str],
+) -> None:
+    spec = {"model": {"name": "m"}, "runtime": {"env": env}}
+    with pytest.raises(SpecError) as caught:
+        _load(spec)
+    assert _failing_messages(spec) == [str(caught.value).removeprefix("d.yaml: ")]
+
+
+def test_what_only_a_value_switchs_parser_knows_is_the_loaders_alone() -> None:
+    """Buckets in the written form but out of order: kubectl apply admits them, and the operator
     reports the loader's refusal in the deployment's status (README, runtime switches)."""
-    spec = {"model": {"name": "m"}, "runtime": {"env": {"OMNI_BUSY_STREAMS": "many"}}}
+    spec = {"model": {"name": "m"}, "runtime": {"env": {"OMNI_VOCODER_BUCKETS": "1,8,4,16"}}}
     assert _failing_messages(spec) == []
-    with pytest.raises(SpecError, match=r"spec.runtime.env.OMNI_BUSY_STREAMS: is 'many', not a whole number"):
+    with pytest.raises(
+        SpecError, match=r"spec.runtime.env.OMNI_VOCODER_BUCKETS: is '1,8,4,16', not batch sizes"
+    ):
         _load(spec)
 
 
