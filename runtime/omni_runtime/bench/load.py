@@ -4,9 +4,10 @@ Closed loop (`run_level`): N requests with a fixed number in flight. Open loop (
 requests arrive as a Poisson process at a given rate for a given time, whatever the server's pace,
 so a level shows a steady state instead of one wave.
 
-Every request asks for exactly ``max_tokens`` tokens (``ignore_eos``), and a speech request for
-exactly its talker budget of codes (``stage_params.talker.ignore_eos``), so levels and A/B sides
-compare equal work. Streaming requests time the first text delta and every audio delta: each delta is a small
+Every request asks for exactly ``max_tokens`` tokens (``ignore_eos``), and a speech request given a
+talker budget (``--extra-body '{"stage_params": {"talker": {"max_tokens": 400}}}'``) for exactly
+that many codes (``stage_params.talker.ignore_eos``), so levels and A/B sides compare equal work.
+Without a budget the talker ends where it ends (the model's default budget is minutes of audio). Streaming requests time the first text delta and every audio delta: each delta is a small
 WAV file (or raw 16-bit PCM), so its arrival and its duration give the stream's audio timeline
 (`omni_runtime.bench.playback` plays it back). Non-streaming replies carry all audio at once, so
 first token, first audio and latency coincide.
@@ -70,12 +71,13 @@ def request_body(spec: LoadSpec) -> dict[str, object]:
         "stream": spec.stream,
     }
     stage_params: dict[str, dict[str, object]] = {}
+    extra = dict(spec.extra_body or {})
+    extra_stages = cast(dict[str, dict[str, object]], extra.pop("stage_params", None) or {})
     if spec.mode == "speech":
         body["modalities"] = ["text", "audio"]
         body["audio"] = {"format": "wav"}
-        stage_params["talker"] = {"ignore_eos": True}  # every reply speaks its talker budget too
-    extra = dict(spec.extra_body or {})
-    extra_stages = cast(dict[str, dict[str, object]], extra.pop("stage_params", None) or {})
+        if "max_tokens" in extra_stages.get("talker", {}):  # a talker budget: spoken whole, every reply
+            stage_params["talker"] = {"ignore_eos": True}
     for stage, params in extra_stages.items():  # merged per stage
         stage_params[stage] = {**stage_params.get(stage, {}), **params}
     body.update(extra)

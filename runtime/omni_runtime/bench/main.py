@@ -65,6 +65,11 @@ def _json_object(text: str) -> dict[str, object]:
         raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from exc
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError("must be a JSON object")
+    stages = value.get("stage_params", {})
+    if not isinstance(stages, dict) or not all(isinstance(v, dict) for v in stages.values()):
+        raise argparse.ArgumentTypeError(
+            'stage_params must map each stage to an object, e.g. {"talker": {"max_tokens": 400}}'
+        )
     return value
 
 

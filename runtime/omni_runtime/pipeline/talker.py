@@ -60,7 +60,7 @@ class TalkerJob:
     prefix_limit: int = 0  # prompt positions its thinker served from kept KV (the most it may reuse)
 
     def limit(self) -> int:
-        if not self.text_done:
+        if not self.text_done or self.admission.ignore_eos:  # ignore_eos: exactly max_codes
             return self.max_codes
         return min(self.max_codes, 100 + self.codes_per_text_token * self.text_tokens)
 
@@ -164,7 +164,8 @@ class TalkerScheduler(SchedulerLoop[TalkerJob]):
         return self.runner.text_vector("pad")
 
     async def _iteration(self) -> None:
-        keep = [j for j in self.running if j.finish is not None and self._keeps(j)]
+        ended = {id(j) for j in self.running if j.finish is not None}
+        keep = [j for j in self.running if id(j) in ended and self._keeps(j)]
         if keep:  # before the compaction below moves other rows over their slots
             kept = await self.thread.run(self._keep, keep)
             for job, payload in zip(keep, kept, strict=True):
@@ -179,7 +180,8 @@ class TalkerScheduler(SchedulerLoop[TalkerJob]):
                     )
                     self.kv.put(job.session, entry)
                 job.session = None  # kept once
-        slots: list[int | None] = [i if j.finish is None else None for i, j in enumerate(self.running)]
+        # Only rows that had ended before the copy leave: one that ended during it is kept next time.
+        slots: list[int | None] = [None if id(j) in ended else i for i, j in enumerate(self.running)]
         moves, table = plan_compaction(slots, set())
         old = self.running
         self.running = [old[i] for i in table if i is not None]
@@ -197,6 +199,8 @@ class TalkerScheduler(SchedulerLoop[TalkerJob]):
         if not admit and all(v is None for v in inputs):
             if move_plan:
                 await self.thread.run(self._moves, move_plan)
+            if any(j.finish is not None for j in self.running):
+                return  # a row ended during the copy: the next iteration keeps it and lets it go
             self._wake.clear()
             await self._wake.wait()
             # Inputs taken above were None for every row: nothing was consumed.

@@ -165,6 +165,14 @@ def test_unknown_model_is_404(limited: Worker) -> None:
                 "invalid_value",
             ),
         ),
+        (
+            {"messages": HELLO, "stage_params": {"thinker": {"ignore_eos": "false"}}},
+            _error(
+                "stage_params.thinker.ignore_eos must be true or false, not 'false'.",
+                "stage_params.thinker.ignore_eos",
+                "invalid_value",
+            ),
+        ),
         ({"messages": HELLO, "n": 2}, _error("Only n=1 is supported.", "n", "unsupported_value")),
     ],
 )

@@ -135,14 +135,28 @@ def test_request_body_fixes_the_output_length() -> None:
     speech = request_body(LoadSpec(url="http://x", model="m", mode="speech", stream=True, max_tokens=64))
     assert speech["ignore_eos"] is True and speech["max_tokens"] == 64 and speech["stream"] is True
     assert speech["modalities"] == ["text", "audio"]
-    assert speech["stage_params"] == {"talker": {"ignore_eos": True}}  # the audio's length is fixed too
+    # no talker budget given: the talker ends where it ends (its default budget is minutes of audio)
+    assert "stage_params" not in speech
     text = request_body(LoadSpec(url="http://x", model="m", mode="text", stream=False, max_tokens=8))
     assert "modalities" not in text and "stage_params" not in text
 
 
+def test_bench_extra_body_stage_params_must_be_objects_by_stage() -> None:
+    from omni_runtime.bench.main import build_parser
+
+    parser = build_parser()
+    for bad in ('{"stage_params": "x"}', '{"stage_params": {"talker": null}}'):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--url", "http://x", "--extra-body", bad])
+    args = parser.parse_args(
+        ["--url", "http://x", "--extra-body", '{"stage_params": {"talker": {"max_tokens": 4}}}']
+    )
+    assert args.extra_body == {"stage_params": {"talker": {"max_tokens": 4}}}
+
+
 def test_extra_body_stage_params_merge_per_stage() -> None:
-    """--extra-body's stage_params add to the bench's own (a talker budget beside ignore_eos)
-    instead of replacing them; its other keys replace the bench's."""
+    """--extra-body's stage_params add to the bench's own (a talker budget: spoken whole, with
+    ignore_eos) instead of replacing them; its other keys replace the bench's."""
     extra = {"stage_params": {"talker": {"max_tokens": 400}, "thinker": {"top_k": 5}}, "temperature": 0.5}
     body = request_body(
         LoadSpec(url="http://x", model="m", mode="speech", stream=True, max_tokens=64, extra_body=extra)

@@ -254,11 +254,17 @@ class ChatCompletionRequest(_Model):
                 param="video_max_frames",
                 code="invalid_value",
             )
-        for stage in self.stage_params or {}:
+        for stage, params in (self.stage_params or {}).items():
             if stage not in STAGES:
                 raise ApiError(
                     f"stage_params names an unknown stage {stage!r}; stages are {', '.join(sorted(STAGES))}.",
                     param=f"stage_params.{stage}",
+                    code="invalid_value",
+                )
+            if not isinstance(params.get("ignore_eos", False), bool):
+                raise ApiError(
+                    f"stage_params.{stage}.ignore_eos must be true or false, not {params['ignore_eos']!r}.",
+                    param=f"stage_params.{stage}.ignore_eos",
                     code="invalid_value",
                 )
         if not any(m.role == "user" for m in self.messages) and (self.images or self.audios or self.videos):
