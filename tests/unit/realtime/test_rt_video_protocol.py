@@ -140,6 +140,10 @@ def test_sampling_params_list_maps_each_entry_to_its_stage() -> None:
     )
     assert by_name.sampling == SamplingParams(max_tokens=100)
     assert by_name.stage_params == {"talker": {"max_tokens": 9}, "talker_stream": {"seed": 2}}
+    fixed = resolve_sampling(
+        None, {"talker": {"max_tokens": 9, "ignore_eos": True}}, default_max_tokens=5, max_model_len=9
+    )
+    assert fixed.stage_params == {"talker": {"max_tokens": 9, "ignore_eos": True}}  # the talker applies it
     assert resolve_sampling([], default_max_tokens=5, max_model_len=4096).stage_params == {}
     with pytest.raises(ProtocolError) as twice:
         resolve_sampling(None, {"talker_stream": {}, "code2wav": {}}, default_max_tokens=5, max_model_len=9)

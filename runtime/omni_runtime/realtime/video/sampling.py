@@ -35,7 +35,15 @@ STAGE_NAMES: dict[str, Stage] = {
 }
 # What each stage applies; the other accepted keys are checked but have no effect there (a
 # copied vLLM stage config carries them, e.g. the vocoder's temperature or ``detokenize``).
-_TALKER_KEYS = ("max_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "codes_per_text_token")
+_TALKER_KEYS = (
+    "max_tokens",
+    "temperature",
+    "top_k",
+    "top_p",
+    "repetition_penalty",
+    "codes_per_text_token",
+    "ignore_eos",
+)
 
 
 class StageSampling(BaseModel):
