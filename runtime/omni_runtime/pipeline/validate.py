@@ -86,13 +86,8 @@ def talker_limits(request: GenerationRequest) -> TalkerLimits:
     """Codec-token budget: stage_params.talker.max_tokens, codes allowed per text token, and
     ignore_eos (a fixed length, as the thinker's ``ignore_eos``)."""
     params: dict[str, Any] = dict(request.stage_params.get("talker", {}))
-    try:
-        max_codes = int(params.get("max_tokens", DEFAULT_TALKER_MAX_TOKENS))
-        per_token = int(params.get("codes_per_text_token", DEFAULT_CODES_PER_TEXT_TOKEN))
-    except (TypeError, ValueError) as exc:
-        raise EngineError(f"stage_params.talker: {exc}", param="stage_params") from exc
-    if max_codes < 1:
-        raise EngineError("stage_params.talker.max_tokens must be at least 1", param="stage_params")
+    max_codes = _whole(params, "max_tokens", DEFAULT_TALKER_MAX_TOKENS, least=1)
+    per_token = _whole(params, "codes_per_text_token", DEFAULT_CODES_PER_TEXT_TOKEN, least=0)
     ignore_eos = params.get("ignore_eos", False)
     if not isinstance(ignore_eos, bool):
         raise EngineError(
@@ -100,3 +95,18 @@ def talker_limits(request: GenerationRequest) -> TalkerLimits:
             param="stage_params.talker.ignore_eos",
         )
     return TalkerLimits(max_codes, per_token, ignore_eos)
+
+
+def _whole(params: dict[str, Any], key: str, default: int, *, least: int) -> int:
+    """``stage_params.talker[key]`` as a whole number of at least ``least`` (a numeral string too)."""
+    value = params.get(key, default)
+    try:
+        number = int(value) if not isinstance(value, (bool, float)) else None
+    except (TypeError, ValueError):
+        number = None
+    if number is None or number < least:
+        raise EngineError(
+            f"stage_params.talker.{key} must be a whole number >= {least}, not {value!r}",
+            param=f"stage_params.talker.{key}",
+        )
+    return number

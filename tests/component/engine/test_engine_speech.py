@@ -343,8 +343,24 @@ def test_talker_ignore_eos_speaks_exactly_its_budget(family_speech_engine: Harne
     assert fixed[0] == pytest.approx(fixed[1]) and fixed[0] == pytest.approx(budget * per_code, rel=0.005)
 
 
-def test_talker_ignore_eos_must_be_a_boolean(speech_engine: Harness) -> None:
-    req = replace(request(want_audio=True), stage_params={"talker": {"ignore_eos": "yes"}})
+@pytest.mark.parametrize(
+    ("talker", "param", "words"),
+    [
+        ({"ignore_eos": "yes"}, "stage_params.talker.ignore_eos", "must be true or false, not 'yes'"),
+        ({"max_tokens": 0}, "stage_params.talker.max_tokens", "must be a whole number >= 1, not 0"),
+        ({"max_tokens": "many"}, "stage_params.talker.max_tokens", "must be a whole number >= 1, not 'many'"),
+        ({"max_tokens": 2.5}, "stage_params.talker.max_tokens", "must be a whole number >= 1, not 2.5"),
+        (
+            {"codes_per_text_token": -1},
+            "stage_params.talker.codes_per_text_token",
+            "whole number >= 0, not -1",
+        ),
+    ],
+)
+def test_a_wrong_talker_setting_is_refused_before_any_stage_runs(
+    speech_engine: Harness, talker: dict, param: str, words: str
+) -> None:
+    req = replace(request(want_audio=True), stage_params={"talker": talker})
     with pytest.raises(EngineError) as err:
         speech_engine.collect(req)
-    assert err.value.param == "stage_params.talker.ignore_eos" and "true or false" in str(err.value)
+    assert err.value.param == param and words in str(err.value)
