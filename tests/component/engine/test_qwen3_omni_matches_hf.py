@@ -134,6 +134,12 @@ def test_dummy_load_format_builds_random_weights_of_the_checkpoint_shape(qwen3_c
         text = harness.engine.adapter.loaded.text
         loaded = hf_weights(qwen3_checkpoint)
         assert not torch.equal(text.embed_tokens.weight, loaded)  # random, not the checkpoint's
+        # the one dummy table: what a lone mm_aggregate or a talker-only process draws too
+        from omni_runtime.models.qwen2_5_omni.loader import dummy_embedding_rows
+
+        weight = text.embed_tokens.weight
+        rows = torch.tensor([0, 7, weight.shape[0] - 1])
+        assert torch.equal(weight[rows], dummy_embedding_rows(rows, weight.shape[1]).to(weight.dtype))
     finally:
         harness.close()
 

@@ -4,6 +4,7 @@ that hosts only the talker draws the talker that a whole-pipeline process draws.
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as hf
 from transformers.models.qwen2_5_omni.configuration_qwen2_5_omni import Qwen2_5OmniConfig
@@ -47,3 +48,21 @@ def test_two_classes_draw_from_their_own_seeds() -> None:
         if a.shape == b.shape and a.dim() == 2 and a.std() > 0
     ]
     assert same_shape and not any(torch.equal(a, b) for a, b in same_shape)
+
+
+def test_the_dummy_embedding_is_one_table_wherever_it_is_built() -> None:
+    """The thinker's table, a lone multimodal aggregation's copy and the rows a talker-only process
+    draws are the same numbers (each value a function of its row and column alone)."""
+    from torch import nn
+
+    from omni_runtime.models.qwen2_5_omni.loader import dummy_embedding_rows, fill_dummy_embedding
+
+    table = nn.Embedding(3000, 64).weight
+    fill_dummy_embedding(table)  # 3000 rows: the fill runs in chunks
+    rows = torch.tensor([0, 1, 2047, 2999])
+    assert torch.equal(table[rows], dummy_embedding_rows(rows, 64))
+    assert table.std().item() == pytest.approx(0.02, rel=0.05) and abs(table.mean().item()) < 1e-3
+    assert not torch.equal(table[0], table[1]) and not torch.equal(table[:, 0], table[:, 1])
+    again = nn.Embedding(3000, 64).weight
+    fill_dummy_embedding(again)
+    assert torch.equal(table, again)

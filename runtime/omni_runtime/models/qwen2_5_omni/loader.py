@@ -155,6 +155,34 @@ def build_module(cls: Any, config: Any, *, device: torch.device, dtype: torch.dt
     return module.eval()
 
 
+DUMMY_EMBED_STD = 0.02
+_DUMMY_EMBED_CHUNK = 8192  # rows drawn at a time (the draw's int64 temporaries stay ~0.25 GB at 7B)
+
+
+def dummy_embedding_rows(ids: torch.Tensor, size: int) -> torch.Tensor:
+    """Rows ``ids`` of the dummy thinker embedding, float32 on ``ids``' device: each value a
+    function of (row, column) alone (a counter hash through Box-Muller), so a process that holds
+    the whole table, one that holds only the multimodal aggregation's copy and one that needs a
+    few rows for the talker all see the same vectors, whatever the device or the placement."""
+    mask = 0xFFFFFFFF
+    col = torch.arange(size, device=ids.device, dtype=torch.int64)
+    h = (ids.to(torch.int64)[:, None] * 0x9E3779B1 + col[None, :] * 0x85EBCA77 + DUMMY_SEED) & mask
+    for shift, mult in ((16, 0x7FEB352D), (15, 0x846CA68B), (16, 0x2C1B3C6D)):  # a 32-bit mixer
+        h = ((h ^ (h >> shift)) * mult) & mask
+    u1 = ((h & 0xFFFF).double() + 0.5) / 65536.0
+    u2 = ((h >> 16).double() + 0.5) / 65536.0
+    normal = torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2.0 * torch.pi * u2)
+    return (normal * DUMMY_EMBED_STD).float()
+
+
+def fill_dummy_embedding(weight: torch.Tensor) -> None:
+    """Write `dummy_embedding_rows` of every row into a [vocab, hidden] table, in place."""
+    with torch.no_grad():
+        for start in range(0, weight.shape[0], _DUMMY_EMBED_CHUNK):
+            ids = torch.arange(start, min(start + _DUMMY_EMBED_CHUNK, weight.shape[0]), device=weight.device)
+            weight[start : start + len(ids)] = dummy_embedding_rows(ids, weight.shape[1]).to(weight.dtype)
+
+
 def load_processor(path: Path | None) -> Any:
     from transformers import Qwen2_5OmniProcessor
 
@@ -347,6 +375,8 @@ def _load_parts(
             placement.thinker,
             dtype,
         )
+        if random:
+            fill_dummy_embedding(loaded.text.embed_tokens.weight)  # as a lone mm_aggregate's, below
         text_cfg = thinker_cfg.text_config
         shard_text_model(loaded.text, text_cfg, rank=tp_rank, world=tp_world, group=None)
         loaded.embed = loaded.text.embed_tokens
@@ -371,6 +401,8 @@ def _load_parts(
             embed = nn.Embedding(text_cfg.vocab_size, text_cfg.hidden_size, dtype=dtype)
         if ckpt is not None:
             ckpt.load_into(embed, "thinker.model.embed_tokens.", placement.thinker, dtype)
+        else:
+            fill_dummy_embedding(embed.weight)  # the thinker's own table in another process
         loaded.embed = embed.eval()
     if "audio_encoder" in hosted:
         loaded.audio_tower = part(
@@ -433,13 +465,12 @@ def thinker_embedding_rows(
     dtype: torch.dtype,
 ) -> dict[int, torch.Tensor]:
     """Rows ``ids`` of the thinker's token embedding (from the loaded table, else the checkpoint,
-    else seeded random for dummy weights) on the talker's device (both families)."""
+    else the dummy table's, `dummy_embedding_rows`) on the talker's device (both families)."""
     if embed is not None:
         with torch.inference_mode():
             rows = embed(torch.tensor(ids, device=embed.weight.device))
     elif ckpt is not None:
         rows = ckpt.rows("thinker.model.embed_tokens.weight", ids)
-    else:
-        gen = torch.Generator().manual_seed(1)
-        rows = torch.randn(len(ids), size, generator=gen) * 0.02
+    else:  # the dummy table's rows, as a process holding it has them
+        rows = dummy_embedding_rows(torch.tensor(ids), size)
     return {i: rows[n].to(device, dtype) for n, i in enumerate(ids)}

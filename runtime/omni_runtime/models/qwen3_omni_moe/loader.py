@@ -41,6 +41,7 @@ from omni_runtime.models.qwen2_5_omni.loader import (
     Checkpoint,
     build_module,
     eos_ids,
+    fill_dummy_embedding,
     thinker_embedding_rows,
 )
 from omni_runtime.models.qwen2_5_omni.placement import Placement, resolve_placement
@@ -255,6 +256,8 @@ def _load(
         )
         if ckpt is not None:
             load_text_model(ckpt, text, "thinker.model.", placement.thinker, dtype)
+        else:
+            fill_dummy_embedding(text.embed_tokens.weight)  # as a lone mm_aggregate's, below
         use_experts(text, experts_implementation(os.environ.get("OMNI_MOE_EXPERTS")))
         shard_text_model(text, text_cfg, rank=tp_rank, world=tp_world, group=None)
         if placement.thinker.type == "cuda":
@@ -274,6 +277,8 @@ def _load(
             embed = nn.Embedding(text_cfg.vocab_size, text_cfg.hidden_size, dtype=dtype)
         if ckpt is not None:
             ckpt.load_into(embed, "thinker.model.embed_tokens.", placement.thinker, dtype)
+        else:
+            fill_dummy_embedding(embed.weight)  # the thinker's own table in another process
         loaded.embed = embed.eval()
 
     def tower(cls: Any, cfg: Any, prefix: str, device: torch.device) -> Any:
