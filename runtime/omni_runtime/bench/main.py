@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 
@@ -73,6 +73,17 @@ def _json_object(text: str) -> dict[str, object]:
     return value
 
 
+def with_talker_tokens(extra_body: dict[str, object] | None, tokens: int | None) -> dict[str, object] | None:
+    """--extra-body with --talker-tokens as its talker budget (which request_body speaks whole)."""
+    if tokens is None:
+        return extra_body
+    body = dict(extra_body or {})
+    stages = {k: dict(v) for k, v in cast(dict[str, dict[str, object]], body.get("stage_params", {})).items()}
+    stages["talker"] = {**stages.get("talker", {}), "max_tokens": tokens}
+    body["stage_params"] = stages
+    return body
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="omni bench", description="Load-test an omni worker or router.")
     p.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8000")
@@ -101,6 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=["text", "speech"], default="text")
     p.add_argument("--stream", action="store_true", help="SSE: measures time to first token / first audio")
     p.add_argument("--max-tokens", type=positive_int, default=128, help="fixed output length (ignore_eos)")
+    p.add_argument(
+        "--talker-tokens",
+        type=positive_int,
+        default=None,
+        help="speech: codec tokens a reply speaks, exactly (stage_params.talker max_tokens + ignore_eos; "
+        "Qwen2.5-Omni makes 50 a second of audio, Qwen3-Omni 12.5); default: the talker ends where it ends",
+    )
     p.add_argument("--warmup", type=int, default=1, help="unmeasured requests before the first level")
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds")
     p.add_argument("--out", type=Path, help="directory for bench.json and bench.png")
@@ -145,12 +163,14 @@ async def _run(args: argparse.Namespace) -> int:
         stream=args.stream,
         max_tokens=args.max_tokens,
         timeout_s=args.timeout,
-        extra_body=args.extra_body,
+        extra_body=with_talker_tokens(args.extra_body, args.talker_tokens),
     )
     shape = f"rates={args.rate}/s for {args.duration:g}s" if args.rate else f"levels={args.concurrency}"
     print(
         f"omni bench: {args.url} model={model} mode={args.mode} stream={args.stream} "
-        f"max_tokens={args.max_tokens} {shape}",
+        f"max_tokens={args.max_tokens}"
+        + (f" talker_tokens={args.talker_tokens}" if args.talker_tokens is not None else "")
+        + f" {shape}",
         file=sys.stderr,
     )
     if args.warmup > 0:
@@ -232,6 +252,19 @@ async def _levels_run(
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    if args.talker_tokens is not None and args.mode != "speech":
+        print("omni bench: --talker-tokens is the speech replies' length; add --mode speech", file=sys.stderr)
+        return 2
+    talker = cast(dict[str, dict[str, object]], (args.extra_body or {}).get("stage_params", {})).get(
+        "talker", {}
+    )
+    if args.talker_tokens is not None and "max_tokens" in talker:
+        print(
+            "omni bench: --talker-tokens and --extra-body's stage_params.talker.max_tokens both set the talker "
+            "budget; give one",
+            file=sys.stderr,
+        )
+        return 2
     for path in args.baseline_json:
         try:
             load_baselines(path)  # fail on a bad baseline file before minutes of load

@@ -203,3 +203,28 @@ def test_request_rows_are_exact_and_in_send_order() -> None:
         },
     ]  # fmt: skip
     assert json.loads(json.dumps(rows)) == rows
+
+
+def test_talker_tokens_is_the_talker_budget_spoken_whole(capsys: pytest.CaptureFixture[str]) -> None:
+    from omni_runtime.bench.main import main, with_talker_tokens
+
+    extra = {"stage_params": {"talker": {"temperature": 0.5}}, "seed": 1}
+    merged = with_talker_tokens(extra, 400)
+    assert merged == {"stage_params": {"talker": {"temperature": 0.5, "max_tokens": 400}}, "seed": 1}
+    assert extra == {"stage_params": {"talker": {"temperature": 0.5}}, "seed": 1}  # not mutated
+    assert with_talker_tokens(None, None) is None
+    body = request_body(
+        LoadSpec(url="http://x", model="m", mode="speech", stream=True, max_tokens=64, extra_body=merged)
+    )
+    assert body["stage_params"] == {"talker": {"ignore_eos": True, "temperature": 0.5, "max_tokens": 400}}
+    # wrong combinations stop before any request, with the fix
+    assert main(["--url", "http://127.0.0.1:9", "--talker-tokens", "400"]) == 2
+    assert "add --mode speech" in capsys.readouterr().err
+    both = '{"stage_params": {"talker": {"max_tokens": 10}}}'
+    assert (
+        main(
+            ["--url", "http://127.0.0.1:9", "--mode", "speech", "--talker-tokens", "4", "--extra-body", both]
+        )
+        == 2
+    )
+    assert "give one" in capsys.readouterr().err
