@@ -7,8 +7,10 @@ so a level shows a steady state instead of one wave.
 Every request asks for exactly ``max_tokens`` tokens (``ignore_eos``), and a speech request given a
 talker budget (``--extra-body '{"stage_params": {"talker": {"max_tokens": 400}}}'``) for exactly
 that many codes (``stage_params.talker.ignore_eos``), so levels and A/B sides compare equal work.
-Without a budget the talker ends where it ends (the model's default budget is minutes of audio). Streaming requests time the first text delta and every audio delta: each delta is a small
-WAV file (or raw 16-bit PCM), so its arrival and its duration give the stream's audio timeline
+Without a budget the talker ends where it ends (the model's default budget is minutes of audio).
+
+Streaming requests time the first text delta and every audio delta: each delta is a small WAV file
+(or raw 16-bit PCM), so its arrival and its duration give the stream's audio timeline
 (`omni_runtime.bench.playback` plays it back). Non-streaming replies carry all audio at once, so
 first token, first audio and latency coincide.
 """

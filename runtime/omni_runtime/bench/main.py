@@ -74,11 +74,16 @@ def _json_object(text: str) -> dict[str, object]:
 
 
 def with_talker_tokens(extra_body: dict[str, object] | None, tokens: int | None) -> dict[str, object] | None:
-    """--extra-body with --talker-tokens as its talker budget (which request_body speaks whole)."""
+    """--extra-body with --talker-tokens as its talker budget (which request_body speaks whole);
+    ValueError when --extra-body sets that budget itself."""
     if tokens is None:
         return extra_body
     body = dict(extra_body or {})
     stages = {k: dict(v) for k, v in cast(dict[str, dict[str, object]], body.get("stage_params", {})).items()}
+    if "max_tokens" in stages.get("talker", {}):
+        raise ValueError(
+            "--talker-tokens and --extra-body's stage_params.talker.max_tokens both set the talker budget; give one"
+        )
     stages["talker"] = {**stages.get("talker", {}), "max_tokens": tokens}
     body["stage_params"] = stages
     return body
@@ -163,7 +168,7 @@ async def _run(args: argparse.Namespace) -> int:
         stream=args.stream,
         max_tokens=args.max_tokens,
         timeout_s=args.timeout,
-        extra_body=with_talker_tokens(args.extra_body, args.talker_tokens),
+        extra_body=args.extra_body,
     )
     shape = f"rates={args.rate}/s for {args.duration:g}s" if args.rate else f"levels={args.concurrency}"
     print(
@@ -255,15 +260,10 @@ def main(argv: list[str]) -> int:
     if args.talker_tokens is not None and args.mode != "speech":
         print("omni bench: --talker-tokens is the speech replies' length; add --mode speech", file=sys.stderr)
         return 2
-    talker = cast(dict[str, dict[str, object]], (args.extra_body or {}).get("stage_params", {})).get(
-        "talker", {}
-    )
-    if args.talker_tokens is not None and "max_tokens" in talker:
-        print(
-            "omni bench: --talker-tokens and --extra-body's stage_params.talker.max_tokens both set the talker "
-            "budget; give one",
-            file=sys.stderr,
-        )
+    try:
+        args.extra_body = with_talker_tokens(args.extra_body, args.talker_tokens)
+    except ValueError as exc:
+        print(f"omni bench: {exc}", file=sys.stderr)
         return 2
     for path in args.baseline_json:
         try:
