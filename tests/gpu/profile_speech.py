@@ -24,7 +24,8 @@ talker takes its text, ``thinker_hold_below_s`` which windows pause the
 thinker, ``vocoder_graphs`` false every vocoder window eagerly, ``windows_ahead`` how many of a
 reply's windows may be at the vocoder at once, ``vocoder_far`` ``[seconds, windows]`` as
 ``OMNI_VOCODER_FAR`` sets it, far windows out of nearer ones' calls, ``vocoder_buckets`` the batch
-sizes the vocoder pads to, as ``OMNI_VOCODER_BUCKETS`` sets them):
+sizes the vocoder pads to, as ``OMNI_VOCODER_BUCKETS`` sets them, ``first_linger_codes`` how near
+another reply's first window must be for a ready one to wait for it, 0 never):
 
     python tests/gpu/profile_speech.py /tmp/qwen2.5-omni-7b-dummy --concurrency 1,16,32 --waves 1 \
         --window-variants '[{"catch_up": false}]'
@@ -353,6 +354,7 @@ ENGINE_SWITCHES = (
     "vocoder_far",
     "vocoder_buckets",
     "prefill_graphs",
+    "first_linger_codes",
 )
 
 
@@ -517,6 +519,7 @@ async def main(args: argparse.Namespace) -> None:
     watch_gc(warn_above_s=0.05)
     hold_default = engine.thinker_hold_below_s
     ahead_default = engine.windows_ahead
+    linger_default = engine.first_linger_codes
     far_default = getattr(engine.stages, "local", engine.stages).vocoder_worker.far
     buckets_default = vocoder_of(engine).graphs.buckets
     variants = args.window_variants if args.variants_only else [{}, *args.window_variants]
@@ -527,6 +530,7 @@ async def main(args: argparse.Namespace) -> None:
         engine.thinker_hold_below_s = variant.get("thinker_hold_below_s", hold_default)
         engine.holds_spare_text = bool(variant.get("holds_spare_text", True))
         engine.windows_ahead = int(variant.get("windows_ahead", ahead_default))
+        engine.first_linger_codes = int(variant.get("first_linger_codes", linger_default))
         far = variant.get("vocoder_far")  # [seconds, windows]: deadlines.FarWindows; absent: the default
         worker = getattr(engine.stages, "local", engine.stages).vocoder_worker
         worker.far = FarWindows(after_s=float(far[0]), batch=int(far[1])) if far else far_default

@@ -124,6 +124,17 @@ class _EngineCollector(Collector):
             "(OMNI_BUSY_STREAMS).",
             value=stats.busy_first_windows,
         )
+        yield CounterMetricFamily(
+            "omni_lingered_first_windows",
+            "Streaming speech replies whose first window waited for other replies' first windows, "
+            "a few codes from ready, to share one vocoder call.",
+            value=stats.lingered_first_windows,
+        )
+        yield CounterMetricFamily(
+            "omni_first_window_linger_seconds",
+            "Seconds first windows waited for other replies' (omni_lingered_first_windows), in all.",
+            value=stats.first_window_linger_seconds,
+        )
         yield GaugeMetricFamily(
             "omni_engine_active_requests",
             "Requests the engine holds (queued or running).",

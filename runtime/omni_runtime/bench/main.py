@@ -8,7 +8,8 @@
 Speech levels report what a listener hears (TTFA percentiles, underrun seconds per stream, RTF,
 streams that stayed real time, audio seconds per second) and plot them in speech.png. With
 ``--out``, requests.jsonl has one row per request: when it was sent, its TTFT, TTFA and latency,
-and its listener's stall (which requests make a level's tail, and when they were sent).
+and its listener's stall, closest call and audio timeline (which requests make a level's tail, and
+which window came late).
 """
 
 from __future__ import annotations

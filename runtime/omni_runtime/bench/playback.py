@@ -44,6 +44,9 @@ class Playback:
     stalls: int  # how many separate underruns
     finish_s: float  # when the last sample has been played (from the request's start)
     rtf: float  # last arrival / audio seconds
+    # The closest call: the least audio still queued at the listener when a later chunk arrived
+    # (negative: the longest single wait). None for a one-chunk stream.
+    min_slack_s: float | None = None
 
     @property
     def real_time(self) -> bool:
@@ -60,7 +63,10 @@ def play(timeline: Sequence[Chunk]) -> Playback | None:
     clock = chunks[0].arrival_s  # the play head's time: when the audio queued so far runs out
     stall = 0.0
     stalls = 0
+    slacks = []
     for chunk in chunks:
+        if chunk is not chunks[0]:
+            slacks.append(clock - chunk.arrival_s)
         if chunk.arrival_s > clock + EPSILON_S:
             stall += chunk.arrival_s - clock
             stalls += 1
@@ -74,6 +80,7 @@ def play(timeline: Sequence[Chunk]) -> Playback | None:
         stalls=stalls,
         finish_s=clock,
         rtf=chunks[-1].arrival_s / audio,
+        min_slack_s=min(slacks, default=None),
     )
 
 

@@ -36,7 +36,8 @@ class RequestSample:
 def request_rows(samples: list[RequestSample], *, level: str) -> list[dict[str, Any]]:
     """One row per request (``omni bench --out``'s requests.jsonl), in the order they were sent:
     when it was sent, what it got and, for speech, what its listener heard. ``level`` names the
-    load ("c=16", "2/s"). Seconds to the millisecond's tenth."""
+    load ("c=16", "2/s"). Seconds to the millisecond's tenth. A speech row also has its audio
+    timeline and its closest call (``Playback.min_slack_s``)."""
 
     def sec(value: float | None) -> float | None:
         return None if value is None else round(value, 4)
@@ -56,7 +57,10 @@ def request_rows(samples: list[RequestSample], *, level: str) -> list[dict[str, 
                 "audio_s": sec(heard.audio_s) if heard else None,
                 "stall_s": sec(heard.stall_s) if heard else None,
                 "stalls": heard.stalls if heard else None,
+                "min_slack_s": sec(heard.min_slack_s) if heard else None,
                 "error": sample.error,
+                # each audio chunk's [arrival, seconds]: which window came late, or closest to it
+                "chunks": [[sec(c.arrival_s), sec(c.duration_s)] for c in sample.audio] if heard else None,
             }
         )
     return rows

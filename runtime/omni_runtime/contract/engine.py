@@ -192,6 +192,10 @@ class EngineStats:
     # (``SegmenterConfig.first_chunk_busy``).
     speech_replies: int = 0
     busy_first_windows: int = 0
+    # First windows that waited for other replies' to share a vocoder call, and the seconds they
+    # waited in all (``deadlines.lingers``).
+    lingered_first_windows: int = 0
+    first_window_linger_seconds: float = 0.0
     # Conversation KV (pipeline/conversation_kv.py): sessions with kept thinker KV, its bytes and
     # budget; session turns admitted after a kept prefix (hits) or prefilled in full (misses),
     # prompt tokens served from kept KV, and entries dropped for room.

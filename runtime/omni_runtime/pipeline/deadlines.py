@@ -30,7 +30,7 @@ Pure: the engine keeps a `PlaybackClock` per stream; the vocoder's worker orders
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -112,6 +112,29 @@ def holds_thinker(
     if slack_s is None:
         return True
     return slack_s < below_s and not first_audio_pending and not text_pending
+
+
+# A first window that is ready waits for other replies' first windows this many codes (or fewer)
+# from being cut, at most FIRST_LINGER_S, so they go to the vocoder in one call (`lingers`).
+FIRST_LINGER_CODES = 3
+FIRST_LINGER_S = 0.03
+
+
+def lingers(others_need: Iterable[int | None], *, within: int) -> bool:
+    """Whether a reply's first window, ready to go to the vocoder, waits for other replies' first
+    windows: some other reply still needs ``1..within`` codes before its own is cut
+    (``CodecSegmenter.codes_until_first``; 0: cut now, on its way; None: cut already, or not
+    streaming). ``within`` 0 never waits.
+
+    In a wave of replies that start together, one prompt is prefilled alone before the rest and
+    its first window is cut a code or two before theirs. Sent at once, it ran in a vocoder call of
+    its own; the others' first windows, cut a thinker step later, waited for that call and then
+    ran in their own. That reply's listener then started about 0.1 s before its wave, while its
+    later windows, whose codes come at the thinker's text rate like everyone's, came with the
+    wave's: it was the stream that stalled. Waiting a step or two for the others puts every first
+    window in one call, so the wave's first audio comes sooner and together. The caller bounds
+    the wait (``FIRST_LINGER_S``)."""
+    return within > 0 and any(need is not None and 0 < need <= within for need in others_need)
 
 
 @dataclass(frozen=True)

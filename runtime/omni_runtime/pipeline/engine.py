@@ -39,7 +39,15 @@ from omni_runtime.contract.engine import (
 from omni_runtime.contract.options import EngineOptions
 from omni_runtime.contract.stages import STREAMING_AUDIO
 from omni_runtime.executor.gpu_memory import gpu_memory
-from omni_runtime.pipeline.deadlines import THINKER_HOLD_BELOW_S, PlaybackClock, ahead_slack, holds_thinker
+from omni_runtime.pipeline.deadlines import (
+    FIRST_LINGER_CODES,
+    FIRST_LINGER_S,
+    THINKER_HOLD_BELOW_S,
+    PlaybackClock,
+    ahead_slack,
+    holds_thinker,
+    lingers,
+)
 from omni_runtime.pipeline.detokenize import IncrementalDetokenizer, StopMatcher
 from omni_runtime.pipeline.encoding import MediaEncoders
 from omni_runtime.pipeline.graph import local_stages, pipeline_variant
@@ -94,6 +102,14 @@ class PipelineEngine:
         # Windows of one streaming reply at the vocoder at once (`_stream_windows`); 1: each is cut
         # once the one before came back.
         self.windows_ahead = WINDOWS_AHEAD
+        # Codes each streaming reply still needs before its first window is cut (request id ->
+        # codes; gone once cut): a ready first window waits for others this close (`lingers`).
+        self._first_window_need: dict[str, int] = {}
+        self.first_linger_codes = FIRST_LINGER_CODES  # 0: a first window never waits
+        self.first_linger_s = FIRST_LINGER_S
+        self._lingered_first_windows = 0
+        self._first_window_waiters: set[asyncio.Event] = set()  # set whenever one leaves the above
+        self._first_window_linger_s = 0.0
         self.first_audio_phases = TimeCounts()  # FIRST_AUDIO_PHASES of streaming speech replies
 
     @property
@@ -194,6 +210,8 @@ class PipelineEngine:
             first_audio_phases=self.first_audio_phases.snapshot(),
             speech_replies=self._speech_replies,
             busy_first_windows=self._busy_first_windows,
+            lingered_first_windows=self._lingered_first_windows,
+            first_window_linger_seconds=self._first_window_linger_s,
             gpus=gpu_memory(),
         )
 
@@ -543,13 +561,20 @@ class PipelineEngine:
             # A window ended: wake the loop below through the talker's queue, with no codes.
             job.events.put_nowait([])
 
+        rid = request.request_id
         try:
             while True:
+                need = segmenter.codes_until_first(len(codes), streams=self._speech_replies)
+                if need is not None:
+                    self._first_window_need[rid] = need
                 while len(ahead) < max(1, self.windows_ahead) and (
                     ready := segmenter.push(len(codes), done=done, limit=1, streams=self._speech_replies)
                 ):
-                    if ready[0].start == 0 and segmenter.first_busy:
-                        self._busy_first_windows += 1
+                    if ready[0].start == 0:
+                        self._first_window_gone(rid)
+                        await self._linger_first(rid)
+                        if segmenter.first_busy:
+                            self._busy_first_windows += 1
                     window = widen_to_recurring(ready[0], standard)
                     queued = sum(seconds for seconds, _ in ahead)
                     slack = ahead_slack(clock.slack(now=time.monotonic()), queued)
@@ -580,10 +605,50 @@ class PipelineEngine:
                 if marks is not None and codes and marks.first_code is None:
                     marks.first_code = time.monotonic()
         finally:  # a failed window or a cancel drops the windows still at the vocoder
+            self._first_window_gone(rid)
             for _, pending in ahead:
                 if pending.done() and not pending.cancelled():
                     pending.exception()  # retrieved: a later window's failure is not logged as unhandled
                 pending.cancel()
+
+    def _first_window_gone(self, request_id: str) -> None:
+        """This reply's first window was cut (or the reply ended): first windows lingering for it
+        look again. They wake before this reply's window reaches the vocoder's line (its call is
+        a task that runs after them), so both are queued when the vocoder takes its next batch."""
+        if self._first_window_need.pop(request_id, None) is None:
+            return
+        for wake in self._first_window_waiters:
+            wake.set()
+
+    async def _linger_first(self, request_id: str) -> None:
+        """Before a reply's first window goes to the vocoder: wait while another reply's first
+        window is a few codes from being cut (`deadlines.lingers`), at most ``first_linger_s``, so
+        they share one vocoder call. The codes this reply's talker makes meanwhile wait in its
+        queue."""
+        began = time.monotonic()
+        waited = False
+        while lingers(
+            (need for rid, need in self._first_window_need.items() if rid != request_id),
+            within=self.first_linger_codes,
+        ):
+            left = self.first_linger_s - (time.monotonic() - began)
+            if left <= 0:
+                break
+            waited = True
+            # A plain event, set by the other reply or by the timer: one wake-up, so this window
+            # is queued at the vocoder right after the one it waited for (asyncio.wait_for would
+            # add a task between them on Python 3.11, and the vocoder could start without it).
+            wake = asyncio.Event()
+            self._first_window_waiters.add(wake)
+            timer = asyncio.get_running_loop().call_later(left, wake.set)
+            try:
+                await wake.wait()
+            finally:
+                timer.cancel()
+                self._first_window_waiters.discard(wake)
+        if waited:
+            self._lingered_first_windows += 1
+            self._first_window_linger_s += time.monotonic() - began
 
     async def _synthesize_held(
         self, item: dict[str, Any], slack: float | None, request: GenerationRequest

@@ -160,6 +160,15 @@ class CodecSegmenter:
             self._next = end
         return windows
 
+    def codes_until_first(self, available: int, *, streams: int = 1) -> int | None:
+        """Codes this stream still needs before its first window can be cut (0: it can be cut
+        now, as ``push`` would with the same ``streams``); None once it has been cut, and for
+        non-streaming windows (cut only when the talker ends)."""
+        cfg = self.config
+        if self._next > 0 or cfg.whole or cfg.at_end:
+            return None
+        return max(0, self._first_size(streams) + cfg.right_context - available)
+
     def _first_size(self, streams: int) -> int:
         cfg = self.config
         busy = cfg.first_chunk_busy > 0 and streams >= max(1, cfg.busy_streams)

@@ -23,12 +23,15 @@ class VocoderSpy:
         self.vocoder = vocoder
         self.windows: list[tuple[int, int]] = []
         self.calls = 0
+        self.batches: list[list[tuple[int, int]]] = []  # each call's windows
 
     def __getattr__(self, name: str):
         return getattr(self.vocoder, name)
 
     def synthesize_many(self, items):
-        self.windows.extend((item["window"]["start"], item["window"]["end"]) for item in items)
+        windows = [(item["window"]["start"], item["window"]["end"]) for item in items]
+        self.windows.extend(windows)
+        self.batches.append(windows)
         self.calls += 1
         return self.vocoder.synthesize_many(items)
 
@@ -283,6 +286,55 @@ def test_a_reply_that_starts_while_another_speaks_gets_the_busy_first_window(
     assert any(isinstance(e, AudioChunk) for e in second)
     stats = engine.stats()  # what /metrics shows: omni_speech_replies, omni_busy_first_windows_total
     assert stats.speech_replies == 0 and stats.busy_first_windows == busy_before + 1
+
+
+def test_a_first_window_waits_for_another_replys_to_share_one_vocoder_call(speech_engine: Harness) -> None:
+    """A reply started while another is in its first tokens is some codes behind it; the first
+    reply's first window, once ready, waits for the second's (deadlines.lingers: here however far,
+    and for up to 30 s, so the test does not race the talker) and both go to the vocoder in one
+    call. What each reply hears is unchanged (greedy, seeded)."""
+    engine = speech_engine.engine
+    family = dict(engine.adapter.codec_windows)
+    first = 40  # long first windows: the second reply's talker starts long before the first's is cut
+    spy = _spy(speech_engine)
+    saved = (engine.first_linger_codes, engine.first_linger_s)
+
+    def greedy():
+        base = request(max_tokens=100, want_audio=True, talker_tokens=2 * first)
+        return replace(base, stage_params={"talker": {"max_tokens": 2 * first, "temperature": 0.0}})
+
+    async def staggered() -> tuple[list, list]:
+        leader = engine.generate(greedy())
+        led: list = []
+        follower = None
+        async for event in leader:
+            led.append(event)
+            if follower is None and isinstance(event, TextDelta):  # the leader's talker has started
+                follower = asyncio.ensure_future(_collect(engine.generate(greedy())))
+        assert follower is not None
+        return led, await follower
+
+    engine.adapter.codec_windows = {**family, "first_chunk": first, "busy_streams": 99}
+    engine.first_linger_codes, engine.first_linger_s = 10_000, 30.0
+    before = engine.stats()
+    try:
+        led, followed = speech_engine.run(staggered())
+    finally:
+        engine.adapter.codec_windows = family
+        engine.first_linger_codes, engine.first_linger_s = saved
+        engine.stages.local.vocoder = spy.vocoder
+    firsts = [batch for batch in spy.batches if (0, first) in batch]
+    assert firsts == [[(0, first), (0, first)]], spy.batches  # both first windows, one call
+    after = engine.stats()
+    assert after.lingered_first_windows == before.lingered_first_windows + 1  # the leader's waited
+    assert after.first_window_linger_seconds > before.first_window_linger_seconds
+    for events in (led, followed):
+        assert finished(events).reason in ("stop", "length")
+        assert sum(len(e.pcm) for e in events if isinstance(e, AudioChunk)) > 0
+
+
+async def _collect(events) -> list:
+    return [event async for event in events]
 
 
 async def _drain(events) -> None:

@@ -191,15 +191,16 @@ def test_request_rows_are_exact_and_in_send_order() -> None:
     assert rows == [
         {
             "level": "c=2", "sent_s": 0.0, "ok": True, "status": None, "latency_s": 0.8, "ttft_s": 0.05,
-            "ttfa_s": None, "audio_s": None, "stall_s": None, "stalls": None, "error": None,
+            "ttfa_s": None, "audio_s": None, "stall_s": None, "stalls": None, "min_slack_s": None, "error": None, "chunks": None,
         },
         {
             "level": "c=2", "sent_s": 0.25, "ok": False, "status": 429, "latency_s": 0.01, "ttft_s": None,
-            "ttfa_s": None, "audio_s": None, "stall_s": None, "stalls": None, "error": "full",
+            "ttfa_s": None, "audio_s": None, "stall_s": None, "stalls": None, "min_slack_s": None, "error": "full", "chunks": None,
         },
         {
             "level": "c=2", "sent_s": 1.5, "ok": True, "status": None, "latency_s": 2.0, "ttft_s": 0.1,
-            "ttfa_s": 0.3, "audio_s": 1.7, "stall_s": 0.1, "stalls": 1, "error": None,
+            "ttfa_s": 0.3, "audio_s": 1.7, "stall_s": 0.1, "stalls": 1, "min_slack_s": -0.1, "error": None,
+            "chunks": [[0.3, 0.2], [0.6, 1.0], [1.0, 0.5]],
         },
     ]  # fmt: skip
     assert json.loads(json.dumps(rows)) == rows

@@ -21,27 +21,31 @@ def _t(*pairs: tuple[float, float]) -> list[Chunk]:
         # ahead of playback all along: chunk 2 arrives at 1.5, playback needs it at 2.5
         (
             _t((0.5, 2.0), (1.5, 2.0), (2.0, 1.0)),
-            Playback(ttfa_s=0.5, audio_s=5.0, stall_s=0.0, stalls=0, finish_s=5.5, rtf=0.4),
+            Playback(ttfa_s=0.5, audio_s=5.0, stall_s=0.0, stalls=0, finish_s=5.5, rtf=0.4, min_slack_s=1.0),
         ),
         # exactly on time: each chunk arrives the moment the previous one ends (no stall)
         (
             _t((1.0, 1.0), (2.0, 1.0), (3.0, 1.0)),
-            Playback(ttfa_s=1.0, audio_s=3.0, stall_s=0.0, stalls=0, finish_s=4.0, rtf=1.0),
+            Playback(ttfa_s=1.0, audio_s=3.0, stall_s=0.0, stalls=0, finish_s=4.0, rtf=1.0, min_slack_s=0.0),
         ),
         # slower than real time: 1 s chunks every 2 s -> two 1 s stalls
         (
             _t((1.0, 1.0), (3.0, 1.0), (5.0, 1.0)),
-            Playback(ttfa_s=1.0, audio_s=3.0, stall_s=2.0, stalls=2, finish_s=6.0, rtf=5 / 3),
+            Playback(
+                ttfa_s=1.0, audio_s=3.0, stall_s=2.0, stalls=2, finish_s=6.0, rtf=5 / 3, min_slack_s=-1.0
+            ),
         ),
         # a stall, then a burst that refills the buffer, then on time: 0.5 s stall only
         (
             _t((0.0, 1.0), (1.5, 1.0), (1.6, 3.0), (5.0, 0.5)),
-            Playback(ttfa_s=0.0, audio_s=5.5, stall_s=0.5, stalls=1, finish_s=6.0, rtf=5.0 / 5.5),
+            Playback(
+                ttfa_s=0.0, audio_s=5.5, stall_s=0.5, stalls=1, finish_s=6.0, rtf=5.0 / 5.5, min_slack_s=-0.5
+            ),
         ),
         # arrival order, not list order; empty chunks are ignored
         (
             _t((2.0, 1.0), (0.5, 1.0), (1.0, 0.0)),
-            Playback(ttfa_s=0.5, audio_s=2.0, stall_s=0.5, stalls=1, finish_s=3.0, rtf=1.0),
+            Playback(ttfa_s=0.5, audio_s=2.0, stall_s=0.5, stalls=1, finish_s=3.0, rtf=1.0, min_slack_s=-0.5),
         ),
         # one chunk with all the audio (the HF generate baseline): never stalls, rtf = latency / audio
         (

@@ -16,6 +16,7 @@ from omni_runtime.pipeline.deadlines import (
     ahead_slack,
     far_windows,
     holds_thinker,
+    lingers,
     priority,
     take,
 )
@@ -428,3 +429,23 @@ async def test_a_broken_group_fails_the_waiting_requests_instead_of_hanging_them
         await worker.stop()
         thread.shutdown()
     assert all(isinstance(outcome, KeyError) for outcome in outcomes)
+
+
+@pytest.mark.parametrize(
+    ("others", "within", "waits"),
+    [
+        ([], 3, False),  # alone: never waits
+        ([2], 3, True),  # another reply two codes from its first window
+        ([3], 3, True),
+        ([4], 3, False),  # too far: it would wait more than a step or two
+        ([0], 3, False),  # cut now, on its way to the vocoder: nothing to wait for
+        ([None], 3, False),  # cut already (or not streaming)
+        ([None, 25, 1], 3, True),  # one near one is enough
+        ([None, 25, 0], 3, False),
+        ([1], 0, False),  # within 0: never waits
+    ],
+)
+def test_a_ready_first_window_lingers_only_for_first_windows_a_few_codes_away(
+    others: list[int | None], within: int, waits: bool
+) -> None:
+    assert lingers(others, within=within) is waits

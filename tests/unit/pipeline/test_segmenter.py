@@ -301,3 +301,28 @@ def test_a_busy_first_window_can_have_a_ramp_of_its_own() -> None:
     from omni_runtime.pipeline.segmenter import family_config
 
     assert family_config({"ramp_busy": [10, 10, 20, 30]}).ramp_busy == (10, 10, 20, 30)
+
+
+@pytest.mark.parametrize(
+    ("available", "streams", "need"),
+    [
+        (0, 1, 15),  # a lone stream's first window: 10 codes and 5 of right context
+        (12, 1, 3),
+        (15, 1, 0),  # it can be cut now
+        (40, 1, 0),  # more than enough: still 0, never negative
+        (12, 12, 13),  # under load the first window is 20 codes: 25 to cut
+        (25, 16, 0),
+    ],
+)
+def test_codes_until_the_first_window_is_what_push_waits_for(available: int, streams: int, need: int) -> None:
+    seg = CodecSegmenter(BUSY)
+    assert seg.codes_until_first(available, streams=streams) == need
+    cut = seg.push(available, streams=streams)
+    assert bool(cut) == (need == 0)  # push cuts exactly when no code is missing
+    if cut:
+        assert seg.codes_until_first(available + 5, streams=streams) is None  # cut: none to wait for
+
+
+def test_codes_until_first_is_none_where_windows_wait_for_the_end() -> None:
+    assert CodecSegmenter(SegmenterConfig(at_end=True)).codes_until_first(0) is None
+    assert CodecSegmenter(SegmenterConfig(whole=True)).codes_until_first(100) is None
