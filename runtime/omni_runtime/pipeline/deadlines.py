@@ -116,7 +116,7 @@ def holds_thinker(
 
 # A first window that is ready waits for other replies' first windows this many codes (or fewer)
 # from being cut, at most FIRST_LINGER_S, so they go to the vocoder in one call (`lingers`).
-FIRST_LINGER_CODES = 3
+FIRST_LINGER_CODES = 8
 FIRST_LINGER_S = 0.03
 
 
