@@ -120,21 +120,24 @@ FIRST_LINGER_CODES = 8
 FIRST_LINGER_S = 0.03
 
 
-def lingers(others_need: Iterable[int | None], *, within: int) -> bool:
-    """Whether a reply's first window, ready to go to the vocoder, waits for other replies' first
-    windows: some other reply still needs ``1..within`` codes before its own is cut
+def lingers(others_need: Iterable[int | None], *, within: int, waiting: bool = False) -> bool:
+    """Whether a reply's first window, ready to go to the vocoder, waits for another reply's:
+    some other reply still needs ``1..within`` codes before its own is cut
     (``CodecSegmenter.codes_until_first``; 0: cut now, on its way; None: cut already, or not
-    streaming). ``within`` 0 never waits.
+    streaming), and no other first window is ``waiting`` already (then this one is the company
+    that one waited for: both go now). ``within`` 0 never waits. The caller waits until the next
+    first window goes, bounded by ``FIRST_LINGER_S``.
 
     In a wave of replies that start together, one prompt is prefilled alone before the rest and
     its first window is cut a code or two before theirs. Sent at once, it ran in a vocoder call of
     its own; the others' first windows, cut a thinker step later, waited for that call and then
     ran in their own. That reply's listener then started about 0.1 s before its wave, while its
     later windows, whose codes come at the thinker's text rate like everyone's, came with the
-    wave's: it was the stream that stalled. Waiting a step or two for the others puts every first
-    window in one call, so the wave's first audio comes sooner and together. The caller bounds
-    the wait (``FIRST_LINGER_S``)."""
-    return within > 0 and any(need is not None and 0 < need <= within for need in others_need)
+    wave's: it was the stream that stalled. Waiting a step or two for the others puts the first
+    windows in one call, so the wave's first audio comes together."""
+    if within <= 0 or waiting:
+        return False
+    return any(need is not None and 0 < need <= within for need in others_need)
 
 
 @dataclass(frozen=True)

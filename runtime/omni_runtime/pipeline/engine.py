@@ -108,7 +108,7 @@ class PipelineEngine:
         self.first_linger_codes = FIRST_LINGER_CODES  # 0: a first window never waits
         self.first_linger_s = FIRST_LINGER_S
         self._lingered_first_windows = 0
-        self._first_window_waiters: set[asyncio.Event] = set()  # set whenever one leaves the above
+        self._first_window_waiters: set[asyncio.Event] = set()  # first windows waiting (`_linger_first`)
         self._first_window_linger_s = 0.0
         self.first_audio_phases = TimeCounts()  # FIRST_AUDIO_PHASES of streaming speech replies
 
@@ -571,7 +571,7 @@ class PipelineEngine:
                     ready := segmenter.push(len(codes), done=done, limit=1, streams=self._speech_replies)
                 ):
                     if ready[0].start == 0:
-                        self._first_window_gone(rid)
+                        self._first_window_gone(rid, ended=False)
                         await self._linger_first(rid)
                         if segmenter.first_busy:
                             self._busy_first_windows += 1
@@ -605,50 +605,53 @@ class PipelineEngine:
                 if marks is not None and codes and marks.first_code is None:
                     marks.first_code = time.monotonic()
         finally:  # a failed window or a cancel drops the windows still at the vocoder
-            self._first_window_gone(rid)
+            self._first_window_gone(rid, ended=True)
             for _, pending in ahead:
                 if pending.done() and not pending.cancelled():
                     pending.exception()  # retrieved: a later window's failure is not logged as unhandled
                 pending.cancel()
 
-    def _first_window_gone(self, request_id: str) -> None:
-        """This reply's first window was cut (or the reply ended): first windows lingering for it
-        look again. They wake before this reply's window reaches the vocoder's line (its call is
-        a task that runs after them), so both are queued when the vocoder takes its next batch."""
-        if self._first_window_need.pop(request_id, None) is None:
-            return
+    def _first_window_gone(self, request_id: str, *, ended: bool) -> None:
+        """This reply's first window was cut, or the reply ``ended`` before it was: it is no
+        longer one to wait for. One that ended wakes the first windows waiting (they go: the
+        company they waited for may have been this one)."""
+        if self._first_window_need.pop(request_id, None) is not None and ended:
+            self._release_first_windows()
+
+    def _release_first_windows(self) -> None:
+        """Every first window waiting goes now. They wake before the window of the reply that
+        releases them reaches the vocoder's line (its call is a task that runs after them), so
+        all of them are queued when the vocoder takes its next batch."""
         for wake in self._first_window_waiters:
             wake.set()
 
     async def _linger_first(self, request_id: str) -> None:
-        """Before a reply's first window goes to the vocoder: wait while another reply's first
-        window is a few codes from being cut (`deadlines.lingers`), at most ``first_linger_s``, so
-        they share one vocoder call. The codes this reply's talker makes meanwhile wait in its
-        queue."""
+        """Before a reply's first window goes to the vocoder (`deadlines.lingers`): with another
+        first window already waiting, this one is the company it waited for, and both go now;
+        otherwise, while another reply's first window is a few codes from being cut, wait until
+        the next first window goes (or ``first_linger_s``), then go with it. The codes this reply's
+        talker makes meanwhile wait in its queue.
+
+        Waiting for one next window, not for every near one, keeps a wave whose replies arrived a
+        few milliseconds apart from chaining: the first ready would otherwise wait out its bound
+        while the ones it waited for went ahead of it."""
         began = time.monotonic()
-        waited = False
-        while lingers(
-            (need for rid, need in self._first_window_need.items() if rid != request_id),
-            within=self.first_linger_codes,
-        ):
-            left = self.first_linger_s - (time.monotonic() - began)
-            if left <= 0:
-                break
-            waited = True
-            # A plain event, set by the other reply or by the timer: one wake-up, so this window
-            # is queued at the vocoder right after the one it waited for (asyncio.wait_for would
-            # add a task between them on Python 3.11, and the vocoder could start without it).
+        others = (need for rid, need in self._first_window_need.items() if rid != request_id)
+        if lingers(others, within=self.first_linger_codes, waiting=bool(self._first_window_waiters)):
+            # A plain event, set by the next first window to go or by the timer: one wake-up, so
+            # this window is queued right after that one (asyncio.wait_for would add a task
+            # between them on Python 3.11, and the vocoder could start without it).
             wake = asyncio.Event()
             self._first_window_waiters.add(wake)
-            timer = asyncio.get_running_loop().call_later(left, wake.set)
+            timer = asyncio.get_running_loop().call_later(self.first_linger_s, wake.set)
             try:
                 await wake.wait()
             finally:
                 timer.cancel()
                 self._first_window_waiters.discard(wake)
-        if waited:
             self._lingered_first_windows += 1
             self._first_window_linger_s += time.monotonic() - began
+        self._release_first_windows()
 
     async def _synthesize_held(
         self, item: dict[str, Any], slack: float | None, request: GenerationRequest

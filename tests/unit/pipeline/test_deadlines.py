@@ -449,3 +449,5 @@ def test_a_ready_first_window_lingers_only_for_first_windows_a_few_codes_away(
     others: list[int | None], within: int, waits: bool
 ) -> None:
     assert lingers(others, within=within) is waits
+    # with another first window already waiting, this one is its company: it never waits too
+    assert lingers(others, within=within, waiting=True) is False
