@@ -104,6 +104,10 @@ class SpeechLevel:
     # out shorter (a talker that drew its end code early) show as a minimum below the median.
     stream_audio_min_s: float | None = None
     stream_audio_p50_s: float | None = None
+    # The closest call of the level: the least audio any stream still had queued when a later chunk
+    # arrived (``Playback.min_slack_s``; negative: the longest single wait). A level with every
+    # stream real time shows here how near it came to a stall.
+    closest_s: float | None = None
 
     def row_fields(self) -> dict[str, float | int | None]:
         """The fields a bench row (`LevelSummary`) carries; audio_s stays out (it has no column)."""
@@ -138,4 +142,5 @@ def summarize_speech(timelines: Sequence[Sequence[Chunk]], *, wall_s: float) -> 
         audio_s_per_s=audio / wall_s if wall_s > 0 else 0.0,
         stream_audio_min_s=min(streams, default=None),
         stream_audio_p50_s=p(streams, 50),
+        closest_s=min((x.min_slack_s for x in played if x.min_slack_s is not None), default=None),
     )

@@ -34,6 +34,7 @@ _SPEECH_COLUMNS = (
     ("ttfa p99", "ttfa_p99_s", "{:.3f}"),
     ("stall/str", "stall_mean_s", "{:.3f}"),
     ("stall max", "stall_max_s", "{:.3f}"),
+    ("closest", "closest_s", "{:.3f}"),  # least audio left as a chunk came (negative: a wait)
     ("rtf p50", "rtf_p50", "{:.3f}"),
     ("rt/str", None, ""),
     ("audio s/s", "audio_s_per_s", "{:.2f}"),

@@ -99,6 +99,7 @@ class LevelSummary:
     audio_s_per_s: float | None = None
     stream_audio_min_s: float | None = None  # audio seconds of the shortest stream
     stream_audio_p50_s: float | None = None
+    closest_s: float | None = None  # the least audio a stream had left when its next chunk came
     # Closed loop with more than one wave: TTFA p50 of the first ``concurrency`` requests sent (a
     # worker's first burst at this level, all starting together) and of the later ones.
     ttfa_first_wave_p50_s: float | None = None

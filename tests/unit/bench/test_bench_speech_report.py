@@ -25,6 +25,7 @@ def _speech_row(label: str, concurrency: int, **extra: object) -> LevelSummary:
         "stall_mean_s": 0.125,
         "stall_p95_s": 0.4,
         "stall_max_s": 0.5,
+        "closest_s": -0.05,
         "rtf_p50": 0.25,
         "rtf_max": 0.5,
         "audio_streams": 4,
@@ -45,13 +46,13 @@ def test_speech_table_is_exact() -> None:
     lines = format_table(rows).splitlines()
     assert lines[0].split() == [
         "label", "load", "ok/all", "req/s", "tok/s", "lat", "mean", "lat", "p50", "lat", "p95", "ttft",
-        "p50", "ttfa", "p50", "ttfa", "p95", "ttfa", "p99", "stall/str", "stall", "max", "rtf", "p50",
+        "p50", "ttfa", "p50", "ttfa", "p95", "ttfa", "p99", "stall/str", "stall", "max", "closest", "rtf", "p50",
         "rt/str", "audio", "s/s", "audio/str", "min", "audio/str", "p50", "ttfa", "1st", "wave", "ttfa",
         "later",
     ]  # fmt: skip
     assert lines[2].split() == [
         "omni", "4", "4/4", "2.00", "64.0", "-", "-", "-", "-", "0.250", "0.500", "0.750", "0.125",
-        "0.500", "0.250", "3/4", "12.50", "1.50", "9.75", "0.600", "0.400",
+        "0.500", "-0.050", "0.250", "3/4", "12.50", "1.50", "9.75", "0.600", "0.400",
     ]  # fmt: skip
     assert lines[3].split()[:2] == ["omni", "1.5/s"]
     assert lines[4].split()[-6:] == ["4/4", "12.50", "1.50", "9.75", "-", "-"]

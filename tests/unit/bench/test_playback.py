@@ -94,6 +94,7 @@ def test_summarize_speech_level_exact() -> None:
     assert level.audio_s == 13.5
     assert level.audio_s_per_s == 13.5 / 4.0
     assert (level.stream_audio_min_s, level.stream_audio_p50_s) == (3.0, 5.0)  # streams of 5, 3, 5.5 s
+    assert level.closest_s == pytest.approx(-1.0)  # closest calls 1.0, -1.0 and -0.5 s
 
 
 def test_summarize_speech_without_audio() -> None:
@@ -119,6 +120,7 @@ def test_level_summary_carries_the_listener_numbers() -> None:
     row = summarize(samples, concurrency=2, wall_s=6.0, rate_per_s=0.5)
     assert (row.audio_streams, row.realtime_streams, row.failed, row.refused) == (2, 1, 2, 1)
     assert row.stall_mean_s == 1.0 and row.stall_max_s == 2.0
+    assert row.closest_s == pytest.approx(-1.0)  # 0.5 s left for the first stream, a 1 s wait for the second
     assert row.audio_s_per_s == 1.0
     assert (row.stream_audio_min_s, row.stream_audio_p50_s) == (3.0, 3.0)
     assert row.rtf_p50 == pytest.approx((2 / 3 + 5 / 3) / 2)
