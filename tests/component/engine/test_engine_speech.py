@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -331,6 +332,57 @@ def test_a_first_window_waits_for_another_replys_to_share_one_vocoder_call(speec
     for events in (led, followed):
         assert finished(events).reason in ("stop", "length")
         assert sum(len(e.pcm) for e in events if isinstance(e, AudioChunk)) > 0
+
+
+def test_a_reply_that_ends_before_its_first_window_releases_the_one_waiting(speech_engine: Harness) -> None:
+    """The reply a first window waits for is cancelled before its own is cut: the waiting one goes
+    then, not at the end of its bound (30 s here)."""
+    engine = speech_engine.engine
+    family = dict(engine.adapter.codec_windows)
+    first = 40
+    saved = (engine.first_linger_codes, engine.first_linger_s)
+
+    def greedy():
+        base = request(max_tokens=100, want_audio=True, talker_tokens=2 * first)
+        return replace(base, stage_params={"talker": {"max_tokens": 2 * first, "temperature": 0.0}})
+
+    async def cancel_once_the_leader_waits(follower: asyncio.Future) -> float:
+        for _ in range(10_000):  # at most 10 s
+            if engine._first_window_waiters:  # the leader's first window is waiting
+                follower.cancel()  # the follower's is not cut yet: it was 1 code away or more
+                return time.monotonic()
+            await asyncio.sleep(0.001)
+        raise AssertionError("the leader's first window never waited")
+
+    async def leader_waits_for_a_cancelled_follower() -> tuple[list, float]:
+        leader = engine.generate(greedy())
+        led: list = []
+        follower = canceller = None
+        first_audio = None
+        async for event in leader:
+            led.append(event)
+            if follower is None and isinstance(event, TextDelta):
+                follower = asyncio.ensure_future(_collect(engine.generate(greedy())))
+                canceller = asyncio.ensure_future(cancel_once_the_leader_waits(follower))
+            if isinstance(event, AudioChunk) and first_audio is None:
+                first_audio = time.monotonic()
+        assert follower is not None and canceller is not None and first_audio is not None
+        with contextlib.suppress(asyncio.CancelledError):
+            await follower
+        return led, first_audio - await canceller
+
+    engine.adapter.codec_windows = {**family, "first_chunk": first, "busy_streams": 99}
+    engine.first_linger_codes, engine.first_linger_s = 10_000, 30.0
+    before = engine.stats()
+    try:
+        led, after_cancel = speech_engine.run(leader_waits_for_a_cancelled_follower())
+    finally:
+        engine.adapter.codec_windows = family
+        engine.first_linger_codes, engine.first_linger_s = saved
+    assert after_cancel < 5.0  # released by the cancel, far inside the 30 s bound
+    assert engine.stats().lingered_first_windows == before.lingered_first_windows + 1
+    assert finished(led).reason in ("stop", "length")
+    assert not engine._first_window_need and not engine._first_window_waiters
 
 
 async def _collect(events) -> list:
