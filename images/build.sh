@@ -115,6 +115,10 @@ build runtime images/runtime.Dockerfile "$REPO/omni-runtime:$VERSION-cpu" \
 # Every source change leaves a superseded 5 GB runtime image behind (and buildah's intermediate
 # layers): drop the untagged ones so repeated builds do not fill the disk. The next build after a
 # source change reinstalls the locked wheels from the uv cache instead of reusing that layer.
-podman image prune --force >/dev/null
+# A build that was interrupted leaves its working container behind, holding its image: say so and
+# go on (the images built here are complete; only the cleanup waits).
+if ! podman image prune --force >/dev/null 2>&1; then
+  echo "    some superseded images are held by containers of an interrupted build; buildah rm --all frees them"
+fi
 step "images"
 podman images --filter reference="$REPO/*" --format '{{.Repository}}:{{.Tag}} {{.Size}}'
