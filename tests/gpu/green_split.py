@@ -13,7 +13,11 @@ stand-in thinker (the 7B thinker's 28 layers of GEMMs at 16 rows, replayed as on
   stays on the whole GPU, so its kernels always find K SMs free of thinker blocks), for a few K.
   (torch 2.11's ``GreenContext.create`` takes the first N SMs, so two contexts would overlap.)
 
-Per row: the vocoder call's time and the thinker steps a second while it runs.
+Per row: the vocoder call's time and the thinker steps a second while it runs. The last row
+confines the vocoder to 32 SMs; its window graphs are captured on streams outside that context,
+so it does not show the vocoder on 32 SMs (left as a probe). Measured on an H100
+(docs/bench/green-split-h100-2026-11-27f.txt): 119 ms alone, 302 ms beside the thinker, 255 ms with
+the thinker on 84 SMs: most of the slowdown is the memory system, not SMs.
 
     python tests/gpu/green_split.py [--splits 16,24,32,48]
 """
