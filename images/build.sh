@@ -117,8 +117,9 @@ build runtime images/runtime.Dockerfile "$REPO/omni-runtime:$VERSION-cpu" \
 # source change reinstalls the locked wheels from the uv cache instead of reusing that layer.
 # A build that was interrupted leaves its working container behind, holding its image: say so and
 # go on (the images built here are complete; only the cleanup waits).
-if ! podman image prune --force >/dev/null 2>&1; then
-  echo "    some superseded images are held by containers of an interrupted build; buildah rm --all frees them"
+if ! pruned=$(podman image prune --force 2>&1 >/dev/null); then
+  echo "    podman image prune: $pruned"
+  echo "    (an interrupted build leaves containers that hold its images: buildah rm --all frees them)"
 fi
 step "images"
 podman images --filter reference="$REPO/*" --format '{{.Repository}}:{{.Tag}} {{.Size}}'

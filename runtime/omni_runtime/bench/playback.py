@@ -64,8 +64,8 @@ def play(timeline: Sequence[Chunk]) -> Playback | None:
     stall = 0.0
     stalls = 0
     slacks = []
-    for chunk in chunks:
-        if chunk is not chunks[0]:
+    for index, chunk in enumerate(chunks):
+        if index > 0:
             slacks.append(clock - chunk.arrival_s)
         if chunk.arrival_s > clock + EPSILON_S:
             stall += chunk.arrival_s - clock

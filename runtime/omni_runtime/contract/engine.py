@@ -144,7 +144,7 @@ FIRST_AUDIO_PHASES = (
     "first_token",  # -> the thinker's first token: its admission wait and prefill
     "talker_first_code",  # -> the talker's first code: the second token, the talker's admission
     "first_window_codes",  # -> the first window's codes all made, at the thinker's token pace
-    "first_window",  # -> its audio back from the vocoder: the wait in line and the synthesis
+    "first_window",  # -> its audio back: a wait for other replies' first windows, the line, the synthesis
 )
 
 

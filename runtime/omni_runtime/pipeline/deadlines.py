@@ -133,8 +133,9 @@ def lingers(others_need: Iterable[int | None], *, within: int, waiting: bool = F
     its own; the others' first windows, cut a thinker step later, waited for that call and then
     ran in their own. That reply's listener then started about 0.1 s before its wave, while its
     later windows, whose codes come at the thinker's text rate like everyone's, came with the
-    wave's: it was the stream that stalled. Waiting a step or two for the others puts the first
-    windows in one call, so the wave's first audio comes together."""
+    wave's: it was the stream that stalled. Waiting a step or two for the next first window puts
+    both in one call, with every other first window cut in that same talker step; one cut a step
+    later starts a group of its own."""
     if within <= 0 or waiting:
         return False
     return any(need is not None and 0 < need <= within for need in others_need)

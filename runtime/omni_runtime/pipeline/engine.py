@@ -37,7 +37,7 @@ from omni_runtime.contract.engine import (
     Usage,
 )
 from omni_runtime.contract.options import EngineOptions
-from omni_runtime.contract.stages import STREAMING_AUDIO
+from omni_runtime.contract.stages import STREAMING_AUDIO, Stage
 from omni_runtime.executor.gpu_memory import gpu_memory
 from omni_runtime.pipeline.deadlines import (
     FIRST_LINGER_CODES,
@@ -571,16 +571,16 @@ class PipelineEngine:
                     ready := segmenter.push(len(codes), done=done, limit=1, streams=self._speech_replies)
                 ):
                     if ready[0].start == 0:
-                        self._first_window_gone(rid, ended=False)
-                        await self._linger_first(rid)
                         if segmenter.first_busy:
                             self._busy_first_windows += 1
+                        if marks is not None:  # cut: a wait for other replies' counts as its line
+                            marks.window_asked = time.monotonic()
+                        self._first_window_gone(rid, ended=False)
+                        await self._linger_first(rid)
                     window = widen_to_recurring(ready[0], standard)
                     queued = sum(seconds for seconds, _ in ahead)
                     slack = ahead_slack(clock.slack(now=time.monotonic()), queued)
                     item = window_item(codes, window, voice=voice, seed=seed, sizes=standard, slack_s=slack)
-                    if marks is not None and marks.window_asked is None:
-                        marks.window_asked = time.monotonic()
                     seconds = (window.end - window.start) * code_seconds
                     call = asyncio.ensure_future(self._synthesize_held(item, slack, request))
                     call.add_done_callback(wake)
@@ -635,6 +635,10 @@ class PipelineEngine:
         Waiting for one next window, not for every near one, keeps a wave whose replies arrived a
         few milliseconds apart from chaining: the first ready would otherwise wait out its bound
         while the ones it waited for went ahead of it."""
+        if self.stages is None or Stage.talker in self.stages.linked:
+            # The vocoder is behind a stage link: each window is its own message there, and the
+            # remote worker may start on the first before the second arrives (not measured).
+            return
         began = time.monotonic()
         others = (need for rid, need in self._first_window_need.items() if rid != request_id)
         if lingers(others, within=self.first_linger_codes, waiting=bool(self._first_window_waiters)):

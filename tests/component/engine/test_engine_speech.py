@@ -385,6 +385,71 @@ def test_a_reply_that_ends_before_its_first_window_releases_the_one_waiting(spee
     assert not engine._first_window_need and not engine._first_window_waiters
 
 
+def test_the_first_window_wait_rules_at_the_default_reach(speech_engine: Harness) -> None:
+    """``_linger_first`` on the real engine, other replies' distances set by hand (8 codes of reach,
+    a 50 ms bound): 9 codes away is too far; 3 codes away waits out the bound when that window never
+    comes; a second ready window goes at once and takes the waiting one with it."""
+    engine = speech_engine.engine
+    saved = (engine.first_linger_codes, engine.first_linger_s)
+    engine.first_linger_codes, engine.first_linger_s = 8, 0.05
+
+    async def timed(rid: str) -> float:
+        began = time.monotonic()
+        await asyncio.wait_for(engine._linger_first(rid), 5)  # a wait without its bound fails, not hangs
+        return time.monotonic() - began
+
+    async def rules() -> tuple[float, float, float, float, int]:
+        counted = engine.stats().lingered_first_windows
+        engine._first_window_need["far"] = 9
+        too_far = await timed("me")
+        engine._first_window_need["near"] = 3
+        bound = await timed("me")
+        waiting = asyncio.ensure_future(timed("a"))
+        await asyncio.sleep(0.01)
+        assert engine._first_window_waiters, "the first ready window does not wait"
+        company = await timed("b")  # another waits already: this one goes, and releases it
+        released = await waiting
+        return too_far, bound, company, released, engine.stats().lingered_first_windows - counted
+
+    try:
+        too_far, bound, company, released, counted = speech_engine.run(rules())
+    finally:
+        engine._first_window_need.clear()
+        engine.first_linger_codes, engine.first_linger_s = saved
+    assert too_far < 0.01
+    assert 0.05 <= bound < 0.5
+    assert company < 0.01 and 0.01 <= released < 0.04  # released at b's go, not at its 50 ms bound
+    assert counted == 2  # the bound's wait and a's
+
+
+def test_a_reply_keeps_its_distance_to_its_first_window_current(speech_engine: Harness) -> None:
+    """The codes a reply still needs before its first window is cut are updated as its codes come
+    (what other first windows measure their reach by), and the entry goes once it is cut."""
+    engine = speech_engine.engine
+    family = dict(engine.adapter.codec_windows)
+    first = 40
+    seen: list[int] = []
+
+    async def watch() -> None:
+        reply = request(max_tokens=60, want_audio=True, talker_tokens=2 * first)
+        events = asyncio.ensure_future(_collect(engine.generate(reply)))
+        while not events.done():
+            need = engine._first_window_need.get(reply.request_id)
+            if need is not None and (not seen or seen[-1] != need):
+                seen.append(need)
+            await asyncio.sleep(0.0005)
+        assert reply.request_id not in engine._first_window_need
+        await events
+
+    engine.adapter.codec_windows = {**family, "first_chunk": first, "busy_streams": 99}
+    try:
+        speech_engine.run(watch())
+    finally:
+        engine.adapter.codec_windows = family
+    assert len(seen) >= 3, seen  # it moved while the reply's codes came
+    assert seen == sorted(seen, reverse=True) and seen[0] <= first + 5 and seen[-1] < seen[0]
+
+
 async def _collect(events) -> list:
     return [event async for event in events]
 
