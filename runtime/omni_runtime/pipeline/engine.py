@@ -384,7 +384,9 @@ class PipelineEngine:
                     state["talker_job"] = talker_job
                     self._talkers_on_text.add(request.request_id)
                     speaker = asyncio.get_running_loop().create_task(
-                        self._speak(request, talker_job, voice, out, marks)
+                        self._speak(
+                            request, talker_job, voice, out, marks, tasks=state.setdefault("tasks", [])
+                        )
                     )
                     state.setdefault("tasks", []).append(speaker)
                 elif talker_job is not None:
@@ -482,12 +484,16 @@ class PipelineEngine:
         voice: str | None,
         out: asyncio.Queue,
         marks: FirstAudioMarks | None = None,
+        tasks: list[asyncio.Future] | None = None,
     ) -> float:
         """Talker codes -> segmenter windows -> vocoder -> audio chunks; returns seconds of audio.
 
         Streaming sends each window as soon as its codes exist; otherwise the same windows are cut
         once the talker ends and synthesised together (one chunk). Either way each window is its
-        own vocoder item, so cancelling this task drops every window not yet running.
+        own vocoder item, so cancelling this task drops every window not yet running. Each window's
+        call also goes into ``tasks`` (the request's tasks, which its release cancels at once):
+        cancelling this task alone lets a window queued at the vocoder start a call before this
+        task runs its cleanup.
         """
         streaming = self.variant in STREAMING_AUDIO and request.stream_audio
         assert self.adapter is not None
@@ -496,15 +502,21 @@ class PipelineEngine:
             request.sampling.seed if request.sampling.seed is not None else hash(request.request_id) & 0xFFFF
         )
         if not streaming:
-            return await self._speak_at_end(job, voice, out, segmenter, seed)
+            return await self._speak_at_end(job, voice, out, segmenter, seed, tasks)
         self._before_first_audio.add(request.request_id)
         try:
-            return await self._stream_windows(request, job, voice, out, segmenter, seed, marks)
+            return await self._stream_windows(request, job, voice, out, segmenter, seed, marks, tasks)
         finally:  # ended, failed or cancelled, before its first audio or after
             self._before_first_audio.discard(request.request_id)
 
     async def _speak_at_end(
-        self, job: TalkerJob, voice: str | None, out: asyncio.Queue, segmenter: CodecSegmenter, seed: int
+        self,
+        job: TalkerJob,
+        voice: str | None,
+        out: asyncio.Queue,
+        segmenter: CodecSegmenter,
+        seed: int,
+        tasks: list[asyncio.Future] | None = None,
     ) -> float:
         """Non-streaming: the windows, cut once the talker ends, synthesised together (one chunk)."""
         standard = segmenter.recurring_sizes()
@@ -519,6 +531,8 @@ class PipelineEngine:
                 continue
             items = [window_item(codes, w, voice=voice, seed=seed, sizes=standard) for w in windows]
             calls = [asyncio.ensure_future(self.stages.synthesize(item)) for item in items]
+            if tasks is not None:
+                tasks.extend(calls)
             try:
                 pieces = await asyncio.gather(*calls)
             finally:  # one failed window (or a cancel) drops the rest still queued
@@ -538,6 +552,7 @@ class PipelineEngine:
         segmenter: CodecSegmenter,
         seed: int,
         marks: FirstAudioMarks | None,
+        tasks: list[asyncio.Future] | None = None,
     ) -> float:
         """Streaming: each window is cut over the codes that exist when it is cut (the talker kept
         going while the last one was synthesised: a catch-up window), up to ``windows_ahead`` of
@@ -584,6 +599,8 @@ class PipelineEngine:
                     seconds = (window.end - window.start) * code_seconds
                     call = asyncio.ensure_future(self._synthesize_held(item, slack, request))
                     call.add_done_callback(wake)
+                    if tasks is not None:
+                        tasks.append(call)
                     ahead.append((seconds, call))
                 if done and not ahead:
                     return samples / self.output_sample_rate
