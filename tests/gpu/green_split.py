@@ -64,16 +64,12 @@ def thinker_graph(device: torch.device, rows: int = 16) -> tuple[torch.cuda.CUDA
 
 def build_vocoder(device: torch.device):
     import numpy as np
-    from transformers import Qwen2_5OmniToken2WavModel
+    from profile_vocoder import _released_token2wav  # tests/gpu, beside this script
 
     from omni_runtime.models.qwen2_5_omni import vocoder as vocoder_module
-    from omni_runtime.models.qwen2_5_omni.loader import load_processor, load_speakers, released_7b_config
+    from omni_runtime.models.qwen2_5_omni.loader import load_speakers
 
-    config = released_7b_config(load_processor(None))
-    with torch.device(device):
-        token2wav = Qwen2_5OmniToken2WavModel._from_config(
-            config.token2wav_config, dtype=torch.float32, attn_implementation="sdpa"
-        ).eval()
+    config, token2wav = _released_token2wav(device)
     vocoder = vocoder_module.QwenVocoder(
         token2wav, speakers=load_speakers(None, config), device=device, dit_dtype=torch.bfloat16
     )

@@ -289,40 +289,54 @@ def test_a_reply_that_starts_while_another_speaks_gets_the_busy_first_window(
     assert stats.speech_replies == 0 and stats.busy_first_windows == busy_before + 1
 
 
+LONG_FIRST = 40  # long first windows: a second reply's talker starts long before the first's is cut
+
+
+def _long_greedy():
+    base = request(max_tokens=100, want_audio=True, talker_tokens=2 * LONG_FIRST)
+    return replace(base, stage_params={"talker": {"max_tokens": 2 * LONG_FIRST, "temperature": 0.0}})
+
+
+@contextlib.contextmanager
+def _waiting_for_any_first_window(engine) -> Iterator[None]:
+    """Long first windows and a wait with no reach limit and a 30 s bound, so a test never races
+    the talker for the moment a first window waits; the engine's settings come back after."""
+    family = dict(engine.adapter.codec_windows)
+    saved = (engine.first_linger_codes, engine.first_linger_s)
+    engine.adapter.codec_windows = {**family, "first_chunk": LONG_FIRST, "busy_streams": 99}
+    engine.first_linger_codes, engine.first_linger_s = 10_000, 30.0
+    try:
+        yield
+    finally:
+        engine.adapter.codec_windows = family
+        engine.first_linger_codes, engine.first_linger_s = saved
+
+
 def test_a_first_window_waits_for_another_replys_to_share_one_vocoder_call(speech_engine: Harness) -> None:
     """A reply started while another is in its first tokens is some codes behind it; the first
     reply's first window, once ready, waits for the second's (deadlines.lingers: here however far,
     and for up to 30 s, so the test does not race the talker) and both go to the vocoder in one
     call. What each reply hears is unchanged (greedy, seeded)."""
     engine = speech_engine.engine
-    family = dict(engine.adapter.codec_windows)
-    first = 40  # long first windows: the second reply's talker starts long before the first's is cut
+    first = LONG_FIRST
     spy = _spy(speech_engine)
-    saved = (engine.first_linger_codes, engine.first_linger_s)
-
-    def greedy():
-        base = request(max_tokens=100, want_audio=True, talker_tokens=2 * first)
-        return replace(base, stage_params={"talker": {"max_tokens": 2 * first, "temperature": 0.0}})
 
     async def staggered() -> tuple[list, list]:
-        leader = engine.generate(greedy())
+        leader = engine.generate(_long_greedy())
         led: list = []
         follower = None
         async for event in leader:
             led.append(event)
             if follower is None and isinstance(event, TextDelta):  # the leader's talker has started
-                follower = asyncio.ensure_future(_collect(engine.generate(greedy())))
+                follower = asyncio.ensure_future(_collect(engine.generate(_long_greedy())))
         assert follower is not None
         return led, await follower
 
-    engine.adapter.codec_windows = {**family, "first_chunk": first, "busy_streams": 99}
-    engine.first_linger_codes, engine.first_linger_s = 10_000, 30.0
     before = engine.stats()
     try:
-        led, followed = speech_engine.run(staggered())
+        with _waiting_for_any_first_window(engine):
+            led, followed = speech_engine.run(staggered())
     finally:
-        engine.adapter.codec_windows = family
-        engine.first_linger_codes, engine.first_linger_s = saved
         engine.stages.local.vocoder = spy.vocoder
     firsts = [batch for batch in spy.batches if (0, first) in batch]
     assert firsts == [[(0, first), (0, first)]], spy.batches  # both first windows, one call
@@ -338,13 +352,6 @@ def test_a_reply_that_ends_before_its_first_window_releases_the_one_waiting(spee
     """The reply a first window waits for is cancelled before its own is cut: the waiting one goes
     then, not at the end of its bound (30 s here)."""
     engine = speech_engine.engine
-    family = dict(engine.adapter.codec_windows)
-    first = 40
-    saved = (engine.first_linger_codes, engine.first_linger_s)
-
-    def greedy():
-        base = request(max_tokens=100, want_audio=True, talker_tokens=2 * first)
-        return replace(base, stage_params={"talker": {"max_tokens": 2 * first, "temperature": 0.0}})
 
     async def cancel_once_the_leader_waits(follower: asyncio.Future) -> float:
         for _ in range(10_000):  # at most 10 s
@@ -355,14 +362,14 @@ def test_a_reply_that_ends_before_its_first_window_releases_the_one_waiting(spee
         raise AssertionError("the leader's first window never waited")
 
     async def leader_waits_for_a_cancelled_follower() -> tuple[list, float]:
-        leader = engine.generate(greedy())
+        leader = engine.generate(_long_greedy())
         led: list = []
         follower = canceller = None
         first_audio = None
         async for event in leader:
             led.append(event)
             if follower is None and isinstance(event, TextDelta):
-                follower = asyncio.ensure_future(_collect(engine.generate(greedy())))
+                follower = asyncio.ensure_future(_collect(engine.generate(_long_greedy())))
                 canceller = asyncio.ensure_future(cancel_once_the_leader_waits(follower))
             if isinstance(event, AudioChunk) and first_audio is None:
                 first_audio = time.monotonic()
@@ -371,14 +378,9 @@ def test_a_reply_that_ends_before_its_first_window_releases_the_one_waiting(spee
             await follower
         return led, first_audio - await canceller
 
-    engine.adapter.codec_windows = {**family, "first_chunk": first, "busy_streams": 99}
-    engine.first_linger_codes, engine.first_linger_s = 10_000, 30.0
     before = engine.stats()
-    try:
+    with _waiting_for_any_first_window(engine):
         led, after_cancel = speech_engine.run(leader_waits_for_a_cancelled_follower())
-    finally:
-        engine.adapter.codec_windows = family
-        engine.first_linger_codes, engine.first_linger_s = saved
     assert after_cancel < 5.0  # released by the cancel, far inside the 30 s bound
     assert engine.stats().lingered_first_windows == before.lingered_first_windows + 1
     assert finished(led).reason in ("stop", "length")
