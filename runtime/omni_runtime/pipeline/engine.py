@@ -526,7 +526,10 @@ class PipelineEngine:
         done = False
         while not done:
             done = _take_codes([await job.events.get()], job, codes)
-            windows = [widen_to_recurring(w, standard) for w in segmenter.push(len(codes), done=done)]
+            windows = [
+                widen_to_recurring(w, standard, prefer=segmenter.busy_size)
+                for w in segmenter.push(len(codes), done=done)
+            ]
             if not windows:
                 continue
             items = [window_item(codes, w, voice=voice, seed=seed, sizes=standard) for w in windows]
@@ -592,7 +595,7 @@ class PipelineEngine:
                             marks.window_asked = time.monotonic()
                         self._first_window_gone(rid, ended=False)
                         await self._linger_first(rid)
-                    window = widen_to_recurring(ready[0], standard)
+                    window = widen_to_recurring(ready[0], standard, prefer=segmenter.busy_size)
                     queued = sum(seconds for seconds, _ in ahead)
                     slack = ahead_slack(clock.slack(now=time.monotonic()), queued)
                     item = window_item(codes, window, voice=voice, seed=seed, sizes=standard, slack_s=slack)

@@ -123,6 +123,13 @@ class CodecSegmenter:
         return max(cfg.first_chunk, cfg.first_chunk_busy) + ramp + 2 * cfg.chunk + cfg.right_context
 
     @property
+    def busy_size(self) -> int | None:
+        """The context size of a busy first window, and of the busy stream's windows after it
+        that are widened to it (`_as_wide_as_first`); None without a busy first window."""
+        cfg = self.config
+        return cfg.first_chunk_busy + cfg.right_context if cfg.first_chunk_busy else None
+
+    @property
     def emitted_until(self) -> int:
         return self._next
 
@@ -143,7 +150,11 @@ class CodecSegmenter:
         if cfg.at_end and not done:
             return windows
         while self._next < available and (limit is None or len(windows) < limit):
-            planned = self._first_size(streams) if self._next == 0 else self._size(self._index(self._next))
+            planned = (
+                self._first_cut(streams, available)
+                if self._next == 0
+                else self._size(self._index(self._next))
+            )
             end = self._next + planned
             if end + cfg.right_context > available:
                 if not done:
@@ -153,6 +164,8 @@ class CodecSegmenter:
             if cfg.catch_up and self._next > 0:
                 end = self._catch_up(end, ctx_start, available, cap=max(planned, cfg.chunk), done=done)
             ctx_end = min(available, end + cfg.right_context)
+            if self.first_busy:
+                ctx_start = self._as_wide_as_first(ctx_start, ctx_end)
             windows.append(Window(self._next, end, ctx_start, ctx_end))
             if self._next == 0:
                 self._first = end
@@ -168,6 +181,31 @@ class CodecSegmenter:
         if self._next > 0 or cfg.whole or cfg.at_end:
             return None
         return max(0, self._first_size(streams) + cfg.right_context - available)
+
+    def _as_wide_as_first(self, ctx_start: int, ctx_end: int) -> int:
+        """After a busy first window, a later window whose context is shorter than the first
+        window's takes more left context (codes the stream has) to be as long: the early windows
+        of busy streams are then one size, and the vocoder runs one size in one batch. A stream
+        arriving while others are in their second and third windows has its first window batched
+        with theirs, not in a call of its own after them. Only the left context grows; the audio
+        kept, and when the window can be cut, are unchanged."""
+        first = (self._first or 0) + self.config.right_context
+        if ctx_end - ctx_start < first <= ctx_end:
+            return ctx_end - first
+        return ctx_start
+
+    def _first_cut(self, streams: int, available: int) -> int:
+        """The first window's size: ``_first_size`` under this load, or, with catch-up on, the
+        busy size wherever its codes (and right context) exist already. Push is called as each
+        code comes, so that happens only when the load fell while the stream waited for a busy
+        first window (the others ended): its codes are there, and a short first window would
+        leave its listener 0.2 s of audio while the vocoder still serves the others."""
+        cfg = self.config
+        size = self._first_size(streams)
+        busy = cfg.first_chunk_busy
+        if cfg.catch_up and not cfg.at_end and size < busy <= available - cfg.right_context:
+            return busy
+        return size
 
     def _first_size(self, streams: int) -> int:
         cfg = self.config
@@ -211,9 +249,15 @@ class CodecSegmenter:
         return ramp[index - 1] if index - 1 < len(ramp) else cfg.chunk
 
 
-def widen_to_recurring(window: Window, sizes: frozenset[int]) -> Window:
+def widen_to_recurring(window: Window, sizes: frozenset[int], *, prefer: int | None = None) -> Window:
     """A window of a one-off context size (a stream's last), widened to the left to the smallest
     recurring size that fits, so it runs as an already captured graph instead of eagerly.
+
+    ``prefer`` (`CodecSegmenter.busy_size`), where it fits, wins over a smaller size: the vocoder
+    batches one size per call, and the early windows of busy streams are that size, so a last
+    window of it joins their calls. Widened to a size of its own, a lone stream's last window went
+    only when it was the most urgent: on an H100 under Poisson arrivals its last 0.2 s came 2-4 s
+    after the rest (before its listener needed it, but that late to the reply's end).
 
     The kept span ``[start, end)`` is unchanged; only the left context grows, with codes the
     stream really has (``ctx_start`` stays >= 0). A window that fits no recurring size is kept.
@@ -222,7 +266,8 @@ def widen_to_recurring(window: Window, sizes: frozenset[int]) -> Window:
     fits = [s for s in sizes if size < s <= window.ctx_end]
     if size in sizes or not fits:
         return window
-    return replace(window, ctx_start=window.ctx_end - min(fits))
+    target = prefer if prefer in fits else min(fits)
+    return replace(window, ctx_start=window.ctx_end - target)
 
 
 def window_item(

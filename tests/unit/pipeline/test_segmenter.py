@@ -103,6 +103,27 @@ def test_last_windows_widen_to_a_recurring_size(window: Window, expected: Window
     assert widen_to_recurring(window, frozenset({10, 50, 55})) == expected
 
 
+@pytest.mark.parametrize(
+    ("window", "expected"),
+    [
+        # a lone stream's last window (10 codes, 20 of context): the busy size 27, not 25
+        (Window(390, 400, 380, 400), Window(390, 400, 373, 400)),
+        # 26 codes exist: 27 does not fit, so the smallest that does (25)
+        (Window(16, 26, 6, 26), Window(16, 26, 1, 26)),
+        # larger than the busy size already: the smallest larger size (35), as without a preference
+        (Window(372, 400, 362, 400), Window(372, 400, 355, 400)),
+        # a recurring size (a lone stream's second window) stays
+        (Window(10, 20, 0, 25), Window(10, 20, 0, 25)),
+    ],
+)
+def test_last_windows_prefer_the_busy_streams_size(window: Window, expected: Window) -> None:
+    sizes = CodecSegmenter(replace(BUSY, first_chunk_busy=22, ramp_busy=(10, 10, 20, 30))).recurring_sizes()
+    assert sizes == frozenset({15, 25, 27, 35, 45, 55})
+    assert widen_to_recurring(window, sizes, prefer=27) == expected
+    assert CodecSegmenter(replace(BUSY, first_chunk_busy=22)).busy_size == 27
+    assert CodecSegmenter(replace(BUSY, first_chunk_busy=0)).busy_size is None
+
+
 RAMP = SegmenterConfig(first_chunk=4, ramp=(6, 9), chunk=15, left_context=25, right_context=1)
 
 
@@ -236,6 +257,32 @@ def test_the_load_when_the_first_window_is_cut_decides_it_and_the_ramp_follows_i
     assert seg.push(125) == [Window(80, 120, 70, 125)]
 
 
+@pytest.mark.parametrize(
+    ("available", "first"),
+    [
+        (25, Window(0, 20, 0, 25)),  # the busy window's codes exist: it is cut at the busy size
+        (26, Window(0, 20, 0, 25)),
+        (24, Window(0, 10, 0, 15)),  # not yet: the lone stream's first window, as planned
+        (15, Window(0, 10, 0, 15)),
+    ],
+)
+def test_a_stream_whose_load_fell_before_its_first_window_keeps_the_codes_it_has(
+    available: int, first: Window
+) -> None:
+    """A stream of a busy worker waits for 20 codes; the others end before it has them, and it is
+    a lone stream again. Its first window takes the busy size if those codes exist (no later
+    for it, 0.4 s of audio instead of 0.2 while the vocoder still serves the others' last
+    windows), otherwise the lone stream's 10; the ramp follows what was cut."""
+    seg = CodecSegmenter(BUSY)
+    assert seg.push(20, streams=16) == []
+    assert seg.push(available, streams=1) == [first]
+    assert seg.first_busy == (first.end == 20)
+    planned = CodecSegmenter(replace(BUSY, catch_up=False))  # without catch-up: the planned size
+    assert planned.push(available, streams=1, limit=1) == [Window(0, 10, 0, 15)]
+    at_end = CodecSegmenter(replace(BUSY, at_end=True))  # non-streaming windows keep their tiling
+    assert at_end.push(available, done=True)[0] == Window(0, 10, 0, 15)
+
+
 def test_a_busy_first_window_adds_no_new_recurring_size() -> None:
     """Both first windows' streams fall on sizes captured as graphs: 15 (lone) and 25 (busy, the
     same as a lone stream's second window), so a busy worker replays graphs like an idle one."""
@@ -326,3 +373,25 @@ def test_codes_until_the_first_window_is_what_push_waits_for(available: int, str
 def test_codes_until_first_is_none_where_windows_wait_for_the_end() -> None:
     assert CodecSegmenter(SegmenterConfig(at_end=True)).codes_until_first(0) is None
     assert CodecSegmenter(SegmenterConfig(whole=True)).codes_until_first(100) is None
+
+
+def test_after_a_busy_first_window_the_early_windows_are_as_wide_as_it() -> None:
+    """A busy first window of 22 codes has a context of 27; the next two windows (10 codes each,
+    25 with their left context) take two more codes of left context, so the early windows of every
+    busy stream are one size and the vocoder batches a new stream's first window with the others'
+    second and third. The audio kept, and when each window is cut, do not change; a lone stream
+    (first window 10, second window's context starting at code 0) keeps its sizes."""
+    cfg = replace(BUSY, first_chunk_busy=22, ramp_busy=(10, 10, 20, 30))
+    busy = CodecSegmenter(cfg)
+    windows = [w for n in range(1, 141) for w in busy.push(n, streams=16)]
+    assert windows == [
+        Window(0, 22, 0, 27),
+        Window(22, 32, 10, 37),  # left context 12, not 10
+        Window(32, 42, 20, 47),
+        Window(42, 62, 32, 67),  # 35 codes of context already: as planned
+        Window(62, 92, 52, 97),
+        Window(92, 132, 82, 137),
+    ]
+    lone = CodecSegmenter(cfg)
+    assert [w for n in range(1, 26) for w in lone.push(n)] == [Window(0, 10, 0, 15), Window(10, 20, 0, 25)]
+    assert busy.recurring_sizes() == frozenset({15, 25, 27, 35, 45, 55})

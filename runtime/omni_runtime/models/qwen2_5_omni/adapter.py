@@ -55,12 +55,15 @@ DEFAULT_SYSTEM_PROMPT = (
 # first-audio latency (docs/benchmarks.md, "A longer first window under load"). After a busy first
 # window two windows of 10: the third window's codes come at the thinker's text rate, and with one
 # window of 10 then 20 at 16 streams it stalled up to 0.17-0.22 s; with 10, 10 at most 0.04 s
-# (two H100 calls, "The third window under load").
+# (two H100 calls, "The third window under load"). Since a wave's first windows share one vocoder
+# call, the busy first window is 22 codes (0.44 s): with 20, the bulk of a 16-stream wave had 6-20 ms
+# of audio left when its second window came and one run in two stalled there; 22 gave that margin
+# 61 ms more for 0-15 ms more first-audio latency ("The busy first window at 22 codes").
 # OMNI_BUSY_STREAMS=N moves the threshold; 0 keeps 10 at any load.
 CODEC_WINDOWS = {
     "first_chunk": 10,
     "ramp": (10, 20, 30),
-    "first_chunk_busy": 20,
+    "first_chunk_busy": 22,
     "busy_streams": 4,
     "ramp_busy": (10, 10, 20, 30),
 }
