@@ -57,8 +57,9 @@ DEFAULT_SYSTEM_PROMPT = (
 # window of 10 then 20 at 16 streams it stalled up to 0.17-0.22 s; with 10, 10 at most 0.04 s
 # (two H100 calls, "The third window under load"). Since a wave's first windows share one vocoder
 # call, the busy first window is 22 codes (0.44 s): with 20, the bulk of a 16-stream wave had 6-20 ms
-# of audio left when its second window came and one run in two stalled there; 22 gave that margin
-# 61 ms more for 0-15 ms more first-audio latency ("The busy first window at 22 codes").
+# of audio left when its second window came and one run in two stalled there; 22 gave it 40-60 ms
+# more (48/48 and 32/32 streams real time at 16 through HTTP, against 32/48 and 15/32) for 15-30 ms
+# more first audio ("The second window's margin: a busy first window of 22 codes").
 # OMNI_BUSY_STREAMS=N moves the threshold; 0 keeps 10 at any load.
 CODEC_WINDOWS = {
     "first_chunk": 10,
