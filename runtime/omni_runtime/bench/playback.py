@@ -55,33 +55,47 @@ class Playback:
 
 def play(timeline: Sequence[Chunk]) -> Playback | None:
     """Play a timeline in arrival order; None for a stream with no audio."""
-    chunks = sorted((c for c in timeline if c.duration_s > 0), key=lambda c: c.arrival_s)
+    chunks = _audible(timeline)
     if not chunks:
         return None
-    if any(c.arrival_s < 0 for c in chunks):
-        raise ValueError("chunk arrivals are seconds after the request was sent; got a negative one")
-    clock = chunks[0].arrival_s  # the play head's time: when the audio queued so far runs out
-    stall = 0.0
-    stalls = 0
-    slacks = []
-    for index, chunk in enumerate(chunks):
-        if index > 0:
-            slacks.append(clock - chunk.arrival_s)
-        if chunk.arrival_s > clock + EPSILON_S:
-            stall += chunk.arrival_s - clock
-            stalls += 1
-            clock = chunk.arrival_s
-        clock = max(clock, chunk.arrival_s) + chunk.duration_s
+    slacks, finish = _walk(chunks)
+    waits = [-slack for slack in slacks if -slack > EPSILON_S]
     audio = sum(c.duration_s for c in chunks)
     return Playback(
         ttfa_s=chunks[0].arrival_s,
         audio_s=audio,
-        stall_s=stall,
-        stalls=stalls,
-        finish_s=clock,
+        stall_s=sum(waits),
+        stalls=len(waits),
+        finish_s=finish,
         rtf=chunks[-1].arrival_s / audio,
         min_slack_s=min(slacks, default=None),
     )
+
+
+def chunk_slacks(timeline: Sequence[Chunk]) -> list[float]:
+    """For each chunk after the first, in arrival order: the audio still queued at the listener
+    when it arrived (negative: how long playback had waited for it, a stall)."""
+    chunks = _audible(timeline)
+    return _walk(chunks)[0] if chunks else []
+
+
+def _audible(timeline: Sequence[Chunk]) -> list[Chunk]:
+    chunks = sorted((c for c in timeline if c.duration_s > 0), key=lambda c: c.arrival_s)
+    if any(c.arrival_s < 0 for c in chunks):
+        raise ValueError("chunk arrivals are seconds after the request was sent; got a negative one")
+    return chunks
+
+
+def _walk(chunks: Sequence[Chunk]) -> tuple[list[float], float]:
+    """The play head over chunks in arrival order: each later chunk's slack, and when the last
+    sample has been played. Playback starts at the first arrival and waits whenever audio is late."""
+    clock = chunks[0].arrival_s  # when the audio queued so far runs out
+    slacks = []
+    for index, chunk in enumerate(chunks):
+        if index > 0:
+            slacks.append(clock - chunk.arrival_s)
+        clock = max(clock, chunk.arrival_s) + chunk.duration_s
+    return slacks, clock
 
 
 @dataclass(frozen=True)
