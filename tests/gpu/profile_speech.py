@@ -25,7 +25,10 @@ thinker, ``vocoder_graphs`` false every vocoder window eagerly, ``windows_ahead`
 reply's windows may be at the vocoder at once, ``vocoder_far`` ``[seconds, windows]`` as
 ``OMNI_VOCODER_FAR`` sets it, far windows out of nearer ones' calls, ``vocoder_buckets`` the batch
 sizes the vocoder pads to, as ``OMNI_VOCODER_BUCKETS`` sets them, ``first_linger_codes`` how near
-another reply's first window must be for a ready one to wait for it, 0 never):
+another reply's first window must be for a ready one to wait for it, 0 never). ``--rates 2``
+adds open-loop levels (Poisson arrivals a second for ``--duration`` seconds, ``omni bench
+--rate``'s arrivals for the same ``--seed``): streams out of phase, where the vocoder's calls by
+window size (printed with the runner calls) show how far they are split:
 
     python tests/gpu/profile_speech.py /tmp/qwen2.5-omni-7b-dummy --concurrency 1,16,32 --waves 1 \
         --window-variants '[{"catch_up": false}]'
@@ -39,11 +42,13 @@ import contextvars
 import json
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from omni_runtime.bench.load import poisson_arrivals
 from omni_runtime.bench.playback import Chunk, play
 from omni_runtime.bench.report import format_table, plot_speech, write_json
 from omni_runtime.bench.stats import LevelSummary, RequestSample, summarize
@@ -136,12 +141,15 @@ class Marks:
                 setattr(runner, method, self._timed(f"{name}.{method}", getattr(runner, method)))
         # The vocoder's batched calls: how long each took and how many windows it carried.
         self.batches: list[int] = []
+        self.sizes: list[tuple[int, ...]] = []  # the window context sizes of each vocoder call
         vocoder = getattr(local, "vocoder", None)
         if vocoder is not None:
             timed = self._timed("vocoder.call", vocoder.synthesize_many)
 
             def counted(items: list[Any]) -> Any:
                 self.batches.append(len(items))
+                sizes = {item["window"]["ctx_end"] - item["window"]["ctx_start"] for item in items}
+                self.sizes.append(tuple(sorted(sizes)))
                 return timed(items)
 
             vocoder.synthesize_many = counted
@@ -163,7 +171,8 @@ class Marks:
         )
         if self.batches:
             out += f"; vocoder windows per call mean {sum(self.batches) / len(self.batches):.1f}, max {max(self.batches)}"
-        self.calls, self.batches = {}, []
+            out += "; vocoder calls by window size " + calls_by_size(self.sizes, self.batches)
+        self.calls, self.batches, self.sizes = {}, [], []
         return out
 
     def begin(self, rid: str) -> dict[str, float]:
@@ -228,6 +237,33 @@ async def one(
 TIMELINES: dict[str, tuple[Chunk, ...]] = {}  # each request's audio timeline, by request id
 
 
+def calls_by_size(sizes: list[tuple[int, ...]], batches: list[int]) -> str:
+    """``27: 40 calls, 2.1 windows`` for each window context size (or mix of sizes) the vocoder's
+    calls carried: how far the calls are split by size (the vocoder batches one size per call)."""
+    by: dict[tuple[int, ...], list[int]] = {}
+    for key, count in zip(sizes, batches, strict=True):
+        by.setdefault(key, []).append(count)
+    return "; ".join(
+        f"{'+'.join(map(str, key))}: {len(v)} calls, {sum(v) / len(v):.1f} windows"
+        for key, v in sorted(by.items())
+    )
+
+
+async def open_loop(
+    engine: Any, hook: Marks, args: argparse.Namespace, rate: float
+) -> list[dict[str, float]]:
+    """Replies arriving as a Poisson process at ``rate`` a second for ``--duration`` seconds (the
+    arrivals ``omni bench --rate`` draws for the same seed), each started at its arrival."""
+    began = time.perf_counter()
+
+    async def arrive(k: int, at: float) -> dict[str, float]:
+        await asyncio.sleep(max(0.0, at - (time.perf_counter() - began)))
+        return await one(engine, hook, f"r{rate:g}-i{k}", args.talker_tokens, quiet=True)
+
+    arrivals = poisson_arrivals(rate, args.duration, seed=args.seed)
+    return list(await asyncio.gather(*(arrive(k, at) for k, at in enumerate(arrivals))))
+
+
 def level_summary(label: str, concurrency: int, runs: list[dict[str, float]], wall_s: float) -> LevelSummary:
     """One level as ``omni bench`` summarises it (bench.stats), from the in-process runs."""
     samples = [
@@ -242,6 +278,16 @@ def level_summary(label: str, concurrency: int, runs: list[dict[str, float]], wa
         for r in runs
     ]
     return summarize(samples, concurrency=concurrency, wall_s=wall_s, label=label)
+
+
+def peak_in_flight(runs: list[dict[str, float]]) -> int:
+    """The most replies in flight at once (perf_counter starts and ends)."""
+    events = sorted([(r["_began"], 1) for r in runs] + [(r["_began"] + r["end"], -1) for r in runs])
+    live = peak = 0
+    for _, step in events:
+        live += step
+        peak = max(peak, live)
+    return peak
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -575,6 +621,18 @@ async def main(args: argparse.Namespace) -> None:
             levels.append(level_summary(name, c, summary[label], walls[label]))
             if c in args.trace_levels:  # one more wave under CUPTI, apart from the measured ones
                 await trace_level(engine, hook, args, c, name)
+        for rate in args.rates:  # open loop: Poisson arrivals, streams out of phase
+            label = f"{rate:g}/s for {args.duration:g} s" + (f", {json.dumps(variant)}" if variant else "")
+            hook.take_calls()
+            began = time.perf_counter()
+            summary[label] = await open_loop(engine, hook, args, rate)
+            walls[label] = time.perf_counter() - began
+            calls[label] = hook.take_calls()
+            report(label, summary[label], walls[label])
+            worst_stream(summary[label])
+            name = "default" if not variant else ", ".join(f"{k}={v}" for k, v in variant.items())
+            level = level_summary(name, 0, summary[label], walls[label])
+            levels.append(replace(level, rate_per_s=rate, concurrency=peak_in_flight(summary[label])))
         write_levels(args, levels)  # after each variant, so a run cut off keeps what it measured
     engine.adapter.codec_windows = windows
     serial(engine, False)
@@ -612,6 +670,16 @@ if __name__ == "__main__":
     parser.add_argument("--first-chunk", type=levels, default=[], help="other first windows to compare")
     parser.add_argument("--concurrency", type=levels, default=[], help="closed-loop levels, e.g. 16,32")
     parser.add_argument("--waves", type=int, default=2, help="replies per stream at each level")
+    parser.add_argument(
+        "--rates",
+        type=lambda s: [float(x) for x in s.split(",") if x],
+        default=[],
+        help="open-loop levels after the closed-loop ones: Poisson arrivals a second, e.g. 2",
+    )
+    parser.add_argument(
+        "--duration", type=float, default=30.0, help="seconds of arrivals per open-loop level"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the arrivals' seed (omni bench --seed)")
     parser.add_argument(
         "--trace-levels",
         type=levels,
