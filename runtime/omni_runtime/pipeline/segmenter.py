@@ -68,6 +68,11 @@ class SegmenterConfig:
     # Cut a window over every code that exists (up to the steady size, at a recurring context
     # size) rather than the planned size alone; False keeps the planned sizes (for comparison).
     catch_up: bool = True
+    # Windows from this index on (the first is 0) take the steady window's context where the
+    # stream has the codes (more left context; the audio kept is unchanged): the ramp's windows then
+    # share the steady ones' vocoder batches. 0: off. To measure with streams out of phase
+    # (Poisson arrivals), where each context size is a call of its own; not a default.
+    steady_from: int = 0
 
 
 def family_config(windows: Mapping[str, Any], *, at_end: bool = False) -> SegmenterConfig:
@@ -166,6 +171,10 @@ class CodecSegmenter:
             ctx_end = min(available, end + cfg.right_context)
             if self.first_busy:
                 ctx_start = self._as_wide_as_first(ctx_start, ctx_end)
+            if cfg.steady_from and self._index(self._next) >= cfg.steady_from:
+                steady = cfg.left_context + cfg.chunk + cfg.right_context
+                if ctx_end - ctx_start < steady <= ctx_end:
+                    ctx_start = ctx_end - steady
             windows.append(Window(self._next, end, ctx_start, ctx_end))
             if self._next == 0:
                 self._first = end

@@ -395,3 +395,27 @@ def test_after_a_busy_first_window_the_early_windows_are_as_wide_as_it() -> None
     lone = CodecSegmenter(cfg)
     assert [w for n in range(1, 26) for w in lone.push(n)] == [Window(0, 10, 0, 15), Window(10, 20, 0, 25)]
     assert busy.recurring_sizes() == frozenset({15, 25, 27, 35, 45, 55})
+
+
+def test_steady_from_widens_the_ramp_to_the_steady_context_where_the_codes_exist() -> None:
+    """``steady_from=3``: from the fourth window on, every window has the steady context (55)
+    where the stream has that many codes, so a busy stream's windows have two sizes (27, 55) and
+    the size 45 is gone. The audio kept is the planned tiling's."""
+    cfg = replace(BUSY, first_chunk_busy=22, ramp_busy=(10, 10, 20, 30), steady_from=3)
+    segmenter = CodecSegmenter(replace(cfg, catch_up=False))
+    busy = [w for n in range(1, 141) for w in segmenter.push(n, streams=16)]
+    assert busy == [
+        Window(0, 22, 0, 27),
+        Window(22, 32, 10, 37),
+        Window(32, 42, 20, 47),
+        Window(42, 62, 12, 67),  # 35 -> 55
+        Window(62, 92, 42, 97),  # 45 -> 55
+        Window(92, 132, 82, 137),
+    ]
+    lone_segmenter = CodecSegmenter(replace(cfg, catch_up=False))
+    lone = [w for n in range(1, 76) for w in lone_segmenter.push(n)]
+    assert [w.ctx_end - w.ctx_start for w in lone] == [15, 25, 35, 55]  # windows 0-2 come before it
+    assert CodecSegmenter(cfg).recurring_sizes() == frozenset({15, 25, 27, 35, 55})
+    assert CodecSegmenter(replace(cfg, steady_from=0)).recurring_sizes() == frozenset(
+        {15, 25, 27, 35, 45, 55}
+    )
