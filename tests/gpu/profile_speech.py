@@ -625,7 +625,11 @@ async def main(args: argparse.Namespace) -> None:
             label = f"{rate:g}/s for {args.duration:g} s" + (f", {json.dumps(variant)}" if variant else "")
             hook.take_calls()
             began = time.perf_counter()
-            summary[label] = await open_loop(engine, hook, args, rate)
+            runs = await open_loop(engine, hook, args, rate)
+            if not runs:
+                print(f"  {label}: no arrivals in {args.duration:g} s (seed {args.seed}); nothing to report")
+                continue
+            summary[label] = runs
             walls[label] = time.perf_counter() - began
             calls[label] = hook.take_calls()
             report(label, summary[label], walls[label])
@@ -670,14 +674,27 @@ if __name__ == "__main__":
     parser.add_argument("--first-chunk", type=levels, default=[], help="other first windows to compare")
     parser.add_argument("--concurrency", type=levels, default=[], help="closed-loop levels, e.g. 16,32")
     parser.add_argument("--waves", type=int, default=2, help="replies per stream at each level")
+
+    def rates(text: str) -> list[float]:
+        values = [float(x) for x in text.split(",") if x]
+        if any(v <= 0 for v in values):
+            raise argparse.ArgumentTypeError(f"arrival rates must be > 0 a second, got {text!r}")
+        return values
+
     parser.add_argument(
         "--rates",
-        type=lambda s: [float(x) for x in s.split(",") if x],
+        type=rates,
         default=[],
         help="open-loop levels after the closed-loop ones: Poisson arrivals a second, e.g. 2",
     )
+
+    def seconds(text: str) -> float:
+        if float(text) <= 0:
+            raise argparse.ArgumentTypeError(f"the duration must be > 0 seconds, got {text!r}")
+        return float(text)
+
     parser.add_argument(
-        "--duration", type=float, default=30.0, help="seconds of arrivals per open-loop level"
+        "--duration", type=seconds, default=30.0, help="seconds of arrivals per open-loop level"
     )
     parser.add_argument("--seed", type=int, default=0, help="the arrivals' seed (omni bench --seed)")
     parser.add_argument(

@@ -58,8 +58,8 @@ def play(timeline: Sequence[Chunk]) -> Playback | None:
     chunks = _audible(timeline)
     if not chunks:
         return None
-    slacks, finish = _walk(chunks)
-    waits = [-slack for slack in slacks if -slack > EPSILON_S]
+    heard, finish = _walk(chunks)
+    waits = [wait for _, wait in heard if wait > 0]
     audio = sum(c.duration_s for c in chunks)
     return Playback(
         ttfa_s=chunks[0].arrival_s,
@@ -68,13 +68,14 @@ def play(timeline: Sequence[Chunk]) -> Playback | None:
         stalls=len(waits),
         finish_s=finish,
         rtf=chunks[-1].arrival_s / audio,
-        min_slack_s=min(slacks, default=None),
+        min_slack_s=min((slack for slack, _ in heard), default=None),
     )
 
 
-def chunk_slacks(timeline: Sequence[Chunk]) -> list[float]:
-    """For each chunk after the first, in arrival order: the audio still queued at the listener
-    when it arrived (negative: how long playback had waited for it, a stall)."""
+def chunk_waits(timeline: Sequence[Chunk]) -> list[tuple[float, float]]:
+    """For each chunk after the first, in arrival order: (slack, wait). Slack is the audio still
+    queued at the listener when it arrived (negative: playback had run dry that long before);
+    wait is the stall it ended (0 if it came in time, or later by no more than ``EPSILON_S``)."""
     chunks = _audible(timeline)
     return _walk(chunks)[0] if chunks else []
 
@@ -86,16 +87,17 @@ def _audible(timeline: Sequence[Chunk]) -> list[Chunk]:
     return chunks
 
 
-def _walk(chunks: Sequence[Chunk]) -> tuple[list[float], float]:
-    """The play head over chunks in arrival order: each later chunk's slack, and when the last
-    sample has been played. Playback starts at the first arrival and waits whenever audio is late."""
+def _walk(chunks: Sequence[Chunk]) -> tuple[list[tuple[float, float]], float]:
+    """The play head over chunks in arrival order: each later chunk's (slack, wait), and when the
+    last sample has been played. Playback starts at the first arrival and waits whenever audio is late."""
     clock = chunks[0].arrival_s  # when the audio queued so far runs out
-    slacks = []
+    heard = []
     for index, chunk in enumerate(chunks):
         if index > 0:
-            slacks.append(clock - chunk.arrival_s)
+            late = chunk.arrival_s > clock + EPSILON_S
+            heard.append((clock - chunk.arrival_s, chunk.arrival_s - clock if late else 0.0))
         clock = max(clock, chunk.arrival_s) + chunk.duration_s
-    return slacks, clock
+    return heard, clock
 
 
 @dataclass(frozen=True)

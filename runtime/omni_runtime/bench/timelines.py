@@ -10,7 +10,8 @@ window must cover.
     python -m omni_runtime.bench.timelines DIR/requests.jsonl [--chunks 6]
 
 Chunks past ``--chunks`` are pooled in one row (``7+``). Pure arithmetic over the file
-(`playback.chunk_slacks`, the same play head as the bench's stall numbers).
+(`playback.chunk_waits`, the same play head as the bench's stall numbers; the file keeps times to
+0.1 ms, so a wait shorter than that may count here and not in the bench's row, or the reverse).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omni_runtime.bench.playback import EPSILON_S, Chunk, chunk_slacks
+from omni_runtime.bench.playback import Chunk, chunk_waits
 from omni_runtime.bench.quantile import percentile
 
 
@@ -41,34 +42,35 @@ class ChunkRow:
 
 
 def by_chunk(rows: Iterable[dict[str, Any]], *, chunks: int = 6) -> list[ChunkRow]:
-    """Rows of ``requests.jsonl`` (speech rows: those with ``chunks``) to one row per level and
-    chunk number from 2 to ``chunks``, then one for every later chunk; levels in file order."""
+    """Rows of ``requests.jsonl`` (speech rows: those with ``chunks``, as `read_rows` checks
+    them) to one row per level and chunk number from 2 to ``chunks``, then one for every later
+    chunk; levels in file order."""
     if chunks < 2:
         raise ValueError(f"chunks is {chunks}: show at least the second chunk (2 or more)")
-    slacks: dict[str, dict[str, list[float]]] = {}
+    heard: dict[str, dict[str, list[tuple[float, float]]]] = {}
     for row in rows:
         timeline = row.get("chunks")
         if not timeline:
             continue
-        per_level = slacks.setdefault(str(row.get("level", "")), {})
-        heard = chunk_slacks([Chunk(float(arrival), float(seconds)) for arrival, seconds in timeline])
-        for index, slack in enumerate(heard, start=2):
+        per_level = heard.setdefault(str(row.get("level", "")), {})
+        arrivals = chunk_waits([Chunk(float(arrival), float(seconds)) for arrival, seconds in timeline])
+        for index, pair in enumerate(arrivals, start=2):
             key = str(index) if index <= chunks else f"{chunks + 1}+"
-            per_level.setdefault(key, []).append(slack)
+            per_level.setdefault(key, []).append(pair)
     out = []
-    for level, per_chunk in slacks.items():
+    for level, per_chunk in heard.items():
         for key in sorted(per_chunk, key=lambda k: int(k.rstrip("+"))):
-            values = per_chunk[key]
-            waits = [-s for s in values if -s > EPSILON_S]
+            slacks = [slack for slack, _ in per_chunk[key]]
+            waits = [wait for _, wait in per_chunk[key] if wait > 0]
             out.append(
                 ChunkRow(
                     level=level,
                     chunk=key,
-                    streams=len(values),
+                    streams=len(slacks),
                     stalled=len(waits),
                     stall_s=sum(waits),
-                    slack_min_s=min(values),
-                    slack_p50_s=percentile(values, 50),
+                    slack_min_s=min(slacks),
+                    slack_p50_s=percentile(slacks, 50),
                 )
             )
     return out
@@ -108,8 +110,24 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
             ) from None
         if not isinstance(row, dict):
             raise ValueError(f"{path}:{number}: a JSON {type(row).__name__}, not a request row")
+        if not _timeline_or_none(row.get("chunks")):
+            raise ValueError(
+                f"{path}:{number}: chunks must be a list of [arrival seconds, audio seconds] pairs "
+                f"(or null), got {json.dumps(row.get('chunks'))[:80]}"
+            )
         rows.append(row)
     return rows
+
+
+def _timeline_or_none(chunks: Any) -> bool:
+    if chunks is None:
+        return True
+    return isinstance(chunks, list) and all(
+        isinstance(pair, list)
+        and len(pair) == 2
+        and all(isinstance(x, int | float) and not isinstance(x, bool) for x in pair)
+        for pair in chunks
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,7 +144,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if not rows:
-        print(f"error: {args.requests} has no speech timelines (rows with chunks)", file=sys.stderr)
+        print(
+            f"error: {args.requests} has no speech stream with two or more audio chunks (a speech run "
+            "of omni bench --mode speech --stream --out DIR writes them)",
+            file=sys.stderr,
+        )
         return 2
     print(table(rows))
     return 0

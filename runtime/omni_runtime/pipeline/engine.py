@@ -526,10 +526,8 @@ class PipelineEngine:
         done = False
         while not done:
             done = _take_codes([await job.events.get()], job, codes)
-            windows = [
-                widen_to_recurring(w, standard, prefer=segmenter.busy_size)
-                for w in segmenter.push(len(codes), done=done)
-            ]
+            # all at once: the smallest size that fits, which the reply's own second window may share
+            windows = [widen_to_recurring(w, standard) for w in segmenter.push(len(codes), done=done)]
             if not windows:
                 continue
             items = [window_item(codes, w, voice=voice, seed=seed, sizes=standard) for w in windows]

@@ -69,9 +69,10 @@ class SegmenterConfig:
     # size) rather than the planned size alone; False keeps the planned sizes (for comparison).
     catch_up: bool = True
     # Windows from this index on (the first is 0) take the steady window's context where the
-    # stream has the codes (more left context; the audio kept is unchanged): the ramp's windows then
-    # share the steady ones' vocoder batches. 0: off. To measure with streams out of phase
-    # (Poisson arrivals), where each context size is a call of its own; not a default.
+    # stream has the codes (more left context), so the ramp's windows share the steady ones'
+    # vocoder batches; a catch-up window among them takes every code up to the steady size. The
+    # planned windows keep their audio. 0: off. To measure with streams out of phase (Poisson
+    # arrivals), where each context size is a call of its own; not a default.
     steady_from: int = 0
 
 
@@ -166,15 +167,15 @@ class CodecSegmenter:
                     break
                 end = min(end, available)
             ctx_start = max(0, self._next - cfg.left_context)
+            steady = self._steady_size() if self._next > 0 else None
             if cfg.catch_up and self._next > 0:
-                end = self._catch_up(end, ctx_start, available, cap=max(planned, cfg.chunk), done=done)
+                cap = max(planned, cfg.chunk)
+                end = self._catch_up(end, ctx_start, available, cap=cap, done=done, steady=steady)
             ctx_end = min(available, end + cfg.right_context)
             if self.first_busy:
                 ctx_start = self._as_wide_as_first(ctx_start, ctx_end)
-            if cfg.steady_from and self._index(self._next) >= cfg.steady_from:
-                steady = cfg.left_context + cfg.chunk + cfg.right_context
-                if ctx_end - ctx_start < steady <= ctx_end:
-                    ctx_start = ctx_end - steady
+            if steady is not None and ctx_end - ctx_start < steady <= ctx_end:
+                ctx_start = ctx_end - steady
             windows.append(Window(self._next, end, ctx_start, ctx_end))
             if self._next == 0:
                 self._first = end
@@ -221,19 +222,32 @@ class CodecSegmenter:
         busy = cfg.first_chunk_busy > 0 and streams >= max(1, cfg.busy_streams)
         return cfg.first_chunk_busy if busy else cfg.first_chunk
 
-    def _catch_up(self, end: int, ctx_start: int, available: int, *, cap: int, done: bool) -> int:
+    def _steady_size(self) -> int | None:
+        """The steady window's context size where ``steady_from`` widens the window starting at
+        the next code to it; None where it does not."""
+        cfg = self.config
+        if not cfg.steady_from or self._index(self._next) < cfg.steady_from:
+            return None
+        return cfg.left_context + cfg.chunk + cfg.right_context
+
+    def _catch_up(
+        self, end: int, ctx_start: int, available: int, *, cap: int, done: bool, steady: int | None = None
+    ) -> int:
         """The farthest end past the planned ``end``, at most ``cap`` codes from the window's
         start, whose context (with its full right context) is a recurring size; the planned end
-        if none is. Once the stream is done, the rest in one window if it fits under ``cap``."""
+        if none is. Once the stream is done, the rest in one window if it fits under ``cap``.
+        With ``steady`` (`_steady_size`), any end whose context reaches it: the window is widened
+        to that size, so the farthest end within ``cap`` is."""
         if done and available - self._next <= cap:
             return available
+        right = self.config.right_context
+        farthest = min(self._next + cap, available - right)
+        if steady is not None and farthest > end and farthest + right >= steady:
+            return farthest
         if self._sizes is None:
             self._sizes = self.recurring_sizes()
-        right = self.config.right_context
         fits = [
-            size + ctx_start - right
-            for size in self._sizes
-            if end < size + ctx_start - right <= min(self._next + cap, available - right)
+            size + ctx_start - right for size in self._sizes if end < size + ctx_start - right <= farthest
         ]
         return max(fits, default=end)
 

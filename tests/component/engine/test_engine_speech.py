@@ -192,6 +192,26 @@ def test_a_stream_behind_its_talker_catches_up_in_larger_windows(family_speech_e
     assert codes * per_code - per_code < samples <= codes * per_code
 
 
+def test_a_short_last_window_takes_the_busy_streams_size(speech_engine: Harness) -> None:
+    """A lone reply of 50 codes in the planned windows (10, 10, 20, then the rest): its last
+    window, codes 40-50 with 20 of context, is widened to the busy first window's context (27), a
+    size busy streams' early windows share a vocoder batch at, not to the smallest size that fits."""
+    engine = speech_engine.engine
+    spy = SlowVocoder(engine.stages.local.vocoder, delay_s=0.0)
+    windows = engine.adapter.codec_windows
+    engine.stages.local.vocoder, engine.adapter.codec_windows = spy, {**windows, "catch_up": False}
+    try:
+        talker = {"max_tokens": 50, "codes_per_text_token": 0, "ignore_eos": True, "temperature": 0.0}
+        base = request(max_tokens=8, want_audio=True, talker_tokens=50)
+        speech_engine.collect(replace(base, stage_params={"talker": talker}))
+    finally:
+        engine.stages.local.vocoder, engine.adapter.codec_windows = spy.vocoder, windows
+    busy = CodecSegmenter(family_config(windows)).busy_size
+    assert busy == 27 and 25 in CodecSegmenter(family_config(windows)).recurring_sizes()
+    assert [(w["start"], w["end"]) for w in spy.items] == [(0, 10), (10, 20), (20, 40), (40, 50)]
+    assert (spy.items[-1]["ctx_start"], spy.items[-1]["ctx_end"]) == (50 - busy, 50)
+
+
 def test_talker_rows_admitted_together_draw_what_they_draw_alone(family_speech_engine: Harness) -> None:
     """The talker prefills the prompts of every stream that reaches it together in one padded
     batch (one call, not one per stream); each row's first code and decode state are the ones it

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from omni_runtime.bench.playback import Chunk, chunk_slacks
+from omni_runtime.bench.playback import Chunk, chunk_waits, play
 from omni_runtime.bench.timelines import ChunkRow, by_chunk, main
 
 # Two streams of one level. A: 0.4 s first at 0.5, so it runs dry at 0.9; the second chunk comes at
@@ -18,11 +18,21 @@ A = [[0.5, 0.4], [1.0, 0.2], [1.1, 0.5], [1.5, 0.2]]
 B = [[0.3, 0.4], [0.4, 0.2], [0.5, 0.2], [0.6, 0.3]]
 
 
-def test_the_slack_of_each_chunk_is_the_audio_still_queued_when_it_came() -> None:
-    assert chunk_slacks([Chunk(a, s) for a, s in A]) == pytest.approx([-0.1, 0.1, 0.2])
-    assert chunk_slacks([Chunk(a, s) for a, s in B]) == pytest.approx([0.3, 0.4, 0.5])
-    assert chunk_slacks([Chunk(0.2, 1.0)]) == []
-    assert chunk_slacks([]) == []
+def test_each_chunk_has_the_audio_still_queued_when_it_came_and_the_wait_it_ended() -> None:
+    heard = chunk_waits([Chunk(a, s) for a, s in A])
+    assert [slack for slack, _ in heard] == pytest.approx([-0.1, 0.1, 0.2])
+    assert [wait for _, wait in heard] == pytest.approx([0.1, 0.0, 0.0])
+    assert [slack for slack, _ in chunk_waits([Chunk(a, s) for a, s in B])] == pytest.approx([0.3, 0.4, 0.5])
+    assert chunk_waits([Chunk(0.2, 1.0)]) == []
+    assert chunk_waits([]) == []
+
+
+def test_a_chunk_late_by_float_noise_is_no_stall_in_either_count() -> None:
+    """1 ns past the play head rounds as the bench's stall rule always did (EPSILON_S): no wait."""
+    timeline = [Chunk(0.0, 1.0), Chunk(1.0 + 1e-9, 0.5)]
+    heard = play(timeline)
+    assert heard is not None and (heard.stall_s, heard.stalls, heard.real_time) == (0.0, 0, True)
+    assert [wait for _, wait in chunk_waits(timeline)] == [0.0]
 
 
 def test_rows_by_level_and_chunk_number_pool_the_chunks_past_the_last_shown() -> None:
@@ -81,7 +91,12 @@ def test_the_command_prints_the_table_of_a_requests_file(
     [
         ("{not json\n", r"requests.jsonl:1: not JSON \(.*\); expected omni bench's requests.jsonl"),
         ('{"level": "c=1"}\n[1, 2]\n', r"requests.jsonl:2: a JSON list, not a request row"),
-        ('{"level": "c=1", "chunks": null}\n', r"has no speech timelines \(rows with chunks\)"),
+        ('{"level": "c=1", "chunks": null}\n', r"has no speech stream with two or more audio chunks"),
+        ('{"level": "c=1", "chunks": [[0.1, 0.2]]}\n', r"has no speech stream with two or more audio chunks"),
+        ('{"level": "c=1", "chunks": [1, 2]}\n', r"requests.jsonl:1: chunks must be a list of \[arrival"),
+        ('{"chunks": [[0.1, null]]}\n', r"requests.jsonl:1: chunks must be a list of \[arrival"),
+        ('{"chunks": "ab"}\n', r"requests.jsonl:1: chunks must be a list of \[arrival"),
+        ('{"chunks": [[0.1, 0.2, 0.3]]}\n', r"requests.jsonl:1: chunks must be a list of \[arrival"),
     ],
 )
 def test_a_file_that_is_not_a_speech_run_is_named_with_the_fix(

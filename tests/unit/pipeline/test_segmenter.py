@@ -419,3 +419,34 @@ def test_steady_from_widens_the_ramp_to_the_steady_context_where_the_codes_exist
     assert CodecSegmenter(replace(cfg, steady_from=0)).recurring_sizes() == frozenset(
         {15, 25, 27, 35, 45, 55}
     )
+
+
+@pytest.mark.parametrize("steady_from", [0, 1, 3])
+def test_widening_never_reaches_before_the_first_code(steady_from: int) -> None:
+    """Short streams, busy and lone: a window is widened only where the codes exist (a busy
+    reply that ends at 24 codes keeps its second window's context at [12, 24), not [-3, 24))."""
+    cfg = replace(BUSY, first_chunk_busy=22, ramp_busy=(10, 10, 20, 30), steady_from=steady_from)
+    for streams in (1, 16):
+        for total in range(1, 80):
+            windows = CodecSegmenter(cfg).push(total, done=True, streams=streams)
+            assert all(w.ctx_start >= 0 for w in windows), (streams, total, windows)
+    assert CodecSegmenter(cfg).push(24, done=True, streams=16) == [
+        Window(0, 22, 0, 24),
+        Window(22, 24, 12, 24),
+    ]
+    lone = CodecSegmenter(cfg).push(25, streams=1)  # a lone stream's second window: 25 codes exist
+    assert lone == [Window(0, 10, 0, 15), Window(10, 20, 0, 25)]
+
+
+def test_steady_from_with_catch_up_takes_every_code_up_to_the_steady_size() -> None:
+    """Catch-up cuts a window at a recurring context size. Where ``steady_from`` widens it to the
+    steady size anyway, it takes every code that exists up to that size instead of stopping at
+    the largest smaller recurring one."""
+    cfg = replace(BUSY, first_chunk_busy=22, ramp_busy=(10, 10, 20, 30))
+
+    def cut(config: SegmenterConfig) -> list[Window]:
+        segmenter = CodecSegmenter(config)
+        return [w for n in (27, 37, 47, 80) for w in segmenter.push(n, streams=16)]
+
+    assert cut(cfg)[-1] == Window(42, 72, 32, 77)  # 45 is recurring: 30 codes
+    assert cut(replace(cfg, steady_from=3))[-1] == Window(42, 75, 25, 80)  # 33 codes, widened to 55
