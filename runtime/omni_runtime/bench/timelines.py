@@ -145,8 +145,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not rows:
         print(
-            f"error: {args.requests} has no speech stream with two or more audio chunks (a speech run "
-            "of omni bench --mode speech --stream --out DIR writes them)",
+            f"error: {args.requests} has no speech stream with two or more audio chunks: run omni bench "
+            "--mode speech --stream --out DIR against a streaming-speech deployment (the speech "
+            "pipeline sends each reply's audio as one chunk)",
             file=sys.stderr,
         )
         return 2
