@@ -383,12 +383,11 @@ class PipelineEngine:
                     )
                     state["talker_job"] = talker_job
                     self._talkers_on_text.add(request.request_id)
+                    tasks = state.setdefault("tasks", [])  # the release cancels every one
                     speaker = asyncio.get_running_loop().create_task(
-                        self._speak(
-                            request, talker_job, voice, out, marks, tasks=state.setdefault("tasks", [])
-                        )
+                        self._speak(request, talker_job, voice, out, marks, tasks=tasks)
                     )
-                    state.setdefault("tasks", []).append(speaker)
+                    tasks.append(speaker)
                 elif talker_job is not None:
                     self._talker().feed(talker_job, event.vector)
             if event.token in eos and not sp.ignore_eos:

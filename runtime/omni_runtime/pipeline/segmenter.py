@@ -130,8 +130,12 @@ class CodecSegmenter:
 
     @property
     def busy_size(self) -> int | None:
-        """The context size of a busy first window, and of the busy stream's windows after it
-        that are widened to it (`_as_wide_as_first`); None without a busy first window."""
+        """The context size of a busy first window; None without one. After a busy first window,
+        a later window whose context is shorter takes more left context (codes the stream has) to
+        be as long: the early windows of busy streams are then one size, and the vocoder runs one
+        size in one batch, so a stream arriving while others are in their second and third windows
+        has its first window batched with theirs. Only the left context grows; the audio kept, and
+        when the window can be cut, are unchanged."""
         cfg = self.config
         return cfg.first_chunk_busy + cfg.right_context if cfg.first_chunk_busy else None
 
@@ -172,10 +176,10 @@ class CodecSegmenter:
                 cap = max(planned, cfg.chunk)
                 end = self._catch_up(end, ctx_start, available, cap=cap, done=done, steady=steady)
             ctx_end = min(available, end + cfg.right_context)
-            if self.first_busy:
-                ctx_start = self._as_wide_as_first(ctx_start, ctx_end)
-            if steady is not None and ctx_end - ctx_start < steady <= ctx_end:
-                ctx_start = ctx_end - steady
+            if self.first_busy:  # the early windows of busy streams: one vocoder batch size
+                ctx_start = _widened(ctx_start, ctx_end, self.busy_size)
+            if steady is not None:
+                ctx_start = _widened(ctx_start, ctx_end, steady)
             windows.append(Window(self._next, end, ctx_start, ctx_end))
             if self._next == 0:
                 self._first = end
@@ -191,18 +195,6 @@ class CodecSegmenter:
         if self._next > 0 or cfg.whole or cfg.at_end:
             return None
         return max(0, self._first_size(streams) + cfg.right_context - available)
-
-    def _as_wide_as_first(self, ctx_start: int, ctx_end: int) -> int:
-        """After a busy first window, a later window whose context is shorter than the first
-        window's takes more left context (codes the stream has) to be as long: the early windows
-        of busy streams are then one size, and the vocoder runs one size in one batch. A stream
-        arriving while others are in their second and third windows has its first window batched
-        with theirs, not in a call of its own after them. Only the left context grows; the audio
-        kept, and when the window can be cut, are unchanged."""
-        first = (self._first or 0) + self.config.right_context
-        if ctx_end - ctx_start < first <= ctx_end:
-            return ctx_end - first
-        return ctx_start
 
     def _first_cut(self, streams: int, available: int) -> int:
         """The first window's size: ``_first_size`` under this load, or, with catch-up on, the
@@ -270,6 +262,14 @@ class CodecSegmenter:
             return cfg.first_chunk if self._first is None else self._first
         ramp = cfg.ramp_busy if self.first_busy and cfg.ramp_busy else cfg.ramp
         return ramp[index - 1] if index - 1 < len(ramp) else cfg.chunk
+
+
+def _widened(ctx_start: int, ctx_end: int, size: int | None) -> int:
+    """``ctx_start`` moved left so the context ``[ctx_start, ctx_end)`` is ``size`` codes long,
+    where it is shorter and the stream has that many codes before ``ctx_end``; else unchanged."""
+    if size is not None and ctx_end - ctx_start < size <= ctx_end:
+        return ctx_end - size
+    return ctx_start
 
 
 def widen_to_recurring(window: Window, sizes: frozenset[int], *, prefer: int | None = None) -> Window:
