@@ -97,13 +97,13 @@ SWITCHES: tuple[Switch, ...] = (
     Switch(
         "OMNI_WARM_SPOKEN_AUDIO",
         "flag",
-        "0",
+        "1",
         "Realtime: prefill each whole chunk of the user's speech into the session's KV while they speak.",
     ),
     Switch(
         "OMNI_SUFFIX_GRAPHS",
         "flag",
-        "0",
+        "1",
         "CUDA graphs (captured at start-up) for a turn's prefill after a kept conversation prefix.",
     ),
     Switch("OMNI_PREFILL_GRAPHS", "flag", "1", "CUDA graphs for prompt prefill."),

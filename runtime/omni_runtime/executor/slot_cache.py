@@ -33,7 +33,7 @@ the talker. So the runtime owns the cache and drives the model's decoder layers 
   After capturing, ``check_prefill_graphs`` compares graph and unpadded prefills of random
   prompts, logs the difference, and turns the graphs off when it is beyond bfloat16 rounding.
   ``OMNI_PREFILL_GRAPHS=0`` turns them off (docs/benchmarks.md: Qwen3 first audio at 32 streams
-  0.58 → 0.49 s p95 on an H200). With ``OMNI_SUFFIX_GRAPHS=1`` (opt-in until measured on a GPU)
+  0.58 → 0.49 s p95 on an H200). By default (``OMNI_SUFFIX_GRAPHS=0`` turns it off)
   suffixes after a kept prefix do the same in (rows, length, span) buckets captured at start-up
   (``PrefillShapes.suffixes``): the span is the keys their attention reads, the longest prefix
   plus the padded length rounded up to a power of two from 256; a suffix of another bucket runs
@@ -364,7 +364,7 @@ class SlotDecoder:
         self.prefill_graphs = self.cuda_graphs and switches.flag("OMNI_PREFILL_GRAPHS")
         self.prefill_padded = self.prefill_graphs
         # Suffixes after a kept prefix the same way, in (rows, length, span) buckets captured at
-        # start-up (``PrefillShapes.suffixes``): opt-in (``OMNI_SUFFIX_GRAPHS=1``) until measured.
+        # start-up (``PrefillShapes.suffixes``); ``OMNI_SUFFIX_GRAPHS=0`` turns them off.
         self.suffix_graphs = self.prefill_graphs and switches.flag("OMNI_SUFFIX_GRAPHS")
         self.suffix_padded = self.suffix_graphs
         self._prefill_graphs: dict[tuple[int, ...], torch.cuda.CUDAGraph] = {}

@@ -45,9 +45,10 @@ class RealtimeSettings:
     duplex_by_default: bool = False
     max_realtime_sessions: int = 64
     # Prefill the turn being spoken, chunk by chunk, into the session's kept KV while the user
-    # speaks (session/warmup.py); opt-in: `OMNI_WARM_SPOKEN_AUDIO=1` (`omni serve` reads it, in
+    # speaks (session/warmup.py); on by default since it was measured on an H100 (docs/benchmarks.md);
+    # `OMNI_WARM_SPOKEN_AUDIO=0` turns it off (`omni serve` reads it, in
     # entrypoints.streaming_input_flags.realtime_settings, after checking every switch).
-    warm_spoken_audio: bool = False
+    warm_spoken_audio: bool = True
     max_session_seconds: float = 3600.0  # a socket open longer is closed with an error event
     session_idle_timeout_s: float = 600.0  # no client event for this long closes the session
     max_event_bytes: int = 8 * 1024 * 1024  # one client message (JSON text), checked before parsing

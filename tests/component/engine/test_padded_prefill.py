@@ -221,7 +221,7 @@ def test_the_start_up_check_passes_an_equal_padded_prefill_and_fails_a_wrong_one
     assert "prefill graphs DIFFER" in caplog.text and "prefilling unpadded" in caplog.text
 
 
-# -- suffixes after a kept prefix, padded to (rows, length, span) buckets (OMNI_SUFFIX_GRAPHS=1) --
+# -- suffixes after a kept prefix, padded to (rows, length, span) buckets (OMNI_SUFFIX_GRAPHS, on by default) --
 
 
 @pytest.mark.parametrize(
@@ -370,7 +370,7 @@ def test_the_start_up_suffix_buckets() -> None:
 
 def test_with_suffix_graphs_a_suffix_of_a_bucket_not_captured_at_start_up_runs_unpadded(thinker) -> None:
     decoder = _suffix_decoder(thinker, padded=True)
-    decoder.suffix_graphs = True  # as on CUDA with OMNI_SUFFIX_GRAPHS=1 (no graph is replayed here)
+    decoder.suffix_graphs = True  # as on CUDA by default (no graph is replayed here)
     decoder._prefill_graphs = {(1, 24): object(), (1, 32, 256): object()}  # type: ignore[dict-item]
     assert decoder._padded_shape(1, 21, [40]) == (1, 32, 256)  # captured at start-up: replayed
     assert decoder._padded_shape(3, 21, [40]) is None  # (4, 32, 256) was not: unpadded

@@ -99,7 +99,7 @@ async def _spoken_turn(live, host: str, realtime, speech) -> tuple[str, dict, in
 
 
 def test_with_warm_spoken_audio_the_speech_is_prefilled_while_it_is_spoken(live, speech_wav) -> None:
-    """``warm_spoken_audio`` (``OMNI_WARM_SPOKEN_AUDIO=1``): each whole encoder chunk of the turn
+    """``warm_spoken_audio`` (on by default; ``OMNI_WARM_SPOKEN_AUDIO=0`` is the plain worker): each whole encoder chunk of the turn
     being spoken is prefilled into the session's KV with the history, so the response reuses it:
     every whole chunk's audio tokens more than with the history warm-up alone, and the same reply
     (greedy), because reuse stops where the warmed audio's embedding differs from the turn's."""
@@ -107,7 +107,7 @@ def test_with_warm_spoken_audio_the_speech_is_prefilled_while_it_is_spoken(live,
     chunks = (speech.size - 800) // 32_000
     assert chunks >= 2, f"espeak made {speech.size / 16000:.1f} s: too short for two whole chunks"
     host, spoken_server = live.extra_worker(warm_spoken_audio=True)
-    plain_host, plain_server = live.extra_worker()
+    plain_host, plain_server = live.extra_worker(warm_spoken_audio=False)
 
     async def go():
         live.engine.encoders.cache.clear()

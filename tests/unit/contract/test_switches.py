@@ -23,7 +23,9 @@ def test_a_flag_reads_its_words_and_empty_is_its_default(value: str, on: bool) -
 
 def test_an_unset_flag_is_its_default() -> None:
     assert switches.flag("OMNI_PREFILL_GRAPHS", {}) is True
-    assert switches.flag("OMNI_SUFFIX_GRAPHS", {}) is False
+    assert switches.flag("OMNI_SUFFIX_GRAPHS", {}) is True
+    assert switches.flag("OMNI_WARM_SPOKEN_AUDIO", {}) is True
+    assert switches.flag("OMNI_CUDNN_ATTENTION", {}) is False
 
 
 @pytest.mark.parametrize(

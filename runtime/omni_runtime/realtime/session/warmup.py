@@ -12,8 +12,8 @@ keeps its KV), one still queued or preprocessing is dropped and the response doe
 itself, so a warm-up never delays an answer. It is exact by the same rule as every turn, so it
 never changes one either.
 
-With ``RealtimeSettings.warm_spoken_audio`` (``OMNI_WARM_SPOKEN_AUDIO=1``; opt-in until measured on
-a GPU) the speech itself follows: each time the session's early encoding has sent another whole
+With ``RealtimeSettings.warm_spoken_audio`` (on by default; ``OMNI_WARM_SPOKEN_AUDIO=0`` turns it
+off) the speech itself follows: each time the session's early encoding has sent another whole
 chunk of the turn being spoken to the audio encoder, the warm-up after the history prefills the
 history plus that audio as the user's turn so far, so at the end of speech only the audio after
 the last whole chunk, and the turn's closing tokens, are left to prefill. The prefix rule keeps it
