@@ -61,8 +61,8 @@ def test_impossible_spec_is_rejected_at_apply_with_the_planners_message(
         ),
         (
             {"OMNI_VOCODER_FAR": "soon"},
-            "spec.runtime.env.OMNI_VOCODER_FAR: is 'soon', not SECONDS,WINDOWS (seconds of audio left >= 0, "
-            "windows per call >= 1); use e.g. 1.0,4",
+            "spec.runtime.env.OMNI_VOCODER_FAR: is 'soon', not SECONDS,WINDOWS[,near] or off (seconds of audio "
+            "left >= 0, windows per call >= 1); use e.g. 1.0,4,near",
         ),
         (
             {"OMNI_STREAM_PRIORITIES": "talker=-1,thinkr=-2"},

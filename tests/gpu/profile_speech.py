@@ -23,7 +23,8 @@ the vocoder's, ``holds_spare_text`` false lets a later window pause the thinker 
 talker takes its text, ``thinker_hold_below_s`` which windows pause the
 thinker, ``vocoder_graphs`` false every vocoder window eagerly, ``windows_ahead`` how many of a
 reply's windows may be at the vocoder at once, ``vocoder_far`` ``[seconds, windows]`` as
-``OMNI_VOCODER_FAR`` sets it, far windows out of nearer ones' calls, ``vocoder_buckets`` the batch
+``OMNI_VOCODER_FAR`` sets it, far windows out of nearer ones' calls (``[seconds, windows, "near"]``:
+their calls bounded only while a stream is near, ``FarWindows.near_only``), ``vocoder_buckets`` the batch
 sizes the vocoder pads to, as ``OMNI_VOCODER_BUCKETS`` sets them, ``first_linger_codes`` how near
 another reply's first window must be for a ready one to wait for it, 0 never). ``--rates 2``
 adds open-loop levels (Poisson arrivals a second for ``--duration`` seconds, ``omni bench
@@ -577,9 +578,14 @@ async def main(args: argparse.Namespace) -> None:
         engine.holds_spare_text = bool(variant.get("holds_spare_text", True))
         engine.windows_ahead = int(variant.get("windows_ahead", ahead_default))
         engine.first_linger_codes = int(variant.get("first_linger_codes", linger_default))
-        far = variant.get("vocoder_far")  # [seconds, windows]: deadlines.FarWindows; absent: the default
+        # [seconds, windows] or [seconds, windows, "near"] (near_only): deadlines.FarWindows; absent: the default
+        far = variant.get("vocoder_far")
         worker = getattr(engine.stages, "local", engine.stages).vocoder_worker
-        worker.far = FarWindows(after_s=float(far[0]), batch=int(far[1])) if far else far_default
+        worker.far = (
+            FarWindows(after_s=float(far[0]), batch=int(far[1]), near_only=far[2:] == ["near"])
+            if far
+            else far_default
+        )
         vocoder = vocoder_of(
             engine
         )  # batch buckets (OMNI_VOCODER_BUCKETS): the warm-up below captures new ones

@@ -45,11 +45,13 @@ def _buckets(text: str) -> tuple[int, ...]:
     return buckets
 
 
-def _far(text: str) -> tuple[float, int]:
-    after_s, batch = text.split(",")
-    if float(after_s) < 0 or int(batch) < 1:
+def _far(text: str) -> tuple[float, int, bool] | str:
+    if text.strip() == "off":
+        return "off"
+    after_s, batch, *near = (part.strip() for part in text.split(","))
+    if float(after_s) < 0 or int(batch) < 1 or near not in ([], ["near"]):
         raise ValueError
-    return float(after_s), int(batch)
+    return float(after_s), int(batch), near == ["near"]
 
 
 def _priorities(text: str) -> dict[str, int]:
@@ -149,11 +151,12 @@ SWITCHES: tuple[Switch, ...] = (
         "OMNI_VOCODER_FAR",
         "value",
         "off",
-        "SECONDS,WINDOWS: windows with more than SECONDS of audio still to play go at most WINDOWS a call.",
-        example="1.0,4",
+        "SECONDS,WINDOWS[,near]: windows with more than SECONDS of audio still to play go at most WINDOWS a "
+        "call (with near: only while some stream has less than SECONDS left); off: no bound.",
+        example="1.0,4,near",
         parse=_far,
-        format="not SECONDS,WINDOWS (seconds of audio left >= 0, windows per call >= 1)",
-        shape=r"(\d+(\.\d*)?|\.\d+)\s*,\s*\d+",
+        format="not SECONDS,WINDOWS[,near] or off (seconds of audio left >= 0, windows per call >= 1)",
+        shape=r"off|(\d+(\.\d*)?|\.\d+)\s*,\s*\d+(\s*,\s*near)?",
     ),
     Switch(
         "OMNI_STREAM_PRIORITIES",

@@ -47,6 +47,7 @@ from omni_runtime.pipeline.deadlines import (
     ahead_slack,
     holds_thinker,
     lingers,
+    near_streams,
 )
 from omni_runtime.pipeline.detokenize import IncrementalDetokenizer, StopMatcher
 from omni_runtime.pipeline.encoding import MediaEncoders
@@ -90,6 +91,7 @@ class PipelineEngine:
         # the thinker shares with the vocoder; None never pauses it.
         self.thinker_hold_below_s: float | None = None
         self._before_first_audio: set[str] = set()  # streaming speech replies without audio yet (ids)
+        self._play_heads: dict[str, PlaybackClock] = {}  # each streaming speech reply's listener (id ->)
         # Streaming speech replies from their acceptance to their end: the load a first window is
         # cut under (a reply still in its prompt or thinker counts, so every reply of a wave that
         # starts together, and one arriving as others end, sees the rest).
@@ -135,6 +137,8 @@ class PipelineEngine:
         self.thinker_hold_below_s = THINKER_HOLD_BELOW_S if adapter.vocoder_shares_thinker_device else None
         local = LocalStages(adapter, self.options, hosted=self.hosted)
         await local.start()
+        if local.vocoder_worker is not None:  # far windows' calls bounded while a stream is near
+            local.vocoder_worker.near = self.streams_near
         self.stages = await attach_remote_stages(local, self.options)
         self.encoders = MediaEncoders(self.stages, adapter, cache_bytes=self.options.encoder_cache_mb << 20)
         await local.warmup()
@@ -413,6 +417,13 @@ class PipelineEngine:
         )
         out.put_nowait(Finished(reason, usage))
 
+    def streams_near(self, within_s: float) -> bool:
+        """Whether a streaming speech reply has less than ``within_s`` of audio left at its
+        listener, or none yet (deadlines.near_streams)."""
+        now = time.monotonic()
+        slacks = [clock.slack(now=now) for clock in self._play_heads.values()]
+        return bool(self._before_first_audio) or near_streams(slacks, within_s=within_s)
+
     def _window_hold(self, slack_s: float | None, request_id: str) -> AbstractAsyncContextManager[None]:
         """Hold the thinker while a window with this slack is synthesised (deadlines.holds_thinker).
 
@@ -577,6 +588,7 @@ class PipelineEngine:
             job.events.put_nowait([])
 
         rid = request.request_id
+        self._play_heads[rid] = clock
         try:
             while True:
                 need = segmenter.codes_until_first(len(codes), streams=self._speech_replies)
@@ -622,6 +634,7 @@ class PipelineEngine:
                 if marks is not None and codes and marks.first_code is None:
                     marks.first_code = time.monotonic()
         finally:  # a failed window or a cancel drops the windows still at the vocoder
+            self._play_heads.pop(rid, None)
             self._first_window_gone(rid, ended=True)
             for _, pending in ahead:
                 if pending.done() and not pending.cancelled():

@@ -108,7 +108,8 @@ class LocalStages:
                 order=window_priority,  # first windows, then the stream closest to an underrun
                 group=window_shape,  # one window shape per call: an urgent window waits one replay
             )
-            # Opt-in until measured on a GPU: far windows out of nearer ones' calls (deadlines.FarWindows).
+            # Opt-in: far windows out of nearer ones' calls, and their calls short (with near: while a
+            # stream is near; the engine gives the worker its play heads). deadlines.FarWindows.
             try:
                 self.vocoder_worker.far = deadlines.far_windows(os.environ.get("OMNI_VOCODER_FAR"))
             except ValueError as exc:

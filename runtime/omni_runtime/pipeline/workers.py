@@ -214,6 +214,10 @@ class BatchingWorker(Generic[T, R]):
         self._group = group
         # With an order: far windows keep out of nearer ones' calls, and calls of them stay short.
         self.far: deadlines.FarWindows | None = None
+        # near(within_s) -> whether a live stream has less than that much audio left (the engine's
+        # play heads, `Engine.streams_near`); None: unknown (a vocoder behind a stage link), where a
+        # near_only bound never holds (calls as full as the line allows, as with no bound).
+        self.near: Callable[[float], bool] | None = None
         self._arrivals = itertools.count()
         self._queue: asyncio.Queue[tuple[deadlines.Priority | None, tuple[T, asyncio.Future[R]]]] = (
             asyncio.Queue()
@@ -268,8 +272,10 @@ class BatchingWorker(Generic[T, R]):
         self._waiting = [(key, entry) for key, entry in self._waiting if not self._drop_cancelled(entry)]
         group = self._group
         by_item = None if group is None else (lambda entry: group(entry[0]))  # entry: (item, future)
+        far = self.far
+        near = far is None or not far.near_only or (self.near is not None and self.near(far.after_s))
         batch, self._waiting = deadlines.take(
-            self._waiting, self._max_batch, group=by_item, far=self.far, now=time.monotonic()
+            self._waiting, self._max_batch, group=by_item, far=far, now=time.monotonic(), near=near
         )
         return batch
 

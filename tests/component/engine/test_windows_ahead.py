@@ -80,3 +80,31 @@ def test_windows_ahead_give_the_same_audio_sooner(family_speech_engine: Harness)
     # the vocoder, carries the slack of the first's audio (deadlines.ahead_slack), not None.
     assert slacks_one[0] is None and slacks_two[0] is None
     assert slacks_two[1] is not None and slacks_two[1] > 0
+
+
+def test_the_vocoders_worker_reads_the_engines_play_heads(speech_engine: Harness) -> None:
+    """``OMNI_VOCODER_FAR=...,near`` bounds far windows' calls only while a stream is near: the
+    vocoder's worker asks the engine (`Engine.streams_near`). A reply is near before its first audio
+    at any threshold, then near below its listener's slack, and no reply is near once it ended."""
+    engine: Any = speech_engine.engine
+    stages = engine.stages
+    worker = getattr(stages, "local", stages).vocoder_worker
+    assert worker.near == engine.streams_near
+    synthesize = stages.synthesize
+    seen: list[tuple[bool, bool]] = []  # (near within 1e9 s, near within -1e9 s) at each window
+
+    async def observed(item: dict[str, Any]) -> Any:
+        seen.append((engine.streams_near(1e9), engine.streams_near(-1e9)))
+        return await synthesize(item)
+
+    stages.synthesize = observed
+    try:
+        req = request("Say something", max_tokens=12, want_audio=True, talker_tokens=90, seed=7)
+        events = speech_engine.collect(req)
+    finally:
+        del stages.synthesize
+    assert finished(events).reason == "length"
+    assert len(seen) >= 3
+    assert seen[0] == (True, True)  # before its first audio: near at any threshold
+    assert (True, False) in seen[1:]  # after it: near only below its slack
+    assert not engine.streams_near(1e9)  # ended: no play head left

@@ -90,8 +90,8 @@ REFUSED = [
     ),
     pytest.param(
         "{OMNI_VOCODER_FAR: soon}",
-        "d.yaml: spec.runtime.env.OMNI_VOCODER_FAR: is 'soon', not SECONDS,WINDOWS (seconds of audio left >= 0, "
-        "windows per call >= 1); use e.g. 1.0,4",
+        "d.yaml: spec.runtime.env.OMNI_VOCODER_FAR: is 'soon', not SECONDS,WINDOWS[,near] or off (seconds of audio "
+        "left >= 0, windows per call >= 1); use e.g. 1.0,4,near",
         id="switch-value-format",
     ),
     pytest.param("[OMNI_BUSY_STREAMS]", "d.yaml: spec.runtime.env: expected a mapping, got ['OMNI_BUSY_STREAMS']; "

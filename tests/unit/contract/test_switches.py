@@ -85,8 +85,8 @@ def test_every_switch_the_runtime_reads_is_listed_and_documented() -> None:
          ["OMNI_VOCODER_BUCKETS is '2,16', not batch sizes in increasing order from 1 to 16; use e.g. "
           "1,2,4,6,8,12,16"]),
         ({"OMNI_VOCODER_FAR": " "},
-         ["OMNI_VOCODER_FAR is ' ', not SECONDS,WINDOWS (seconds of audio left >= 0, windows per call >= 1); "
-          "use e.g. 1.0,4"]),
+         ["OMNI_VOCODER_FAR is ' ', not SECONDS,WINDOWS[,near] or off (seconds of audio left >= 0, windows per "
+          "call >= 1); use e.g. 1.0,4,near"]),
     ],
 )  # fmt: skip
 def test_a_wrong_value_switch_names_itself_its_format_and_an_example(
@@ -101,7 +101,9 @@ def test_a_wrong_value_switch_names_itself_its_format_and_an_example(
         ("OMNI_BUSY_STREAMS", "0", 0),
         ("OMNI_BUSY_STREAMS", "", None),
         ("OMNI_VOCODER_BUCKETS", "1,2,4,6,8,12,16", (1, 2, 4, 6, 8, 12, 16)),
-        ("OMNI_VOCODER_FAR", "0,1", (0.0, 1)),
+        ("OMNI_VOCODER_FAR", "0,1", (0.0, 1, False)),
+        ("OMNI_VOCODER_FAR", "1.0,4,near", (1.0, 4, True)),
+        ("OMNI_VOCODER_FAR", "off", "off"),
         ("OMNI_STREAM_PRIORITIES", "thinker=-2, talker=-1", {"thinker": -2, "talker": -1}),
     ],
 )
@@ -132,6 +134,10 @@ def test_every_value_switch_has_a_parser_a_format_and_an_example() -> None:
         ("OMNI_VOCODER_FAR", "1.,2", False),
         ("OMNI_VOCODER_FAR", "1e3,4", True),
         ("OMNI_VOCODER_FAR", "1.0,0", True),  # windows per call >= 1: the parser's
+        ("OMNI_VOCODER_FAR", " 1.0 , 4 , near ", False),
+        ("OMNI_VOCODER_FAR", "off", False),
+        ("OMNI_VOCODER_FAR", "1.0,4,", True),
+        ("OMNI_VOCODER_FAR", "near", True),
         ("OMNI_STREAM_PRIORITIES", "thinker=-2, talker = +1", False),
         ("OMNI_STREAM_PRIORITIES", "talker=-1,", True),
         ("OMNI_STREAM_PRIORITIES", "talker=-1;vocoder=0", True),

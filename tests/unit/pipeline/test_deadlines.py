@@ -17,6 +17,7 @@ from omni_runtime.pipeline.deadlines import (
     far_windows,
     holds_thinker,
     lingers,
+    near_streams,
     priority,
     take,
 )
@@ -223,22 +224,65 @@ def test_take_keeps_far_windows_out_of_near_calls(
 
 
 @pytest.mark.parametrize(
+    ("near", "near_only", "batch"),
+    [
+        (True, False, ["far1:55", "far2:55"]),  # the bound always holds
+        (False, False, ["far1:55", "far2:55"]),
+        (True, True, ["far1:55", "far2:55"]),  # near_only, a stream is near: bounded
+        (False, True, ["far1:55", "far2:55", "far3:55"]),  # every stream far: a full call
+    ],
+)
+def test_far_calls_are_bounded_only_while_a_stream_is_near_with_near_only(
+    near: bool, near_only: bool, batch: list[str]
+) -> None:
+    far = FarWindows(after_s=1.0, batch=2, near_only=near_only)
+    waiting = [FAR_3, FAR_1, FAR_2]
+    chosen, rest = take(waiting, 8, group=lambda name: name.split(":")[1], far=far, now=10.0, near=near)
+    assert chosen == batch
+    assert len(chosen) + len(rest) == 3
+    # a near window's call keeps the far ones out either way
+    assert take([FAR_1, NEAR], 8, far=far, now=10.0, near=near)[0] == ["near:55"]
+
+
+@pytest.mark.parametrize(
+    ("slacks", "within", "near"),
+    [
+        ([], 1.0, False),
+        ([2.0, 1.5], 1.0, False),
+        ([2.0, 0.9], 1.0, True),
+        ([2.0, None], 1.0, True),  # before its first audio
+        ([1.0], 1.0, False),  # exactly at the threshold is not near
+        ([-0.2], 0.0, True),  # stalled
+    ],
+)
+def test_near_streams(slacks: list[float | None], within: float, near: bool) -> None:
+    assert near_streams(slacks, within_s=within) is near
+
+
+@pytest.mark.parametrize(
     ("setting", "far"),
     [
         (None, None),
         ("", None),
+        ("off", None),
+        (" off ", None),
         ("1.0,4", FarWindows(after_s=1.0, batch=4)),
         ("0,1", FarWindows(after_s=0.0, batch=1)),
+        ("0.6, 2 ,near", FarWindows(after_s=0.6, batch=2, near_only=True)),
     ],
 )
 def test_far_windows_setting(setting: str | None, far: FarWindows | None) -> None:
     assert far_windows(setting) == far
 
 
-@pytest.mark.parametrize("setting", ["1.0", "a,4", "1.0,0", "-1,4", "1.0,4,2", "1.0,2.5"])
+@pytest.mark.parametrize(
+    "setting",
+    ["1.0", "a,4", "1.0,0", "-1,4", "1.0,4,2", "1.0,2.5", "1.0,4,far", "1.0,4,near,near", "OFF", "no"],
+)
 def test_far_windows_setting_names_its_format_when_wrong(setting: str) -> None:
     with pytest.raises(
-        ValueError, match=r"^OMNI_VOCODER_FAR is '.*', not SECONDS,WINDOWS .*; use e.g. 1.0,4"
+        ValueError,
+        match=r"^OMNI_VOCODER_FAR is '.*', not SECONDS,WINDOWS\[,near\] or off .*; use e.g. 1.0,4,near$",
     ):
         far_windows(setting)
 
@@ -337,6 +381,50 @@ async def test_worker_with_far_windows_keeps_calls_short() -> None:
     queued = [("far1", 30.0), ("near", 0.3), ("far2", 31.0), ("far3", 32.0)]
     await _behind_busy(worker, thread, release, item("busy", None), [item(*q) for q in queued])
     assert calls == [["busy"], ["near"], ["far1", "far2"], ["far3"]]
+
+
+@pytest.mark.parametrize(
+    ("streams_near", "after_near"),
+    [
+        (True, [["far1", "far2"], ["far3"]]),
+        (False, [["far1", "far2", "far3"]]),
+        (None, [["far1", "far2", "far3"]]),  # no play heads (behind a stage link): never bounded
+    ],
+)
+async def test_worker_bounds_far_calls_only_while_its_near_callable_says_so(
+    streams_near: bool | None, after_near: list[list[str]]
+) -> None:
+    """With ``near_only`` the worker asks ``near(after_s)`` (the engine's play heads) before each
+    call of far windows: bounded while a stream is near, full when none is."""
+    from omni_runtime.pipeline.services import window_priority
+
+    release = threading.Event()
+    calls: list[list[str]] = []
+    asked: list[float] = []
+
+    def item(name: str, slack: float | None) -> dict[str, object]:
+        window = {"start": 0, "end": 55, "ctx_start": 0, "ctx_end": 55}
+        return {"name": name, "slack_s": slack, "window": window, "reusable": True}
+
+    def near(within_s: float) -> bool:
+        asked.append(within_s)
+        return bool(streams_near)
+
+    thread = StageThread("vocoder-near-test")
+    worker: BatchingWorker[dict[str, object], str] = BatchingWorker(
+        "talker_stream",
+        _recording(calls, release),
+        thread=thread,
+        max_batch=16,
+        order=window_priority,
+        group=window_shape,
+    )
+    worker.far = FarWindows(after_s=1.5, batch=2, near_only=True)
+    worker.near = near if streams_near is not None else None
+    queued = [("far1", 30.0), ("near", 0.3), ("far2", 31.0), ("far3", 32.0)]
+    await _behind_busy(worker, thread, release, item("busy", None), [item(*q) for q in queued])
+    assert calls == [["busy"], ["near"], *after_near]
+    assert set(asked) == (set() if streams_near is None else {1.5})
 
 
 async def test_worker_runs_the_most_urgent_windows_first() -> None:
