@@ -335,7 +335,7 @@ def test_prefill_graphs_equal_the_unpadded_prefill(tiny_cuda, offset: int) -> No
     """A fresh prompt's prefill replays its bucket's CUDA graph (captured at start-up) and gives
     the unpadded prefill's logits, hidden states and cache entries; a slot outside it is untouched.
     With a kept prefix (``offset``): the suffixes' (rows, length, span) graph, captured at start-up
-    (``OMNI_SUFFIX_GRAPHS=1``), against the unpadded suffix after the same prefixes."""
+    (``OMNI_SUFFIX_GRAPHS``, on by default), against the unpadded suffix after the same prefixes."""
     decoder = tiny_cuda.stages.local.thinker.runner.decoder
     before = decoder.prefill_graphs, decoder.prefill_padded, decoder.suffix_graphs, decoder.suffix_padded
     decoder.prefill_graphs = decoder.prefill_padded = True  # as start-up leaves them (OMNI_PREFILL_GRAPHS)
