@@ -26,6 +26,7 @@ from typing import Any, cast
 
 import httpx
 
+from omni_runtime.bench.cancel_tail import metrics_url_of
 from omni_runtime.bench.load import (
     LoadSpec,
     discover_model,
@@ -36,6 +37,7 @@ from omni_runtime.bench.load import (
 )
 from omni_runtime.bench.report import format_table, load_baselines, plot, plot_speech, write_json
 from omni_runtime.bench.stats import LevelSummary, request_rows, summarize
+from omni_runtime.bench.worker_metrics import fetch_metrics, first_audio_report, worker_report
 from omni_runtime.support.cli_types import positive_float, positive_int
 
 
@@ -189,6 +191,8 @@ async def _run(args: argparse.Namespace) -> int:
     levels, rows = await _levels_run(spec, args)
     baselines = [row for path in args.baseline_json for row in load_baselines(path)]
     print(format_table([*levels, *baselines]))
+    if args.mode == "speech" and args.stream:
+        print(first_audio_report(levels, url=metrics_url_of(args.url)))
     for row in levels:
         if row.failed:
             print(
@@ -232,26 +236,33 @@ async def _levels_run(
     one row per request."""
     levels: list[LevelSummary] = []
     rows: list[dict[str, Any]] = []
+    metrics = metrics_url_of(spec.url)  # the worker's own account of each level (worker_metrics)
     if args.rate:
         for rate in args.rate:
             arrivals = poisson_arrivals(rate, args.duration, seed=args.seed)
+            before = await fetch_metrics(metrics)
             samples, wall, peak = await run_open_loop(
                 spec, arrivals=arrivals, on_done=_progress(f"rate {rate:g}/s", len(arrivals))
             )
+            summary = summarize(samples, concurrency=peak, wall_s=wall, label=args.label, rate_per_s=rate)
             levels.append(
-                summarize(samples, concurrency=peak, wall_s=wall, label=args.label, rate_per_s=rate)
+                replace(summary, worker=worker_report(before, await fetch_metrics(metrics), wall) or None)
             )
             rows.extend(request_rows(samples, level=f"{rate:g}/s"))
         return levels, rows
     for concurrency in args.concurrency:
         total = args.requests or (args.waves or 4) * concurrency
+        before = await fetch_metrics(metrics)
         samples, wall = await run_level(
             spec,
             concurrency=concurrency,
             requests=total,
             on_done=_progress(f"concurrency {concurrency}", total),
         )
-        levels.append(summarize(samples, concurrency=concurrency, wall_s=wall, label=args.label))
+        summary = summarize(samples, concurrency=concurrency, wall_s=wall, label=args.label)
+        levels.append(
+            replace(summary, worker=worker_report(before, await fetch_metrics(metrics), wall) or None)
+        )
         rows.extend(request_rows(samples, level=f"c={concurrency}"))
     return levels, rows
 

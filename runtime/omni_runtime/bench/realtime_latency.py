@@ -41,13 +41,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import numpy as np
 import websockets
-from prometheus_client.parser import text_string_to_metric_families
 
-from omni_runtime.bench.cancel_tail import BUSY, metrics_url_of, stage_counters
+from omni_runtime.bench.cancel_tail import metrics_url_of
 from omni_runtime.bench.quantile import percentile
+from omni_runtime.bench.worker_metrics import fetch_metrics, worker_report
 from omni_runtime.support.cli_types import positive_float
 
 RATE = 16_000
@@ -206,95 +205,14 @@ def by_turn(sessions: list[list[TurnSample]]) -> list[dict[str, Any]]:
     return rows
 
 
-def stage_shares(before: str, after: str, wall_s: float) -> dict[str, float]:
-    """Each stage's busy seconds gained between two /metrics texts, over ``wall_s``, to 0.1%
-    (stages below that are left out)."""
-    old, new = stage_counters(before, BUSY), stage_counters(after, BUSY)
-    shares = {stage: round((value - old.get(stage, 0.0)) / wall_s, 3) for stage, value in new.items()}
-    return {stage: share for stage, share in sorted(shares.items()) if share > 0}
-
-
-WAIT = "omni_stage_wait_seconds"
-PHASE = "omni_first_audio_phase_seconds"
-
-
-def _histogram_samples(text: str, name: str, labels: tuple[str, ...]) -> dict[str, dict[str, float]]:
-    """``a/b`` (the ``labels``' values) -> count, sum and the count at or under 0.1 s, from one
-    /metrics text's histogram ``name``."""
-    found: dict[str, dict[str, float]] = {}
-    for family in text_string_to_metric_families(text):
-        if family.name != name:
-            continue
-        for sample in family.samples:
-            row = found.setdefault("/".join(sample.labels[label] for label in labels), {})
-            if sample.name == name + "_count":
-                row["count"] = sample.value
-            elif sample.name == name + "_sum":
-                row["sum"] = sample.value
-            elif sample.name == name + "_bucket" and float(sample.labels["le"]) == 0.1:
-                row["within"] = sample.value
-    return found
-
-
-def histogram_deltas(
-    before: str, after: str, name: str, labels: tuple[str, ...]
-) -> dict[str, dict[str, float]]:
-    """What a histogram gained between two /metrics texts, per series: the count, the mean and
-    the share over 0.1 s (series with nothing new are left out)."""
-    old, new = _histogram_samples(before, name, labels), _histogram_samples(after, name, labels)
-    gained: dict[str, dict[str, float]] = {}
-    for key, row in sorted(new.items()):
-        was = old.get(key, {})
-        count = row.get("count", 0.0) - was.get("count", 0.0)
-        if count <= 0:
-            continue
-        over = count - (row.get("within", 0.0) - was.get("within", 0.0))
-        gained[key] = {
-            "n": int(count),
-            "mean_s": round((row.get("sum", 0.0) - was.get("sum", 0.0)) / count, 4),
-            "over_0.1s": round(over / count, 3),
-        }
-    return gained
-
-
-def stage_waits(before: str, after: str) -> dict[str, dict[str, float]]:
-    """What waited for each stage's calls between two /metrics texts, by ``stage/kind``."""
-    return histogram_deltas(before, after, WAIT, ("stage", "kind"))
-
-
-def first_audio_phases(before: str, after: str) -> dict[str, dict[str, float]]:
-    """Where the round's replies' time to first audio went inside the worker, by phase (in the
-    worker's order: ``omni_first_audio_phase_seconds``)."""
-    return histogram_deltas(before, after, PHASE, ("phase",))
-
-
-async def _metrics(url: str | None) -> str | None:
-    if url is None:
-        return None
-    try:
-        async with httpx.AsyncClient(timeout=10) as http:
-            response = await http.get(url)
-        return response.text if response.status_code == 200 else None
-    except httpx.HTTPError:
-        return None
-
-
 async def measure(probe: Probe, *, concurrency: int) -> dict[str, Any]:
-    before = await _metrics(probe.metrics_url)
+    before = await fetch_metrics(probe.metrics_url)
     began = time.monotonic()
     results = await asyncio.gather(*(one_session(probe) for _ in range(concurrency)))
     wall = time.monotonic() - began
-    after = await _metrics(probe.metrics_url)
+    after = await fetch_metrics(probe.metrics_url)
     values = [sample.latency_s for session in results for sample in session]
-    worker = (
-        {}
-        if before is None or after is None
-        else {
-            "stages": stage_shares(before, after, wall),
-            "waits": stage_waits(before, after),
-            "first_audio_phases": first_audio_phases(before, after),
-        }
-    )
+    worker = worker_report(before, after, wall)
     return {
         "concurrency": concurrency,
         "turn": probe.turn,

@@ -104,6 +104,9 @@ class LevelSummary:
     # worker's first burst at this level, all starting together) and of the later ones.
     ttfa_first_wave_p50_s: float | None = None
     ttfa_later_p50_s: float | None = None
+    # The worker's /metrics over the level (bench.worker_metrics.worker_report): stage shares,
+    # waits, first-audio phases; None where they could not be read.
+    worker: dict[str, Any] | None = None
 
     @property
     def load(self) -> str:

@@ -83,9 +83,24 @@ def _check_listener_numbers(row: dict[str, float]) -> None:
     assert row["audio_s_per_s"] > 0
 
 
-def test_closed_loop_speech_levels(worker_url: str, tmp_path: Path) -> None:
+def test_closed_loop_speech_levels(
+    worker_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     result = _bench(worker_url, tmp_path, "--concurrency", "1,2", "--requests", "2")
     levels = result["levels"]
+    # The worker's own account of each level, from its /metrics before and after: every reply's
+    # first audio split into the engine's phases, which add up to less than what the client saw.
+    from omni_runtime.contract.engine import FIRST_AUDIO_PHASES
+
+    printed = capsys.readouterr().out
+    assert f"the worker's {worker_url}/metrics" in printed
+    for row in levels:  # type: ignore[union-attr]
+        phases = row["worker"]["first_audio_phases"]
+        assert list(phases) == sorted(FIRST_AUDIO_PHASES) and {p["n"] for p in phases.values()} == {2}
+        inside = sum(p["mean_s"] for p in phases.values())
+        assert 0 < inside < row["ttfa_mean_s"]
+        assert row["worker"]["stages"]["talker"] > 0 and row["worker"]["stages"]["vocoder"] > 0
+        assert f"  {row['concurrency']}: worker prompt " in printed
     assert isinstance(levels, list) and [row["concurrency"] for row in levels] == [1, 2]
     for row in levels:
         assert row["rate_per_s"] is None

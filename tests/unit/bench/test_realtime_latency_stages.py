@@ -10,7 +10,8 @@ import pytest
 from scripted_realtime import scripted_server  # beside this file
 
 from omni_runtime.bench.cancel_tail import metrics_url_of
-from omni_runtime.bench.realtime_latency import Probe, first_audio_phases, measure, stage_shares, stage_waits
+from omni_runtime.bench.realtime_latency import Probe, measure
+from omni_runtime.bench.worker_metrics import first_audio_phases, stage_shares, stage_waits
 
 BEFORE = """\
 omni_stage_busy_seconds_total{stage="thinker"} 10.0
