@@ -11,7 +11,10 @@
 #   TEXT=0 SPEECH=0 RT_LEVELS=8,8,8,8 RT_TURNS=4 BASELINE=0 bash tests/gpu/ab_bench.sh
 # NEW_ENV adds settings to the new build's run only (an environment switch measured against its
 # absence, e.g. NEW_ENV="OMNI_STREAM_PRIORITIES=thinker=-1"); BASE_ENV the same for the baseline.
-# Two servers start in one call (about 130 s each, warm): keep the rest short enough for 600 s.
+# Two servers start in one call (130-200 s each; each says how long): keep the rest short enough
+# for 600 s. One server's speech levels 1,16,32 (two waves), Poisson 2/s for 30 s and realtime 1,8
+# (3 paced turns) took about 330 s with its start, so both did not fit; drop realtime (REALTIME=0)
+# or levels for an A/B of both.
 set -uo pipefail
 OUT=${OUT:-/tmp/omni-ab}
 BASE_DIR=${BASE_DIR:-.bench-base}

@@ -46,13 +46,14 @@ if [ "${RUN_OMNI:-1}" = 1 ]; then
 $OMNI_CLI serve --model-path "$DUMMY" --load-format dummy --device cuda --pipeline "$PIPELINE" --model-name "$MODEL_NAME" \
   --port 8000 --max-batch-size 32 --max-speech-streams "${MAX_SPEECH_STREAMS:-0}" ${SERVE_ARGS:-} > "$OUT/serve.log" 2>&1 &
 SERVER=$!
+launched=$SECONDS
 for _ in $(seq 1 420); do
   curl -sf localhost:8000/ready >/dev/null && break
   kill -0 $SERVER 2>/dev/null || { echo "server died"; tail -50 "$OUT/serve.log"; exit 1; }
   sleep 1
 done
 curl -sf localhost:8000/ready >/dev/null || { echo "server not ready"; tail -50 "$OUT/serve.log"; exit 1; }
-echo "server ready"; grep -i "ready\|loaded" "$OUT/serve.log" | tail -3
+echo "server ready in $((SECONDS - launched)) s"; grep -i "ready\|loaded" "$OUT/serve.log" | tail -3
 if [ -n "${AFTER_READY:-}" ]; then  # e.g. tests/gpu/profile_speech.sh's levels, against this server
   SERVER=$SERVER OUT=$OUT bash -c "$AFTER_READY"
 fi
