@@ -64,6 +64,7 @@ from omni_runtime.contract.engine import (
 from omni_runtime.contract.options import EngineOptions
 from omni_runtime.pipeline import build_engine
 from omni_runtime.pipeline.deadlines import FarWindows
+from omni_runtime.support.cli_types import arrival_rates
 from omni_runtime.support.gc_pauses import collections, freeze_heap, longest_pause, watch_gc
 
 
@@ -680,16 +681,9 @@ if __name__ == "__main__":
     parser.add_argument("--first-chunk", type=levels, default=[], help="other first windows to compare")
     parser.add_argument("--concurrency", type=levels, default=[], help="closed-loop levels, e.g. 16,32")
     parser.add_argument("--waves", type=int, default=2, help="replies per stream at each level")
-
-    def rates(text: str) -> list[float]:
-        values = [float(x) for x in text.split(",") if x]
-        if any(v <= 0 for v in values):
-            raise argparse.ArgumentTypeError(f"arrival rates must be > 0 a second, got {text!r}")
-        return values
-
     parser.add_argument(
         "--rates",
-        type=rates,
+        type=lambda text: arrival_rates(text) if text.strip() else [],  # empty: none (speech_variants.sh)
         default=[],
         help="open-loop levels after the closed-loop ones: Poisson arrivals a second, e.g. 2",
     )

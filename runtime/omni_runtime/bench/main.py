@@ -38,7 +38,7 @@ from omni_runtime.bench.load import (
 from omni_runtime.bench.report import format_table, load_baselines, plot, plot_speech, write_json
 from omni_runtime.bench.stats import LevelSummary, request_rows, summarize
 from omni_runtime.bench.worker_metrics import fetch_metrics, first_audio_report, worker_report
-from omni_runtime.support.cli_types import positive_float, positive_int
+from omni_runtime.support.cli_types import arrival_rates, positive_float, positive_int
 
 
 def _levels(text: str) -> list[int]:
@@ -49,16 +49,6 @@ def _levels(text: str) -> list[int]:
     if not levels or any(c < 1 for c in levels):
         raise argparse.ArgumentTypeError(f"{text!r}: concurrency levels must be integers >= 1")
     return levels
-
-
-def _rates(text: str) -> list[float]:
-    try:
-        rates = [float(p) for p in text.split(",") if p.strip()]
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of numbers, e.g. 0.5,1,2") from exc
-    if not rates or any(not r > 0 for r in rates):
-        raise argparse.ArgumentTypeError(f"{text!r}: arrival rates must be numbers > 0 (requests per second)")
-    return rates
 
 
 def _json_object(text: str) -> dict[str, object]:
@@ -109,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--rate",
-        type=_rates,
+        type=arrival_rates,
         default=None,
         help="open loop instead: comma list of Poisson arrival rates (requests/s), one level each",
     )
@@ -188,11 +178,12 @@ async def _run(args: argparse.Namespace) -> int:
                 if not sample.ok:
                     print(f"omni bench: warm-up request failed: {sample.error}", file=sys.stderr)
                     return 1
-    levels, rows = await _levels_run(spec, args)
+    metrics = metrics_url_of(args.url)  # the worker's own account of each level (worker_metrics)
+    levels, rows = await _levels_run(spec, args, metrics)
     baselines = [row for path in args.baseline_json for row in load_baselines(path)]
     print(format_table([*levels, *baselines]))
     if args.mode == "speech" and args.stream:
-        print(first_audio_report(levels, url=metrics_url_of(args.url)))
+        print(first_audio_report(levels, url=metrics))
     for row in levels:
         if row.failed:
             print(
@@ -230,13 +221,12 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 async def _levels_run(
-    spec: LoadSpec, args: argparse.Namespace
+    spec: LoadSpec, args: argparse.Namespace, metrics: str
 ) -> tuple[list[LevelSummary], list[dict[str, Any]]]:
-    """Closed loop at each --concurrency level, or open loop at each --rate; the summaries and
-    one row per request."""
+    """Closed loop at each --concurrency level, or open loop at each --rate; the summaries (with
+    the worker's ``metrics`` URL's account of each) and one row per request."""
     levels: list[LevelSummary] = []
     rows: list[dict[str, Any]] = []
-    metrics = metrics_url_of(spec.url)  # the worker's own account of each level (worker_metrics)
     if args.rate:
         for rate in args.rate:
             arrivals = poisson_arrivals(rate, args.duration, seed=args.seed)

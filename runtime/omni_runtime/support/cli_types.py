@@ -34,3 +34,14 @@ def positive_float(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text} must be greater than 0")
     return value
+
+
+def arrival_rates(text: str) -> list[float]:
+    """A comma list of arrival rates (requests a second, each > 0), e.g. ``0.5,1,2``."""
+    try:
+        rates = [float(p) for p in text.split(",") if p.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of numbers, e.g. 0.5,1,2") from exc
+    if not rates or any(not r > 0 for r in rates):
+        raise argparse.ArgumentTypeError(f"{text!r}: arrival rates must be numbers > 0 (requests per second)")
+    return rates
