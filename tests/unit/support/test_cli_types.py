@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 
 import pytest
 
@@ -24,12 +25,10 @@ def test_arrival_rates(text: str, rates: list[float]) -> None:
     ],
 )
 def test_arrival_rates_name_the_bad_value(text: str, error: str) -> None:
-    with pytest.raises(
-        argparse.ArgumentTypeError, match=f"^{error.replace('(', '[(]').replace(')', '[)]')}$"
-    ):
+    with pytest.raises(argparse.ArgumentTypeError, match=f"^{re.escape(error)}$"):
         arrival_rates(text)
 
 
 def test_positive_float_names_the_bad_value() -> None:
-    with pytest.raises(argparse.ArgumentTypeError, match="^0 must be greater than 0$"):
+    with pytest.raises(argparse.ArgumentTypeError, match=r"^0 must be greater than 0$"):
         positive_float("0")
