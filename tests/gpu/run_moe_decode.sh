@@ -24,10 +24,10 @@ step() {  # name, command...
   tail -${TAIL:-25} "$OUT/$name.log"; echo "-- $name rc=$rc in $((SECONDS - t0)) s"
   [ $rc = 0 ] || status=1
 }
-[ "${CHECK:-1}" = 1 ] && step check python3 -m pytest tests/gpu/test_moe_decode_cuda.py -q -p no:cacheprovider
+[ "${CHECK:-1}" = 1 ] && step check python3 -m pytest tests/gpu/test_moe_decode_cuda.py tests/gpu/test_moe_layer_cuda.py -q -p no:cacheprovider
 [ "${SWEEP:-1}" = 1 ] && step sweep python3 -m omni_runtime.bench.moe_kernel --rows "${ROWS:-1,2,4,8,16}" --json "$OUT/moe-kernel.json"
 [ "${DECODE:-1}" = 1 ] && step decode python3 -m omni_runtime.bench.decode --family qwen3_omni_moe \
-  --batches "${BATCHES:-1,8,32}" --steps 64 --experts "${EXPERTS:-omni_fused+qkv,omni_fused,grouped_mm}" --json "$OUT/decode.json"
+  --batches "${BATCHES:-1,4,8,32}" --steps 64 --experts "${EXPERTS:-omni_fused+qkv+pdl,omni_fused+qkv+layer,omni_fused+qkv,grouped_mm}" --json "$OUT/decode.json"
 [ "${PROFILE:-1}" = 1 ] && TAIL=80 step profile python3 tests/gpu/profile_decode.py --family qwen3_omni_moe \
-  --batches 1 --experts "${EXPERTS:-omni_fused+qkv,omni_fused,grouped_mm}" --out "$OUT/profile.txt"
+  --batches 1 --experts "${PROFILED:-omni_fused+qkv+pdl,omni_fused+qkv}" --out "$OUT/profile.txt"
 exit $status

@@ -77,6 +77,7 @@ def build(
             device=device,
             cuda_graphs=True,
             accept_layer=int(config.talker_config.accept_hidden_layer),
+            decode_layer=decode_layer_mode(kernel),
         )
 
     expert_params = 0
@@ -99,16 +100,37 @@ def build(
     return thinker, make_runner, int(text_cfg.vocab_size), bytes_for, default_kernel
 
 
+SUFFIXES = ("qkv", "layer", "pdl")
+
+
+def build_suffixes(kernel: str) -> tuple[str, set[str]]:
+    """A build's experts kernel and its suffixes: ``omni_fused+qkv`` (the fused q/k/v projection),
+    ``+layer`` (the fused decode layer, executor.moe_layer: six kernels a layer at up to 4 rows; it
+    implies +qkv) and ``+pdl`` (the same as programmatic dependent launches)."""
+    name, *extras = kernel.split("+")
+    unknown = [extra for extra in extras if extra not in SUFFIXES]
+    if unknown:
+        raise ValueError(
+            f"unknown suffix +{unknown[0]} in {kernel!r}: use {', '.join('+' + s for s in SUFFIXES)}"
+        )
+    return name, set(extras)
+
+
+def decode_layer_mode(kernel: str) -> str:
+    """The runner's OMNI_MOE_LAYER mode for a build name: off unless it says +layer or +pdl."""
+    _, extras = build_suffixes(kernel)
+    return "pdl" if "pdl" in extras else "fused" if "layer" in extras else "off"
+
+
 def set_experts(thinker: Any, kernel: str) -> None:
-    """Switch the experts kernel of every MoE block, and with a ``+qkv`` suffix (``omni_fused+qkv``,
-    the serving default) the attention's fused q/k/v projection; transformers reads both at each
-    forward, and a captured graph keeps what it was captured with."""
+    """Switch the experts kernel of every MoE block, and with a ``+qkv`` suffix (``omni_fused+qkv``)
+    the attention's fused q/k/v projection; transformers reads both at each forward, and a captured
+    graph keeps what it was captured with. ``+layer`` and ``+pdl`` (the serving default, the fused
+    decode layer) need the fused projection too; the runner made for the build holds its layers."""
     from omni_runtime.models.qwen3_omni_moe.attention import fuse_qkv
     from omni_runtime.models.qwen3_omni_moe.loader import experts_implementation, use_experts
 
-    name, plus, extra = kernel.partition("+")
-    if plus and extra != "qkv":
-        raise ValueError(f"unknown suffix in {kernel!r}: the one suffix is +qkv")
+    name, extras = build_suffixes(kernel)
     text = thinker.model.language_model
     use_experts(text, experts_implementation(name))
-    fuse_qkv(text, fused=bool(plus))
+    fuse_qkv(text, fused=bool(extras))

@@ -175,6 +175,14 @@ SWITCHES: tuple[Switch, ...] = (
         "Qwen3-Omni's MoE experts kernel.",
         choices=("omni_fused", "grouped_mm", "batched_mm", "eager"),
     ),
+    Switch(
+        "OMNI_MOE_LAYER",
+        "choice",
+        "fused",
+        "Qwen3-Omni thinker decode steps of up to 4 rows on a GPU: six Triton kernels a layer (fused), the "
+        "same as programmatic dependent launches (pdl), or the compiled transformers layer (off).",
+        choices=("fused", "pdl", "off"),
+    ),
 )
 BY_NAME = {switch.name: switch for switch in SWITCHES}
 

@@ -89,14 +89,22 @@ def fusable(experts: Any, hidden_states: torch.Tensor) -> bool:
     return (
         hidden_states.dim() == 2
         and hidden_states.size(0) <= MAX_FUSED_ROWS
-        and getattr(experts, "has_gate", False)
+        and fusable_experts(experts)
+        and triton_runs_on(hidden_states)
+    )
+
+
+def fusable_experts(experts: Any) -> bool:
+    """Whether this experts module has the layout the kernels read: gate and up concatenated
+    [E, 2I, H], down [E, H, I], no biases, SiLU, all experts in this process."""
+    return (
+        getattr(experts, "has_gate", False)
         and getattr(experts, "is_concatenated", False)
         and not getattr(experts, "has_bias", True)
         and not getattr(experts, "is_transposed", True)
         and not getattr(experts, "has_post_expert_norm", True)
         and not getattr(experts, "_is_expert_parallel", True)
         and _is_silu(experts.act_fn)
-        and triton_runs_on(hidden_states)
     )
 
 
@@ -119,11 +127,16 @@ def fused_experts(
     gate_up_proj: torch.Tensor,
     down_proj: torch.Tensor,
     config: LaunchConfig | None = None,
+    *,
+    residual: torch.Tensor | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """The two kernels over rows ``hidden_states`` [T, H] with experts ``gate_up_proj`` [E, 2I, H]
     (gate rows first) and ``down_proj`` [E, H, I]. Without ``config`` the launch goes through the
     ``omni::fused_experts`` operator, so ``torch.compile``d layers keep it as one opaque call (its
-    grid depends on the row count, which dynamo traces symbolically)."""
+    grid depends on the row count, which dynamo traces symbolically). With ``residual`` [T, H] the
+    down kernel adds it (rounded as transformers' ``residual + moe``); with ``pdl`` both kernels
+    are launched as programmatic dependents (executor.moe_layer)."""
     hidden = hidden_states.size(-1)
     intermediate = down_proj.size(-1)
     if gate_up_proj.shape[1:] != (2 * intermediate, hidden) or down_proj.shape[1] != hidden:
@@ -131,9 +144,13 @@ def fused_experts(
             f"expert shapes gate_up {tuple(gate_up_proj.shape)} and down {tuple(down_proj.shape)} "
             f"do not match hidden size {hidden}"
         )
-    if config is None:
+    if config is None and residual is None and not pdl:
         return _fused_experts_op(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj)
-    return _launch(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj, config)
+    if config is None:
+        config = launch_config(hidden_states.size(0), hidden, intermediate, top_k_index.size(-1))
+    return _launch(
+        hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj, config, residual=residual, pdl=pdl
+    )
 
 
 @torch.library.custom_op("omni::fused_experts", mutates_args=())
@@ -167,6 +184,9 @@ def _launch(
     gate_up_proj: torch.Tensor,
     down_proj: torch.Tensor,
     cfg: LaunchConfig,
+    *,
+    residual: torch.Tensor | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     rows, hidden = hidden_states.shape
     top_k = top_k_index.size(-1)
@@ -179,6 +199,7 @@ def _launch(
     act = torch.empty(rows * top_k, intermediate, dtype=x.dtype, device=x.device)
     out = torch.empty_like(x)
     gate_up_kernel, down_kernel = _kernels()
+    launch = {"launch_pdl": True} if pdl else {}
     gate_up_kernel[(rows * top_k, _cdiv(intermediate, cfg.gate_rows))](
         x,
         index,
@@ -192,23 +213,31 @@ def _launch(
         TOP_K=top_k,
         BLOCK_N=cfg.gate_rows,
         BLOCK_H=cfg.gate_cols,
+        PDL=pdl,
         num_warps=cfg.warps,
+        **launch,
     )
+    res = out if residual is None else residual
     down_kernel[(rows, _cdiv(hidden, cfg.down_rows))](
         act,
         index,
         weights,
         down,
+        res,
         out,
         down.stride(0),
         down.stride(1),
+        res.stride(0),
         out.stride(0),
         HIDDEN=hidden,
         INTERMEDIATE=intermediate,
         TOP_K=top_k,
         BLOCK_D=cfg.down_rows,
         BLOCK_I=cfg.down_cols,
+        HAS_RES=residual is not None,
+        PDL=pdl,
         num_warps=cfg.warps,
+        **launch,
     )
     return out
 
@@ -309,6 +338,7 @@ def _kernels() -> tuple[Any, Any]:
     in flight at once (a matrix-vector product is bound by the loads in flight)."""
     import triton
     import triton.language as tl
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
     @triton.jit
     def gate_up_kernel(
@@ -324,7 +354,11 @@ def _kernels() -> tuple[Any, Any]:
         TOP_K: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_H: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        if PDL:  # the routing comes from the kernel before
+            gdc_wait()
+            gdc_launch_dependents()
         pair = tl.program_id(0)
         block = tl.program_id(1)
         token = pair // TOP_K
@@ -353,16 +387,23 @@ def _kernels() -> tuple[Any, Any]:
         index_ptr,
         weight_ptr,
         w_ptr,
+        res_ptr,
         out_ptr,
         stride_we,
         stride_wh,
+        stride_res,
         stride_out,
         HIDDEN: tl.constexpr,
         INTERMEDIATE: tl.constexpr,
         TOP_K: tl.constexpr,
         BLOCK_D: tl.constexpr,
         BLOCK_I: tl.constexpr,
+        HAS_RES: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        if PDL:
+            gdc_wait()
+            gdc_launch_dependents()
         token = tl.program_id(0)
         block = tl.program_id(1)
         units = block * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -381,7 +422,11 @@ def _kernels() -> tuple[Any, Any]:
                 w = tl.load(w_ptrs + cols[None, :], mask=unit_ok[:, None] & col_ok[None, :], other=0.0)
                 part += tl.sum(w.to(tl.float32) * a[None, :], axis=1)
             acc += route * part
-        tl.store(out_ptr + token * stride_out + units, acc.to(out_ptr.dtype.element_ty), mask=unit_ok)
+        out = acc.to(out_ptr.dtype.element_ty)
+        if HAS_RES:  # transformers' residual + moe, each rounded
+            res = tl.load(res_ptr + token * stride_res + units, mask=unit_ok, other=0.0).to(tl.float32)
+            out = (res + out.to(tl.float32)).to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + token * stride_out + units, out, mask=unit_ok)
 
     return gate_up_kernel, down_kernel
 

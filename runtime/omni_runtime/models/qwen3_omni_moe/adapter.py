@@ -271,6 +271,7 @@ class Qwen3OmniMoeAdapter(OmniAdapter):
             cuda_graphs=self.placement.cuda_graphs,
             decodable_vocab=len(self.tokenizer),
             accept_layer=int(self.loaded.config.talker_config.accept_hidden_layer),
+            decode_layer=None if self.tp_world == 1 else "off",  # a shard's layers stay as they are
         )
 
     def talker_runner(self, *, slots: int, max_len: int) -> Qwen3TalkerRunner:

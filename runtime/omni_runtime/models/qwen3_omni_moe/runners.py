@@ -21,17 +21,27 @@ from typing import Any
 
 import torch
 
+from omni_runtime.contract import switches
 from omni_runtime.contract.adapter import ThinkerAdmission
 from omni_runtime.executor.host_copy import to_device
 from omni_runtime.executor.slot_cache import add_after_layers
+from omni_runtime.executor.triton_support import triton_runs_on
 from omni_runtime.models.qwen2_5_omni.runners import QwenThinkerRunner
+from omni_runtime.models.qwen3_omni_moe.decode_layer import fused_decode_layers
 
 DEEPSTACK = "deepstack"
 
 
 class Qwen3ThinkerRunner(QwenThinkerRunner):
-    def __init__(self, *args: Any, accept_layer: int, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, accept_layer: int, decode_layer: str | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # Decode steps of a few rows in six fused kernels a layer where Triton runs
+        # (decode_layer.py); ``decode_layer`` (else OMNI_MOE_LAYER): fused, pdl or off.
+        mode = switches.choice("OMNI_MOE_LAYER") if decode_layer is None else decode_layer
+        probe = torch.empty(0, device=self.device)
+        fused = fused_decode_layers(self.decoder.layers, self.decoder.step_layers, mode)
+        if fused is not None and triton_runs_on(probe):
+            self.decoder.decode_layers = fused
         self.accept_layer = accept_layer
         self.layer_count = len(self.decoder.layers)
         # Every prefill keeps the accept layer's output (before the DeepStack add, as transformers

@@ -1,0 +1,220 @@
+"""The Triton kernels of the fused MoE decode layer (executor.moe_layer): imported only where they
+run, since Triton is imported at the top of this module.
+
+Every kernel takes ``ROWS`` (the decode batch, a power of two up to ``moe_layer.MAX_ROWS``) as a
+compile-time constant and loops over it, so a matrix-vector product reads each weight once for
+every row. With ``PDL`` each kernel is launched as a programmatic dependent of the one before it
+(Hopper): it starts while its predecessor drains, issues the loads that do not depend on it (its
+weights), and waits (``gdc_wait``) only before it reads the predecessor's output.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+
+@triton.jit
+def _normed(x, gain, rstd, DTYPE: tl.constexpr):
+    """transformers' RMSNorm of one row given its ``rstd``: ``weight * bf16(x * rstd)`` rounded."""
+    return ((x * rstd).to(DTYPE).to(tl.float32) * gain).to(DTYPE).to(tl.float32)
+
+
+@triton.jit
+def gemv_kernel(
+    x_ptr, norm_ptr, w_ptr, res_ptr, out_ptr,
+    rows, stride_x, stride_w, stride_res, stride_out, eps,
+    K: tl.constexpr, K_PAD: tl.constexpr, N: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """``out[t] = (res[t] +) W @ (rmsnorm(x[t]) or x[t])`` for a block of ``BLOCK_N`` outputs."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    k = tl.arange(0, K_PAD)
+    k_ok = k < K
+    # The weights first: they do not depend on the kernel before (PDL overlaps them with its tail).
+    w = tl.load(w_ptr + n[:, None] * stride_w + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+    gain = tl.zeros([K_PAD], tl.float32)
+    if HAS_NORM:
+        gain = tl.load(norm_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    r = tl.arange(0, ROWS)
+    acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
+    for t in tl.static_range(ROWS):
+        x = tl.load(x_ptr + t * stride_x + k, mask=k_ok & (k * 0 + t < rows), other=0.0).to(tl.float32)
+        if HAS_NORM:
+            rstd = tl.rsqrt(tl.sum(x * x, axis=0) / K + eps)
+            x = _normed(x, gain, rstd, x_ptr.dtype.element_ty)
+        y = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+        acc = tl.where(r[:, None] == t, y[None, :], acc)
+    out = acc.to(out_ptr.dtype.element_ty)
+    ok = (r < rows)[:, None] & n_ok[None, :]
+    if HAS_RES:
+        res = tl.load(res_ptr + r[:, None] * stride_res + n[None, :], mask=ok, other=0.0)
+        out = (res.to(tl.float32) + out.to(tl.float32)).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + r[:, None] * stride_out + n[None, :], out, mask=ok)
+
+
+@triton.jit
+def router_kernel(
+    h_ptr, norm_ptr, w_ptr, xn_ptr, logits_ptr, count_ptr, weights_ptr, index_ptr,
+    rows, stride_h, stride_xn, eps,
+    HIDDEN: tl.constexpr, K_PAD: tl.constexpr, EXPERTS: tl.constexpr, E_PAD: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_E: tl.constexpr, PROGRAMS: tl.constexpr, TOP_K: tl.constexpr,
+    NORMALIZE: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """The MoE block's post-attention norm and router: each program normalises every row, stores
+    its share of the normed rows (``xn``, the experts' input) and the logits of ``BLOCK_E``
+    experts; the last program to finish (a counter it resets) turns each row's logits into
+    transformers' routing: softmax, top-k (highest first, lowest index on a tie), renormalised."""
+    pid = tl.program_id(0)
+    e = pid * BLOCK_E + tl.arange(0, BLOCK_E)
+    e_ok = e < EXPERTS
+    k = tl.arange(0, K_PAD)
+    k_ok = k < HIDDEN
+    w = tl.load(w_ptr + e[:, None] * HIDDEN + k[None, :], mask=e_ok[:, None] & k_ok[None, :], other=0.0)
+    gain = tl.load(norm_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    share = (k // (K_PAD // PROGRAMS)) == pid  # the columns of xn this program stores
+    for t in tl.static_range(ROWS):
+        if t < rows:
+            x = tl.load(h_ptr + t * stride_h + k, mask=k_ok, other=0.0).to(tl.float32)
+            rstd = tl.rsqrt(tl.sum(x * x, axis=0) / HIDDEN + eps)
+            x = _normed(x, gain, rstd, h_ptr.dtype.element_ty)
+            tl.store(xn_ptr + t * stride_xn + k, x.to(xn_ptr.dtype.element_ty), mask=k_ok & share)
+            logit = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+            logit = logit.to(h_ptr.dtype.element_ty).to(tl.float32)  # transformers' linear rounds
+            tl.store(logits_ptr + t * E_PAD + e, logit, mask=e_ok)
+    done = tl.atomic_add(count_ptr, 1, sem="acq_rel")
+    if done == PROGRAMS - 1:  # every program's logits are visible: route each row
+        lanes = tl.arange(0, E_PAD)
+        ok = lanes < EXPERTS
+        for t in range(rows):
+            logit = tl.load(
+                logits_ptr + t * E_PAD + lanes, mask=ok, other=-float("inf"), cache_modifier=".cg"
+            )
+            p = tl.exp(logit - tl.max(logit, axis=0))
+            prob = p / tl.sum(p, axis=0)
+            left = tl.where(ok, prob, -1.0)
+            rank = tl.full([E_PAD], -1, tl.int32)
+            for j in tl.static_range(TOP_K):
+                best = tl.argmax(left, axis=0, tie_break_left=True)
+                rank = tl.where(lanes == best, j, rank)
+                left = tl.where(lanes == best, -2.0, left)
+            chosen = rank >= 0
+            weight = prob
+            if NORMALIZE:
+                weight = prob / tl.sum(tl.where(chosen, prob, 0.0), axis=0)
+            at = t * TOP_K + rank
+            tl.store(weights_ptr + at, weight.to(weights_ptr.dtype.element_ty), mask=chosen)
+            tl.store(index_ptr + at, lanes.to(tl.int64), mask=chosen)
+        tl.atomic_xchg(count_ptr, 0)
+
+
+@triton.jit(do_not_specialize=["splits", "per_split"])
+def attention_kernel(
+    qkv_ptr, qnorm_ptr, knorm_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr,
+    m_ptr, l_ptr, acc_ptr, count_ptr, out_ptr,
+    stride_qkv, stride_cos, stride_sin, stride_cb, stride_ch, stride_cn, stride_out,
+    splits, per_split, scale, eps,
+    KV_HEADS: tl.constexpr, GROUPS: tl.constexpr, DIM: tl.constexpr, BLOCK_G: tl.constexpr,
+    BLOCK_N: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """One decode token's attention for a (row, key/value head) and a split of its cached keys:
+    the per-head q and k norms and the rotary embedding of the fused q/k/v projection's output,
+    the new key and value written to the cache (split 0) at the row's position, a partial softmax
+    over the split's cached keys before that position, and, in the last split to finish (a
+    counter per pair it resets), the new key's term and the splits combined into the output."""
+    pair = tl.program_id(0)
+    split = tl.program_id(1)
+    row = pair // KV_HEADS
+    head = pair % KV_HEADS
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, DIM)
+    g_ok = g < GROUPS
+    rot = (d + DIM // 2) % DIM  # rotate_half: (-x2, x1)
+    sign = tl.where(d < DIM // 2, -1.0, 1.0)
+    pos = tl.load(pos_ptr + row)
+    cos = tl.load(cos_ptr + row * stride_cos + d).to(tl.float32)
+    sin = tl.load(sin_ptr + row * stride_sin + d).to(tl.float32)
+    dtype = kc_ptr.dtype.element_ty
+    base = qkv_ptr + row * stride_qkv
+    # Queries of the group: norm over each head, then the rotary embedding, rounded as transformers.
+    q_at = base + (head * GROUPS + g)[:, None] * DIM
+    q = tl.load(q_at + d[None, :], mask=g_ok[:, None], other=0.0).to(tl.float32)
+    q_rot = tl.load(q_at + rot[None, :], mask=g_ok[:, None], other=0.0).to(tl.float32)
+    q_rstd = tl.rsqrt(tl.sum(q * q, axis=1) / DIM + eps)
+    wq = tl.load(qnorm_ptr + d).to(tl.float32)
+    wq_rot = tl.load(qnorm_ptr + rot).to(tl.float32)
+    qn = ((q * q_rstd[:, None]).to(dtype).to(tl.float32) * wq[None, :]).to(dtype).to(tl.float32)
+    qn_rot = ((q_rot * q_rstd[:, None]).to(dtype).to(tl.float32) * wq_rot[None, :]).to(dtype).to(tl.float32)
+    query = (qn * cos[None, :] + sign[None, :] * qn_rot * sin[None, :]).to(dtype)
+    k_at = base + (KV_HEADS * GROUPS + head) * DIM
+    kx = tl.load(k_at + d).to(tl.float32)
+    kx_rot = tl.load(k_at + rot).to(tl.float32)
+    k_rstd = tl.rsqrt(tl.sum(kx * kx, axis=0) / DIM + eps)
+    wk = tl.load(knorm_ptr + d).to(tl.float32)
+    wk_rot = tl.load(knorm_ptr + rot).to(tl.float32)
+    kn = ((kx * k_rstd).to(dtype).to(tl.float32) * wk).to(dtype).to(tl.float32)
+    kn_rot = ((kx_rot * k_rstd).to(dtype).to(tl.float32) * wk_rot).to(dtype).to(tl.float32)
+    key_new = (kn * cos + sign * kn_rot * sin).to(dtype)
+    value_new = tl.load(base + (KV_HEADS * GROUPS + KV_HEADS + head) * DIM + d)
+    cache_at = row * stride_cb + head * stride_ch
+    if split == 0:
+        tl.store(kc_ptr + cache_at + pos * stride_cn + d, key_new)
+        tl.store(vc_ptr + cache_at + pos * stride_cn + d, value_new.to(dtype))
+    # This split's cached keys before the row's position.
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, DIM], tl.float32)
+    start = split * per_split
+    end = tl.minimum(start + per_split, pos)
+    for first in range(start, end, BLOCK_N):
+        n = first + tl.arange(0, BLOCK_N)
+        inside = n < end
+        keys = tl.load(
+            kc_ptr + cache_at + n[:, None] * stride_cn + d[None, :], mask=inside[:, None], other=0.0
+        )
+        scores = tl.dot(query, tl.trans(keys)).to(tl.float32) * scale
+        scores = tl.where(inside[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(scores - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        values = tl.load(
+            vc_ptr + cache_at + n[:, None] * stride_cn + d[None, :], mask=inside[:, None], other=0.0
+        )
+        acc = acc * alpha[:, None] + tl.dot(p.to(dtype), values).to(tl.float32)
+        m_i = m_new
+    at = pair * splits + split
+    tl.store(m_ptr + at * BLOCK_G + g, m_i)
+    tl.store(l_ptr + at * BLOCK_G + g, l_i)
+    tl.store(acc_ptr + (at * BLOCK_G + g[:, None]) * DIM + d[None, :], acc)
+    done = tl.atomic_add(count_ptr + pair, 1, sem="acq_rel")
+    if done == splits - 1:  # the last split of this pair: combine, starting from the new key
+        m = tl.sum(query.to(tl.float32) * key_new.to(tl.float32)[None, :], axis=1) * scale
+        total = tl.full([BLOCK_G], 1.0, tl.float32)
+        out = tl.zeros([BLOCK_G, DIM], tl.float32) + value_new.to(tl.float32)[None, :]
+        for s in range(splits):
+            at = pair * splits + s
+            m_s = tl.load(m_ptr + at * BLOCK_G + g, cache_modifier=".cg")
+            m_new = tl.maximum(m, m_s)
+            old = tl.exp(m - m_new)
+            new = tl.exp(m_s - m_new)
+            total = total * old + tl.load(l_ptr + at * BLOCK_G + g, cache_modifier=".cg") * new
+            part = tl.load(acc_ptr + (at * BLOCK_G + g[:, None]) * DIM + d[None, :], cache_modifier=".cg")
+            out = out * old[:, None] + part * new[:, None]
+            m = m_new
+        out = out / total[:, None]
+        out_at = out_ptr + row * stride_out + (head * GROUPS + g)[:, None] * DIM + d[None, :]
+        tl.store(out_at, out.to(out_ptr.dtype.element_ty), mask=g_ok[:, None])
+        tl.atomic_xchg(count_ptr + pair, 0)

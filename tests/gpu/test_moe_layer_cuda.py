@@ -1,0 +1,120 @@
+"""The fused MoE decode layer (executor.moe_layer) compiled on a GPU, at the released
+Qwen3-Omni-30B-A3B thinker's layer shape (hidden 2048, 32 query and 4 key/value heads of 128,
+128 experts of 768, top-8), bfloat16: equal to transformers' layer (SDPA, grouped_mm experts) up
+to bfloat16 rounding, the same with programmatic dependent launches, and replayed from a CUDA
+graph exactly as run eagerly.
+
+Skipped without a CUDA GPU. Run on the GPU machine with ``pytest tests/gpu -q``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+pytest.importorskip("triton")
+
+from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as hf  # noqa: E402
+
+from omni_runtime.executor.slot_cache import SlotKVCache  # noqa: E402
+from omni_runtime.models.qwen3_omni_moe.attention import fuse_qkv  # noqa: E402
+from omni_runtime.models.qwen3_omni_moe.config import released_30b_a3b_config  # noqa: E402
+from omni_runtime.models.qwen3_omni_moe.decode_layer import fused_decode_layers  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+MAX_LEN = 1024
+
+
+@pytest.fixture(scope="module")
+def stack():
+    text = released_30b_a3b_config().thinker_config.text_config
+    text._experts_implementation = "grouped_mm"
+    text._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        layers = torch.nn.ModuleList([hf.Qwen3OmniMoeThinkerTextDecoderLayer(text, 0)]).to(torch.bfloat16)
+        with torch.no_grad():
+            for name, param in layers.named_parameters():
+                if "norm" in name:
+                    param.copy_(1 + 0.1 * torch.randn_like(param))
+                else:
+                    param.copy_(torch.randn_like(param) / param.shape[-1] ** 0.5)
+        rotary = hf.Qwen3OmniMoeThinkerTextRotaryEmbedding(text)
+    fuse_qkv(layers)
+    return text, layers, rotary
+
+
+def _cache(text, write: torch.Tensor, view: int) -> SlotKVCache:
+    cache = SlotKVCache(
+        layers=1, slots=4, kv_heads=text.num_key_value_heads, max_len=MAX_LEN, head_dim=text.head_dim,
+        dtype=torch.bfloat16, device="cuda",
+    )  # fmt: skip
+    generator = torch.Generator(device="cuda").manual_seed(1)
+    cache.keys[0].copy_(torch.randn(cache.keys[0].shape, generator=generator, device="cuda"))
+    cache.values[0].copy_(torch.randn(cache.values[0].shape, generator=generator, device="cuda"))
+    cache.write_pos, cache.view_len = write, view
+    cache.layer_keys, cache.layer_values = cache.keys[0], cache.values[0]
+    return cache
+
+
+def _inputs(text, rotary, write: list[int], view: int):
+    rows = len(write)
+    at = torch.tensor(write, device="cuda")
+    hidden = torch.randn(rows, 1, text.hidden_size, device="cuda", dtype=torch.bfloat16)
+    positions = (at + 2).view(1, rows, 1).expand(3, rows, 1)
+    cos_sin = rotary(hidden, positions)
+    mask = (torch.arange(view, device="cuda")[None, :] <= at[:, None])[:, None, None, :]
+    return at, hidden, cos_sin, mask
+
+
+@pytest.mark.parametrize(
+    ("write", "view"), [([100], 256), ([0], 256), ([700], 1024), ([5, 300], 512), ([3, 250, 511, 40], 512)]
+)
+@pytest.mark.parametrize("mode", ["fused", "pdl"])
+def test_fused_layer_equals_transformers_layer(stack, write, view, mode) -> None:
+    text, layers, rotary = stack
+    at, hidden, cos_sin, mask = _inputs(text, rotary, write, view)
+    expected_cache, got_cache = _cache(text, at, view), _cache(text, at, view)
+    with torch.no_grad():
+        expected = layers[0](
+            hidden, attention_mask=mask, position_embeddings=cos_sin, past_key_values=expected_cache
+        )
+        fused = fused_decode_layers(layers, list(layers), mode)
+        assert fused is not None
+        got = fused[0](hidden, attention_mask=mask, position_embeddings=cos_sin, past_key_values=got_cache)
+    torch.cuda.synchronize()
+    scale = expected.float().abs().max().item()
+    assert (got.float() - expected.float()).abs().max().item() <= 3e-2 * scale
+    for name in ("keys", "values"):
+        mine, theirs = getattr(got_cache, name)[0], getattr(expected_cache, name)[0]
+        assert (mine.float() - theirs.float()).abs().max().item() <= 3e-2 * theirs.float().abs().max().item()
+    assert not fused[0].attention_count.any() and not fused[0].router_count.any()
+
+
+@pytest.mark.parametrize("mode", ["fused", "pdl"])
+def test_fused_layer_replays_from_a_cuda_graph(stack, mode) -> None:
+    text, layers, rotary = stack
+    at, hidden, cos_sin, mask = _inputs(text, rotary, [17, 400], 512)
+    fused = fused_decode_layers(layers, list(layers), mode)
+    assert fused is not None
+    cache = _cache(text, at, 512)
+    with torch.no_grad():
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fused[0](hidden, attention_mask=mask, position_embeddings=cos_sin, past_key_values=cache)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = fused[0](
+                hidden, attention_mask=mask, position_embeddings=cos_sin, past_key_values=cache
+            )
+        fresh = torch.randn_like(hidden)
+        hidden.copy_(fresh)
+        for _ in range(3):
+            graph.replay()
+        torch.cuda.synchronize()
+        eager = fused[0](fresh, attention_mask=mask, position_embeddings=cos_sin, past_key_values=cache)
+    torch.testing.assert_close(static_out, eager, rtol=0, atol=0)
