@@ -40,6 +40,8 @@ from omni_runtime.executor.triton_support import triton_runs_on
 MAX_ROWS = 4  # decode rows the fused layer takes; above, the wrapped (compiled) layer
 BLOCK_N = 32  # cached keys per attention loop step
 GEMV_ROWS = 4  # weight rows (outputs) per matrix-vector program
+GEMV_WARPS = 4
+EXPERTS: moe_decode.LaunchConfig | None = None  # the experts kernels' blocks (None: moe_decode's)
 ROUTER_EXPERTS = 8  # router rows per router program
 KEYS_PER_SPLIT = 64  # least cached keys one attention program walks
 
@@ -169,7 +171,7 @@ def decode_step(
         x, w.input_norm, w.qkv, x, qkv,
         rows, x.stride(0), w.qkv.stride(0), 0, qkv.stride(0), w.eps,
         K=size, K_PAD=_pow2(size), N=width, ROWS=padded, BLOCK_N=GEMV_ROWS,
-        HAS_NORM=True, HAS_RES=False, PDL=layer.pdl, **pdl,
+        HAS_NORM=True, HAS_RES=False, PDL=layer.pdl, num_warps=GEMV_WARPS, **pdl,
     )  # fmt: skip
     groups = w.heads // w.kv_heads
     block_g = max(16, _pow2(groups))
@@ -192,7 +194,7 @@ def decode_step(
         attended, w.input_norm, w.o_proj, x, mid,
         rows, attended.stride(0), w.o_proj.stride(0), x.stride(0), mid.stride(0), w.eps,
         K=w.o_proj.shape[1], K_PAD=_pow2(w.o_proj.shape[1]), N=size, ROWS=padded, BLOCK_N=GEMV_ROWS,
-        HAS_NORM=False, HAS_RES=True, PDL=layer.pdl, **pdl,
+        HAS_NORM=False, HAS_RES=True, PDL=layer.pdl, num_warps=GEMV_WARPS, **pdl,
     )  # fmt: skip
     experts = w.router.shape[0]
     e_pad = _pow2(experts)
@@ -214,7 +216,7 @@ def decode_step(
         weights,
         w.gate_up,
         w.down,
-        config=moe_decode.launch_config(rows, size, w.down.shape[-1], w.top_k),
+        config=EXPERTS or moe_decode.launch_config(rows, size, w.down.shape[-1], w.top_k),
         residual=mid,
         pdl=layer.pdl,
     )

@@ -94,11 +94,11 @@ def router_kernel(
     if done == PROGRAMS - 1:  # every program's logits are visible: route each row
         lanes = tl.arange(0, E_PAD)
         ok = lanes < EXPERTS
-        for t in range(rows):
-            logit = tl.load(
-                logits_ptr + t * E_PAD + lanes, mask=ok, other=-float("inf"), cache_modifier=".cg"
+        for row in range(rows):
+            scores = tl.load(
+                logits_ptr + row * E_PAD + lanes, mask=ok, other=-float("inf"), cache_modifier=".cg"
             )
-            p = tl.exp(logit - tl.max(logit, axis=0))
+            p = tl.exp(scores - tl.max(scores, axis=0))
             prob = p / tl.sum(p, axis=0)
             left = tl.where(ok, prob, -1.0)
             rank = tl.full([E_PAD], -1, tl.int32)
@@ -110,7 +110,7 @@ def router_kernel(
             weight = prob
             if NORMALIZE:
                 weight = prob / tl.sum(tl.where(chosen, prob, 0.0), axis=0)
-            at = t * TOP_K + rank
+            at = row * TOP_K + rank
             tl.store(weights_ptr + at, weight.to(weights_ptr.dtype.element_ty), mask=chosen)
             tl.store(index_ptr + at, lanes.to(tl.int64), mask=chosen)
         tl.atomic_xchg(count_ptr, 0)

@@ -1,0 +1,88 @@
+"""The fused MoE decode layer's launch shapes on a GPU (run by hand on the device machine): the
+thinker decode step at batch 1 (and 4) for each shape, then a kernel profile of the best one
+without PDL (with PDL a kernel's time includes its wait for the one before).
+
+    python tests/gpu/sweep_moe_layer.py --out /tmp/sweep.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+
+from omni_runtime.bench.decode import bench_runtime
+from omni_runtime.bench.decode_moe import build
+from omni_runtime.executor import moe_decode, moe_layer
+
+# (gemv rows, gemv warps, router experts a program, keys per split, experts launch)
+SHAPES = [
+    (4, 4, 8, 64, None),
+    (8, 4, 8, 64, None),
+    (8, 8, 8, 64, None),
+    (2, 4, 8, 64, None),
+    (16, 8, 8, 64, None),
+    (4, 4, 4, 64, None),
+    (4, 4, 8, 32, None),
+    (4, 4, 8, 128, None),
+    (4, 4, 8, 64, moe_decode.LaunchConfig(4, 512, 2, 256)),
+    (4, 4, 8, 64, moe_decode.LaunchConfig(8, 512, 2, 256)),
+    (4, 4, 8, 64, moe_decode.LaunchConfig(8, 1024, 4, 256, 8)),
+]
+
+
+def apply(shape) -> None:
+    (
+        moe_layer.GEMV_ROWS,
+        moe_layer.GEMV_WARPS,
+        moe_layer.ROUTER_EXPERTS,
+        moe_layer.KEYS_PER_SPLIT,
+        moe_layer.EXPERTS,
+    ) = shape
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--batches", default="1,4")
+    parser.add_argument("--builds", default="omni_fused+qkv+pdl")
+    args = parser.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    _thinker, make_runner, vocab, _, _ = build("bfloat16", max_len=1024, slots=max(batches))
+    lines = []
+
+    def say(text: str) -> None:
+        print(text, flush=True)
+        lines.append(text)
+
+    results = []
+    for shape, kernel in itertools.product(SHAPES, args.builds.split(",")):
+        apply(shape)
+        runner = make_runner(kernel)
+        row = [bench_runtime(runner, batch=b, prompt=128, steps=48, vocab=vocab) for b in batches]
+        results.append((row[0], shape, kernel))
+        say(
+            f"{kernel} {shape}: "
+            + ", ".join(f"batch {b} {ms:.3f} ms" for b, ms in zip(batches, row, strict=True))
+        )
+        del runner
+    best = min(results, key=lambda r: r[0])
+    say(f"best at batch 1: {best[2]} {best[1]} {best[0]:.3f} ms")
+    apply(best[1])
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    runner = make_runner("omni_fused+qkv+layer")
+    bench_runtime(runner, batch=1, prompt=128, steps=8, vocab=vocab)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            runner.decoder.decode(1, max_length=200)
+        torch.cuda.synchronize()
+    say(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=50))
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
