@@ -12,21 +12,19 @@ import itertools
 
 from omni_runtime.bench.decode import bench_runtime
 from omni_runtime.bench.decode_moe import build
-from omni_runtime.executor import moe_decode, moe_layer
+from omni_runtime.executor import moe_layer
 
-# (gemv rows, gemv warps, router experts a program, keys per split, experts launch)
+# (gemv rows, gemv warps, router experts a program, router warps, attention warps, keys per split)
 SHAPES = [
-    (4, 4, 8, 64, None),
-    (8, 4, 8, 64, None),
-    (8, 8, 8, 64, None),
-    (2, 4, 8, 64, None),
-    (16, 8, 8, 64, None),
-    (4, 4, 4, 64, None),
-    (4, 4, 8, 32, None),
-    (4, 4, 8, 128, None),
-    (4, 4, 8, 64, moe_decode.LaunchConfig(4, 512, 2, 256)),
-    (4, 4, 8, 64, moe_decode.LaunchConfig(8, 512, 2, 256)),
-    (4, 4, 8, 64, moe_decode.LaunchConfig(8, 1024, 4, 256, 8)),
+    (8, 8, 8, 4, 4, 64),
+    (8, 8, 2, 1, 4, 64),
+    (8, 8, 4, 1, 4, 64),
+    (8, 8, 4, 2, 4, 64),
+    (8, 8, 8, 4, 2, 64),
+    (8, 8, 8, 4, 8, 64),
+    (8, 8, 8, 4, 4, 32),
+    (8, 16, 8, 4, 4, 64),
+    (16, 16, 8, 4, 4, 64),
 ]
 
 
@@ -35,8 +33,9 @@ def apply(shape) -> None:
         moe_layer.GEMV_ROWS,
         moe_layer.GEMV_WARPS,
         moe_layer.ROUTER_EXPERTS,
+        moe_layer.ROUTER_WARPS,
+        moe_layer.ATTENTION_WARPS,
         moe_layer.KEYS_PER_SPLIT,
-        moe_layer.EXPERTS,
     ) = shape
 
 

@@ -39,8 +39,11 @@ from omni_runtime.executor.triton_support import triton_runs_on
 
 MAX_ROWS = 4  # decode rows the fused layer takes; above, the wrapped (compiled) layer
 BLOCK_N = 32  # cached keys per attention loop step
-GEMV_ROWS = 4  # weight rows (outputs) per matrix-vector program
-GEMV_WARPS = 4
+# Launch shapes, from tests/gpu/sweep_moe_layer.py on an H200 (docs/benchmarks.md).
+GEMV_ROWS = 8  # weight rows (outputs) per matrix-vector program
+GEMV_WARPS = 8
+ROUTER_WARPS = 4
+ATTENTION_WARPS = 4
 EXPERTS: moe_decode.LaunchConfig | None = None  # the experts kernels' blocks (None: moe_decode's)
 ROUTER_EXPERTS = 8  # router rows per router program
 KEYS_PER_SPLIT = 64  # least cached keys one attention program walks
@@ -187,7 +190,7 @@ def decode_step(
         qkv.stride(0), cos.stride(0), sin.stride(0), keys.stride(0), keys.stride(1), keys.stride(2),
         attended.stride(0), splits, per_split, w.scaling, w.qk_eps,
         KV_HEADS=w.kv_heads, GROUPS=groups, DIM=w.head_dim, BLOCK_G=block_g, BLOCK_N=BLOCK_N,
-        PDL=layer.pdl, **pdl,
+        PDL=layer.pdl, num_warps=ATTENTION_WARPS, **pdl,
     )  # fmt: skip
     mid = torch.empty_like(x)
     k.gemv_kernel[(_cdiv(size, GEMV_ROWS),)](
@@ -208,7 +211,7 @@ def decode_step(
         mid, w.post_norm, w.router, normed, logits, layer.router_count, weights, index,
         rows, mid.stride(0), normed.stride(0), w.eps,
         HIDDEN=size, K_PAD=_pow2(size), EXPERTS=experts, E_PAD=e_pad, ROWS=padded, BLOCK_E=block_e,
-        PROGRAMS=programs, TOP_K=w.top_k, NORMALIZE=w.normalize, PDL=layer.pdl, **pdl,
+        PROGRAMS=programs, TOP_K=w.top_k, NORMALIZE=w.normalize, PDL=layer.pdl, num_warps=ROUTER_WARPS, **pdl,
     )  # fmt: skip
     return moe_decode.fused_experts(
         normed,
