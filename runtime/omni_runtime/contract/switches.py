@@ -178,10 +178,10 @@ SWITCHES: tuple[Switch, ...] = (
     Switch(
         "OMNI_MOE_LAYER",
         "choice",
-        "fused",
-        "Qwen3-Omni thinker decode steps of up to 4 rows on a GPU: six Triton kernels a layer (fused), the "
-        "same as programmatic dependent launches (pdl), or the compiled transformers layer (off).",
-        choices=("fused", "pdl", "off"),
+        "pdl (fused before Hopper)",
+        "Qwen3-Omni thinker decode steps of up to 4 rows on a GPU: six Triton kernels a layer as programmatic "
+        "dependent launches (pdl), the same launched plainly (fused), or the compiled transformers layer (off).",
+        choices=("pdl", "fused", "off"),
     ),
 )
 BY_NAME = {switch.name: switch for switch in SWITCHES}

@@ -32,12 +32,19 @@ from omni_runtime.models.qwen3_omni_moe.decode_layer import fused_decode_layers
 DEEPSTACK = "deepstack"
 
 
+def hopper_or_later(device: torch.device) -> bool:
+    """Whether ``device`` is a GPU of compute capability 9.0 or later."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
 class Qwen3ThinkerRunner(QwenThinkerRunner):
     def __init__(self, *args: Any, accept_layer: int, decode_layer: str | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # Decode steps of a few rows in six fused kernels a layer where Triton runs
-        # (decode_layer.py); ``decode_layer`` (else OMNI_MOE_LAYER): fused, pdl or off.
+        # (decode_layer.py); ``decode_layer`` (else OMNI_MOE_LAYER): pdl, fused or off.
         mode = switches.choice("OMNI_MOE_LAYER") if decode_layer is None else decode_layer
+        if mode == "pdl" and not hopper_or_later(self.device):
+            mode = "fused"  # programmatic dependent launch is Hopper's (sm_90)
         probe = torch.empty(0, device=self.device)
         fused = fused_decode_layers(self.decoder.layers, self.decoder.step_layers, mode)
         if fused is not None and triton_runs_on(probe):
