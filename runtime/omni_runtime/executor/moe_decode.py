@@ -435,39 +435,8 @@ def _kernels() -> tuple[Any, Any]:
 def _route_kernel() -> Any:
     """Softmax over a row's router logits, its top-k experts (highest first, the lowest index on a
     tie, as ``torch.topk``) and their weights, renormalised over the k when asked: one program per
-    row in place of transformers' softmax, top-k (a gather and a sort kernel) and division."""
-    import triton
-    import triton.language as tl
+    row in place of transformers' softmax, top-k (a gather and a sort kernel) and division. It
+    lives beside the fused layer's router, which routes with the same ``route_row``."""
+    from omni_runtime.executor import moe_layer_kernels
 
-    @triton.jit
-    def route_kernel(
-        logits_ptr,
-        weights_ptr,
-        index_ptr,
-        stride_l,
-        EXPERTS: tl.constexpr,
-        BLOCK_E: tl.constexpr,
-        TOP_K: tl.constexpr,
-        NORMALIZE: tl.constexpr,
-    ):
-        row = tl.program_id(0)
-        lanes = tl.arange(0, BLOCK_E)
-        ok = lanes < EXPERTS
-        logit = tl.load(logits_ptr + row * stride_l + lanes, mask=ok, other=-float("inf")).to(tl.float32)
-        e = tl.exp(logit - tl.max(logit, axis=0))
-        prob = e / tl.sum(e, axis=0)
-        left = tl.where(ok, prob, -1.0)  # padding lanes are never picked
-        rank = tl.full([BLOCK_E], -1, tl.int32)
-        for k in tl.static_range(TOP_K):
-            best = tl.argmax(left, axis=0, tie_break_left=True)
-            rank = tl.where(lanes == best, k, rank)
-            left = tl.where(lanes == best, -2.0, left)
-        chosen = rank >= 0
-        weight = prob
-        if NORMALIZE:
-            weight = prob / tl.sum(tl.where(chosen, prob, 0.0), axis=0)
-        out = row * TOP_K + rank
-        tl.store(weights_ptr + out, weight.to(weights_ptr.dtype.element_ty), mask=chosen)
-        tl.store(index_ptr + out, lanes.to(tl.int64), mask=chosen)
-
-    return route_kernel
+    return moe_layer_kernels.route_kernel

@@ -22,6 +22,40 @@ def _normed(x, gain, rstd, DTYPE: tl.constexpr):
 
 
 @triton.jit
+def route_row(logit, lanes, ok, weights_ptr, index_ptr, TOP_K: tl.constexpr, NORMALIZE: tl.constexpr):
+    """transformers' top-k routing of one row's router logits (``ok``: the real experts' lanes):
+    softmax, the top ``TOP_K`` (highest first, the lowest index on a tie, as ``torch.topk``), their
+    weights renormalised over the k when asked, stored at ``weights_ptr``/``index_ptr``[0..k)."""
+    e = tl.exp(logit - tl.max(logit, axis=0))
+    prob = e / tl.sum(e, axis=0)
+    left = tl.where(ok, prob, -1.0)  # padding lanes are never picked
+    rank = tl.full(lanes.shape, -1, tl.int32)
+    for k in tl.static_range(TOP_K):
+        best = tl.argmax(left, axis=0, tie_break_left=True)
+        rank = tl.where(lanes == best, k, rank)
+        left = tl.where(lanes == best, -2.0, left)
+    chosen = rank >= 0
+    weight = prob
+    if NORMALIZE:
+        weight = prob / tl.sum(tl.where(chosen, prob, 0.0), axis=0)
+    tl.store(weights_ptr + rank, weight.to(weights_ptr.dtype.element_ty), mask=chosen)
+    tl.store(index_ptr + rank, lanes.to(tl.int64), mask=chosen)
+
+
+@triton.jit
+def route_kernel(
+    logits_ptr, weights_ptr, index_ptr, stride_l,
+    EXPERTS: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr, NORMALIZE: tl.constexpr,
+):  # fmt: skip
+    """One program per row of router logits (executor.moe_decode.route)."""
+    row = tl.program_id(0)
+    lanes = tl.arange(0, BLOCK_E)
+    ok = lanes < EXPERTS
+    logit = tl.load(logits_ptr + row * stride_l + lanes, mask=ok, other=-float("inf")).to(tl.float32)
+    route_row(logit, lanes, ok, weights_ptr + row * TOP_K, index_ptr + row * TOP_K, TOP_K, NORMALIZE)
+
+
+@triton.jit
 def gemv_kernel(
     x_ptr, norm_ptr, w_ptr, res_ptr, out_ptr,
     rows, stride_x, stride_w, stride_res, stride_out, eps,
@@ -98,21 +132,7 @@ def router_kernel(
             scores = tl.load(
                 logits_ptr + row * E_PAD + lanes, mask=ok, other=-float("inf"), cache_modifier=".cg"
             )
-            p = tl.exp(scores - tl.max(scores, axis=0))
-            prob = p / tl.sum(p, axis=0)
-            left = tl.where(ok, prob, -1.0)
-            rank = tl.full([E_PAD], -1, tl.int32)
-            for j in tl.static_range(TOP_K):
-                best = tl.argmax(left, axis=0, tie_break_left=True)
-                rank = tl.where(lanes == best, j, rank)
-                left = tl.where(lanes == best, -2.0, left)
-            chosen = rank >= 0
-            weight = prob
-            if NORMALIZE:
-                weight = prob / tl.sum(tl.where(chosen, prob, 0.0), axis=0)
-            at = row * TOP_K + rank
-            tl.store(weights_ptr + at, weight.to(weights_ptr.dtype.element_ty), mask=chosen)
-            tl.store(index_ptr + at, lanes.to(tl.int64), mask=chosen)
+            route_row(scores, lanes, ok, weights_ptr + row * TOP_K, index_ptr + row * TOP_K, TOP_K, NORMALIZE)
         tl.atomic_xchg(count_ptr, 0)
 
 
