@@ -334,7 +334,7 @@ class SlotDecoder:
         self.suffix_layers: list[Callable[..., Any]] = list(layers)
         # What a decode step calls per layer: the step layers, or a family's fused decode layers
         # that fall back to them (executor.moe_layer).
-        self.decode_layers: list[Callable[..., Any]] = self.step_layers
+        self.decode_layers: list[Callable[..., Any]] | None = None  # None: the step layers
         self.embed_fn, self.head_fn = embed_fn, head_fn
         self.slots, self.max_len, self.device, self.dtype = slots, max_len, device, dtype
         self.cache = SlotKVCache(
@@ -798,7 +798,7 @@ class SlotDecoder:
         cache.write_pos = write
         cache.view_len = view
         try:
-            for i, layer in enumerate(self.decode_layers):
+            for i, layer in enumerate(self.decode_layers or self.step_layers):
                 cache.layer_keys, cache.layer_values = cache.keys[i], cache.values[i]
                 hidden = layer(
                     hidden, attention_mask=mask, position_embeddings=cos_sin, past_key_values=cache
