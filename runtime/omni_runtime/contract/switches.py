@@ -178,9 +178,10 @@ SWITCHES: tuple[Switch, ...] = (
     Switch(
         "OMNI_MOE_LAYER",
         "choice",
-        "pdl (fused before Hopper)",
+        "pdl",
         "Qwen3-Omni thinker decode steps of up to 4 rows on a GPU: six Triton kernels a layer as programmatic "
-        "dependent launches (pdl), the same launched plainly (fused), or the compiled transformers layer (off).",
+        "dependent launches (pdl; fused before Hopper), the same launched plainly (fused), or the compiled "
+        "transformers layer (off).",
         choices=("pdl", "fused", "off"),
     ),
 )

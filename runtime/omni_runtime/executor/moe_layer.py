@@ -219,7 +219,7 @@ def decode_step(
         weights,
         w.gate_up,
         w.down,
-        config=EXPERTS or moe_decode.launch_config(rows, size, w.down.shape[-1], w.top_k),
+        config=EXPERTS,  # None: moe_decode's launch_config
         residual=mid,
         pdl=layer.pdl,
     )

@@ -169,3 +169,14 @@ def test_layer_kernels_compile_for_hopper_without_a_gpu(pdl: bool) -> None:
     if pdl:  # the weights are asked for before the wait
         ptx = gemv.asm["ptx"]
         assert ptx.index("ld.global") < ptx.index("griddepcontrol.wait")
+
+
+def test_unset_omni_moe_layer_means_pdl_and_every_mode_is_a_choice() -> None:
+    """The runner reads the switch's default as a mode: it must be one (an unset switch once read
+    the default's description and stopped every Qwen3 start)."""
+    from omni_runtime.contract import switches
+    from omni_runtime.models.qwen3_omni_moe.decode_layer import MODES
+
+    assert switches.choice("OMNI_MOE_LAYER", environ={}) == "pdl"
+    assert switches.choice("OMNI_MOE_LAYER", environ={"OMNI_MOE_LAYER": "off"}) == "off"
+    assert set(MODES) == {"pdl", "fused", "off"}

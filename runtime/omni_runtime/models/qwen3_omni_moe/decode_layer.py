@@ -20,7 +20,7 @@ from omni_runtime.executor import moe_decode
 from omni_runtime.executor.moe_layer import FusedMoeDecodeLayer, MoeLayerWeights
 from omni_runtime.models.qwen3_omni_moe.attention import FusedQKVAttention
 
-MODES = switches.BY_NAME["OMNI_MOE_LAYER"].choices  # fused, pdl, off
+MODES = switches.BY_NAME["OMNI_MOE_LAYER"].choices  # pdl, fused, off
 
 
 def layer_weights(layer: nn.Module) -> MoeLayerWeights | None:

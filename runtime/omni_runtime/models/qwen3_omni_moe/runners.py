@@ -42,13 +42,13 @@ class Qwen3ThinkerRunner(QwenThinkerRunner):
         super().__init__(*args, **kwargs)
         # Decode steps of a few rows in six fused kernels a layer where Triton runs
         # (decode_layer.py); ``decode_layer`` (else OMNI_MOE_LAYER): pdl, fused or off.
-        mode = switches.choice("OMNI_MOE_LAYER", default="pdl") if decode_layer is None else decode_layer
+        mode = switches.choice("OMNI_MOE_LAYER") if decode_layer is None else decode_layer
         if mode == "pdl" and not hopper_or_later(self.device):
             mode = "fused"  # programmatic dependent launch is Hopper's (sm_90)
-        probe = torch.empty(0, device=self.device)
-        fused = fused_decode_layers(self.decoder.layers, self.decoder.step_layers, mode)
-        if fused is not None and triton_runs_on(probe):
-            self.decoder.decode_layers = fused
+        if triton_runs_on(torch.empty(0, device=self.device)):
+            self.decoder.decode_layers = fused_decode_layers(
+                self.decoder.layers, self.decoder.step_layers, mode
+            )
         self.accept_layer = accept_layer
         self.layer_count = len(self.decoder.layers)
         # Every prefill keeps the accept layer's output (before the DeepStack add, as transformers
