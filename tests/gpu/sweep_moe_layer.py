@@ -14,29 +14,22 @@ from omni_runtime.bench.decode import bench_runtime
 from omni_runtime.bench.decode_moe import build
 from omni_runtime.executor import moe_layer
 
-# (gemv rows, gemv warps, router experts a program, router warps, attention warps, keys per split)
-SHAPES = [
-    (8, 8, 8, 4, 4, 64),
-    (8, 8, 2, 1, 4, 64),
-    (8, 8, 4, 1, 4, 64),
-    (8, 8, 4, 2, 4, 64),
-    (8, 8, 8, 4, 2, 64),
-    (8, 8, 8, 4, 8, 64),
-    (8, 8, 8, 4, 4, 32),
-    (8, 16, 8, 4, 4, 64),
-    (16, 16, 8, 4, 4, 64),
+# Each shape: overrides of executor.moe_layer's launch values (the first: as served).
+SHAPES: list[dict[str, int]] = [
+    {},
+    {"ROUTER_EXPERTS": 2, "ROUTER_WARPS": 1},
+    {"ROUTER_EXPERTS": 8, "ROUTER_WARPS": 1},
+    {"ROUTER_EXPERTS": 4, "ROUTER_WARPS": 2},
+    {"DOWN_ROWS": 1, "DOWN_WARPS": 4},
+    {"DOWN_ROWS": 2, "DOWN_WARPS": 8},
+    {"KEYS_PER_SPLIT": 128},
 ]
+SERVED = {name: getattr(moe_layer, name) for shape in SHAPES for name in shape}
 
 
-def apply(shape) -> None:
-    (
-        moe_layer.GEMV_ROWS,
-        moe_layer.GEMV_WARPS,
-        moe_layer.ROUTER_EXPERTS,
-        moe_layer.ROUTER_WARPS,
-        moe_layer.ATTENTION_WARPS,
-        moe_layer.KEYS_PER_SPLIT,
-    ) = shape
+def apply(shape: dict[str, int]) -> None:
+    for name, value in (SERVED | shape).items():
+        setattr(moe_layer, name, value)
 
 
 def main() -> int:
@@ -44,6 +37,7 @@ def main() -> int:
     parser.add_argument("--out", default=None)
     parser.add_argument("--batches", default="1,4")
     parser.add_argument("--builds", default="omni_fused+qkv+pdl")
+    parser.add_argument("--shapes", type=int, default=len(SHAPES), help="the first N shapes only")
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     _thinker, make_runner, vocab, _, _ = build("bfloat16", max_len=1024, slots=max(batches))
@@ -54,7 +48,7 @@ def main() -> int:
         lines.append(text)
 
     results = []
-    for shape, kernel in itertools.product(SHAPES, args.builds.split(",")):
+    for shape, kernel in itertools.product(SHAPES[: args.shapes], args.builds.split(",")):
         apply(shape)
         runner = make_runner(kernel)
         row = [bench_runtime(runner, batch=b, prompt=128, steps=48, vocab=vocab) for b in batches]

@@ -127,16 +127,11 @@ def fused_experts(
     gate_up_proj: torch.Tensor,
     down_proj: torch.Tensor,
     config: LaunchConfig | None = None,
-    *,
-    residual: torch.Tensor | None = None,
-    pdl: bool = False,
 ) -> torch.Tensor:
     """The two kernels over rows ``hidden_states`` [T, H] with experts ``gate_up_proj`` [E, 2I, H]
     (gate rows first) and ``down_proj`` [E, H, I]. Without ``config`` the launch goes through the
     ``omni::fused_experts`` operator, so ``torch.compile``d layers keep it as one opaque call (its
-    grid depends on the row count, which dynamo traces symbolically). With ``residual`` [T, H] the
-    down kernel adds it (rounded as transformers' ``residual + moe``); with ``pdl`` both kernels
-    are launched as programmatic dependents (executor.moe_layer)."""
+    grid depends on the row count, which dynamo traces symbolically)."""
     hidden = hidden_states.size(-1)
     intermediate = down_proj.size(-1)
     if gate_up_proj.shape[1:] != (2 * intermediate, hidden) or down_proj.shape[1] != hidden:
@@ -144,13 +139,9 @@ def fused_experts(
             f"expert shapes gate_up {tuple(gate_up_proj.shape)} and down {tuple(down_proj.shape)} "
             f"do not match hidden size {hidden}"
         )
-    if config is None and residual is None and not pdl:
-        return _fused_experts_op(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj)
     if config is None:
-        config = launch_config(hidden_states.size(0), hidden, intermediate, top_k_index.size(-1))
-    return _launch(
-        hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj, config, residual=residual, pdl=pdl
-    )
+        return _fused_experts_op(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj)
+    return _launch(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj, config)
 
 
 @torch.library.custom_op("omni::fused_experts", mutates_args=())
@@ -184,9 +175,6 @@ def _launch(
     gate_up_proj: torch.Tensor,
     down_proj: torch.Tensor,
     cfg: LaunchConfig,
-    *,
-    residual: torch.Tensor | None = None,
-    pdl: bool = False,
 ) -> torch.Tensor:
     rows, hidden = hidden_states.shape
     top_k = top_k_index.size(-1)
@@ -199,7 +187,6 @@ def _launch(
     act = torch.empty(rows * top_k, intermediate, dtype=x.dtype, device=x.device)
     out = torch.empty_like(x)
     gate_up_kernel, down_kernel = _kernels()
-    launch = {"launch_pdl": True} if pdl else {}
     gate_up_kernel[(rows * top_k, _cdiv(intermediate, cfg.gate_rows))](
         x,
         index,
@@ -213,31 +200,24 @@ def _launch(
         TOP_K=top_k,
         BLOCK_N=cfg.gate_rows,
         BLOCK_H=cfg.gate_cols,
-        PDL=pdl,
+        PDL=False,
         num_warps=cfg.warps,
-        **launch,
     )
-    res = out if residual is None else residual
     down_kernel[(rows, _cdiv(hidden, cfg.down_rows))](
         act,
         index,
         weights,
         down,
-        res,
         out,
         down.stride(0),
         down.stride(1),
-        res.stride(0),
         out.stride(0),
         HIDDEN=hidden,
         INTERMEDIATE=intermediate,
         TOP_K=top_k,
         BLOCK_D=cfg.down_rows,
         BLOCK_I=cfg.down_cols,
-        HAS_RES=residual is not None,
-        PDL=pdl,
         num_warps=cfg.warps,
-        **launch,
     )
     return out
 
@@ -336,105 +316,15 @@ def _kernels() -> tuple[Any, Any]:
     """The Triton kernels, built on first use (Triton is imported only where they run). The expert
     sizes are compile-time constants, so the loops unroll and every weight load of a program can be
     in flight at once (a matrix-vector product is bound by the loads in flight)."""
-    import triton
-    import triton.language as tl
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    from omni_runtime.executor import moe_layer_kernels as kernels
 
-    @triton.jit
-    def gate_up_kernel(
-        x_ptr,
-        index_ptr,
-        w_ptr,
-        act_ptr,
-        stride_x,
-        stride_we,
-        stride_wn,
-        HIDDEN: tl.constexpr,
-        INTERMEDIATE: tl.constexpr,
-        TOP_K: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        BLOCK_H: tl.constexpr,
-        PDL: tl.constexpr,
-    ):
-        if PDL:  # the routing comes from the kernel before
-            gdc_wait()
-            gdc_launch_dependents()
-        pair = tl.program_id(0)
-        block = tl.program_id(1)
-        token = pair // TOP_K
-        expert = tl.load(index_ptr + pair).to(tl.int64)
-        units = block * BLOCK_N + tl.arange(0, BLOCK_N)
-        unit_ok = units < INTERMEDIATE
-        gate_ptrs = w_ptr + expert * stride_we + units[:, None] * stride_wn
-        up_ptrs = gate_ptrs + INTERMEDIATE * stride_wn
-        acc_gate = tl.zeros([BLOCK_N], dtype=tl.float32)
-        acc_up = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for start in tl.static_range(0, HIDDEN, BLOCK_H):
-            cols = start + tl.arange(0, BLOCK_H)
-            col_ok = cols < HIDDEN
-            x = tl.load(x_ptr + token * stride_x + cols, mask=col_ok, other=0.0).to(tl.float32)
-            mask = unit_ok[:, None] & col_ok[None, :]
-            w_gate = tl.load(gate_ptrs + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            w_up = tl.load(up_ptrs + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            acc_gate += tl.sum(w_gate * x[None, :], axis=1)
-            acc_up += tl.sum(w_up * x[None, :], axis=1)
-        act = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up  # silu(gate) * up
-        tl.store(act_ptr + pair * INTERMEDIATE + units, act.to(act_ptr.dtype.element_ty), mask=unit_ok)
-
-    @triton.jit
-    def down_kernel(
-        act_ptr,
-        index_ptr,
-        weight_ptr,
-        w_ptr,
-        res_ptr,
-        out_ptr,
-        stride_we,
-        stride_wh,
-        stride_res,
-        stride_out,
-        HIDDEN: tl.constexpr,
-        INTERMEDIATE: tl.constexpr,
-        TOP_K: tl.constexpr,
-        BLOCK_D: tl.constexpr,
-        BLOCK_I: tl.constexpr,
-        HAS_RES: tl.constexpr,
-        PDL: tl.constexpr,
-    ):
-        if PDL:
-            gdc_wait()
-            gdc_launch_dependents()
-        token = tl.program_id(0)
-        block = tl.program_id(1)
-        units = block * BLOCK_D + tl.arange(0, BLOCK_D)
-        unit_ok = units < HIDDEN
-        acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-        for k in tl.static_range(TOP_K):
-            pair = token * TOP_K + k
-            expert = tl.load(index_ptr + pair).to(tl.int64)
-            route = tl.load(weight_ptr + pair).to(tl.float32)
-            w_ptrs = w_ptr + expert * stride_we + units[:, None] * stride_wh
-            part = tl.zeros([BLOCK_D], dtype=tl.float32)
-            for start in tl.static_range(0, INTERMEDIATE, BLOCK_I):
-                cols = start + tl.arange(0, BLOCK_I)
-                col_ok = cols < INTERMEDIATE
-                a = tl.load(act_ptr + pair * INTERMEDIATE + cols, mask=col_ok, other=0.0).to(tl.float32)
-                w = tl.load(w_ptrs + cols[None, :], mask=unit_ok[:, None] & col_ok[None, :], other=0.0)
-                part += tl.sum(w.to(tl.float32) * a[None, :], axis=1)
-            acc += route * part
-        out = acc.to(out_ptr.dtype.element_ty)
-        if HAS_RES:  # transformers' residual + moe, each rounded
-            res = tl.load(res_ptr + token * stride_res + units, mask=unit_ok, other=0.0).to(tl.float32)
-            out = (res + out.to(tl.float32)).to(out_ptr.dtype.element_ty)
-        tl.store(out_ptr + token * stride_out + units, out, mask=unit_ok)
-
-    return gate_up_kernel, down_kernel
+    return kernels.gate_up_kernel, kernels.down_kernel
 
 
 @functools.cache
 def _route_kernel() -> Any:
     """Softmax over a row's router logits, its top-k experts (highest first, the lowest index on a
-    tie, as ``torch.topk``) and their weights, renormalised over the k when asked: one program per
+    tie, as a stable sort) and their weights, renormalised over the k when asked: one program per
     row in place of transformers' softmax, top-k (a gather and a sort kernel) and division. It
     lives beside the fused layer's router, which routes with the same ``route_row``."""
     from omni_runtime.executor import moe_layer_kernels

@@ -6,19 +6,22 @@ that is 24 µs, about what a dozen small kernels cost in launch gaps, ramps and 
 compiled transformers layer ran about 15 kernels a layer (the norms, the q/k/v GEMM, the q and k
 norms with the rotary embedding, the cache write, attention, the o GEMM and residual, the second
 norm, the router's GEMM and top-k, the experts' two kernels, the residual). Here a layer is six
-(``moe_layer_kernels``, with the experts kernels of ``moe_decode``):
+(``moe_layer_kernels``):
 
 1. ``gemv`` with the input norm: the fused q/k/v projection of the normed rows;
 2. ``attention``: the q and k norms, the rotary embedding and the cache write of the new key and
    value, then split-key attention over the cache, the splits combined by the last program;
 3. ``gemv`` with the residual: the o projection added to the layer's input;
 4. ``router``: the post-attention norm (its rows stored for the experts), the router's logits,
-   and in the last program softmax, top-k and renormalisation;
-5. and 6. the experts' gate-up and down kernels, the down one adding the residual.
+   and in the last program the routing (softmax, top-k by pairwise rank, renormalisation);
+5. ``gate_up`` (moe_decode's): ``silu(gate) * up`` for a block of a routed expert's units;
+6. ``experts_down``: each program reads its row's experts' down rows, then the gate-up
+   activations, and adds the routing-weighted sum to the residual.
 
-Each matrix-vector kernel reads its weights before it waits for the kernel before it, so with
-programmatic dependent launch (``PDL``, Hopper; ``OMNI_DECODE_PDL``) the weights stream while the
-previous kernel drains. The layer takes decode steps of up to ``MAX_ROWS`` rows over a
+Each kernel reads what does not depend on the kernel just before it (weights, the routing two
+kernels back, the residual) before it waits for that kernel, so with programmatic dependent
+launch (``PDL``, Hopper; ``OMNI_MOE_LAYER=pdl``) those loads stream while the previous kernel
+drains. The layer takes decode steps of up to ``MAX_ROWS`` rows over a
 ``SlotKVCache`` (rows ``0..b-1`` in slots ``0..b-1``, written at ``write_pos``, keys up to it
 read); anything else (prefill, larger batches, CPU without Triton's interpreter) goes to the
 layer it wraps. The kernels round where transformers rounds (each norm, projection and residual
@@ -44,7 +47,9 @@ GEMV_ROWS = 8  # weight rows (outputs) per matrix-vector program
 GEMV_WARPS = 8
 ROUTER_WARPS = 4
 ATTENTION_WARPS = 4
-EXPERTS: moe_decode.LaunchConfig | None = None  # the experts kernels' blocks (None: moe_decode's)
+EXPERTS: moe_decode.LaunchConfig | None = None  # the gate-up kernel's blocks (None: moe_decode's)
+DOWN_ROWS = 2  # hidden units per down program (it holds its experts' rows: TOP_K x DOWN_ROWS x I)
+DOWN_WARPS = 4
 ROUTER_EXPERTS = 8  # router rows per router program
 KEYS_PER_SPLIT = 64  # least cached keys one attention program walks
 
@@ -82,10 +87,14 @@ class MoeLayerWeights:
             "k_norm": (self.head_dim,),
             "post_norm": (hidden,),
             "router": (self.router.shape[0], hidden),
+            "gate_up": (self.router.shape[0], 2 * self.down.shape[-1], hidden),
+            "down": (self.router.shape[0], hidden, self.down.shape[-1]),
         }
         for name, shape in expected.items():
             if tuple(getattr(self, name).shape) != shape:
                 raise ValueError(f"{name} is {tuple(getattr(self, name).shape)}, expected {shape}")
+        if self.gate_up.stride(-1) != 1 or self.down.stride(-1) != 1:
+            raise ValueError("gate_up and down must be contiguous in their last dimension")
         if self.heads % self.kv_heads or self.head_dim & (self.head_dim - 1) or self.head_dim < 16:
             raise ValueError(f"heads {self.heads}/{self.kv_heads} of {self.head_dim}: unsupported")
 
@@ -211,18 +220,24 @@ def decode_step(
         mid, w.post_norm, w.router, normed, logits, layer.router_count, weights, index,
         rows, mid.stride(0), normed.stride(0), w.eps,
         HIDDEN=size, K_PAD=_pow2(size), EXPERTS=experts, E_PAD=e_pad, ROWS=padded, BLOCK_E=block_e,
-        PROGRAMS=programs, TOP_K=w.top_k, NORMALIZE=w.normalize, PDL=layer.pdl, num_warps=ROUTER_WARPS, **pdl,
+        PROGRAMS=programs, TOP_K=w.top_k, NORMALIZE=w.normalize, PDL=layer.pdl,
+        num_warps=ROUTER_WARPS, **pdl,
     )  # fmt: skip
-    return moe_decode.fused_experts(
-        normed,
-        index,
-        weights,
-        w.gate_up,
-        w.down,
-        config=EXPERTS,  # None: moe_decode's launch_config
-        residual=mid,
-        pdl=layer.pdl,
-    )
+    intermediate = w.down.shape[-1]
+    shape = EXPERTS or moe_decode.launch_config(rows, size, intermediate, w.top_k)
+    act = torch.empty(rows * w.top_k, intermediate, dtype=dtype, device=device)
+    k.gate_up_kernel[(rows * w.top_k, _cdiv(intermediate, shape.gate_rows))](
+        normed, index, w.gate_up, act, normed.stride(0), w.gate_up.stride(0), w.gate_up.stride(1),
+        HIDDEN=size, INTERMEDIATE=intermediate, TOP_K=w.top_k, BLOCK_N=shape.gate_rows, BLOCK_H=shape.gate_cols, PDL=layer.pdl, num_warps=shape.warps, **pdl,
+    )  # fmt: skip
+    out = torch.empty_like(x)
+    k.experts_down_kernel[(rows, _cdiv(size, DOWN_ROWS))](
+        act, index, weights, w.down, mid, out,
+        w.down.stride(0), w.down.stride(1), mid.stride(0), out.stride(0),
+        HIDDEN=size, INTERMEDIATE=intermediate, I_PAD=_pow2(intermediate), TOP_K=w.top_k,
+        K_PAD=_pow2(w.top_k), BLOCK_D=DOWN_ROWS, PDL=layer.pdl, num_warps=DOWN_WARPS, **pdl,
+    )  # fmt: skip
+    return out
 
 
 @functools.cache

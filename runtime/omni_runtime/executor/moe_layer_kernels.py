@@ -1,11 +1,12 @@
-"""The Triton kernels of the fused MoE decode layer (executor.moe_layer): imported only where they
-run, since Triton is imported at the top of this module.
+"""The Triton kernels of the MoE decode paths: the fused decode layer's six (executor.moe_layer) and
+the experts and route kernels of executor.moe_decode. Imported only where they run, since Triton
+is imported at the top of this module.
 
-Every kernel takes ``ROWS`` (the decode batch, a power of two up to ``moe_layer.MAX_ROWS``) as a
-compile-time constant and loops over it, so a matrix-vector product reads each weight once for
-every row. With ``PDL`` each kernel is launched as a programmatic dependent of the one before it
+The layer's matrix-vector kernels take ``ROWS`` (the decode batch, a power of two up to
+``moe_layer.MAX_ROWS``) as a compile-time constant and loop over it, so they read each weight once
+for every row. With ``PDL`` each of the layer's kernels is launched as a programmatic dependent of the one before it
 (Hopper): it starts while its predecessor drains, issues the loads that do not depend on it (its
-weights), and waits (``gdc_wait``) only before it reads the predecessor's output.
+weights; the down kernel also its routing and residual), and waits (``gdc_wait``) only before it reads the predecessor's output.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ def _normed(x, gain, rstd, DTYPE: tl.constexpr):
 @triton.jit
 def route_row(logit, lanes, ok, weights_ptr, index_ptr, TOP_K: tl.constexpr, NORMALIZE: tl.constexpr):
     """transformers' top-k routing of one row's router logits (``ok``: the real experts' lanes):
-    softmax, the top ``TOP_K`` (highest first, the lowest index on a tie, as ``torch.topk``), their
-    weights renormalised over the k when asked, stored at ``weights_ptr``/``index_ptr``[0..k)."""
+    softmax, the top ``TOP_K`` (highest first, the lowest index on a tie, as a stable sort), their
+    weights renormalised over the k when asked, stored at ``weights_ptr``/``index_ptr``[0..k).
+    (``k`` rounds of argmax: on an H200 a one-comparison pairwise rank of 128 experts was slower.)"""
     e = tl.exp(logit - tl.max(logit, axis=0))
     prob = e / tl.sum(e, axis=0)
     left = tl.where(ok, prob, -1.0)  # padding lanes are never picked
@@ -102,8 +104,7 @@ def router_kernel(
 ):  # fmt: skip
     """The MoE block's post-attention norm and router: each program normalises every row, stores
     its share of the normed rows (``xn``, the experts' input) and the logits of ``BLOCK_E``
-    experts; the last program to finish (a counter it resets) turns each row's logits into
-    transformers' routing: softmax, top-k (highest first, lowest index on a tie), renormalised."""
+    experts; the last program to finish (a counter it resets) routes each row (``route_row``)."""
     pid = tl.program_id(0)
     e = pid * BLOCK_E + tl.arange(0, BLOCK_E)
     e_ok = e < EXPERTS
@@ -136,6 +137,118 @@ def router_kernel(
         tl.atomic_xchg(count_ptr, 0)
 
 
+@triton.jit
+def expert_gate_up(
+    x_ptr, w_ptr, act_ptr, expert, token, pair, block, stride_x, stride_we, stride_wn,
+    HIDDEN: tl.constexpr, INTERMEDIATE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
+):  # fmt: skip
+    """``act[pair]`` for a block of ``BLOCK_N`` intermediate units: ``silu(gate) * up`` of row
+    ``token`` with ``expert``'s gate and up rows (``w``: [E, 2I, H], gate rows first)."""
+    units = block * BLOCK_N + tl.arange(0, BLOCK_N)
+    unit_ok = units < INTERMEDIATE
+    gate_ptrs = w_ptr + expert * stride_we + units[:, None] * stride_wn
+    up_ptrs = gate_ptrs + INTERMEDIATE * stride_wn
+    acc_gate = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in tl.static_range(0, HIDDEN, BLOCK_H):
+        cols = start + tl.arange(0, BLOCK_H)
+        col_ok = cols < HIDDEN
+        x = tl.load(x_ptr + token * stride_x + cols, mask=col_ok, other=0.0).to(tl.float32)
+        mask = unit_ok[:, None] & col_ok[None, :]
+        w_gate = tl.load(gate_ptrs + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        w_up = tl.load(up_ptrs + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        acc_gate += tl.sum(w_gate * x[None, :], axis=1)
+        acc_up += tl.sum(w_up * x[None, :], axis=1)
+    act = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up  # silu(gate) * up
+    tl.store(act_ptr + pair * INTERMEDIATE + units, act.to(act_ptr.dtype.element_ty), mask=unit_ok)
+
+
+@triton.jit
+def gate_up_kernel(
+    x_ptr, index_ptr, w_ptr, act_ptr, stride_x, stride_we, stride_wn,
+    HIDDEN: tl.constexpr, INTERMEDIATE: tl.constexpr, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_H: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """The experts' first kernel (executor.moe_decode's, and the layer's fifth): program (pair,
+    block) runs ``expert_gate_up`` for the pair's expert from ``index`` (the routing)."""
+    if PDL:  # the routing comes from the kernel before
+        gdc_wait()
+        gdc_launch_dependents()
+    pair = tl.program_id(0)
+    expert = tl.load(index_ptr + pair).to(tl.int64)
+    expert_gate_up(
+        x_ptr, w_ptr, act_ptr, expert, pair // TOP_K, pair, tl.program_id(1), stride_x, stride_we, stride_wn,
+        HIDDEN, INTERMEDIATE, BLOCK_N, BLOCK_H,
+    )  # fmt: skip
+
+
+@triton.jit
+def down_kernel(
+    act_ptr, index_ptr, weight_ptr, w_ptr, out_ptr, stride_we, stride_wh, stride_out,
+    HIDDEN: tl.constexpr, INTERMEDIATE: tl.constexpr, TOP_K: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_I: tl.constexpr,
+):  # fmt: skip
+    """executor.moe_decode's second kernel, for a row and ``BLOCK_D`` hidden units: the sum over
+    its k experts of the routing weight times the expert's down rows applied to the pair's
+    activation. No atomics: a program owns its output block."""
+    token = tl.program_id(0)
+    units = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    unit_ok = units < HIDDEN
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for k in tl.static_range(TOP_K):
+        pair = token * TOP_K + k
+        expert = tl.load(index_ptr + pair).to(tl.int64)
+        route = tl.load(weight_ptr + pair).to(tl.float32)
+        w_ptrs = w_ptr + expert * stride_we + units[:, None] * stride_wh
+        part = tl.zeros([BLOCK_D], dtype=tl.float32)
+        for start in tl.static_range(0, INTERMEDIATE, BLOCK_I):
+            cols = start + tl.arange(0, BLOCK_I)
+            col_ok = cols < INTERMEDIATE
+            a = tl.load(act_ptr + pair * INTERMEDIATE + cols, mask=col_ok, other=0.0).to(tl.float32)
+            w = tl.load(w_ptrs + cols[None, :], mask=unit_ok[:, None] & col_ok[None, :], other=0.0)
+            part += tl.sum(w.to(tl.float32) * a[None, :], axis=1)
+        acc += route * part
+    tl.store(out_ptr + token * stride_out + units, acc.to(out_ptr.dtype.element_ty), mask=unit_ok)
+
+
+@triton.jit
+def experts_down_kernel(
+    act_ptr, index_ptr, weight_ptr, w_ptr, res_ptr, out_ptr, stride_we, stride_wh, stride_res, stride_out,
+    HIDDEN: tl.constexpr, INTERMEDIATE: tl.constexpr, I_PAD: tl.constexpr, TOP_K: tl.constexpr,
+    K_PAD: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """The layer's sixth kernel, for row ``program_id(0)`` and ``BLOCK_D`` hidden units:
+    ``res + sum_k weight_k * down[expert_k] @ act[k]``, rounded as transformers' residual add.
+    The routing comes from the router kernel, two kernels back (the residual from three), so with
+    ``PDL`` the program reads its experts' down rows before it waits for the gate-up kernel's
+    ``act``: they stream while that kernel drains."""
+    token = tl.program_id(0)
+    units = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    unit_ok = units < HIDDEN
+    ks = tl.arange(0, K_PAD)
+    real = ks < TOP_K
+    pairs = token * TOP_K + ks
+    experts = tl.load(index_ptr + pairs, mask=real, other=0)
+    route = tl.load(weight_ptr + pairs, mask=real, other=0.0).to(tl.float32)
+    cols = tl.arange(0, I_PAD)
+    col_ok = cols < INTERMEDIATE
+    rows = w_ptr + experts[:, None, None] * stride_we + units[None, :, None] * stride_wh + cols[None, None, :]
+    w = tl.load(rows, mask=real[:, None, None] & unit_ok[None, :, None] & col_ok[None, None, :], other=0.0)
+    res = tl.load(res_ptr + token * stride_res + units, mask=unit_ok, other=0.0).to(tl.float32)
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    a = tl.load(
+        act_ptr + pairs[:, None] * INTERMEDIATE + cols[None, :],
+        mask=real[:, None] & col_ok[None, :],
+        other=0.0,
+    )
+    part = tl.sum(w.to(tl.float32) * a.to(tl.float32)[:, None, :], axis=2)  # [K_PAD, BLOCK_D]
+    out = tl.sum(part * route[:, None], axis=0).to(out_ptr.dtype.element_ty)
+    out = (res + out.to(tl.float32)).to(out_ptr.dtype.element_ty)  # transformers' residual + moe
+    tl.store(out_ptr + token * stride_out + units, out, mask=unit_ok)
+
+
 @triton.jit(do_not_specialize=["splits", "per_split"])
 def attention_kernel(
     qkv_ptr, qnorm_ptr, knorm_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr,
@@ -154,17 +267,31 @@ def attention_kernel(
     split = tl.program_id(1)
     row = pair // KV_HEADS
     head = pair % KV_HEADS
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, DIM)
     g_ok = g < GROUPS
     rot = (d + DIM // 2) % DIM  # rotate_half: (-x2, x1)
     sign = tl.where(d < DIM // 2, -1.0, 1.0)
-    pos = tl.load(pos_ptr + row)
+    # What does not come from the q/k/v kernel just before: positions, rotary tables, norm weights
+    # and the split's first block of cached keys and values, loaded before the wait.
+    pos = tl.load(pos_ptr + row).to(tl.int32)
     cos = tl.load(cos_ptr + row * stride_cos + d).to(tl.float32)
     sin = tl.load(sin_ptr + row * stride_sin + d).to(tl.float32)
+    wq = tl.load(qnorm_ptr + d).to(tl.float32)
+    wq_rot = tl.load(qnorm_ptr + rot).to(tl.float32)
+    wk = tl.load(knorm_ptr + d).to(tl.float32)
+    wk_rot = tl.load(knorm_ptr + rot).to(tl.float32)
+    cache_at = row * stride_cb + head * stride_ch
+    start = split * per_split
+    end = tl.minimum(start + per_split, pos)
+    n = start + tl.arange(0, BLOCK_N)
+    inside = n < end
+    block_at = cache_at + n[:, None] * stride_cn + d[None, :]
+    keys = tl.load(kc_ptr + block_at, mask=inside[:, None], other=0.0)
+    values = tl.load(vc_ptr + block_at, mask=inside[:, None], other=0.0)
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     dtype = kc_ptr.dtype.element_ty
     base = qkv_ptr + row * stride_qkv
     # Queries of the group: norm over each head, then the rotary embedding, rounded as transformers.
@@ -172,8 +299,6 @@ def attention_kernel(
     q = tl.load(q_at + d[None, :], mask=g_ok[:, None], other=0.0).to(tl.float32)
     q_rot = tl.load(q_at + rot[None, :], mask=g_ok[:, None], other=0.0).to(tl.float32)
     q_rstd = tl.rsqrt(tl.sum(q * q, axis=1) / DIM + eps)
-    wq = tl.load(qnorm_ptr + d).to(tl.float32)
-    wq_rot = tl.load(qnorm_ptr + rot).to(tl.float32)
     qn = ((q * q_rstd[:, None]).to(dtype).to(tl.float32) * wq[None, :]).to(dtype).to(tl.float32)
     qn_rot = ((q_rot * q_rstd[:, None]).to(dtype).to(tl.float32) * wq_rot[None, :]).to(dtype).to(tl.float32)
     query = (qn * cos[None, :] + sign[None, :] * qn_rot * sin[None, :]).to(dtype)
@@ -181,13 +306,10 @@ def attention_kernel(
     kx = tl.load(k_at + d).to(tl.float32)
     kx_rot = tl.load(k_at + rot).to(tl.float32)
     k_rstd = tl.rsqrt(tl.sum(kx * kx, axis=0) / DIM + eps)
-    wk = tl.load(knorm_ptr + d).to(tl.float32)
-    wk_rot = tl.load(knorm_ptr + rot).to(tl.float32)
     kn = ((kx * k_rstd).to(dtype).to(tl.float32) * wk).to(dtype).to(tl.float32)
     kn_rot = ((kx_rot * k_rstd).to(dtype).to(tl.float32) * wk_rot).to(dtype).to(tl.float32)
     key_new = (kn * cos + sign * kn_rot * sin).to(dtype)
     value_new = tl.load(base + (KV_HEADS * GROUPS + KV_HEADS + head) * DIM + d)
-    cache_at = row * stride_cb + head * stride_ch
     if split == 0:
         tl.store(kc_ptr + cache_at + pos * stride_cn + d, key_new)
         tl.store(vc_ptr + cache_at + pos * stride_cn + d, value_new.to(dtype))
@@ -195,25 +317,21 @@ def attention_kernel(
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, DIM], tl.float32)
-    start = split * per_split
-    end = tl.minimum(start + per_split, pos)
     for first in range(start, end, BLOCK_N):
-        n = first + tl.arange(0, BLOCK_N)
+        block_keys, block_values, block_inside = keys, values, inside
+        n = first + BLOCK_N + tl.arange(0, BLOCK_N)  # the next block, asked for before this one's work
         inside = n < end
-        keys = tl.load(
-            kc_ptr + cache_at + n[:, None] * stride_cn + d[None, :], mask=inside[:, None], other=0.0
-        )
-        scores = tl.dot(query, tl.trans(keys)).to(tl.float32) * scale
-        scores = tl.where(inside[None, :], scores, float("-inf"))
+        block_at = cache_at + n[:, None] * stride_cn + d[None, :]
+        keys = tl.load(kc_ptr + block_at, mask=inside[:, None], other=0.0)
+        values = tl.load(vc_ptr + block_at, mask=inside[:, None], other=0.0)
+        scores = tl.dot(query, tl.trans(block_keys)).to(tl.float32) * scale
+        scores = tl.where(block_inside[None, :], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp(m_i - m_safe)
         p = tl.exp(scores - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        values = tl.load(
-            vc_ptr + cache_at + n[:, None] * stride_cn + d[None, :], mask=inside[:, None], other=0.0
-        )
-        acc = acc * alpha[:, None] + tl.dot(p.to(dtype), values).to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(dtype), block_values).to(tl.float32)
         m_i = m_new
     at = pair * splits + split
     tl.store(m_ptr + at * BLOCK_G + g, m_i)

@@ -102,9 +102,9 @@ def test_kernels_compile_for_hopper_without_a_gpu_with_16_byte_weight_loads() ->
         ),
         (
             down,
-            ["act_ptr", "index_ptr", "weight_ptr", "w_ptr", "res_ptr", "out_ptr"],
-            ["stride_we", "stride_wh", "stride_res", "stride_out"],
-            sizes | {"BLOCK_D": 4, "BLOCK_I": 256, "HAS_RES": False, "PDL": False},
+            ["act_ptr", "index_ptr", "weight_ptr", "w_ptr", "out_ptr"],
+            ["stride_we", "stride_wh", "stride_out"],
+            sizes | {"BLOCK_D": 4, "BLOCK_I": 256},
             {"index_ptr": "*i64"},
             True,
         ),

@@ -111,7 +111,9 @@ def _compile(kernel, pointers, ints, floats, constexprs, types):
     signature = {name: types.get(name, "*bf16") for name in pointers}
     signature |= {name: "i32" for name in ints} | {name: "fp32" for name in floats}
     signature |= {name: "constexpr" for name in constexprs}
-    attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(pointers))}
+    # As a launch specializes them: 16-aligned pointers, strides that are multiples of 16.
+    aligned = [*pointers, *(name for name in ints if name.startswith("stride"))]
+    attrs = {(list(signature).index(name),): [["tt.divisibility", 16]] for name in aligned}
     source = ASTSource(kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
 
@@ -149,6 +151,23 @@ def test_layer_kernels_compile_for_hopper_without_a_gpu(pdl: bool) -> None:
         },
         {"logits_ptr": "*fp32", "count_ptr": "*i32", "index_ptr": "*i64"},
     )  # fmt: skip
+    experts = {"HIDDEN": 2048, "INTERMEDIATE": 768, "TOP_K": 8, "PDL": pdl}
+    gate_up = _compile(
+        kernels.gate_up_kernel,
+        ["x_ptr", "index_ptr", "w_ptr", "act_ptr"],
+        ["stride_x", "stride_we", "stride_wn"],
+        [],
+        experts | {"BLOCK_N": 8, "BLOCK_H": 512},
+        {"index_ptr": "*i64"},
+    )
+    down = _compile(
+        kernels.experts_down_kernel,
+        ["act_ptr", "index_ptr", "weight_ptr", "w_ptr", "res_ptr", "out_ptr"],
+        ["stride_we", "stride_wh", "stride_res", "stride_out"],
+        [],
+        experts | {"I_PAD": 1024, "K_PAD": 8, "BLOCK_D": 4},
+        {"index_ptr": "*i64"},
+    )
     attention = _compile(
         kernels.attention_kernel,
         ["qkv_ptr", "qnorm_ptr", "knorm_ptr", "cos_ptr", "sin_ptr", "kc_ptr", "vc_ptr", "pos_ptr", "m_ptr",
@@ -159,16 +178,19 @@ def test_layer_kernels_compile_for_hopper_without_a_gpu(pdl: bool) -> None:
         {"KV_HEADS": 4, "GROUPS": 8, "DIM": 128, "BLOCK_G": 16, "BLOCK_N": 32, "PDL": pdl},
         {"pos_ptr": "*i64", "m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "count_ptr": "*i32"},
     )  # fmt: skip
-    for compiled in (gemv, router, attention):
+    for compiled in (gemv, router, attention, gate_up, down):
         ptx = compiled.asm["ptx"]
         assert compiled.asm["cubin"]
         assert ("griddepcontrol.wait" in ptx) == pdl
         assert ("griddepcontrol.launch_dependents" in ptx) == pdl
-    weight_loads = [line for line in gemv.asm["ptx"].splitlines() if "ld.global" in line]
-    assert any("v4.b32" in line for line in weight_loads)  # 8 bfloat16 weights per load
-    if pdl:  # the weights are asked for before the wait
-        ptx = gemv.asm["ptx"]
-        assert ptx.index("ld.global") < ptx.index("griddepcontrol.wait")
+    for compiled in (gemv, gate_up, down):
+        weight_loads = [line for line in compiled.asm["ptx"].splitlines() if "ld.global" in line]
+        assert any("v4.b32" in line for line in weight_loads)  # 8 bfloat16 weights per load
+    if pdl:  # weights, the down kernel's routing, the first cached keys: asked for before the wait
+        for compiled in (gemv, down, attention):
+            ptx = compiled.asm["ptx"]
+            before = ptx[: ptx.index("griddepcontrol.wait")]
+            assert before.count("ld.global.v4") >= 8
 
 
 def test_unset_omni_moe_layer_means_pdl_and_every_mode_is_a_choice() -> None:

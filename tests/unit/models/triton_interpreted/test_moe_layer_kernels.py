@@ -13,7 +13,7 @@ import torch
 from transformers import Qwen3OmniMoeConfig
 from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as hf
 
-from omni_runtime.executor import moe_layer
+from omni_runtime.executor import moe_decode, moe_layer
 from omni_runtime.executor.slot_cache import SlotKVCache
 from omni_runtime.models.qwen3_omni_moe.attention import fuse_qkv
 from omni_runtime.models.qwen3_omni_moe.decode_layer import fused_decode_layers
@@ -149,3 +149,17 @@ def test_router_kernel_routes_as_transformers_in_bfloat16() -> None:
     assert torch.equal(index, index_expected)
     torch.testing.assert_close(weights, weights_expected, rtol=1e-2, atol=1e-2)
     assert layer.router_count.item() == 0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_pairwise_top_k_equals_torch_topk_with_ties(seed: int) -> None:
+    """Routing by pairwise rank: the experts and renormalised weights of softmax and a stable
+    descending sort, including exact ties (the lower index first; torch.topk leaves their order
+    open) and a width below the lanes (padding)."""
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randint(-3, 4, (5, 12), generator=generator).float()  # many ties
+    weights, index = moe_decode.route(logits, 4, True)
+    prob = torch.softmax(logits, dim=-1)
+    top, expected = (t[:, :4] for t in torch.sort(prob, dim=-1, descending=True, stable=True))
+    assert torch.equal(index, expected)
+    torch.testing.assert_close(weights, top / top.sum(-1, keepdim=True))
