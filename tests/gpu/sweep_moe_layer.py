@@ -17,11 +17,10 @@ from omni_runtime.executor import moe_layer
 # Each shape: overrides of executor.moe_layer's launch values (the first: as served).
 SHAPES: list[dict[str, int]] = [
     {},
-    {"ROUTER_EXPERTS": 2, "ROUTER_WARPS": 1},
-    {"ROUTER_EXPERTS": 8, "ROUTER_WARPS": 1},
-    {"ROUTER_EXPERTS": 4, "ROUTER_WARPS": 2},
-    {"DOWN_ROWS": 1, "DOWN_WARPS": 4},
+    {"ROUTER_EXPERTS": 8, "ROUTER_WARPS": 4},
+    {"DOWN_ROWS": 1},
     {"DOWN_ROWS": 2, "DOWN_WARPS": 8},
+    {"GEMV_ROWS": 4, "GEMV_WARPS": 4},
     {"KEYS_PER_SPLIT": 128},
 ]
 SERVED = {name: getattr(moe_layer, name) for shape in SHAPES for name in shape}

@@ -5,7 +5,7 @@ experts, each row to its top-k experts. transformers' ``grouped_mm`` path sorts 
 pairs by expert, counts them per expert (a histogram over all E experts), gathers, runs two grouped
 GEMMs over all E expert groups (most of them empty at decode), scatters back and sums: about a
 dozen kernels per layer, for work that is two matrix-vector products per pair. Here it is two
-kernels, each reading only the experts the rows were routed to:
+kernels (in ``moe_layer_kernels``), each reading only the experts the rows were routed to:
 
 1. ``gate_up``: for every (row, k) pair and a block of intermediate units, the gate and up
    products of the row with that expert's ``gate_up_proj`` rows, then ``silu(gate) * up``.

@@ -45,12 +45,12 @@ BLOCK_N = 32  # cached keys per attention loop step
 # Launch shapes, from tests/gpu/sweep_moe_layer.py on an H200 (docs/benchmarks.md).
 GEMV_ROWS = 8  # weight rows (outputs) per matrix-vector program
 GEMV_WARPS = 8
-ROUTER_WARPS = 4
+ROUTER_WARPS = 1
 ATTENTION_WARPS = 4
 EXPERTS: moe_decode.LaunchConfig | None = None  # the gate-up kernel's blocks (None: moe_decode's)
 DOWN_ROWS = 2  # hidden units per down program (it holds its experts' rows: TOP_K x DOWN_ROWS x I)
 DOWN_WARPS = 4
-ROUTER_EXPERTS = 8  # router rows per router program
+ROUTER_EXPERTS = 2  # router rows per router program
 KEYS_PER_SPLIT = 64  # least cached keys one attention program walks
 
 
