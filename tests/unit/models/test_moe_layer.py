@@ -97,6 +97,10 @@ def test_weights_that_disagree_name_the_field() -> None:
 
     with pytest.raises(ValueError, match=r"qkv is \(128, 64\), expected \(96, 64\)"):
         replace(weights, heads=2).check()
+    with pytest.raises(ValueError, match=r"gate_up is \(4, 32, 64\), expected \(4, 64, 64\)"):
+        replace(weights, down=weights.down.new_zeros(4, 64, 32)).check()
+    with pytest.raises(ValueError, match="gate_up and down must be contiguous in their last dimension"):
+        replace(weights, down=weights.down.transpose(1, 2).contiguous().transpose(1, 2)).check()
 
 
 def test_a_cpu_is_no_hopper() -> None:
