@@ -166,9 +166,11 @@ def test_the_realtime_probe_splits_each_turn_into_its_phases(worker_url: str) ->
     # The worker's own stage counters over the round: the thinker worked, no stage above 100%.
     stages = result["stages"]
     assert stages["thinker"] > 0 and all(0 < share <= 1.0 for share in stages.values()), stages
-    # What waited for those stages: both turns' thinker admissions; every wait has its mean.
+    # What waited for those stages: both turns' thinker admissions, and turn 2's history warm-up
+    # (realtime/session/warmup.py) when the thinker took it before the response settled it (on a
+    # busy machine it can be); every wait has its mean.
     waits = result["waits"]
-    assert waits["thinker/admission"]["n"] == 2, waits
+    assert waits["thinker/admission"]["n"] in (2, 3), waits
     assert all(w["n"] > 0 and w["mean_s"] >= 0 and 0 <= w["over_0.1s"] <= 1 for w in waits.values()), waits
     # The worker's own split of each reply's way to first audio: every phase once per reply with audio.
     heard = sum(1 for row in result["by_turn"] if row["median_s"] is not None)
