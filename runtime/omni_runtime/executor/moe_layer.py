@@ -13,7 +13,7 @@ norm, the router's GEMM and top-k, the experts' two kernels, the residual). Here
    value, then split-key attention over the cache, the splits combined by the last program;
 3. ``gemv`` with the residual: the o projection added to the layer's input;
 4. ``router``: the post-attention norm (its rows stored for the experts), the router's logits,
-   and in the last program the routing (softmax, top-k by pairwise rank, renormalisation);
+   and in the last program the routing (softmax, top-k, renormalisation);
 5. ``gate_up`` (moe_decode's): ``silu(gate) * up`` for a block of a routed expert's units;
 6. ``experts_down``: each program reads its row's experts' down rows, then the gate-up
    activations, and adds the routing-weighted sum to the residual.
@@ -228,7 +228,8 @@ def decode_step(
     act = torch.empty(rows * w.top_k, intermediate, dtype=dtype, device=device)
     k.gate_up_kernel[(rows * w.top_k, _cdiv(intermediate, shape.gate_rows))](
         normed, index, w.gate_up, act, normed.stride(0), w.gate_up.stride(0), w.gate_up.stride(1),
-        HIDDEN=size, INTERMEDIATE=intermediate, TOP_K=w.top_k, BLOCK_N=shape.gate_rows, BLOCK_H=shape.gate_cols, PDL=layer.pdl, num_warps=shape.warps, **pdl,
+        HIDDEN=size, INTERMEDIATE=intermediate, TOP_K=w.top_k, BLOCK_N=shape.gate_rows,
+        BLOCK_H=shape.gate_cols, PDL=layer.pdl, num_warps=shape.warps, **pdl,
     )  # fmt: skip
     out = torch.empty_like(x)
     k.experts_down_kernel[(rows, _cdiv(size, DOWN_ROWS))](

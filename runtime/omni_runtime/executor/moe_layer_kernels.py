@@ -4,9 +4,10 @@ is imported at the top of this module.
 
 The layer's matrix-vector kernels take ``ROWS`` (the decode batch, a power of two up to
 ``moe_layer.MAX_ROWS``) as a compile-time constant and loop over it, so they read each weight once
-for every row. With ``PDL`` each of the layer's kernels is launched as a programmatic dependent of the one before it
-(Hopper): it starts while its predecessor drains, issues the loads that do not depend on it (its
-weights; the down kernel also its routing and residual), and waits (``gdc_wait``) only before it reads the predecessor's output.
+for every row. With ``PDL`` each of the layer's kernels is launched as a programmatic dependent of
+the one before it (Hopper): it starts while its predecessor drains, issues the loads that do not
+depend on it (its weights; the down kernel also its routing and residual, the attention its first
+cached keys), and waits (``gdc_wait``) only before it reads the predecessor's output.
 """
 
 from __future__ import annotations
