@@ -104,12 +104,15 @@ def split_kernel_fits(
     )
 
 
-def split_plan(rows: int, kv_heads: int, length: int) -> tuple[int, int]:
+def split_plan(
+    rows: int, kv_heads: int, length: int, *, programs: int = TARGET_PROGRAMS, least_blocks: int = 1
+) -> tuple[int, int]:
     """(splits, keys per split) for ``rows`` x ``kv_heads`` programs over ``length`` keys: enough
-    splits that about ``TARGET_PROGRAMS`` programs run, each over whole ``BLOCK_N`` blocks."""
+    splits that about ``programs`` programs run, each over whole ``BLOCK_N`` blocks, at least
+    ``least_blocks`` of them (executor.moe_layer's attention asks for fewer, longer splits)."""
     blocks = max(1, -(-length // BLOCK_N))
-    wanted = max(1, -(-TARGET_PROGRAMS // max(1, rows * kv_heads)))
-    per_split = -(-blocks // min(blocks, wanted))  # blocks a split covers
+    wanted = max(1, -(-programs // max(1, rows * kv_heads)))
+    per_split = max(least_blocks, -(-blocks // min(blocks, wanted)))  # blocks a split covers
     return -(-blocks // per_split), per_split * BLOCK_N
 
 
@@ -171,92 +174,11 @@ def _(
 
 @functools.cache
 def _kernels() -> tuple[Any, Any]:
-    """The two Triton kernels, built on first use (Triton is imported only where they run)."""
-    import triton
-    import triton.language as tl
+    """The two Triton kernels (``attention_kernels``), imported on first use: Triton is imported
+    only where they run."""
+    from omni_runtime.executor import attention_kernels
 
-    # The sizes that change with the (batch, length) bucket are plain arguments, not specialised:
-    # one compile per stack serves every CUDA graph the slot decoder captures.
-    @triton.jit(do_not_specialize=["length", "per_split", "splits", "stride_mb"])
-    def partial_kernel(
-        q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, acc_ptr,
-        stride_qb, stride_qh, stride_qg,
-        stride_kb, stride_kh, stride_kn,
-        stride_vb, stride_vh, stride_vn,
-        stride_mb, stride_mn,
-        kv_heads, length, per_split, splits, scale,
-        GROUPS: tl.constexpr, DIM: tl.constexpr, BLOCK_G: tl.constexpr,
-        BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr,
-    ):  # fmt: skip
-        pair = tl.program_id(0)
-        split = tl.program_id(1)
-        row = pair // kv_heads
-        head = pair % kv_heads
-        g = tl.arange(0, BLOCK_G)
-        d = tl.arange(0, DIM)
-        q_ptrs = q_ptr + row * stride_qb + head * stride_qh + g[:, None] * stride_qg + d[None, :]
-        q = tl.load(q_ptrs, mask=g[:, None] < GROUPS, other=0.0)
-        m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_G], tl.float32)
-        acc = tl.zeros([BLOCK_G, DIM], tl.float32)
-        start = split * per_split
-        end = tl.minimum(start + per_split, length)
-        k_base = k_ptr + row * stride_kb + head * stride_kh
-        v_base = v_ptr + row * stride_vb + head * stride_vh
-        for first in range(start, end, BLOCK_N):
-            n = first + tl.arange(0, BLOCK_N)
-            inside = n < end
-            ok = inside
-            if HAS_MASK:
-                ok = ok & (tl.load(mask_ptr + row * stride_mb + n * stride_mn, mask=inside, other=0) != 0)
-            k = tl.load(k_base + n[:, None] * stride_kn + d[None, :], mask=inside[:, None], other=0.0)
-            scores = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
-            scores = tl.where(ok[None, :], scores, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: nothing to scale
-            alpha = tl.exp(m_i - m_safe)
-            p = tl.exp(scores - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.load(v_base + n[:, None] * stride_vn + d[None, :], mask=inside[:, None], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
-            m_i = m_new
-        at = pair * splits + split
-        tl.store(m_ptr + at * BLOCK_G + g, m_i)
-        tl.store(l_ptr + at * BLOCK_G + g, l_i)
-        tl.store(acc_ptr + (at * BLOCK_G + g[:, None]) * DIM + d[None, :], acc)
-
-    @triton.jit(do_not_specialize=["splits"])
-    def combine_kernel(
-        m_ptr, l_ptr, acc_ptr, out_ptr,
-        stride_ob, stride_oh, stride_og, kv_heads, splits,
-        GROUPS: tl.constexpr, DIM: tl.constexpr, BLOCK_G: tl.constexpr,
-    ):  # fmt: skip
-        pair = tl.program_id(0)
-        g = tl.arange(0, BLOCK_G)
-        d = tl.arange(0, DIM)
-        m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-        total = tl.zeros([BLOCK_G], tl.float32)
-        acc = tl.zeros([BLOCK_G, DIM], tl.float32)
-        for split in range(splits):
-            at = pair * splits + split
-            m_s = tl.load(m_ptr + at * BLOCK_G + g)
-            m_new = tl.maximum(m, m_s)
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            old = tl.exp(m - m_safe)
-            new = tl.exp(m_s - m_safe)
-            total = total * old + tl.load(l_ptr + at * BLOCK_G + g) * new
-            acc = (
-                acc * old[:, None]
-                + tl.load(acc_ptr + (at * BLOCK_G + g[:, None]) * DIM + d[None, :]) * new[:, None]
-            )
-            m = m_new
-        out = acc / tl.where(total == 0.0, 1.0, total)[:, None]  # a row with no key at all: zeros
-        row = pair // kv_heads
-        head = pair % kv_heads
-        out_ptrs = out_ptr + row * stride_ob + head * stride_oh + g[:, None] * stride_og + d[None, :]
-        tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=g[:, None] < GROUPS)
-
-    return partial_kernel, combine_kernel
+    return attention_kernels.partial_kernel, attention_kernels.combine_kernel
 
 
 def register() -> None:

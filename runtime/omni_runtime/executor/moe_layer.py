@@ -37,11 +37,11 @@ from typing import Any
 
 import torch
 
-from omni_runtime.executor import moe_decode
+from omni_runtime.executor import decode_attention, moe_decode
 from omni_runtime.executor.triton_support import triton_runs_on
 
 MAX_ROWS = 4  # decode rows the fused layer takes; above, the wrapped (compiled) layer
-BLOCK_N = 32  # cached keys per attention loop step
+BLOCK_N = decode_attention.BLOCK_N  # cached keys per attention loop step
 # Launch shapes, from tests/gpu/sweep_moe_layer.py on an H200 (docs/benchmarks.md).
 GEMV_ROWS = 8  # weight rows (outputs) per matrix-vector program
 GEMV_WARPS = 8
@@ -52,6 +52,7 @@ DOWN_ROWS = 2  # hidden units per down program (it holds its experts' rows: TOP_
 DOWN_WARPS = 4
 ROUTER_EXPERTS = 2  # router rows per router program
 KEYS_PER_SPLIT = 64  # least cached keys one attention program walks
+ATTENTION_PROGRAMS = 128  # attention programs wanted in all (rows x key/value heads x splits)
 
 
 @dataclass(frozen=True)
@@ -151,12 +152,11 @@ class FusedMoeDecodeLayer:
 
 
 def split_plan(rows: int, kv_heads: int, view: int) -> tuple[int, int]:
-    """(splits, keys per split) of the attention over ``view`` cached positions: about 128 programs
-    in all, each over a whole number of ``BLOCK_N`` blocks and at least ``KEYS_PER_SPLIT`` keys."""
-    wanted = max(1, 128 // max(1, rows * kv_heads))
-    per_split = max(KEYS_PER_SPLIT, -(-view // wanted))
-    per_split = -(-per_split // BLOCK_N) * BLOCK_N
-    return -(-view // per_split), per_split
+    """(splits, keys per split) of the attention over ``view`` cached positions
+    (decode_attention.split_plan): about ``ATTENTION_PROGRAMS`` programs in all, each over a whole
+    number of ``BLOCK_N`` blocks and at least ``KEYS_PER_SPLIT`` keys."""
+    least = -(-KEYS_PER_SPLIT // BLOCK_N)
+    return decode_attention.split_plan(rows, kv_heads, view, programs=ATTENTION_PROGRAMS, least_blocks=least)
 
 
 def decode_step(

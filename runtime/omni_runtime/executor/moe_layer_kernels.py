@@ -16,6 +16,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from omni_runtime.executor.attention_kernels import merge_split, softmax_step
+
 
 @triton.jit
 def _normed(x, gain, rstd, DTYPE: tl.constexpr):
@@ -263,7 +265,8 @@ def attention_kernel(
     the per-head q and k norms and the rotary embedding of the fused q/k/v projection's output,
     the new key and value written to the cache (split 0) at the row's position, a partial softmax
     over the split's cached keys before that position, and, in the last split to finish (a
-    counter per pair it resets), the new key's term and the splits combined into the output."""
+    counter per pair it resets), the new key's term and the splits combined into the output
+    (``softmax_step`` and ``merge_split`` of attention_kernels, as the decode attention's)."""
     pair = tl.program_id(0)
     split = tl.program_id(1)
     row = pair // KV_HEADS
@@ -325,15 +328,7 @@ def attention_kernel(
         block_at = cache_at + n[:, None] * stride_cn + d[None, :]
         keys = tl.load(kc_ptr + block_at, mask=inside[:, None], other=0.0)
         values = tl.load(vc_ptr + block_at, mask=inside[:, None], other=0.0)
-        scores = tl.dot(query, tl.trans(block_keys)).to(tl.float32) * scale
-        scores = tl.where(block_inside[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m_i - m_safe)
-        p = tl.exp(scores - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(dtype), block_values).to(tl.float32)
-        m_i = m_new
+        m_i, l_i, acc = softmax_step(query, block_keys, block_values, block_inside, m_i, l_i, acc, scale)
     at = pair * splits + split
     tl.store(m_ptr + at * BLOCK_G + g, m_i)
     tl.store(l_ptr + at * BLOCK_G + g, l_i)
@@ -346,13 +341,9 @@ def attention_kernel(
         for s in range(splits):
             at = pair * splits + s
             m_s = tl.load(m_ptr + at * BLOCK_G + g, cache_modifier=".cg")
-            m_new = tl.maximum(m, m_s)
-            old = tl.exp(m - m_new)
-            new = tl.exp(m_s - m_new)
-            total = total * old + tl.load(l_ptr + at * BLOCK_G + g, cache_modifier=".cg") * new
+            l_s = tl.load(l_ptr + at * BLOCK_G + g, cache_modifier=".cg")
             part = tl.load(acc_ptr + (at * BLOCK_G + g[:, None]) * DIM + d[None, :], cache_modifier=".cg")
-            out = out * old[:, None] + part * new[:, None]
-            m = m_new
+            m, total, out = merge_split(m, total, out, m_s, l_s, part)
         out = out / total[:, None]
         out_at = out_ptr + row * stride_out + (head * GROUPS + g)[:, None] * DIM + d[None, :]
         tl.store(out_at, out.to(out_ptr.dtype.element_ty), mask=g_ok[:, None])

@@ -12,3 +12,9 @@ import torch
 def triton_runs_on(tensor: torch.Tensor) -> bool:
     """Whether a Triton kernel can take ``tensor``: it is on a GPU, or the interpreter is on."""
     return tensor.is_cuda or os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def hopper_or_later(device: torch.device) -> bool:
+    """Whether ``device`` is a GPU of compute capability 9.0 or later (programmatic dependent
+    launch, ``launch_pdl``, needs it)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9

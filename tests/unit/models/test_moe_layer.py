@@ -12,9 +12,9 @@ from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as hf
 
 from omni_runtime.bench.decode_moe import build_suffixes, decode_layer_mode
 from omni_runtime.executor import moe_layer
+from omni_runtime.executor.triton_support import hopper_or_later
 from omni_runtime.models.qwen3_omni_moe.attention import fuse_qkv
 from omni_runtime.models.qwen3_omni_moe.decode_layer import fused_decode_layers, layer_weights
-from omni_runtime.models.qwen3_omni_moe.runners import hopper_or_later
 
 
 @pytest.mark.parametrize(

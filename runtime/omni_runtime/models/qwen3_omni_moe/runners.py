@@ -25,16 +25,11 @@ from omni_runtime.contract import switches
 from omni_runtime.contract.adapter import ThinkerAdmission
 from omni_runtime.executor.host_copy import to_device
 from omni_runtime.executor.slot_cache import add_after_layers
-from omni_runtime.executor.triton_support import triton_runs_on
+from omni_runtime.executor.triton_support import hopper_or_later, triton_runs_on
 from omni_runtime.models.qwen2_5_omni.runners import QwenThinkerRunner
 from omni_runtime.models.qwen3_omni_moe.decode_layer import fused_decode_layers
 
 DEEPSTACK = "deepstack"
-
-
-def hopper_or_later(device: torch.device) -> bool:
-    """Whether ``device`` is a GPU of compute capability 9.0 or later."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 class Qwen3ThinkerRunner(QwenThinkerRunner):
