@@ -152,8 +152,8 @@ def test_router_kernel_routes_as_transformers_in_bfloat16() -> None:
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_pairwise_top_k_equals_torch_topk_with_ties(seed: int) -> None:
-    """Routing by pairwise rank: the experts and renormalised weights of softmax and a stable
+def test_routing_equals_a_stable_sort_with_ties(seed: int) -> None:
+    """``route_row`` (k rounds of argmax): the experts and renormalised weights of softmax and a stable
     descending sort, including exact ties (the lower index first; torch.topk leaves their order
     open) and a width below the lanes (padding)."""
     generator = torch.Generator().manual_seed(seed)
