@@ -9,24 +9,25 @@ from __future__ import annotations
 
 import argparse
 import itertools
+from typing import Any
 
 from omni_runtime.bench.decode import bench_runtime
 from omni_runtime.bench.decode_moe import build
 from omni_runtime.executor import moe_layer
 
 # Each shape: overrides of executor.moe_layer's launch values (the first: as served).
-SHAPES: list[dict[str, int]] = [
+SHAPES: list[dict[str, Any]] = [
     {},
-    {"ROUTER_EXPERTS": 8, "ROUTER_WARPS": 4},
-    {"DOWN_ROWS": 1},
-    {"DOWN_ROWS": 2, "DOWN_WARPS": 8},
-    {"GEMV_ROWS": 4, "GEMV_WARPS": 4},
-    {"KEYS_PER_SPLIT": 128},
+    {"ATTENTION_WARPS": 4, "MAX_SPLITS": 128, "WIDE_ROWS": 8},  # the launch values before
+    {"WIDE_ROWS": 4},
+    {"MAX_SPLITS": 8},
+    {},
+    {"ATTENTION_WARPS": 4, "MAX_SPLITS": 128, "WIDE_ROWS": 8},
 ]
 SERVED = {name: getattr(moe_layer, name) for shape in SHAPES for name in shape}
 
 
-def apply(shape: dict[str, int]) -> None:
+def apply(shape: dict[str, Any]) -> None:
     for name, value in (SERVED | shape).items():
         setattr(moe_layer, name, value)
 
@@ -37,9 +38,10 @@ def main() -> int:
     parser.add_argument("--batches", default="1,4")
     parser.add_argument("--builds", default="omni_fused+qkv+pdl")
     parser.add_argument("--shapes", type=int, default=len(SHAPES), help="the first N shapes only")
+    parser.add_argument("--prompt", type=int, default=128, help="cached tokens before the timed steps")
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
-    _thinker, make_runner, vocab, _, _ = build("bfloat16", max_len=1024, slots=max(batches))
+    _thinker, make_runner, vocab, _, _ = build("bfloat16", max_len=args.prompt + 512, slots=max(batches))
     lines = []
 
     def say(text: str) -> None:
@@ -50,7 +52,7 @@ def main() -> int:
     for shape, kernel in itertools.product(SHAPES[: args.shapes], args.builds.split(",")):
         apply(shape)
         runner = make_runner(kernel)
-        row = [bench_runtime(runner, batch=b, prompt=128, steps=48, vocab=vocab) for b in batches]
+        row = [bench_runtime(runner, batch=b, prompt=args.prompt, steps=48, vocab=vocab) for b in batches]
         results.append((row[0], shape, kernel))
         say(
             f"{kernel} {shape}: "

@@ -46,13 +46,18 @@ BLOCK_N = decode_attention.BLOCK_N  # cached keys per attention loop step
 GEMV_ROWS = 8  # weight rows (outputs) per matrix-vector program
 GEMV_WARPS = 8
 ROUTER_WARPS = 1
-ATTENTION_WARPS = 4
-EXPERTS: moe_decode.LaunchConfig | None = None  # the gate-up kernel's blocks (None: moe_decode's)
+ATTENTION_WARPS = 8
+EXPERTS: moe_decode.LaunchConfig | None = None  # the gate-up kernel's blocks (None: experts_shape)
+# Gate-up for two rows and more: twice the units a program and 8 warps (on an H200 3.87 against
+# 3.93 ms a step at batch 2, 6.19 against 6.47 at batch 4, and slower at batch 1; docs/benchmarks.md).
+WIDE_EXPERTS = moe_decode.LaunchConfig(gate_rows=16, gate_cols=1024, down_rows=4, down_cols=256, warps=8)
+WIDE_ROWS = 2  # rows from which the gate-up kernel takes WIDE_EXPERTS
 DOWN_ROWS = 2  # hidden units per down program (it holds its experts' rows: TOP_K x DOWN_ROWS x I)
 DOWN_WARPS = 4
 ROUTER_EXPERTS = 2  # router rows per router program
 KEYS_PER_SPLIT = 64  # least cached keys one attention program walks
 ATTENTION_PROGRAMS = 128  # attention programs wanted in all (rows x key/value heads x splits)
+MAX_SPLITS = 16  # splits a (row, key/value head) pair at most: the last one merges them in turn
 
 
 @dataclass(frozen=True)
@@ -153,10 +158,22 @@ class FusedMoeDecodeLayer:
 
 def split_plan(rows: int, kv_heads: int, view: int) -> tuple[int, int]:
     """(splits, keys per split) of the attention over ``view`` cached positions
-    (decode_attention.split_plan): about ``ATTENTION_PROGRAMS`` programs in all, each over a whole
-    number of ``BLOCK_N`` blocks and at least ``KEYS_PER_SPLIT`` keys."""
+    (decode_attention.split_plan): about ``ATTENTION_PROGRAMS`` programs in all but at most
+    ``MAX_SPLITS`` a pair, each over a whole number of ``BLOCK_N`` blocks and at least
+    ``KEYS_PER_SPLIT`` keys."""
     least = -(-KEYS_PER_SPLIT // BLOCK_N)
-    return decode_attention.split_plan(rows, kv_heads, view, programs=ATTENTION_PROGRAMS, least_blocks=least)
+    programs = min(ATTENTION_PROGRAMS, MAX_SPLITS * rows * kv_heads)
+    return decode_attention.split_plan(rows, kv_heads, view, programs=programs, least_blocks=least)
+
+
+def experts_shape(rows: int, hidden: int, intermediate: int, top_k: int) -> moe_decode.LaunchConfig:
+    """The gate-up kernel's blocks for ``rows``: ``EXPERTS`` if set, else ``WIDE_EXPERTS`` from
+    ``WIDE_ROWS`` rows, else moe_decode's."""
+    if EXPERTS is not None:
+        return EXPERTS
+    if rows >= WIDE_ROWS:
+        return WIDE_EXPERTS
+    return moe_decode.launch_config(rows, hidden, intermediate, top_k)
 
 
 def decode_step(
@@ -224,7 +241,7 @@ def decode_step(
         num_warps=ROUTER_WARPS, **pdl,
     )  # fmt: skip
     intermediate = w.down.shape[-1]
-    shape = EXPERTS or moe_decode.launch_config(rows, size, intermediate, w.top_k)
+    shape = experts_shape(rows, size, intermediate, w.top_k)
     act = torch.empty(rows * w.top_k, intermediate, dtype=dtype, device=device)
     k.gate_up_kernel[(rows * w.top_k, _cdiv(intermediate, shape.gate_rows))](
         normed, index, w.gate_up, act, normed.stride(0), w.gate_up.stride(0), w.gate_up.stride(1),

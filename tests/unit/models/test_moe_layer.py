@@ -20,8 +20,9 @@ from omni_runtime.models.qwen3_omni_moe.decode_layer import fused_decode_layers,
 @pytest.mark.parametrize(
     ("rows", "kv_heads", "view", "expected"),
     [
-        (1, 4, 256, (4, 64)),  # 32 splits wanted, 64 keys at least
-        (1, 4, 4096, (32, 128)),  # 32 splits of 128
+        (1, 4, 256, (4, 64)),  # 32 splits wanted, 16 at most, 64 keys at least
+        (1, 4, 2048, (16, 128)),  # 16 splits at most a pair
+        (1, 4, 4096, (16, 256)),
         (4, 4, 256, (4, 64)),  # 8 wanted, still 64 keys at least
         (4, 4, 2048, (8, 256)),
         (1, 4, 100, (2, 64)),  # the last split is short
@@ -33,6 +34,18 @@ def test_split_plan_table(rows, kv_heads, view, expected) -> None:
     splits, per_split = moe_layer.split_plan(rows, kv_heads, view)
     assert (splits, per_split) == expected
     assert per_split % moe_layer.BLOCK_N == 0 and splits * per_split >= view > (splits - 1) * per_split
+
+
+WIDE = moe_layer.moe_decode.LaunchConfig(gate_rows=16, gate_cols=1024, down_rows=4, down_cols=256, warps=8)
+
+
+@pytest.mark.parametrize(
+    ("rows", "expected"),
+    [(1, moe_layer.moe_decode.launch_config(1, 2048, 768, 8)), (2, WIDE), (3, WIDE), (4, WIDE)],
+)
+def test_experts_shape_table(rows, expected) -> None:
+    """moe_decode's gate-up blocks for one row, twice the units a program from two."""
+    assert moe_layer.experts_shape(rows, 2048, 768, 8) == expected
 
 
 @pytest.mark.parametrize(
