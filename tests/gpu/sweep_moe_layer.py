@@ -1,8 +1,10 @@
 """The fused MoE decode layer's launch shapes on a GPU (run by hand on the device machine): the
 thinker decode step at batch 1 (and 4) for each shape, then a kernel profile of the best one
-without PDL (with PDL a kernel's time includes its wait for the one before).
+without PDL (with PDL a kernel's time includes its wait for the one before: layer_chain.py says
+what each kernel adds to the PDL chain).
 
     python tests/gpu/sweep_moe_layer.py --out /tmp/sweep.txt
+    python tests/gpu/sweep_moe_layer.py --batches 1 --prompt 2048   # after 2048 cached tokens
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ ROUTER_WARPS = 1
 ATTENTION_WARPS = 8
 EXPERTS: moe_decode.LaunchConfig | None = None  # the gate-up kernel's blocks (None: experts_shape)
 # Gate-up for two rows and more: twice the units a program and 8 warps (on an H200 3.87 against
-# 3.93 ms a step at batch 2, 6.19 against 6.47 at batch 4, and slower at batch 1; docs/benchmarks.md).
+# 4.00 ms a step at batch 2, 6.19 against 6.47 at batch 4, and slower at batch 1; docs/benchmarks.md).
 WIDE_EXPERTS = moe_decode.LaunchConfig(gate_rows=16, gate_cols=1024, down_rows=4, down_cols=256, warps=8)
 WIDE_ROWS = 2  # rows from which the gate-up kernel takes WIDE_EXPERTS
 DOWN_ROWS = 2  # hidden units per down program (it holds its experts' rows: TOP_K x DOWN_ROWS x I)
