@@ -18,6 +18,7 @@ from fastapi import FastAPI
 from omni_runtime.api.state import AppState
 from omni_runtime.contract.engine import ChatTurn, EngineError, Finished, GenerationRequest, SamplingParams
 from omni_runtime.support.gc_pauses import freeze_heap, watch_gc
+from omni_runtime.support.loop_lag import watch_loop_lag
 
 log = logging.getLogger(__name__)
 
@@ -73,13 +74,15 @@ async def start_engine(state: AppState) -> None:
 async def engine_lifespan(app: FastAPI) -> AsyncIterator[None]:
     state: AppState = app.state.omni
     starter = asyncio.create_task(start_engine(state), name="omni-engine-start")
+    lag = asyncio.create_task(watch_loop_lag(state.metrics.loop_lag.observe), name="omni-loop-lag")
     watch_gc()
     try:
         yield
     finally:
-        starter.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await starter
+        for task in (starter, lag):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         if state.realtime is not None:
             await state.realtime.aclose()
         await state.engine.stop()
