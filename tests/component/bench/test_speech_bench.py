@@ -100,7 +100,10 @@ def test_closed_loop_speech_levels(
         inside = sum(p["mean_s"] for p in phases.values())
         assert 0 < inside < row["ttfa_mean_s"]
         assert row["worker"]["stages"]["talker"] > 0 and row["worker"]["stages"]["vocoder"] > 0
+        lag = row["worker"]["loop_lag"]  # the worker's event loop woke every 20 ms meanwhile
+        assert lag["n"] > 0 and lag["mean_s"] >= 0 and 0 <= lag["over_0.01s"] <= 1, lag
         assert f"  {row['concurrency']}: worker prompt " in printed
+        assert f"of {lag['n']} wakes over 10 ms" in printed
     assert isinstance(levels, list) and [row["concurrency"] for row in levels] == [1, 2]
     for row in levels:
         assert row["rate_per_s"] is None
@@ -172,6 +175,7 @@ def test_the_realtime_probe_splits_each_turn_into_its_phases(worker_url: str) ->
     waits = result["waits"]
     assert waits["thinker/admission"]["n"] in (2, 3), waits
     assert all(w["n"] > 0 and w["mean_s"] >= 0 and 0 <= w["over_0.1s"] <= 1 for w in waits.values()), waits
+    assert result["loop_lag"]["n"] > 0, result["loop_lag"]  # the round's event loop lag
     # The worker's own split of each reply's way to first audio: every phase once per reply with audio.
     heard = sum(1 for row in result["by_turn"] if row["median_s"] is not None)
     phases = result["first_audio_phases"]
