@@ -17,7 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from omni_runtime.contract.engine import WAIT_BUCKETS, EngineStats, TimeHistogram
 from omni_runtime.support.gc_pauses import GcPauses
-from omni_runtime.support.loop_lag import INTERVAL_S, LAG_BUCKETS
+from omni_runtime.support.loop_lag import INTERVAL_S, LAG_BUCKETS, METRIC
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
 _RATE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
@@ -261,7 +261,7 @@ class ApiMetrics:
             registry=self.registry,
         )
         self.loop_lag = Histogram(
-            "omni_event_loop_lag_seconds",
+            METRIC,
             f"How late the worker's event loop woke a task due every {INTERVAL_S * 1000:.0f} ms: what "
             "accepting and parsing requests, handing streams their tokens and writing SSE chunks "
             "waited for.",

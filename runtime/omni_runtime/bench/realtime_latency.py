@@ -24,8 +24,8 @@ of the round's replies (``omni_first_audio_phase_seconds``): prompt, first_token
 talker_first_code, first_window_codes, first_window; their means add up to the worker's part of
 the wait. ``loop_lag`` is how late the worker's event loop woke a task due every 20 ms during the
 round (``omni_event_loop_lag_seconds``: wakes, mean, share over 10 ms): what the sockets' events
-and the worker's token handoffs waited for. Each round's line carries its ``latencies_s`` (end of speech to first audio, every turn,
-None for a turn without audio); a level named more than once (``--concurrency 1,8,8,8``) ends with
+and the worker's token handoffs waited for. Each round's line carries its ``latencies_s`` (end of
+speech to first audio, every turn, None for a turn without audio); a level named more than once (``--concurrency 1,8,8,8``) ends with
 a ``pooled`` line over all its rounds: one round's p95 of 32 turns is its second-largest value, so
 it moves by tenths of a second from round to round under the same load, and the pooled one over
 three or four rounds is the number to hold against a goal.

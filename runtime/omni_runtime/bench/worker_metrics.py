@@ -23,10 +23,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from omni_runtime.bench.cancel_tail import BUSY, stage_counters
 from omni_runtime.bench.stats import LevelSummary
 from omni_runtime.contract.engine import FIRST_AUDIO_PHASES
+from omni_runtime.support.loop_lag import METRIC as LAG
 
 WAIT = "omni_stage_wait_seconds"
 PHASE = "omni_first_audio_phase_seconds"
-LAG = "omni_event_loop_lag_seconds"
 
 
 def stage_shares(before: str, after: str, wall_s: float) -> dict[str, float]:

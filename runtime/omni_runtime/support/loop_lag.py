@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+METRIC = "omni_event_loop_lag_seconds"  # the histogram a worker's /metrics keeps of the lag
 LAG_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # seconds
 INTERVAL_S = 0.02
 

@@ -9,14 +9,13 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from omni_runtime.bench.stats import summarize
 from omni_runtime.bench.worker_metrics import (
-    LAG,
     first_audio_line,
     first_audio_report,
     loop_lag,
     worker_first_audio_s,
     worker_report,
 )
-from omni_runtime.support.loop_lag import LAG_BUCKETS
+from omni_runtime.support.loop_lag import LAG_BUCKETS, METRIC
 
 ALL = {
     "prompt": {"n": 4, "mean_s": 0.02, "over_0.1s": 0.0},
@@ -71,7 +70,7 @@ def test_first_audio_line_with_the_event_loops_lag() -> None:
 def _lag_text(*lags: float) -> str:
     """A worker's /metrics text whose lag histogram saw ``lags`` (seconds), as the worker writes it."""
     registry = CollectorRegistry()
-    histogram = Histogram(LAG, "lag", buckets=LAG_BUCKETS, registry=registry)
+    histogram = Histogram(METRIC, "lag", buckets=LAG_BUCKETS, registry=registry)
     for lag in lags:
         histogram.observe(lag)
     return generate_latest(registry).decode()
