@@ -182,6 +182,21 @@ def collect_messages(request: GenerationRequest, *, default_system: str | None) 
     return out
 
 
+def refuse_placeholders(request: GenerationRequest, names: tuple[str, ...]) -> None:
+    """A 400 naming ``messages`` when a turn's text spells one of the model's media placeholders
+    (``<|AUDIO|>``...): the tokenizer would read it as the placeholder token, which stands only
+    where the processor puts a medium's features; the processor refused it with a ValueError (a
+    failed request and a traceback), or it miscounted against the media sent."""
+    for turn in request.turns:
+        for name in names:
+            if name in turn.text:
+                raise EngineError(
+                    f"a {turn.role} message's text contains {name}, which this model reserves for "
+                    "media; remove it (send audio, images and video as content parts)",
+                    param="messages",
+                )
+
+
 def check_prompt_length(prompt: Prompt, max_model_len: int) -> Prompt:
     """The prompt, or a 400 naming ``messages`` when it (media included) leaves no room to answer."""
     if len(prompt.input_ids) >= max_model_len:
@@ -317,8 +332,20 @@ def audio_in_video(context: dict[str, Any]) -> bool:
     return bool(context.get(AUDIO_IN_VIDEO, False))
 
 
+def text_only_ids(processor: Any, text: str, placeholders: frozenset[int]) -> list[int] | None:
+    """A prompt without media as token ids straight from the tokenizer: what the processor gives
+    for it, in a third of the time (the processor's keyword merging is most of its cost, paid per
+    request on a thread that shares the interpreter with busy stage threads). None where the text
+    names a media placeholder: the processor's turn, which refuses one without its media."""
+    ids: list[int] = processor.tokenizer(text)["input_ids"]
+    return None if not placeholders.isdisjoint(ids) else ids
+
+
 def placeholder_mask(ids: torch.Tensor, token: int, features: Any) -> torch.Tensor | None:
-    """Where ``token`` stands in ``ids`` (None: nowhere), checked against the encoder's output rows."""
+    """Where ``token`` stands in ``ids`` (None: nowhere), checked against the encoder's output rows.
+    Given the prompt's ids on the CPU, as the adapters do, it needs no device sync (on a GPU each
+    one waited for a kernel of the aggregation's low-priority stream behind the talker's and the
+    vocoder's)."""
     mask = ids == token
     count = int(mask.sum())
     if count == 0:

@@ -30,8 +30,10 @@ from omni_runtime.models.common import (
     joined_audio_frames,
     per_request,
     placeholder_mask,
+    refuse_placeholders,
     rope_context,
     sync_stream,
+    text_only_ids,
     thinker_runner,
 )
 from omni_runtime.models.qwen2_5_omni.placement import LoadedModel, stage_stream_initializer
@@ -100,6 +102,8 @@ class Qwen25OmniAdapter(OmniAdapter):
             cfg.image_token_index,
             cfg.video_token_index,
         )
+        self._placeholders = frozenset((self.audio_token, self.image_token, self.video_token))
+        self._placeholder_names = tuple(self.tokenizer.convert_ids_to_tokens(sorted(self._placeholders)))
 
     @property
     def tokenizer(self) -> Any:
@@ -107,6 +111,7 @@ class Qwen25OmniAdapter(OmniAdapter):
 
     # -- preprocessing (CPU) -------------------------------------------------------------------
     def preprocess(self, request: GenerationRequest) -> Prompt:
+        refuse_placeholders(request, self._placeholder_names)
         media = collect_messages(request, default_system=DEFAULT_SYSTEM_PROMPT)
         messages, audios, images, videos, fps = (
             media.messages,
@@ -125,6 +130,11 @@ class Qwen25OmniAdapter(OmniAdapter):
         for key in ("min_pixels", "max_pixels"):
             if f"video_{key}" in params:
                 video_kwargs[key] = int(params[f"video_{key}"])
+        if (
+            not (audios or images or videos)
+            and (ids := text_only_ids(proc, text, self._placeholders)) is not None
+        ):
+            return check_prompt_length(Prompt(input_ids=ids), self.max_model_len)
         out = proc(
             text=[text],
             audio=audios or None,
@@ -224,8 +234,8 @@ class Qwen25OmniAdapter(OmniAdapter):
     @torch.inference_mode()
     def aggregate(self, prompt: Prompt, *, audio: Any, image: Any, video: Any) -> ThinkerPrompt:
         device = self.placement.thinker
-        ids = torch.tensor(prompt.input_ids, device=device)
-        embeds = self.loaded.embed(ids)
+        ids = torch.tensor(prompt.input_ids)  # on the CPU: the placeholders are found without a sync
+        embeds = self.loaded.embed(ids.to(device))
         for token, features in (
             (self.audio_token, audio),
             (self.image_token, image),
@@ -234,7 +244,7 @@ class Qwen25OmniAdapter(OmniAdapter):
             mask = placeholder_mask(ids, token, features)
             if mask is None:
                 continue
-            embeds[mask] = features.to(device, embeds.dtype)
+            embeds[mask.to(device)] = features.to(device, embeds.dtype)
         context = self.talker_context(prompt)
         positions, delta = self.loaded.rope.get_rope_index(
             torch.tensor([prompt.input_ids]),

@@ -43,8 +43,10 @@ from omni_runtime.models.common import (
     joined_audio_frames,
     per_request,
     placeholder_mask,
+    refuse_placeholders,
     rope_context,
     sync_stream,
+    text_only_ids,
     thinker_runner,
 )
 from omni_runtime.models.qwen2_5_omni.placement import stage_stream_initializer
@@ -98,6 +100,8 @@ class Qwen3OmniMoeAdapter(OmniAdapter):
             cfg.image_token_id,
             cfg.video_token_id,
         )
+        self._placeholders = frozenset((self.audio_token, self.image_token, self.video_token))
+        self._placeholder_names = tuple(self.tokenizer.convert_ids_to_tokens(sorted(self._placeholders)))
 
     @property
     def tokenizer(self) -> Any:
@@ -105,9 +109,13 @@ class Qwen3OmniMoeAdapter(OmniAdapter):
 
     # -- preprocessing (CPU) -------------------------------------------------------------------
     def preprocess(self, request: GenerationRequest) -> Prompt:
+        refuse_placeholders(request, self._placeholder_names)
         media = collect_messages(request, default_system=None)
         proc = self.loaded.processor
         text = proc.apply_chat_template(media.messages, add_generation_prompt=True, tokenize=False)
+        no_media = not (media.audios or media.images or media.videos)
+        if no_media and (ids := text_only_ids(proc, text, self._placeholders)) is not None:
+            return check_prompt_length(Prompt(input_ids=ids), self.max_model_len)
         fps = media.fps[0] if media.fps else DEFAULT_VIDEO_FPS
         out = proc(
             text=[text],
@@ -191,8 +199,8 @@ class Qwen3OmniMoeAdapter(OmniAdapter):
     @torch.inference_mode()
     def aggregate(self, prompt: Prompt, *, audio: Any, image: Any, video: Any) -> ThinkerPrompt:
         device = self.placement.thinker
-        ids = torch.tensor(prompt.input_ids, device=device)
-        embeds = self.loaded.embed(ids)
+        ids = torch.tensor(prompt.input_ids)  # on the CPU: the placeholders are found without a sync
+        embeds = self.loaded.embed(ids.to(device))
         hidden = embeds.shape[-1]
         deep_positions, deep_features = [], []
         for token, features in (
@@ -205,9 +213,9 @@ class Qwen3OmniMoeAdapter(OmniAdapter):
                 continue
             count = int(mask.sum())
             features = features.to(device, embeds.dtype)
-            embeds[mask] = features[:, :hidden]
+            embeds[mask.to(device)] = features[:, :hidden]
             if token != self.audio_token:  # vision: the DeepStack features ride behind the embedding
-                deep_positions.append(mask.nonzero()[:, 0])
+                deep_positions.append(mask.nonzero()[:, 0].to(device))
                 deep_features.append(features[:, hidden:].reshape(count, -1, hidden))
         context = rope_context(prompt)
         positions, delta = self.loaded.rope.get_rope_index(
