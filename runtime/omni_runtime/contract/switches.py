@@ -54,13 +54,6 @@ def _far(text: str) -> tuple[float, int, bool] | str:
     return float(after_s), int(batch), near == ["near"]
 
 
-def _milliseconds(text: str) -> float:
-    ms = float(text)
-    if not 0 < ms <= 1000:
-        raise ValueError
-    return ms
-
-
 def _priorities(text: str) -> dict[str, int]:
     out: dict[str, int] = {}
     for part in text.split(","):
@@ -174,17 +167,6 @@ SWITCHES: tuple[Switch, ...] = (
         parse=_priorities,
         format=f"not stage=integer pairs (stages: {', '.join(STREAM_STAGES)})",
         shape=_PRIORITY + r"(\s*,\s*" + _PRIORITY + ")*",
-    ),
-    Switch(
-        "OMNI_SWITCH_INTERVAL_MS",
-        "value",
-        "5 (Python's)",
-        "How long (ms) a thread holding the interpreter runs before it must let another: the event loop "
-        "(requests, SSE chunks) waits at most about this long behind busy stage threads.",
-        example="1",
-        parse=_milliseconds,
-        format="not a number of milliseconds above 0 and at most 1000",
-        shape=r"\d+(\.\d*)?|\.\d+",
     ),
     Switch(
         "OMNI_MOE_EXPERTS",

@@ -128,9 +128,6 @@ def main(argv: list[str]) -> int:
     if wrong := switches.problems(os.environ):  # before anything loads: a wrong switch is not the default
         print(f"omni stage: {'; '.join(wrong)}", file=sys.stderr)
         return 2
-    from omni_runtime.support.loop_lag import apply_switch_interval
-
-    apply_switch_interval(os.environ)  # before the stage threads start
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
