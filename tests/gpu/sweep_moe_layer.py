@@ -15,16 +15,22 @@ from typing import Any
 
 from omni_runtime.bench.decode import bench_runtime
 from omni_runtime.bench.decode_moe import build
-from omni_runtime.executor import moe_layer
+from omni_runtime.executor import moe_decode, moe_layer
+
 
 # Each shape: overrides of executor.moe_layer's launch values (the first: as served).
+def _gate(rows: int, cols: int, warps: int) -> moe_decode.LaunchConfig:
+    return moe_decode.LaunchConfig(gate_rows=rows, gate_cols=cols, down_rows=4, down_cols=256, warps=warps)
+
+
 SHAPES: list[dict[str, Any]] = [
     {},
-    {"ATTENTION_WARPS": 4, "MAX_SPLITS": 128, "WIDE_ROWS": 8},  # the launch values before
-    {"WIDE_ROWS": 4},
-    {"MAX_SPLITS": 8},
+    {"EXPERTS": _gate(4, 512, 4)},
+    {"EXPERTS": _gate(8, 1024, 8)},
+    {"EXPERTS": _gate(8, 256, 4)},
+    {"EXPERTS": _gate(4, 1024, 4)},
+    {"EXPERTS": _gate(8, 512, 2)},
     {},
-    {"ATTENTION_WARPS": 4, "MAX_SPLITS": 128, "WIDE_ROWS": 8},
 ]
 SERVED = {name: getattr(moe_layer, name) for shape in SHAPES for name in shape}
 

@@ -48,10 +48,11 @@ GEMV_WARPS = 8
 ROUTER_WARPS = 1
 ATTENTION_WARPS = 8
 EXPERTS: moe_decode.LaunchConfig | None = None  # the gate-up kernel's blocks (None: experts_shape)
-# Gate-up for two rows and more: twice the units a program and 8 warps (on an H200 3.87 against
-# 4.00 ms a step at batch 2, 6.19 against 6.47 at batch 4, and slower at batch 1; docs/benchmarks.md).
-WIDE_EXPERTS = moe_decode.LaunchConfig(gate_rows=16, gate_cols=1024, down_rows=4, down_cols=256, warps=8)
-WIDE_ROWS = 2  # rows from which the gate-up kernel takes WIDE_EXPERTS
+# Gate-up blocks of 4 units x 1024 columns on 4 warps for every row count up to MAX_ROWS (on an
+# H200 in one call, ms a step at batch 1 / 2 / 4: 2.598 / 3.766 / 6.137 against 2.607-2.653 /
+# 3.863-3.893 / 6.201-6.241 with the blocks before, moe_decode's from one row and 16 x 1024 on 8
+# warps from two; docs/benchmarks.md).
+LAYER_EXPERTS = moe_decode.LaunchConfig(gate_rows=4, gate_cols=1024, down_rows=4, down_cols=256, warps=4)
 DOWN_ROWS = 2  # hidden units per down program (it holds its experts' rows: TOP_K x DOWN_ROWS x I)
 DOWN_WARPS = 4
 ROUTER_EXPERTS = 2  # router rows per router program
@@ -166,14 +167,9 @@ def split_plan(rows: int, kv_heads: int, view: int) -> tuple[int, int]:
     return decode_attention.split_plan(rows, kv_heads, view, programs=programs, least_blocks=least)
 
 
-def experts_shape(rows: int, hidden: int, intermediate: int, top_k: int) -> moe_decode.LaunchConfig:
-    """The gate-up kernel's blocks for ``rows``: ``EXPERTS`` if set, else ``WIDE_EXPERTS`` from
-    ``WIDE_ROWS`` rows, else moe_decode's."""
-    if EXPERTS is not None:
-        return EXPERTS
-    if rows >= WIDE_ROWS:
-        return WIDE_EXPERTS
-    return moe_decode.launch_config(rows, hidden, intermediate, top_k)
+def experts_shape() -> moe_decode.LaunchConfig:
+    """The gate-up kernel's blocks: ``EXPERTS`` if set (a sweep's override), else ``LAYER_EXPERTS``."""
+    return EXPERTS if EXPERTS is not None else LAYER_EXPERTS
 
 
 def decode_step(
@@ -241,7 +237,7 @@ def decode_step(
         num_warps=ROUTER_WARPS, **pdl,
     )  # fmt: skip
     intermediate = w.down.shape[-1]
-    shape = experts_shape(rows, size, intermediate, w.top_k)
+    shape = experts_shape()
     act = torch.empty(rows * w.top_k, intermediate, dtype=dtype, device=device)
     k.gate_up_kernel[(rows * w.top_k, _cdiv(intermediate, shape.gate_rows))](
         normed, index, w.gate_up, act, normed.stride(0), w.gate_up.stride(0), w.gate_up.stride(1),

@@ -36,16 +36,16 @@ def test_split_plan_table(rows, kv_heads, view, expected) -> None:
     assert per_split % moe_layer.BLOCK_N == 0 and splits * per_split >= view > (splits - 1) * per_split
 
 
-WIDE = moe_layer.moe_decode.LaunchConfig(gate_rows=16, gate_cols=1024, down_rows=4, down_cols=256, warps=8)
-
-
-@pytest.mark.parametrize(
-    ("rows", "expected"),
-    [(1, moe_layer.moe_decode.launch_config(1, 2048, 768, 8)), (2, WIDE), (3, WIDE), (4, WIDE)],
-)
-def test_experts_shape_table(rows, expected) -> None:
-    """moe_decode's gate-up blocks for one row, twice the units a program from two."""
-    assert moe_layer.experts_shape(rows, 2048, 768, 8) == expected
+def test_experts_shape_is_the_layers_unless_a_sweep_sets_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One gate-up shape for 1-4 rows: 4 units x 1024 columns on 4 warps."""
+    assert moe_layer.experts_shape() == moe_layer.moe_decode.LaunchConfig(
+        gate_rows=4, gate_cols=1024, down_rows=4, down_cols=256, warps=4
+    )
+    wide = moe_layer.moe_decode.LaunchConfig(
+        gate_rows=16, gate_cols=1024, down_rows=4, down_cols=256, warps=8
+    )
+    monkeypatch.setattr(moe_layer, "EXPERTS", wide)
+    assert moe_layer.experts_shape() == wide
 
 
 @pytest.mark.parametrize(
@@ -174,7 +174,7 @@ def test_layer_kernels_compile_for_hopper_without_a_gpu(pdl: bool) -> None:
         ["x_ptr", "index_ptr", "w_ptr", "act_ptr"],
         ["stride_x", "stride_we", "stride_wn"],
         [],
-        experts | {"BLOCK_N": 8, "BLOCK_H": 512},
+        experts | {"BLOCK_N": 4, "BLOCK_H": 1024},
         {"index_ptr": "*i64"},
     )
     down = _compile(
