@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from tests.component.engine.engine_harness import Harness
+from engine_harness import Harness
 
 from omni_runtime.contract.engine import ChatTurn, EngineError, GenerationRequest, SamplingParams
 from omni_runtime.models.common import collect_messages
