@@ -54,6 +54,13 @@ def _far(text: str) -> tuple[float, int, bool] | str:
     return float(after_s), int(batch), near == ["near"]
 
 
+def _gather(text: str) -> float:
+    ms = float(text)
+    if not 0 <= ms <= 1000:
+        raise ValueError
+    return ms
+
+
 def _priorities(text: str) -> dict[str, int]:
     out: dict[str, int] = {}
     for part in text.split(","):
@@ -167,6 +174,17 @@ SWITCHES: tuple[Switch, ...] = (
         parse=_priorities,
         format=f"not stage=integer pairs (stages: {', '.join(STREAM_STAGES)})",
         shape=_PRIORITY + r"(\s*,\s*" + _PRIORITY + ")*",
+    ),
+    Switch(
+        "OMNI_GATHER_MS",
+        "value",
+        "0 (off)",
+        "An idle thinker holds a burst's first prompts up to this many ms while more requests are in their "
+        "prompt phase, so the burst prefills as one batch (opt-in; not yet measured on a GPU).",
+        example="15",
+        parse=_gather,
+        format="not a number of milliseconds from 0 to 1000",
+        shape=r"\d+(\.\d*)?|\.\d+",
     ),
     Switch(
         "OMNI_MOE_EXPERTS",

@@ -336,9 +336,13 @@ class PipelineEngine:
     ) -> None:
         stages, adapter, encoders = self.stages, self.adapter, self.encoders
         assert stages is not None and adapter is not None and encoders is not None  # generate() checked
-        prompt = await stages.preprocess(request)
-        audio, image, video = await encoders.encode(prompt)
-        thinker_prompt = await stages.aggregate(prompt, audio=audio, image=image, video=video)
+        stages.local.prompting += 1  # a local thinker may hold a burst's first prompts for this one
+        try:
+            prompt = await stages.preprocess(request)
+            audio, image, video = await encoders.encode(prompt)
+            thinker_prompt = await stages.aggregate(prompt, audio=audio, image=image, video=video)
+        finally:
+            stages.local.prompting -= 1
         sp = request.sampling
         job = ThinkerJob(
             request_id=request.request_id,

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -101,6 +101,21 @@ def plan_compaction(
     return moves, table[:survivors]
 
 
+def gather_wait(
+    *, running: int, waiting: int, incoming: int, free: int, waited_s: float, gather_s: float
+) -> float:
+    """How long an idle thinker holds the admission of ``waiting`` prompts for the ``incoming`` ones
+    still in their prompt phase (preprocessing, encoders, aggregation), so that a burst prefills
+    as one batch; 0: admit now. Without a hold, the first prompt of a burst is prefilled alone and
+    the rest wait for that iteration to end (on an H200 at 16 streams: the first text of one reply
+    at 40-55 ms, of the other 15 at 90-116 ms). The hold is counted from when the oldest waiting
+    prompt was submitted (``waited_s``) and is never taken while rows are running (a decode step
+    is due), when nothing is coming, or when the waiting prompts already fill the free slots."""
+    if gather_s <= 0 or running or not waiting or not incoming or waiting >= free:
+        return 0.0
+    return max(0.0, gather_s - waited_s)
+
+
 class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
     task_name = "thinker-scheduler"
 
@@ -114,8 +129,15 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
         eos_token_ids: tuple[int, ...],
         prefill_token_budget: int = 8192,
         session_kv_bytes: int = 0,
+        gather_s: float = 0.0,
+        incoming: Callable[[], int] = lambda: 0,
     ) -> None:
         super().__init__()
+        # A burst's prompts prefilled together (gather_wait): ``incoming`` counts the requests
+        # still in their prompt phase (the engine's), ``gather_s`` bounds the hold (0: none).
+        self.gather_s = gather_s
+        self.incoming = incoming
+        self.admissions = 0  # prefills (each admits one or more rows)
         self.runner = runner
         self.thread = thread
         self.max_batch = min(max_batch, runner.slots)
@@ -205,7 +227,14 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
         # Ended rows leave only now: until their KV is kept, the batch is not quiet. A row that
         # ended during the copy stays for the next iteration, which keeps it.
         moves = self._drop_finished({id(j) for j in ended})
+        if hold := self._gather_hold():
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):  # a submit wakes it sooner
+                await asyncio.wait_for(self._wake.wait(), hold)
+            return
         admit = self._pick_admissions()
+        if admit:
+            self.admissions += 1
         if not self.running and not admit:
             self._wake.clear()
             await self._wake.wait()
@@ -242,6 +271,19 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
             job.slot = dst
             result.append((src, dst, job.length))
         return result
+
+    def _gather_hold(self) -> float:
+        if self.gather_s <= 0 or self.running or not self.waiting:
+            return 0.0
+        since = self._submitted.get(id(self.waiting[0]))
+        return gather_wait(
+            running=len(self.running),
+            waiting=len(self.waiting),
+            incoming=self.incoming(),
+            free=self.max_batch - len(self.running),
+            waited_s=0.0 if since is None else time.monotonic() - since,
+            gather_s=self.gather_s,
+        )
 
     def _pick_admissions(self) -> list[ThinkerJob]:
         admit: list[ThinkerJob] = []

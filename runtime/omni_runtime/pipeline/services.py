@@ -13,6 +13,7 @@ import os
 import time
 from typing import Any
 
+from omni_runtime.contract import switches
 from omni_runtime.contract.adapter import OmniAdapter, Prompt, ThinkerPrompt, Vocoder, window_shape
 from omni_runtime.contract.engine import EngineError, GenerationRequest, StageLoad
 from omni_runtime.contract.options import EngineOptions
@@ -45,6 +46,7 @@ class LocalStages:
         self.talker: TalkerScheduler | None = None
         self.vocoder: Vocoder | None = None
         self._pre_pool = StageThread("preprocessing")
+        self.prompting = 0  # requests in their prompt phase (the engine counts them)
 
     def _thread(self, name: str) -> StageThread:
         if name not in self.threads:
@@ -73,6 +75,10 @@ class LocalStages:
             )
             self.vision.start()
         if "thinker" in self.hosted:
+            try:  # opt-in: an idle thinker holds a burst's first prompts for the rest (scheduler.gather_wait)
+                gather_ms = switches.read("OMNI_GATHER_MS") or 0.0
+            except ValueError as exc:
+                raise EngineError(str(exc), param="OMNI_GATHER_MS") from None
             thread = self._thread("thinker")
             runner = await thread.run(
                 lambda: adapter.thinker_runner(slots=options.max_batch_size, max_len=options.max_model_len)
@@ -84,6 +90,8 @@ class LocalStages:
                 max_len=options.max_model_len,
                 eos_token_ids=adapter.eos_token_ids,
                 session_kv_bytes=options.session_kv_mb << 20,
+                gather_s=gather_ms / 1000,
+                incoming=lambda: self.prompting,
             )
             self.thinker.start()
         if "talker" in self.hosted:

@@ -105,6 +105,8 @@ def test_a_wrong_value_switch_names_itself_its_format_and_an_example(
         ("OMNI_VOCODER_FAR", "1.0,4,near", (1.0, 4, True)),
         ("OMNI_VOCODER_FAR", "off", "off"),
         ("OMNI_STREAM_PRIORITIES", "thinker=-2, talker=-1", {"thinker": -2, "talker": -1}),
+        ("OMNI_GATHER_MS", "15", 15.0),
+        ("OMNI_GATHER_MS", "0.5", 0.5),
     ],
 )
 def test_read_gives_a_value_switchs_plain_value(name: str, value: str, parsed: object) -> None:
@@ -141,6 +143,11 @@ def test_every_value_switch_has_a_parser_a_format_and_an_example() -> None:
         ("OMNI_STREAM_PRIORITIES", "thinker=-2, talker = +1", False),
         ("OMNI_STREAM_PRIORITIES", "talker=-1,", True),
         ("OMNI_STREAM_PRIORITIES", "talker=-1;vocoder=0", True),
+        ("OMNI_GATHER_MS", "0", False),  # off, spelled out
+        ("OMNI_GATHER_MS", ".5", False),
+        ("OMNI_GATHER_MS", "1001", True),  # at most a second: the parser's
+        ("OMNI_GATHER_MS", "-1", True),
+        ("OMNI_GATHER_MS", "15ms", True),
     ],
 )
 def test_a_value_switch_is_checked_by_its_written_form_then_its_parser(

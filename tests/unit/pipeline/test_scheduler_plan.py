@@ -7,7 +7,7 @@ import pytest
 from omni_runtime.contract.engine import EngineError
 from omni_runtime.contract.options import EngineOptions
 from omni_runtime.pipeline.graph import local_stages, pipeline_variant
-from omni_runtime.pipeline.scheduler import plan_compaction
+from omni_runtime.pipeline.scheduler import gather_wait, plan_compaction
 
 
 def test_compaction_fills_holes_from_the_top() -> None:
@@ -48,3 +48,23 @@ def test_impossible_graphs_name_the_option(options: EngineOptions, param: str) -
     with pytest.raises(EngineError) as err:
         local_stages(options)
     assert err.value.param == param
+
+
+@pytest.mark.parametrize(
+    ("running", "waiting", "incoming", "free", "waited_s", "gather_s", "hold"),
+    [
+        (0, 1, 15, 32, 0.000, 0.015, 0.015),  # a burst's first prompt: hold for the rest
+        (0, 1, 15, 32, 0.010, 0.015, 0.005),  # counted from the oldest prompt's submit
+        (0, 9, 7, 32, 0.020, 0.015, 0.0),  # the hold is over
+        (0, 16, 0, 32, 0.001, 0.015, 0.0),  # nothing more coming: admit now
+        (3, 1, 15, 29, 0.000, 0.015, 0.0),  # rows running: a decode step is due
+        (0, 0, 4, 32, 0.000, 0.015, 0.0),  # nothing waiting
+        (0, 4, 2, 4, 0.000, 0.015, 0.0),  # the waiting prompts fill the free slots
+        (0, 1, 15, 32, 0.000, 0.0, 0.0),  # off (the default)
+    ],
+)
+def test_gather_wait_table(running, waiting, incoming, free, waited_s, gather_s, hold) -> None:
+    got = gather_wait(
+        running=running, waiting=waiting, incoming=incoming, free=free, waited_s=waited_s, gather_s=gather_s
+    )
+    assert got == pytest.approx(hold)
