@@ -176,6 +176,13 @@ SWITCHES: tuple[Switch, ...] = (
         shape=_PRIORITY + r"(\s*,\s*" + _PRIORITY + ")*",
     ),
     Switch(
+        "OMNI_SHARED_PREFIX",
+        "flag",
+        "0",
+        "Keep prompt prefixes' thinker KV across requests (a system prompt prefilled once per worker, in "
+        "--session-kv-mb; opt-in, not yet measured on a GPU).",
+    ),
+    Switch(
         "OMNI_GATHER_MS",
         "value",
         "0 (off)",

@@ -27,6 +27,15 @@ never share a kept row; the loser simply prefills in full.
 
 The store is bounded by bytes (``--session-kv-mb``, 0 disables it) and evicts the least recently
 used session first; an evicted session's next turn is a full prefill, never a wrong prefix.
+
+*Shared prefixes* (``OMNI_SHARED_PREFIX``, opt-in): the same store also keeps the prompt KV of a
+request that reused nothing, under a key of its own, and any later request (of no session, or a
+session's first turn) reuses the longest exact prefix one of those covers, at least
+``SHARED_MIN_TOKENS``: the system prompt and the chat template's opening, prefilled once per
+worker instead of once per request. Unlike a session's entry, a shared one is not taken out when a
+request uses it (the runner only copies from it), and one that an entry already covers is not kept
+again when one covers half of it. The rule and the bound are the sessions': the same bytes, least
+recently used first.
 """
 
 from __future__ import annotations
@@ -100,6 +109,10 @@ def reusable_length(*, kept_ids: Any, kept_positions: Any, new_ids: Sequence[int
     return common_length(np.asarray(kept_positions)[:, :limit], positions_of(new_positions, limit))
 
 
+SHARED_MIN_TOKENS = 16  # the least a shared prefix must cover to stand in for a prefill
+_SHARED = "\x00shared:"  # shared prefixes' keys (no session key starts with a NUL)
+
+
 class ConversationKV:
     """Kept prefixes by session key, LRU-bounded by bytes (event-loop side only)."""
 
@@ -108,6 +121,38 @@ class ConversationKV:
         self._entries: OrderedDict[str, KeptPrefix] = OrderedDict()
         self._bytes = 0
         self.hits = self.misses = self.reused_tokens = self.prefilled_tokens = self.evictions = 0
+        self._shared_keys = 0
+        self.shared_hits = self.shared_tokens = 0  # admissions that used a shared prefix, their tokens
+
+    def shared_prefix(
+        self, ids: Sequence[int], positions: Any, *, vectors: bool
+    ) -> tuple[KeptPrefix, int] | None:
+        """The shared entry that covers most of a prompt (at least ``SHARED_MIN_TOKENS``) and how
+        much, marked recently used; None: none does. ``vectors``: the row needs the talker's."""
+        best: tuple[str, KeptPrefix, int] | None = None
+        for key, entry in self._entries.items():
+            if not key.startswith(_SHARED) or (vectors and not entry.has_vectors):
+                continue
+            length = reusable_length(
+                kept_ids=entry.ids, kept_positions=entry.positions, new_ids=ids, new_positions=positions
+            )
+            if length >= SHARED_MIN_TOKENS and (best is None or length > best[2]):
+                best = (key, entry, length)
+        if best is None:
+            return None
+        self._entries.move_to_end(best[0])
+        return best[1], best[2]
+
+    def share(self, entry: KeptPrefix) -> bool:
+        """Keep a prompt's KV as a shared prefix, unless a shared entry already covers half of it
+        (a burst's prompts differ only after the system prompt: one entry for them all); True when
+        kept."""
+        covered = self.shared_prefix(entry.ids.tolist(), entry.positions, vectors=entry.has_vectors)
+        if covered is not None and covered[1] >= max(SHARED_MIN_TOKENS, entry.length // 2):
+            return False
+        self._shared_keys += 1
+        self.put(f"{_SHARED}{self._shared_keys}", entry)
+        return True
 
     @property
     def enabled(self) -> bool:

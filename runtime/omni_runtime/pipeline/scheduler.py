@@ -77,6 +77,7 @@ class ThinkerJob:
     sampled: list[int] = field(default_factory=list)
     fed_vectors: list[Any] = field(default_factory=list)
     reused: int = 0
+    seed: bool = False  # reused no shared prefix: its prompt's KV is offered as one when it ends
 
 
 def plan_compaction(
@@ -131,6 +132,7 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
         session_kv_bytes: int = 0,
         gather_s: float = 0.0,
         incoming: Callable[[], int] = lambda: 0,
+        shared_prefixes: bool = False,
     ) -> None:
         super().__init__()
         # A burst's prompts prefilled together (gather_wait): ``incoming`` counts the requests
@@ -138,6 +140,8 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
         self.gather_s = gather_s
         self.incoming = incoming
         self.admissions = 0  # prefills (each admits one or more rows)
+        # Prompt prefixes shared across requests (conversation_kv: shared prefixes), in the same store.
+        self.shared_prefixes = shared_prefixes
         self.runner = runner
         self.thread = thread
         self.max_batch = min(max_batch, runner.slots)
@@ -218,16 +222,19 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
         await self._resume.wait()
         loop = asyncio.get_running_loop()
         ended = [j for j in self.running if j.finish is not None]
-        keep = [j for j in ended if self._keeps(j)]
+        keep = [j for j in ended if self._keeps(j) or self._seeds(j)]
         if keep:  # before the moves and admissions that reuse the slots
             kept = await self.thread.run(self._keep, keep)
             for job, entry in zip(keep, kept, strict=True):
                 if entry is not None and job.session is not None:
                     self.kv.put(job.session, entry)
+                elif entry is not None:
+                    self.kv.share(entry)
         # Ended rows leave only now: until their KV is kept, the batch is not quiet. A row that
         # ended during the copy stays for the next iteration, which keeps it.
         moves = self._drop_finished({id(j) for j in ended})
         if hold := self._gather_hold():
+            assert not moves  # held only with no row running: nothing was compacted
             self._wake.clear()
             with contextlib.suppress(TimeoutError):  # a submit wakes it sooner
                 await asyncio.wait_for(self._wake.wait(), hold)
@@ -308,21 +315,38 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
         """Whether a row that ended leaves its KV for its session's next turn."""
         return job.session is not None and self.kv.enabled and job.finish != "error" and job.length > 0
 
-    def _take_kept(self, job: ThinkerJob) -> None:
-        """Take the session's kept entry, and note how much of this prompt it may cover."""
-        if job.session is None or not self.kv.enabled:
-            return
-        entry = self.kv.take(job.session)
-        if entry is None or (job.want_vectors and not entry.has_vectors):
-            return
-        length = reusable_length(
-            kept_ids=entry.ids,
-            kept_positions=entry.positions,
-            new_ids=job.prompt.input_ids,
-            new_positions=job.prompt.positions,
+    def _seeds(self, job: ThinkerJob) -> bool:
+        """Whether a row that ended offers its prompt's KV as a shared prefix."""
+        return (
+            job.seed and self.kv.enabled and job.finish != "error" and job.length >= len(job.prompt.input_ids)
         )
-        if length > 0:
-            job.kept, job.kept_length = entry, length
+
+    def _take_kept(self, job: ThinkerJob) -> None:
+        """Take the session's kept entry, else (with shared prefixes) the shared entry that covers
+        most of the prompt, and note how much of this prompt it may cover."""
+        if not self.kv.enabled:
+            return
+        if job.session is not None:
+            entry = self.kv.take(job.session)
+            if entry is not None and not (job.want_vectors and not entry.has_vectors):
+                length = reusable_length(
+                    kept_ids=entry.ids,
+                    kept_positions=entry.positions,
+                    new_ids=job.prompt.input_ids,
+                    new_positions=job.prompt.positions,
+                )
+                if length > 0:
+                    job.kept, job.kept_length = entry, length
+                    return
+        if not self.shared_prefixes:
+            return
+        shared = self.kv.shared_prefix(job.prompt.input_ids, job.prompt.positions, vectors=job.want_vectors)
+        if shared is not None:
+            job.kept, job.kept_length = shared
+            self.kv.shared_hits += 1
+            self.kv.shared_tokens += shared[1]
+        elif job.session is None:  # a session keeps its KV under its own key
+            job.seed = True
 
     def _keep(self, jobs: list[ThinkerJob]) -> list[KeptPrefix | None]:
         """Thinker thread: copy each ended session row's KV out of its slot."""

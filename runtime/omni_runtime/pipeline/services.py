@@ -92,6 +92,7 @@ class LocalStages:
                 session_kv_bytes=options.session_kv_mb << 20,
                 gather_s=gather_ms / 1000,
                 incoming=lambda: self.prompting,
+                shared_prefixes=switches.flag("OMNI_SHARED_PREFIX"),
             )
             self.thinker.start()
         if "talker" in self.hosted:

@@ -149,3 +149,63 @@ def test_a_zero_budget_disables_the_store() -> None:
     assert not store.enabled
     store.put("a", entry(1))
     assert "a" not in store
+
+
+def prompt_entry(tokens: list[int], nbytes: int = 10, vectors: bool = False) -> KeptPrefix:
+    return KeptPrefix(
+        ids=np.asarray(tokens),
+        positions=decode_positions(0, len(tokens), 0),
+        payload=None,
+        nbytes=nbytes,
+        has_vectors=vectors,
+    )
+
+
+SYSTEM_20 = list(range(100, 120))  # a 20-token system prompt with the template's opening
+
+
+def test_a_shared_prefix_serves_every_prompt_that_starts_with_it_and_stays() -> None:
+    store = ConversationKV(1000)
+    assert store.share(prompt_entry([*SYSTEM_20, 1, 2, 3]))
+    for user in ([4, 5], [6, 7, 8, 9]):
+        new = SYSTEM_20 + user
+        found = store.shared_prefix(new, flat(len(new)), vectors=False)
+        assert found is not None and found[1] == 20  # up to the first token that differs
+    assert store.counters().entries == 1  # used twice, never taken out
+
+
+@pytest.mark.parametrize(
+    ("new", "vectors", "expected"),
+    [
+        ([*SYSTEM_20[:15], 1, 2], False, None),  # 15 tokens in common: under SHARED_MIN_TOKENS
+        ([*SYSTEM_20, 1, 2, 3], False, 22),  # all but the last token (always prefilled)
+        ([*SYSTEM_20, 9], True, None),  # a speech row needs the talker's vectors: this entry has none
+        ([7, *SYSTEM_20], False, None),  # differs at the first token
+    ],
+)
+def test_shared_prefix_table(new: list[int], vectors: bool, expected: int | None) -> None:
+    store = ConversationKV(1000)
+    store.share(prompt_entry([*SYSTEM_20, 1, 2, 3]))
+    found = store.shared_prefix(new, flat(len(new)), vectors=vectors)
+    assert (None if found is None else found[1]) == expected
+
+
+def test_a_burst_of_one_system_prompt_keeps_one_entry_and_the_longest_wins() -> None:
+    store = ConversationKV(1000)
+    assert store.share(prompt_entry([*SYSTEM_20, 1, 2]))
+    assert not store.share(prompt_entry([*SYSTEM_20, 3, 4]))  # covered 20 of 22: not kept again
+    longer = SYSTEM_20 + list(range(200, 240))  # a long shared instruction after the system prompt
+    assert store.share(prompt_entry([*longer, 5]))  # covered 20 of 61: kept
+    found = store.shared_prefix([*longer, 6, 7], flat(len(longer) + 2), vectors=False)
+    assert found is not None and found[1] == len(longer)
+    assert store.counters().entries == 2
+
+
+def test_shared_prefixes_and_sessions_share_the_bytes_least_recent_first() -> None:
+    store = ConversationKV(30)
+    store.share(prompt_entry([*SYSTEM_20, 1], nbytes=10))
+    store.put("a", entry(10))
+    store.put("b", entry(10))
+    store.put("c", entry(10))  # the shared entry is the least recently used: it goes
+    assert store.shared_prefix([*SYSTEM_20, 2], flat(21), vectors=False) is None
+    assert store.counters().entries == 3 and "a" in store
