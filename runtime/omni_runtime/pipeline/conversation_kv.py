@@ -35,7 +35,8 @@ session's first turn) reuses the longest exact prefix one of those covers, at le
 worker instead of once per request. Unlike a session's entry, a shared one is not taken out when a
 request uses it (the runner only copies from it), and one that an entry already covers is not kept
 again when one covers half of it. The rule and the bound are the sessions': the same bytes, least
-recently used first.
+recently used first; and at most ``SHARED_MAX_ENTRIES`` shared entries, so prompts that share
+nothing (no system prompt, each its own) cannot crowd the sessions out.
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ def reusable_length(*, kept_ids: Any, kept_positions: Any, new_ids: Sequence[int
 
 
 SHARED_MIN_TOKENS = 16  # the least a shared prefix must cover to stand in for a prefill
+SHARED_MAX_ENTRIES = 8  # shared entries at most: prompts with nothing in common never crowd out sessions
 _SHARED = "\x00shared:"  # shared prefixes' keys (no session key starts with a NUL)
 
 
@@ -143,13 +145,21 @@ class ConversationKV:
         self._entries.move_to_end(best[0])
         return best[1], best[2]
 
+    def covered(self, ids: Sequence[int], positions: Any, *, vectors: bool) -> bool:
+        """Whether a shared entry already covers half of this prompt (``share`` would not keep it)."""
+        found = self.shared_prefix(ids, positions, vectors=vectors)
+        return found is not None and found[1] >= max(SHARED_MIN_TOKENS, len(ids) // 2)
+
     def share(self, entry: KeptPrefix) -> bool:
         """Keep a prompt's KV as a shared prefix, unless a shared entry already covers half of it
         (a burst's prompts differ only after the system prompt: one entry for them all); True when
         kept."""
-        covered = self.shared_prefix(entry.ids.tolist(), entry.positions, vectors=entry.has_vectors)
-        if covered is not None and covered[1] >= max(SHARED_MIN_TOKENS, entry.length // 2):
+        if self.covered(entry.ids.tolist(), entry.positions, vectors=entry.has_vectors):
             return False
+        shared = [key for key in self._entries if key.startswith(_SHARED)]  # least recent first
+        for key in shared[: max(0, len(shared) - SHARED_MAX_ENTRIES + 1)]:
+            self.take(key)
+            self.evictions += 1
         self._shared_keys += 1
         self.put(f"{_SHARED}{self._shared_keys}", entry)
         return True

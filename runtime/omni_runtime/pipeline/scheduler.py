@@ -316,9 +316,13 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
         return job.session is not None and self.kv.enabled and job.finish != "error" and job.length > 0
 
     def _seeds(self, job: ThinkerJob) -> bool:
-        """Whether a row that ended offers its prompt's KV as a shared prefix."""
-        return (
-            job.seed and self.kv.enabled and job.finish != "error" and job.length >= len(job.prompt.input_ids)
+        """Whether a row that ended offers its prompt's KV as a shared prefix (not copied out when
+        an entry kept since its admission covers it already: a burst's rows end together)."""
+        if not (job.seed and self.kv.enabled and job.finish != "error"):
+            return False
+        prompt = job.prompt
+        return job.length >= len(prompt.input_ids) and not self.kv.covered(
+            prompt.input_ids, prompt.positions, vectors=job.want_vectors
         )
 
     def _take_kept(self, job: ThinkerJob) -> None:

@@ -209,3 +209,17 @@ def test_shared_prefixes_and_sessions_share_the_bytes_least_recent_first() -> No
     store.put("c", entry(10))  # the shared entry is the least recently used: it goes
     assert store.shared_prefix([*SYSTEM_20, 2], flat(21), vectors=False) is None
     assert store.counters().entries == 3 and "a" in store
+
+
+def test_prompts_that_share_nothing_keep_at_most_eight_shared_entries() -> None:
+    from omni_runtime.pipeline.conversation_kv import SHARED_MAX_ENTRIES
+
+    store = ConversationKV(10_000)
+    store.put("session", entry(10))
+    for i in range(20):  # each prompt its own: every one is kept, the oldest shared ones go
+        assert store.share(prompt_entry([1000 + i, *SYSTEM_20], nbytes=10))
+    assert store.counters().entries == SHARED_MAX_ENTRIES + 1 and "session" in store
+    newest = [1019, *SYSTEM_20, 5]
+    assert store.shared_prefix(newest, flat(len(newest)), vectors=False) is not None
+    oldest = [1000, *SYSTEM_20, 5]
+    assert store.shared_prefix(oldest, flat(len(oldest)), vectors=False) is None
