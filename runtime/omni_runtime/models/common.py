@@ -332,13 +332,13 @@ def audio_in_video(context: dict[str, Any]) -> bool:
     return bool(context.get(AUDIO_IN_VIDEO, False))
 
 
-def text_only_ids(processor: Any, text: str, placeholders: frozenset[int]) -> list[int] | None:
+def text_only_ids(processor: Any, text: str) -> list[int]:
     """A prompt without media as token ids straight from the tokenizer: what the processor gives
     for it, in a third of the time (the processor's keyword merging is most of its cost, paid per
-    request on a thread that shares the interpreter with busy stage threads). None where the text
-    names a media placeholder: the processor's turn, which refuses one without its media."""
+    request on a thread that shares the interpreter with busy stage threads). The text names no
+    media placeholder: `refuse_placeholders` has refused those."""
     ids: list[int] = processor.tokenizer(text)["input_ids"]
-    return None if not placeholders.isdisjoint(ids) else ids
+    return ids
 
 
 def placeholder_mask(ids: torch.Tensor, token: int, features: Any) -> torch.Tensor | None:

@@ -280,7 +280,7 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
         return result
 
     def _gather_hold(self) -> float:
-        if self.gather_s <= 0 or self.running or not self.waiting:
+        if self.gather_s <= 0 or not self.waiting:  # off, or nothing to hold
             return 0.0
         since = self._submitted.get(id(self.waiting[0]))
         return gather_wait(
@@ -332,7 +332,7 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
             return
         if job.session is not None:
             entry = self.kv.take(job.session)
-            if entry is not None and not (job.want_vectors and not entry.has_vectors):
+            if entry is not None and (entry.has_vectors or not job.want_vectors):
                 length = reusable_length(
                     kept_ids=entry.ids,
                     kept_positions=entry.positions,

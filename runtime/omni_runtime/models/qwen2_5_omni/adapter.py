@@ -102,8 +102,9 @@ class Qwen25OmniAdapter(OmniAdapter):
             cfg.image_token_index,
             cfg.video_token_index,
         )
-        self._placeholders = frozenset((self.audio_token, self.image_token, self.video_token))
-        self._placeholder_names = tuple(self.tokenizer.convert_ids_to_tokens(sorted(self._placeholders)))
+        self._placeholder_names = tuple(
+            self.tokenizer.convert_ids_to_tokens([self.audio_token, self.image_token, self.video_token])
+        )
 
     @property
     def tokenizer(self) -> Any:
@@ -122,6 +123,8 @@ class Qwen25OmniAdapter(OmniAdapter):
         )
         proc = self._processor
         text = proc.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        if not (audios or images or videos):
+            return check_prompt_length(Prompt(input_ids=text_only_ids(proc, text)), self.max_model_len)
         params: dict[str, Any] = dict(request.stage_params.get("preprocessing", {}))
         video_kwargs: dict[str, Any] = {
             "fps": fps[0] if fps else DEFAULT_VIDEO_FPS,
@@ -130,11 +133,6 @@ class Qwen25OmniAdapter(OmniAdapter):
         for key in ("min_pixels", "max_pixels"):
             if f"video_{key}" in params:
                 video_kwargs[key] = int(params[f"video_{key}"])
-        if (
-            not (audios or images or videos)
-            and (ids := text_only_ids(proc, text, self._placeholders)) is not None
-        ):
-            return check_prompt_length(Prompt(input_ids=ids), self.max_model_len)
         out = proc(
             text=[text],
             audio=audios or None,
@@ -247,7 +245,7 @@ class Qwen25OmniAdapter(OmniAdapter):
             embeds[mask.to(device)] = features.to(device, embeds.dtype)
         context = self.talker_context(prompt)
         positions, delta = self.loaded.rope.get_rope_index(
-            torch.tensor([prompt.input_ids]),
+            ids[None],
             context.get("image_grid_thw"),
             context.get("video_grid_thw"),
             torch.ones(1, len(prompt.input_ids), dtype=torch.long),

@@ -100,8 +100,9 @@ class Qwen3OmniMoeAdapter(OmniAdapter):
             cfg.image_token_id,
             cfg.video_token_id,
         )
-        self._placeholders = frozenset((self.audio_token, self.image_token, self.video_token))
-        self._placeholder_names = tuple(self.tokenizer.convert_ids_to_tokens(sorted(self._placeholders)))
+        self._placeholder_names = tuple(
+            self.tokenizer.convert_ids_to_tokens([self.audio_token, self.image_token, self.video_token])
+        )
 
     @property
     def tokenizer(self) -> Any:
@@ -113,9 +114,8 @@ class Qwen3OmniMoeAdapter(OmniAdapter):
         media = collect_messages(request, default_system=None)
         proc = self.loaded.processor
         text = proc.apply_chat_template(media.messages, add_generation_prompt=True, tokenize=False)
-        no_media = not (media.audios or media.images or media.videos)
-        if no_media and (ids := text_only_ids(proc, text, self._placeholders)) is not None:
-            return check_prompt_length(Prompt(input_ids=ids), self.max_model_len)
+        if not (media.audios or media.images or media.videos):
+            return check_prompt_length(Prompt(input_ids=text_only_ids(proc, text)), self.max_model_len)
         fps = media.fps[0] if media.fps else DEFAULT_VIDEO_FPS
         out = proc(
             text=[text],
@@ -219,7 +219,7 @@ class Qwen3OmniMoeAdapter(OmniAdapter):
                 deep_features.append(features[:, hidden:].reshape(count, -1, hidden))
         context = rope_context(prompt)
         positions, delta = self.loaded.rope.get_rope_index(
-            torch.tensor([prompt.input_ids]),
+            ids[None],
             context.get("image_grid_thw"),
             context.get("video_grid_thw"),
             torch.ones(1, len(prompt.input_ids), dtype=torch.long),
