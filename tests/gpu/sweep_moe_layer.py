@@ -18,11 +18,11 @@ from omni_runtime.bench.decode_moe import build
 from omni_runtime.executor import moe_decode, moe_layer
 
 
-# Each shape: overrides of executor.moe_layer's launch values (the first: as served).
 def _gate(rows: int, cols: int, warps: int) -> moe_decode.LaunchConfig:
     return moe_decode.LaunchConfig(gate_rows=rows, gate_cols=cols, down_rows=4, down_cols=256, warps=warps)
 
 
+# Each shape: overrides of executor.moe_layer's launch values (the first: as served).
 SHAPES: list[dict[str, Any]] = [
     {},
     {"EXPERTS": _gate(4, 512, 4)},
