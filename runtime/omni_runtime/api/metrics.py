@@ -192,11 +192,26 @@ def _session_kv_metrics(stats: EngineStats) -> Iterator[GaugeMetricFamily | Coun
             stats.session_kv_prefilled_tokens,
         ),
         ("omni_session_kv_evictions", "Kept session KV dropped for room.", stats.session_kv_evictions),
+        (
+            "omni_shared_prefix_hits",
+            "Requests admitted after a shared prompt prefix's KV (OMNI_SHARED_PREFIX).",
+            stats.session_kv_shared_hits,
+        ),
+        (
+            "omni_shared_prefix_reused_tokens",
+            "Prompt tokens served from shared prefixes' KV instead of a prefill.",
+            stats.session_kv_shared_tokens,
+        ),
     ):
         yield CounterMetricFamily(name, help_text, value=value)
     for name, help_text, value in (
         ("omni_session_kv_sessions", "Sessions with kept thinker KV.", stats.session_kv_entries),
-        ("omni_session_kv_bytes", "Bytes of kept session KV.", stats.session_kv_bytes),
+        (
+            "omni_shared_prefix_entries",
+            "Shared prompt prefixes with kept thinker KV.",
+            stats.session_kv_shared_entries,
+        ),
+        ("omni_session_kv_bytes", "Bytes of kept session KV and shared prefixes.", stats.session_kv_bytes),
         (
             "omni_session_kv_capacity_bytes",
             "Budget for kept session KV (--session-kv-mb).",

@@ -198,7 +198,8 @@ class EngineStats:
     first_window_linger_seconds: float = 0.0
     # Conversation KV (pipeline/conversation_kv.py): sessions with kept thinker KV, its bytes and
     # budget; session turns admitted after a kept prefix (hits) or prefilled in full (misses),
-    # prompt tokens served from kept KV, and entries dropped for room.
+    # prompt tokens served from kept KV, and entries dropped for room; shared prompt prefixes
+    # (OMNI_SHARED_PREFIX) kept, the admissions that reused one and the tokens they took from them.
     session_kv_entries: int = 0
     session_kv_bytes: int = 0
     session_kv_capacity_bytes: int = 0
@@ -207,6 +208,9 @@ class EngineStats:
     session_kv_reused_tokens: int = 0
     session_kv_prefilled_tokens: int = 0
     session_kv_evictions: int = 0
+    session_kv_shared_entries: int = 0
+    session_kv_shared_hits: int = 0
+    session_kv_shared_tokens: int = 0
     gpus: tuple[GpuMemory, ...] = ()  # the GPUs this process allocated on
 
 

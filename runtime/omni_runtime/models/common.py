@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ import torch
 
 from omni_runtime.contract.adapter import Prompt
 from omni_runtime.contract.engine import EngineError, GenerationRequest
+from omni_runtime.contract.params import whole_number
 from omni_runtime.models.whisper_features import short_features
 
 log = logging.getLogger(__name__)
@@ -195,6 +197,33 @@ def refuse_placeholders(request: GenerationRequest, names: tuple[str, ...]) -> N
                     "media; remove it (send audio, images and video as content parts)",
                     param="messages",
                 )
+
+
+def video_pixel_bounds(request: GenerationRequest) -> dict[str, int]:
+    """``stage_params.preprocessing.video_min_pixels`` / ``video_max_pixels`` as the processor's
+    ``min_pixels`` / ``max_pixels`` videos kwargs (only those the request sets; both families):
+    whole numbers >= 1, the minimum at most the maximum, else a 400 naming the field before the
+    processor sees it."""
+    params: dict[str, Any] = dict(request.stage_params.get("preprocessing", {}))
+    bounds = {
+        key: whole_number(
+            params[f"video_{key}"],
+            field=f"stage_params.preprocessing.video_{key}",
+            least=1,
+            what="a whole number of pixels per video frame",
+            fix="send an integer such as 200704, or leave it out",
+        )
+        for key in ("min_pixels", "max_pixels")
+        if f"video_{key}" in params
+    }
+    if bounds.get("min_pixels", 0) > bounds.get("max_pixels", math.inf):
+        raise EngineError(
+            f"stage_params.preprocessing.video_min_pixels ({bounds['min_pixels']}) must not exceed "
+            f"stage_params.preprocessing.video_max_pixels ({bounds['max_pixels']}); lower the minimum "
+            "or raise the maximum",
+            param="stage_params.preprocessing.video_min_pixels",
+        )
+    return bounds
 
 
 def check_prompt_length(prompt: Prompt, max_model_len: int) -> Prompt:

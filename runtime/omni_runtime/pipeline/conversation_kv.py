@@ -74,6 +74,9 @@ class KVCounters:
     reused_tokens: int = 0  # prompt tokens served from kept KV instead of a prefill
     prefilled_tokens: int = 0  # prompt tokens of session turns that were prefilled
     evictions: int = 0  # entries dropped for room (or too large to keep)
+    shared_entries: int = 0  # shared prompt prefixes kept (OMNI_SHARED_PREFIX); not in ``entries``
+    shared_hits: int = 0  # admissions that reused a shared prefix
+    shared_tokens: int = 0  # prompt tokens those admissions took from shared prefixes
 
 
 def common_length(kept: Any, new: Any) -> int:
@@ -204,8 +207,9 @@ class ConversationKV:
         self.prefilled_tokens += prompt_tokens - reused
 
     def counters(self) -> KVCounters:
+        shared = sum(1 for key in self._entries if key.startswith(_SHARED))
         return KVCounters(
-            entries=len(self._entries),
+            entries=len(self._entries) - shared,
             bytes=self._bytes,
             capacity_bytes=self.capacity,
             hits=self.hits,
@@ -213,4 +217,7 @@ class ConversationKV:
             reused_tokens=self.reused_tokens,
             prefilled_tokens=self.prefilled_tokens,
             evictions=self.evictions,
+            shared_entries=shared,
+            shared_hits=self.shared_hits,
+            shared_tokens=self.shared_tokens,
         )

@@ -58,7 +58,7 @@ from omni_runtime.pipeline.service import TalkerService
 from omni_runtime.pipeline.services import LocalStages
 from omni_runtime.pipeline.stage_set import StageSet, attach_remote_stages
 from omni_runtime.pipeline.talker import TalkerDone, TalkerJob
-from omni_runtime.pipeline.validate import row_sampling, talker_limits, validate_request
+from omni_runtime.pipeline.validate import row_sampling, talker_limits, talker_sampling, validate_request
 from omni_runtime.pipeline.warmup import warm_prefix
 from omni_runtime.pipeline.workers import TimeCounts
 
@@ -457,11 +457,7 @@ class PipelineEngine:
     ) -> TalkerJob:
         limits = talker_limits(request)
         assert self.adapter is not None
-        defaults = self.adapter.talker_sampling_defaults()
-        params = {
-            **defaults,
-            **{k: v for k, v in request.stage_params.get("talker", {}).items() if k in defaults},
-        }
+        params = talker_sampling(request, self.adapter.talker_sampling_defaults())
         seed = request.sampling.seed
         admission = TalkerAdmission(
             slot=-1,

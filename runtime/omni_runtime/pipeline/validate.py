@@ -7,6 +7,7 @@ from typing import Any, Protocol
 
 from omni_runtime.contract.adapter import OmniAdapter, RowSampling
 from omni_runtime.contract.engine import EngineError, GenerationRequest, SamplingParams
+from omni_runtime.contract.params import real_number, whole_number
 from omni_runtime.contract.voices import UnknownVoice, resolve_voice
 
 DEFAULT_TALKER_MAX_TOKENS = 4096
@@ -52,6 +53,8 @@ def validate_request(request: GenerationRequest, *, engine: ServingEngine) -> st
         )
     talker_limits(request)  # stage_params.talker's values, before any stage runs
     adapter = engine.adapter
+    if adapter is not None:
+        talker_sampling(request, adapter.talker_sampling_defaults())
     try:
         return resolve_voice(
             request.voice,
@@ -99,14 +102,24 @@ def talker_limits(request: GenerationRequest) -> TalkerLimits:
 
 def _whole(params: dict[str, Any], key: str, default: int, *, least: int) -> int:
     """``stage_params.talker[key]`` as a whole number of at least ``least`` (a numeral string too)."""
-    value = params.get(key, default)
-    try:
-        number = int(value) if not isinstance(value, (bool, float)) else None
-    except (TypeError, ValueError):
-        number = None
-    if number is None or number < least:
-        raise EngineError(
-            f"stage_params.talker.{key} must be a whole number >= {least}, not {value!r}",
-            param=f"stage_params.talker.{key}",
-        )
-    return number
+    return whole_number(params.get(key, default), field=f"stage_params.talker.{key}", least=least)
+
+
+def talker_sampling(request: GenerationRequest, defaults: dict[str, Any]) -> dict[str, Any]:
+    """The talker's sampling settings: the family's ``defaults`` with the request's
+    ``stage_params.talker`` values for those keys, each checked (a 400 naming the field)."""
+    sent: dict[str, Any] = dict(request.stage_params.get("talker", {}))
+    params = {**defaults, **{k: v for k, v in sent.items() if k in defaults}}
+
+    def field(key: str) -> str:
+        return f"stage_params.talker.{key}"
+
+    checks = {
+        "temperature": lambda v: real_number(v, field=field("temperature"), low=0.0),
+        "top_k": lambda v: whole_number(v, field=field("top_k"), least=0),
+        "top_p": lambda v: real_number(v, field=field("top_p"), low=0.0, high=1.0, low_open=True),
+        "repetition_penalty": lambda v: real_number(
+            v, field=field("repetition_penalty"), low=0.0, low_open=True
+        ),
+    }
+    return {k: checks[k](v) if k in checks else v for k, v in params.items()}

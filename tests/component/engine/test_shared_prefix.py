@@ -47,13 +47,15 @@ def shared(tiny_checkpoint: Path) -> Iterator[Harness]:
 
 
 def settle(harness: Harness) -> tuple[int, int]:
-    """(admissions that used a shared prefix, their tokens) once every row ended and was kept."""
+    """(admissions that used a shared prefix, their tokens) once every row ended and was kept, as
+    the engine's stats (``/metrics``) report them; shared entries are not counted as sessions."""
 
     async def wait() -> tuple[int, int]:
         while not harness.engine.stages.local.quiet:
             await asyncio.sleep(0.01)
-        kv = harness.engine.stages.local.thinker.kv
-        return kv.shared_hits, kv.shared_tokens
+        stats = harness.engine.stats()
+        assert stats.session_kv_shared_entries >= 1 and stats.session_kv_entries == 0
+        return stats.session_kv_shared_hits, stats.session_kv_shared_tokens
 
     return harness.run(wait())
 

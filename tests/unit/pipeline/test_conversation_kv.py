@@ -171,7 +171,8 @@ def test_a_shared_prefix_serves_every_prompt_that_starts_with_it_and_stays() -> 
         new = SYSTEM_20 + user
         found = store.shared_prefix(new, flat(len(new)), vectors=False)
         assert found is not None and found[1] == 20  # up to the first token that differs
-    assert store.counters().entries == 1  # used twice, never taken out
+    counters = store.counters()
+    assert (counters.entries, counters.shared_entries) == (0, 1)  # used twice, never taken out
 
 
 @pytest.mark.parametrize(
@@ -198,7 +199,7 @@ def test_a_burst_of_one_system_prompt_keeps_one_entry_and_the_longest_wins() -> 
     assert store.share(prompt_entry([*longer, 5]))  # covered 20 of 61: kept
     found = store.shared_prefix([*longer, 6, 7], flat(len(longer) + 2), vectors=False)
     assert found is not None and found[1] == len(longer)
-    assert store.counters().entries == 2
+    assert (store.counters().entries, store.counters().shared_entries) == (0, 2)
 
 
 def test_shared_prefixes_and_sessions_share_the_bytes_least_recent_first() -> None:
@@ -208,7 +209,7 @@ def test_shared_prefixes_and_sessions_share_the_bytes_least_recent_first() -> No
     store.put("b", entry(10))
     store.put("c", entry(10))  # the shared entry is the least recently used: it goes
     assert store.shared_prefix([*SYSTEM_20, 2], flat(21), vectors=False) is None
-    assert store.counters().entries == 3 and "a" in store
+    assert (store.counters().entries, store.counters().shared_entries) == (3, 0) and "a" in store
 
 
 def test_prompts_that_share_nothing_keep_at_most_eight_shared_entries() -> None:
@@ -218,7 +219,8 @@ def test_prompts_that_share_nothing_keep_at_most_eight_shared_entries() -> None:
     store.put("session", entry(10))
     for i in range(20):  # each prompt its own: every one is kept, the oldest shared ones go
         assert store.share(prompt_entry([1000 + i, *SYSTEM_20], nbytes=10))
-    assert store.counters().entries == SHARED_MAX_ENTRIES + 1 and "session" in store
+    counters = store.counters()
+    assert (counters.entries, counters.shared_entries) == (1, SHARED_MAX_ENTRIES) and "session" in store
     newest = [1019, *SYSTEM_20, 5]
     assert store.shared_prefix(newest, flat(len(newest)), vectors=False) is not None
     oldest = [1000, *SYSTEM_20, 5]

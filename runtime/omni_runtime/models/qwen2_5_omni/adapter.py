@@ -35,6 +35,7 @@ from omni_runtime.models.common import (
     sync_stream,
     text_only_ids,
     thinker_runner,
+    video_pixel_bounds,
 )
 from omni_runtime.models.qwen2_5_omni.placement import LoadedModel, stage_stream_initializer
 from omni_runtime.models.qwen2_5_omni.runners import QwenTalkerRunner, QwenThinkerRunner
@@ -113,6 +114,7 @@ class Qwen25OmniAdapter(OmniAdapter):
     # -- preprocessing (CPU) -------------------------------------------------------------------
     def preprocess(self, request: GenerationRequest) -> Prompt:
         refuse_placeholders(request, self._placeholder_names)
+        pixel_bounds = video_pixel_bounds(request)  # checked with or without a video
         media = collect_messages(request, default_system=DEFAULT_SYSTEM_PROMPT)
         messages, audios, images, videos, fps = (
             media.messages,
@@ -125,14 +127,11 @@ class Qwen25OmniAdapter(OmniAdapter):
         text = proc.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         if not (audios or images or videos):
             return check_prompt_length(Prompt(input_ids=text_only_ids(proc, text)), self.max_model_len)
-        params: dict[str, Any] = dict(request.stage_params.get("preprocessing", {}))
         video_kwargs: dict[str, Any] = {
             "fps": fps[0] if fps else DEFAULT_VIDEO_FPS,
             "cap_pixels_per_frame": True,
+            **pixel_bounds,
         }
-        for key in ("min_pixels", "max_pixels"):
-            if f"video_{key}" in params:
-                video_kwargs[key] = int(params[f"video_{key}"])
         out = proc(
             text=[text],
             audio=audios or None,

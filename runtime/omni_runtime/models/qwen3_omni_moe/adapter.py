@@ -48,6 +48,7 @@ from omni_runtime.models.common import (
     sync_stream,
     text_only_ids,
     thinker_runner,
+    video_pixel_bounds,
 )
 from omni_runtime.models.qwen2_5_omni.placement import stage_stream_initializer
 from omni_runtime.models.qwen3_omni_moe.code2wav import Qwen3Code2Wav
@@ -111,6 +112,7 @@ class Qwen3OmniMoeAdapter(OmniAdapter):
     # -- preprocessing (CPU) -------------------------------------------------------------------
     def preprocess(self, request: GenerationRequest) -> Prompt:
         refuse_placeholders(request, self._placeholder_names)
+        pixel_bounds = video_pixel_bounds(request)  # checked with or without a video
         media = collect_messages(request, default_system=None)
         proc = self.loaded.processor
         text = proc.apply_chat_template(media.messages, add_generation_prompt=True, tokenize=False)
@@ -123,7 +125,7 @@ class Qwen3OmniMoeAdapter(OmniAdapter):
             images=media.images or None,
             videos=media.videos or None,
             return_tensors="pt",
-            videos_kwargs={"fps": fps},
+            videos_kwargs={"fps": fps, **pixel_bounds},
             **media.processor_audio_kwargs(),
         )
         prompt = Prompt(input_ids=out["input_ids"][0].tolist(), audio_in_video=media.audio_in_video)

@@ -1,0 +1,45 @@
+"""Numbers a request sends in free-form fields (``stage_params``): parsed, or an ``EngineError``
+that names the field and says what it takes (the API answers it as a 400).
+
+JSON numbers and numeral strings both pass (``"200704"`` as ``200704``), as a value written in a
+YAML file or a query string often arrives as a string; booleans never do (``True`` is no count),
+nor does a float where a whole number is wanted (``2.5`` codes).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from omni_runtime.contract.engine import EngineError
+
+
+def whole_number(value: Any, *, field: str, least: int, what: str = "a whole number", fix: str = "") -> int:
+    """``value`` as an int of at least ``least``; else a 400 naming ``field``: "``field`` must be
+    ``what`` >= ``least``, not ``value``" and, when given, ``; fix``."""
+    try:
+        number = int(value) if not isinstance(value, (bool, float)) else None
+    except (TypeError, ValueError):
+        number = None
+    if number is None or number < least:
+        raise EngineError(
+            f"{field} must be {what} >= {least}, not {value!r}" + (f"; {fix}" if fix else ""), param=field
+        )
+    return number
+
+
+def real_number(
+    value: Any, *, field: str, low: float, high: float = math.inf, low_open: bool = False
+) -> float:
+    """``value`` as a finite float in ``[low, high]`` (``(low, high]`` with ``low_open``); else a
+    400 naming ``field`` and the range."""
+    try:
+        number = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        number = math.nan
+    above = number > low if low_open else number >= low
+    if not (math.isfinite(number) and above and number <= high):
+        bound = f"> {low}" if low_open else f">= {low}"
+        span = f"{bound} and <= {high}" if math.isfinite(high) else bound
+        raise EngineError(f"{field} must be a number {span}, not {value!r}", param=field)
+    return number
