@@ -53,13 +53,15 @@ def plan_frame_count(*, duration_s: float, fps: float, max_frames: int) -> int:
 
 
 def plan_frame_size(*, width: int, height: int, min_pixels: int | None, max_pixels: int) -> tuple[int, int]:
-    """The (width, height) a frame is resized to: aspect kept, pixels within [min_pixels, max_pixels]."""
+    """The (width, height) a frame is resized to: aspect kept, pixels within [min_pixels, max_pixels].
+    The maximum wins: a minimum above it (a request's ``video_min_pixels`` against the worker's
+    default maximum) upscales a small frame to the maximum at most, never past it."""
     pixels = width * height
     scale = 1.0
     if pixels > max_pixels:
         scale = math.sqrt(max_pixels / pixels)
     elif min_pixels is not None and pixels < min_pixels:
-        scale = math.sqrt(min_pixels / pixels)
+        scale = math.sqrt(min(min_pixels, max_pixels) / pixels)
     if scale == 1.0:
         return width, height
     new_w = max(_MIN_SIDE, int(width * scale))
@@ -114,7 +116,8 @@ def decode_video(
                 code=VIDEO_TOO_LONG,
             )
         count = plan_frame_count(duration_s=duration, fps=fps, max_frames=max_frames)
-        per_frame_max = options.max_pixels or limits.default_video_max_pixels
+        # The worker's pixel cap bounds the request's too: a minimum never upscales a frame past it.
+        per_frame_max = min(options.max_pixels or limits.default_video_max_pixels, limits.max_image_pixels)
         if options.total_pixels is not None:
             per_frame_max = min(per_frame_max, max(options.total_pixels // count, options.min_pixels or 1))
         out_w, out_h = plan_frame_size(

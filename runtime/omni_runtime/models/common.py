@@ -199,11 +199,13 @@ def refuse_placeholders(request: GenerationRequest, names: tuple[str, ...]) -> N
                 )
 
 
-def video_pixel_bounds(request: GenerationRequest) -> dict[str, int]:
+def video_pixel_bounds(request: GenerationRequest, processor: Any, max_model_len: int) -> dict[str, int]:
     """``stage_params.preprocessing.video_min_pixels`` / ``video_max_pixels`` as the processor's
     ``min_pixels`` / ``max_pixels`` videos kwargs (only those the request sets; both families):
-    whole numbers >= 1, the minimum at most the maximum, else a 400 naming the field before the
-    processor sees it."""
+    whole numbers >= 1, the minimum at most the maximum, and the minimum no more than one frame
+    of ``max_model_len`` tokens (``processor``'s video patch and merge sizes: the processor would
+    upscale every frame to it before the prompt's length is known), else a 400 naming the field
+    before the processor sees it."""
     params: dict[str, Any] = dict(request.stage_params.get("preprocessing", {}))
     bounds = {
         key: whole_number(
@@ -221,6 +223,16 @@ def video_pixel_bounds(request: GenerationRequest) -> dict[str, int]:
             f"stage_params.preprocessing.video_min_pixels ({bounds['min_pixels']}) must not exceed "
             f"stage_params.preprocessing.video_max_pixels ({bounds['max_pixels']}); lower the minimum "
             "or raise the maximum",
+            param="stage_params.preprocessing.video_min_pixels",
+        )
+    video = processor.video_processor
+    token_pixels = (video.patch_size * video.merge_size) ** 2  # a frame's pixels per prompt token
+    most = max_model_len * token_pixels
+    if bounds.get("min_pixels", 0) > most:
+        raise EngineError(
+            f"stage_params.preprocessing.video_min_pixels ({bounds['min_pixels']}) would make every "
+            f"video frame at least {bounds['min_pixels'] // token_pixels} tokens, more than this "
+            f"model's {max_model_len}-token context; send at most {most}",
             param="stage_params.preprocessing.video_min_pixels",
         )
     return bounds

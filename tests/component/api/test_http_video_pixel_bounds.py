@@ -9,6 +9,7 @@ processor: the prompt's video tokens follow them.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -63,6 +64,31 @@ GOOD: list[tuple[dict[str, Any], dict[str, int]]] = [
 ]
 
 
+CONTEXT = 2048  # tokens; the tiny Qwen2.5 processor's video frames have 28 x 28 pixels a token
+MOST = CONTEXT * 28 * 28  # 1605632: the largest minimum one frame of that context allows
+
+
+def _too_big(value: int) -> str:
+    return (
+        f"{MIN} ({value}) would make every video frame at least {value // 784} tokens, more than this "
+        f"model's {CONTEXT}-token context; send at most {MOST}"
+    )
+
+
+TOO_BIG: list[tuple[dict[str, Any], str, str]] = [
+    ({"video_min_pixels": MOST + 1}, MIN, _too_big(MOST + 1)),
+    ({"video_min_pixels": 10**9}, MIN, _too_big(10**9)),  # would upscale each frame to 1e9 pixels
+    ({"video_min_pixels": 10**9, "video_max_pixels": 10**9}, MIN, _too_big(10**9)),
+]
+
+
+@pytest.fixture(scope="module")
+def processor(tiny_checkpoint: Path) -> Any:
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(tiny_checkpoint)
+
+
 def _request(preprocessing: dict[str, Any]) -> GenerationRequest:
     return GenerationRequest(
         request_id="r",
@@ -71,23 +97,27 @@ def _request(preprocessing: dict[str, Any]) -> GenerationRequest:
     )
 
 
-@pytest.mark.parametrize(("preprocessing", "param", "message"), BAD)
+@pytest.mark.parametrize(("preprocessing", "param", "message"), BAD + TOO_BIG)
 def test_bad_bounds_are_refused_naming_the_field(
-    preprocessing: dict[str, Any], param: str, message: str
+    processor: Any, preprocessing: dict[str, Any], param: str, message: str
 ) -> None:
     with pytest.raises(EngineError) as err:
-        video_pixel_bounds(_request(preprocessing))
+        video_pixel_bounds(_request(preprocessing), processor, CONTEXT)
     assert (str(err.value), err.value.param, err.value.status) == (message, param, 400)
 
 
-@pytest.mark.parametrize(("preprocessing", "bounds"), GOOD)
-def test_good_bounds_are_parsed(preprocessing: dict[str, Any], bounds: dict[str, int]) -> None:
-    assert video_pixel_bounds(_request(preprocessing)) == bounds
+@pytest.mark.parametrize(
+    ("preprocessing", "bounds"), [*GOOD, ({"video_min_pixels": MOST}, {"min_pixels": MOST})]
+)
+def test_good_bounds_are_parsed(
+    processor: Any, preprocessing: dict[str, Any], bounds: dict[str, int]
+) -> None:
+    assert video_pixel_bounds(_request(preprocessing), processor, CONTEXT) == bounds
 
 
-def test_no_preprocessing_params_means_the_processor_defaults() -> None:
+def test_no_preprocessing_params_means_the_processor_defaults(processor: Any) -> None:
     request = GenerationRequest(request_id="r", turns=(ChatTurn(role="user", text="hi"),))
-    assert video_pixel_bounds(request) == {}
+    assert video_pixel_bounds(request, processor, CONTEXT) == {}
 
 
 # --- through HTTP, on each model family's worker ---------------------------------------------
@@ -131,6 +161,12 @@ def test_bad_bounds_are_refused_with_or_without_a_video(
 ) -> None:
     body = _body({"video_min_pixels": "abc"}, video=video, stream=stream)
     assert _post(speech_worker, body) == (400, _openai_error(_not_pixels(MIN, "'abc'"), MIN))
+
+
+def test_a_minimum_past_the_context_is_a_400_before_any_frame_is_upscaled(speech_worker: Worker) -> None:
+    status, body = _post(speech_worker, _body({"video_min_pixels": 10**9}))
+    assert status == 400 and body["error"]["param"] == MIN
+    assert "more than this model's" in body["error"]["message"] and "send at most" in body["error"]["message"]
 
 
 def test_good_bounds_reach_the_processor(speech_worker: Worker) -> None:

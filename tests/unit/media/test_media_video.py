@@ -53,6 +53,22 @@ def test_min_pixels_upscales() -> None:
     assert video.frames.shape[1:3] == (64, 64)
 
 
+@pytest.mark.parametrize(
+    ("options", "cap", "size"),
+    [
+        (VideoOptions(min_pixels=10**9), 40_000_000, (774, 774)),  # alone: the default maximum, 602112
+        (VideoOptions(min_pixels=10**9, max_pixels=10**9), 100 * 100, (100, 100)),  # both: the worker's cap
+        (VideoOptions(min_pixels=64 * 64, max_pixels=10**9), 100 * 100, (64, 64)),
+    ],
+)
+def test_a_huge_minimum_stops_at_the_maximum_and_the_workers_cap(
+    options: VideoOptions, cap: int, size: tuple
+) -> None:
+    data = encode_mp4(frames=2, fps=2, width=32, height=32)
+    video = decode_video(data, options=options, limits=MediaLimits(max_image_pixels=cap))
+    assert video.frames.shape[1:3] == size
+
+
 def test_plan_frame_count_exact() -> None:
     assert plan_frame_count(duration_s=3.0, fps=2.0, max_frames=64) == 6
     assert plan_frame_count(duration_s=3.0, fps=2.0, max_frames=5) == 4  # even
@@ -64,6 +80,9 @@ def test_plan_frame_size_exact() -> None:
     assert plan_frame_size(width=640, height=480, min_pixels=None, max_pixels=640 * 480) == (640, 480)
     assert plan_frame_size(width=640, height=480, min_pixels=None, max_pixels=320 * 240) == (320, 240)
     assert plan_frame_size(width=10, height=10, min_pixels=56 * 56, max_pixels=10**6) == (56, 56)
+    # A minimum above the maximum (video_min_pixels alone, past the worker's default): the maximum wins.
+    assert plan_frame_size(width=64, height=48, min_pixels=10**9, max_pixels=640 * 480) == (640, 480)
+    assert plan_frame_size(width=640, height=480, min_pixels=10**9, max_pixels=320 * 240) == (320, 240)
 
 
 def test_too_long_video(three_seconds: bytes) -> None:

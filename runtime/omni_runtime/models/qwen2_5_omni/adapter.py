@@ -114,7 +114,7 @@ class Qwen25OmniAdapter(OmniAdapter):
     # -- preprocessing (CPU) -------------------------------------------------------------------
     def preprocess(self, request: GenerationRequest) -> Prompt:
         refuse_placeholders(request, self._placeholder_names)
-        pixel_bounds = video_pixel_bounds(request)  # checked with or without a video
+        pixel_bounds = video_pixel_bounds(request, self.loaded.processor, self.max_model_len)
         media = collect_messages(request, default_system=DEFAULT_SYSTEM_PROMPT)
         messages, audios, images, videos, fps = (
             media.messages,

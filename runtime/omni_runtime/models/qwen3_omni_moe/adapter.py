@@ -112,7 +112,7 @@ class Qwen3OmniMoeAdapter(OmniAdapter):
     # -- preprocessing (CPU) -------------------------------------------------------------------
     def preprocess(self, request: GenerationRequest) -> Prompt:
         refuse_placeholders(request, self._placeholder_names)
-        pixel_bounds = video_pixel_bounds(request)  # checked with or without a video
+        pixel_bounds = video_pixel_bounds(request, self.loaded.processor, self.max_model_len)
         media = collect_messages(request, default_system=None)
         proc = self.loaded.processor
         text = proc.apply_chat_template(media.messages, add_generation_prompt=True, tokenize=False)
