@@ -15,21 +15,18 @@ from typing import Any
 
 from omni_runtime.bench.decode import bench_runtime
 from omni_runtime.bench.decode_moe import build
-from omni_runtime.executor import moe_decode, moe_layer
+from omni_runtime.executor import moe_layer
 
-
-def _gate(rows: int, cols: int, warps: int) -> moe_decode.LaunchConfig:
-    return moe_decode.LaunchConfig(gate_rows=rows, gate_cols=cols, down_rows=4, down_cols=256, warps=warps)
-
-
-# Each shape: overrides of executor.moe_layer's launch values (the first: as served).
+# Each shape: overrides of executor.moe_layer's launch values (the first and last: as served). The
+# down kernel's and the matrix-vector kernels' shapes, swept again after the gate-up blocks changed.
 SHAPES: list[dict[str, Any]] = [
     {},
-    {"EXPERTS": _gate(4, 512, 4)},
-    {"EXPERTS": _gate(8, 1024, 8)},
-    {"EXPERTS": _gate(8, 256, 4)},
-    {"EXPERTS": _gate(4, 1024, 4)},
-    {"EXPERTS": _gate(8, 512, 2)},
+    {"DOWN_ROWS": 1, "DOWN_WARPS": 2},
+    {"DOWN_ROWS": 2, "DOWN_WARPS": 2},
+    {"DOWN_ROWS": 1, "DOWN_WARPS": 4},
+    {"GEMV_ROWS": 4, "GEMV_WARPS": 4},
+    {"GEMV_ROWS": 16},
+    {"ATTENTION_WARPS": 4},
     {},
 ]
 SERVED = {name: getattr(moe_layer, name) for shape in SHAPES for name in shape}
