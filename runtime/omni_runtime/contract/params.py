@@ -13,17 +13,32 @@ from typing import Any
 
 from omni_runtime.contract.engine import EngineError
 
+# The largest top-k a request may ask for: the sampler keeps top-k in a 64-bit table, so a bigger
+# number failed its step and every row batched with it; any value past the vocabulary keeps every
+# token anyway. The request fields that feed it (chat, streaming input, video, talker) stop here.
+MAX_TOP_K = 2**31 - 1
 
-def whole_number(value: Any, *, field: str, least: int, what: str = "a whole number", fix: str = "") -> int:
-    """``value`` as an int of at least ``least``; else a 400 naming ``field``: "``field`` must be
-    ``what`` >= ``least``, not ``value``" and, when given, ``; fix``."""
+
+def whole_number(
+    value: Any,
+    *,
+    field: str,
+    least: int,
+    most: int | None = None,
+    what: str = "a whole number",
+    fix: str = "",
+) -> int:
+    """``value`` as an int of at least ``least`` (and at most ``most``, when given); else a 400
+    naming ``field``: "``field`` must be ``what`` >= ``least``, not ``value``" (with "and <=
+    ``most``") and, when given, ``; fix``."""
     try:
         number = int(value) if not isinstance(value, (bool, float)) else None
     except (TypeError, ValueError):
         number = None
-    if number is None or number < least:
+    if number is None or number < least or (most is not None and number > most):
+        span = f">= {least}" + (f" and <= {most}" if most is not None else "")
         raise EngineError(
-            f"{field} must be {what} >= {least}, not {value!r}" + (f"; {fix}" if fix else ""), param=field
+            f"{field} must be {what} {span}, not {value!r}" + (f"; {fix}" if fix else ""), param=field
         )
     return number
 
@@ -35,7 +50,7 @@ def real_number(
     400 naming ``field`` and the range."""
     try:
         number = float(value) if not isinstance(value, bool) else math.nan
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an integer past float's range
         number = math.nan
     above = number > low if low_open else number >= low
     if not (math.isfinite(number) and above and number <= high):

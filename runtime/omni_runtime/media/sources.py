@@ -58,18 +58,36 @@ def read_local(path_text: str, *, limits: MediaLimits) -> bytes:
             "with --allowed-local-media-path DIR",
             code=MEDIA_SOURCE_FORBIDDEN,
         )
+    if "\x00" in path_text:
+        raise MediaError(
+            "the local path contains a NUL character, which no file name holds; send the file's path",
+            code=INVALID_MEDIA,
+        )
     root = Path(limits.allowed_local_media_path).resolve()
-    path = Path(path_text).expanduser().resolve()  # resolves symlinks and '..' before the check
+    try:
+        path = Path(path_text).expanduser().resolve()  # resolves symlinks and '..' before the check
+    except RuntimeError as exc:  # "~name/...": no user of that name on this worker
+        raise MediaError(
+            f"{path_text} names the home directory of a user this worker does not have; send the file's "
+            "full path",
+            code=INVALID_MEDIA,
+        ) from exc
     if not path.is_relative_to(root):
         raise MediaError(
             f"{path_text} is outside the allowed media directory {root}", code=MEDIA_SOURCE_FORBIDDEN
         )
-    if not path.is_file():
-        raise MediaError(f"{path_text} does not exist or is not a file", code=INVALID_MEDIA)
-    size = os.path.getsize(path)
-    if size > limits.max_bytes:
-        raise too_large(size, limits)
-    return path.read_bytes()
+    try:
+        if not path.is_file():
+            raise MediaError(f"{path_text} does not exist or is not a file", code=INVALID_MEDIA)
+        size = os.path.getsize(path)
+        if size > limits.max_bytes:
+            raise too_large(size, limits)
+        return path.read_bytes()
+    except OSError as exc:  # a name too long for the file system, a file the worker may not read
+        raise MediaError(
+            f"{path_text} could not be read ({exc.strerror or 'unreadable'}); send the file as a data: URI",
+            code=INVALID_MEDIA,
+        ) from exc
 
 
 def scheme_of(source: str) -> str:
@@ -99,7 +117,14 @@ async def load_source(
     if scheme in {"http", "https"}:
         return await fetch_url(text, limits=limits, client=client, resolver=resolver)
     if scheme == "file":
-        return read_local(urllib.parse.unquote(urllib.parse.urlparse(text).path), limits=limits)
+        try:
+            path = urllib.parse.urlparse(text).path
+        except ValueError as exc:  # e.g. an unclosed '[' in the host part
+            raise MediaError(
+                f"the file: URL is not valid ({exc}); send file:///absolute/path or a plain path",
+                code=INVALID_MEDIA,
+            ) from exc
+        return read_local(urllib.parse.unquote(path), limits=limits)
     if scheme and len(scheme) > 1:  # "c:" style drive letters are paths, anything else is not ours
         raise MediaError(
             f"unsupported media URL scheme {scheme!r}; use http(s), data: or a local path",

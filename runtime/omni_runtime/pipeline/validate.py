@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 from omni_runtime.contract.adapter import OmniAdapter, RowSampling
 from omni_runtime.contract.engine import EngineError, GenerationRequest, SamplingParams
-from omni_runtime.contract.params import real_number, whole_number
+from omni_runtime.contract.params import MAX_TOP_K, real_number, whole_number
 from omni_runtime.contract.voices import UnknownVoice, resolve_voice
 
 DEFAULT_TALKER_MAX_TOKENS = 4096
@@ -37,6 +37,11 @@ def validate_request(request: GenerationRequest, *, engine: ServingEngine) -> st
         )
     if sp.temperature < 0:
         raise EngineError("temperature must be >= 0", param="temperature")
+    if sp.top_k > MAX_TOP_K:
+        raise EngineError(
+            f"top_k must be at most {MAX_TOP_K}, not {sp.top_k}; send -1 to keep every token",
+            param="top_k",
+        )
     if not 0.0 < sp.top_p <= 1.0:
         raise EngineError("top_p must be in (0, 1]", param="top_p")
     if not 0.0 <= sp.min_p <= 1.0:
@@ -116,7 +121,7 @@ def talker_sampling(request: GenerationRequest, defaults: dict[str, Any]) -> dic
 
     checks = {
         "temperature": lambda v: real_number(v, field=field("temperature"), low=0.0),
-        "top_k": lambda v: whole_number(v, field=field("top_k"), least=0),
+        "top_k": lambda v: whole_number(v, field=field("top_k"), least=0, most=MAX_TOP_K),
         "top_p": lambda v: real_number(v, field=field("top_p"), low=0.0, high=1.0, low_open=True),
         "repetition_penalty": lambda v: real_number(
             v, field=field("repetition_penalty"), low=0.0, low_open=True

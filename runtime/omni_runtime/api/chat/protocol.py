@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_val
 from omni_runtime.api.errors import ApiError
 from omni_runtime.api.settings import ServingLimits
 from omni_runtime.contract.engine import ChatTurn, GenerationRequest, MediaInput, MediaKind, SamplingParams
+from omni_runtime.contract.params import MAX_TOP_K
 from omni_runtime.contract.stages import STAGES
 from omni_runtime.media.video import VideoOptions
 from omni_runtime.realtime.request_types import Flag, Int, Number, Text
@@ -152,7 +153,7 @@ class ChatCompletionRequest(_Model):
     max_completion_tokens: Int | None = Field(default=None, ge=1)
     temperature: Number = Field(default=1.0, ge=0.0, le=2.0)
     top_p: Number = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: Int = Field(default=-1, ge=-1)
+    top_k: Int = Field(default=-1, ge=-1, le=MAX_TOP_K)
     min_p: Number = Field(default=0.0, ge=0.0, le=1.0)
     repetition_penalty: Number = Field(default=1.0, gt=0.0, le=2.0)
     stop: Text | list[Text] | None = None

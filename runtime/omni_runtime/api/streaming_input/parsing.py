@@ -55,7 +55,7 @@ async def read_body(request: Request, *, limit: int) -> bytes:
 def parse_body(model: type[BaseModel], raw: bytes, *, prefix: str = "") -> Any:
     try:
         data = json.loads(raw or b"{}")
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep to parse
         raise ProtocolError(f"the body is not valid JSON: {exc}", code=INVALID_JSON) from exc
     try:
         return model.model_validate(data)
@@ -82,7 +82,7 @@ async def feed_ndjson(
         nonlocal session, params, chunks
         try:
             frame = json.loads(line)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep to parse
             raise ProtocolError(f"line {line_no} is not valid JSON: {exc}", code=INVALID_JSON) from exc
         if not isinstance(frame, dict):
             raise invalid(f"line {line_no}", "each line is a JSON object")

@@ -17,6 +17,8 @@ from omni_runtime.realtime.errors import invalid
 from omni_runtime.realtime.session.duplex_config import DuplexConfig, parse_duplex
 from omni_runtime.realtime.settings import RealtimeSettings
 
+MAX_OUTPUT_TOKENS = 1_000_000  # session.update's and response.create's max_output_tokens at most
+
 EAGERNESS_UNIT_MS = {"low": 2000, "medium": 1000, "auto": 1000, "high": 500}
 
 
@@ -166,7 +168,8 @@ def _number(value: Any, param: str, *, lo: float, hi: float) -> float:
     return float(value)
 
 
-def _integer(value: Any, param: str, *, lo: int, hi: int) -> int:
+def integer_in(value: Any, param: str, *, lo: int, hi: int) -> int:
+    """``value`` as an int in ``[lo, hi]``, else an ``invalid`` error naming ``param`` and the range."""
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
         raise invalid(param, f"expected an integer from {lo} to {hi}, got {value!r}")
     return value
@@ -198,21 +201,21 @@ def parse_turn_detection(value: Any, current: TurnDetection | None, param: str) 
     base = current or TurnDetection()
     changes: dict[str, Any] = {"type": kind}
     if "eagerness" in value:
-        if value["eagerness"] not in EAGERNESS_UNIT_MS:
+        if not isinstance(value["eagerness"], str) or value["eagerness"] not in EAGERNESS_UNIT_MS:
             raise invalid(f"{param}.eagerness", f"expected one of {', '.join(EAGERNESS_UNIT_MS)}")
         changes["eagerness"] = value["eagerness"]
     if "threshold" in value:
         changes["threshold"] = _number(value["threshold"], f"{param}.threshold", lo=0.0, hi=1.0)
     for name in ("prefix_padding_ms", "silence_duration_ms"):
         if name in value:
-            changes[name] = _integer(value[name], f"{param}.{name}", lo=0, hi=10_000)
+            changes[name] = integer_in(value[name], f"{param}.{name}", lo=0, hi=10_000)
     for name in ("create_response", "interrupt_response"):
         if name in value:
             changes[name] = _bool(value[name], f"{param}.{name}")
     if "idle_timeout_ms" in value:
         idle = value["idle_timeout_ms"]
         changes["idle_timeout_ms"] = (
-            None if idle is None else _integer(idle, f"{param}.idle_timeout_ms", lo=5_000, hi=30_000)
+            None if idle is None else integer_in(idle, f"{param}.idle_timeout_ms", lo=5_000, hi=30_000)
         )
     return replace(base, **changes)
 
@@ -276,7 +279,7 @@ def apply_update(config: SessionConfig, session: Any, *, audio_out: bool, duplex
         if name in session:
             value = session[name]
             changes["max_output_tokens"] = (
-                None if value == "inf" else _integer(value, f"session.{name}", lo=1, hi=1_000_000)
+                None if value == "inf" else integer_in(value, f"session.{name}", lo=1, hi=MAX_OUTPUT_TOKENS)
             )
     if "temperature" in session:
         changes["temperature"] = _number(session["temperature"], "session.temperature", lo=0.0, hi=2.0)

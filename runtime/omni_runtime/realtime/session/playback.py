@@ -10,6 +10,7 @@ by itself, so ``conversation.item.truncate`` keeps its OpenAI meaning.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
@@ -42,8 +43,13 @@ class PlaybackCursor:
         played = event.get(name)
         if played is None:
             raise missing("played_ms", where="playback.ack")
-        if isinstance(played, bool) or not isinstance(played, int | float) or played < 0:
-            raise invalid(name, "expected the played position in milliseconds (a number >= 0)")
+        if (
+            isinstance(played, bool)
+            or not isinstance(played, int | float)
+            or (isinstance(played, float) and not math.isfinite(played))  # NaN, Infinity, 1e400
+            or played < 0
+        ):
+            raise invalid(name, "expected the played position in milliseconds (a finite number >= 0)")
         item_id, response_id = event.get("item_id"), event.get("response_id")
         if item_id is not None and not isinstance(item_id, str):
             raise invalid("item_id", "expected an item id")

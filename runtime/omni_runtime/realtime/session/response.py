@@ -34,7 +34,12 @@ from omni_runtime.realtime.errors import ENGINE_ERROR, SERVER_ERROR, invalid
 from omni_runtime.realtime.outbox import Outbox
 from omni_runtime.realtime.protocol import close_quietly, engine_voice, new_id
 from omni_runtime.realtime.request_types import check_text
-from omni_runtime.realtime.session.config import SessionConfig, parse_modalities
+from omni_runtime.realtime.session.config import (
+    MAX_OUTPUT_TOKENS,
+    SessionConfig,
+    integer_in,
+    parse_modalities,
+)
 from omni_runtime.realtime.session.conversation import Conversation, Item, Part
 from omni_runtime.realtime.settings import RealtimeSettings, default_max_tokens, prompt_limits
 
@@ -74,7 +79,13 @@ def plan_response(
     if "instructions" in body:
         max_chars, _ = prompt_limits(engine.max_model_len, max_chars=settings.max_prompt_chars)
         check_text(instructions, param="response.instructions", max_chars=max_chars)
-    voice = ((body.get("audio") or {}).get("output") or {}).get("voice", body.get("voice", config.voice))
+    audio = body.get("audio") or {}
+    if not isinstance(audio, dict):
+        raise invalid("response.audio", 'expected an object, such as {"output": {"voice": "alloy"}}')
+    output = audio.get("output") or {}
+    if not isinstance(output, dict):
+        raise invalid("response.audio.output", 'expected an object, such as {"voice": "alloy"}')
+    voice = output.get("voice", body.get("voice", config.voice))
     if voice is not None and not isinstance(voice, str):
         raise invalid("response.voice", "expected a voice name")
     max_tokens: Any = body.get("max_output_tokens", body.get("max_response_output_tokens"))
@@ -82,8 +93,7 @@ def plan_response(
         max_tokens = config.max_output_tokens or default_max_tokens(
             settings, max_model_len=engine.max_model_len
         )
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise invalid("response.max_output_tokens", "expected a positive integer or 'inf'")
+    max_tokens = integer_in(max_tokens, "response.max_output_tokens", lo=1, hi=MAX_OUTPUT_TOKENS)
     temperature = body.get("temperature", config.temperature)
     if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not 0 <= temperature <= 2:
         raise invalid("response.temperature", "expected a number from 0 to 2")

@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
+from omni_runtime.contract.params import MAX_TOP_K
 from omni_runtime.realtime.request_types import Flag, Int, Number, Text
 
 Modality = Literal["text", "audio", "image", "video"]
@@ -96,9 +97,9 @@ class StreamingInputParams(BaseModel):
     )
     temperature: Number = Field(default=1.0, ge=0.0, le=2.0)
     top_p: Number = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: Int = -1
+    top_k: Int = Field(default=-1, le=MAX_TOP_K)
     min_p: Number = Field(default=0.0, ge=0.0, le=1.0)
-    repetition_penalty: Number = Field(default=1.0, gt=0.0)
+    repetition_penalty: Number = Field(default=1.0, gt=0.0, le=2.0)  # as chat's and the video socket's
     seed: Int | None = None
     stop: Text | list[Text] | None = None
     instructions: Text | None = None

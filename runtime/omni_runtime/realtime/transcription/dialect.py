@@ -41,7 +41,7 @@ def pick_dialect(first_text: str, *, max_bytes: int) -> Dialect:
         return "openai"  # refused by the session as too large either way
     try:
         event = json.loads(first_text)
-    except ValueError:
+    except (ValueError, RecursionError):  # the session's own parse refuses it with an error event
         return "openai"
     if not isinstance(event, dict):
         return "openai"

@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from omni_runtime.contract.engine import SamplingParams
+from omni_runtime.contract.params import MAX_TOP_K
 from omni_runtime.contract.stages import Stage
 from omni_runtime.realtime.errors import ProtocolError, invalid
 from omni_runtime.realtime.request_types import Flag, Int, Number, Text
@@ -56,7 +57,7 @@ class StageSampling(BaseModel):
     )
     temperature: Number | None = Field(default=None, ge=0.0, le=2.0)
     top_p: Number | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: Int | None = Field(default=None, ge=-1)
+    top_k: Int | None = Field(default=None, ge=-1, le=MAX_TOP_K)
     min_p: Number | None = Field(default=None, ge=0.0, le=1.0)
     repetition_penalty: Number | None = Field(default=None, gt=0.0, le=2.0)
     seed: Int | None = None
