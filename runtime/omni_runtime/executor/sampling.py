@@ -67,7 +67,7 @@ class BatchSampler:
         self._params[slot] = params
         self.temperature[slot] = max(0.0, params.temperature)
         self.top_p[slot] = params.top_p if 0.0 < params.top_p < 1.0 else 1.0
-        self.top_k[slot] = params.top_k if params.top_k > 0 else 0
+        self.top_k[slot] = params.top_k if 0 < params.top_k < self.vocab_size else 0  # all: off
         self.min_p[slot] = max(0.0, params.min_p)
         self.penalty[slot] = params.repetition_penalty if params.repetition_penalty > 0 else 1.0
         seed = params.seed if params.seed is not None else random.getrandbits(31)

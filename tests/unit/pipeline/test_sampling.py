@@ -147,3 +147,16 @@ def test_the_dense_path_draws_what_sample_draws_and_advances_ready_rows_only() -
         assert dense.step.tolist() == reference.step.tolist()
     assert dense.step[:4].tolist() == [12, 6, 12, 8]
     assert torch.equal(dense._seen_table(), reference._seen_table())
+
+
+def test_a_top_k_past_the_vocabulary_keeps_every_token_and_installs() -> None:
+    """Past the table's int64 (a request the API refuses first) or just past the vocabulary: the
+    same draws as no top-k, never an overflow that would fail the step of every row batched with it."""
+    logits = torch.randn(1, 50, generator=torch.Generator().manual_seed(1))
+    for top_k in (50, 51, 10**20):
+        plain = _sampler([RowSampling(temperature=1.0, seed=9)], 50)
+        wide = _sampler([RowSampling(temperature=1.0, seed=9, top_k=top_k)], 50)
+        assert int(wide.top_k[0]) == 0
+        assert [int(wide.sample(logits)[0]) for _ in range(20)] == [
+            int(plain.sample(logits)[0]) for _ in range(20)
+        ]
