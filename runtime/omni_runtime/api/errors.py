@@ -249,6 +249,12 @@ def install_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, StarletteHTTPException)
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         message = str(exc.detail)
+        if exc.status_code == 400 and message == "There was an error parsing the body":  # FastAPI's own
+            message = (
+                "The request body could not be parsed as JSON (not JSON, or nested too deep); send one JSON "
+                'object, such as {"model": ..., "messages": [...]}.'
+            )
+            code = "invalid_json"
         if exc.status_code in (404, 405):
             message = (
                 f"No route for {request.method} {request.url.path}; this worker serves POST /v1/chat/completions, "

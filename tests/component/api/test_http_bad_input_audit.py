@@ -177,3 +177,19 @@ def test_streaming_input_json_nested_too_deep_is_invalid_json(worker: Worker, wh
             "invalid_json",
         )
         _still_serves(client)
+
+
+def test_a_chat_body_nested_too_deep_is_invalid_json(worker: Worker) -> None:
+    with worker.client() as client:
+        reply = client.post(
+            "/v1/chat/completions", content=TOO_DEEP.encode(), headers={"content-type": "application/json"}
+        )
+    assert (reply.status_code, reply.json()) == (
+        400,
+        _error(
+            "The request body could not be parsed as JSON (not JSON, or nested too deep); send one JSON "
+            'object, such as {"model": ..., "messages": [...]}.',
+            None,
+            "invalid_json",
+        ),
+    )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 from typing import Any
 
 import numpy as np
@@ -120,6 +121,30 @@ def test_frames_with_an_id_are_acknowledged(engine: ScriptedEngine) -> None:
             "pts_ms": 1500.5,
         },
     ]
+
+
+def test_a_non_finite_position_is_not_echoed(engine: ScriptedEngine) -> None:
+    """Infinity or NaN back in the ack would not be strict JSON (a browser's JSON.parse refuses it)."""
+    events = run_video(
+        engine,
+        [
+            {"type": "session.config", "modalities": ["text"], "max_frames": 2},
+            {
+                "type": "video.frame",
+                "data": png_b64(1),
+                "frame_id": "f1",
+                "pts_ms": math.inf,
+                "capture_ts_ms": 7,
+            },
+            {"type": "video.frame", "data": png_b64(2), "frame_id": "f2", "pts_ms": math.nan},
+        ],
+    )
+    acks = [e for e in events if e["type"] == "video.frame.ack"]
+    assert [(a["frame_id"], a.get("pts_ms"), a.get("capture_ts_ms")) for a in acks] == [
+        ("f1", None, 7),
+        ("f2", None, None),
+    ]
+    json.dumps(acks, allow_nan=False)
 
 
 def test_a_silent_session_is_closed_with_an_error_but_not_while_it_is_answered() -> None:

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -196,8 +197,12 @@ class VideoSession:
                 "accepted": result.outcome == "kept",
                 "buffered_frames": len(self.buffer.frames),
             }
-            ack.update(
-                {k: event[k] for k in ("pts_ms", "capture_ts_ms") if type(event.get(k)) in (int, float)}
+            ack.update(  # echoed when a finite number: Infinity or NaN back would not be strict JSON
+                {
+                    k: event[k]
+                    for k in ("pts_ms", "capture_ts_ms")
+                    if type(event.get(k)) in (int, float) and math.isfinite(event[k])
+                }
             )
             if result.outcome == "filtered":
                 ack["reason"] = "filtered"
