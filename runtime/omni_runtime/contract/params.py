@@ -19,6 +19,17 @@ from omni_runtime.contract.engine import EngineError
 MAX_TOP_K = 2**31 - 1
 
 
+def shown(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` for a message, its middle elided past ``limit`` characters (a 400-digit
+    number need not come back whole)."""
+    text = repr(value)
+    return (
+        text
+        if len(text) <= limit
+        else f"{text[: limit // 2]}...{text[-(limit // 2) :]} ({len(text)} characters)"
+    )
+
+
 def whole_number(
     value: Any,
     *,
@@ -38,7 +49,7 @@ def whole_number(
     if number is None or number < least or (most is not None and number > most):
         span = f">= {least}" + (f" and <= {most}" if most is not None else "")
         raise EngineError(
-            f"{field} must be {what} {span}, not {value!r}" + (f"; {fix}" if fix else ""), param=field
+            f"{field} must be {what} {span}, not {shown(value)}" + (f"; {fix}" if fix else ""), param=field
         )
     return number
 
@@ -56,5 +67,5 @@ def real_number(
     if not (math.isfinite(number) and above and number <= high):
         bound = f"> {low}" if low_open else f">= {low}"
         span = f"{bound} and <= {high}" if math.isfinite(high) else bound
-        raise EngineError(f"{field} must be a number {span}, not {value!r}", param=field)
+        raise EngineError(f"{field} must be a number {span}, not {shown(value)}", param=field)
     return number

@@ -30,6 +30,12 @@ def test_whole_numbers_pass(value: Any, least: int, expected: int) -> None:
         ("1e3", 0, "", "f must be a whole number >= 0, not '1e3'"),
         (None, 0, "send 4", "f must be a whole number >= 0, not None; send 4"),
         ([1], 0, "", "f must be a whole number >= 0, not [1]"),
+        (  # a long value comes back elided
+            "-" + "9" * 400,
+            0,
+            "",
+            f"f must be a whole number >= 0, not '-{'9' * 28}...{'9' * 29}' (403 characters)",
+        ),
     ],
 )
 def test_whole_number_refusals_name_the_field(value: Any, least: int, fix: str, message: str) -> None:
