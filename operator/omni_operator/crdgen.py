@@ -25,6 +25,9 @@ from omni_operator.api.spec import (
     PLURAL,
     SHORT_NAMES,
     SINGULAR,
+    STAGE_IMAGE_ROLES,
+    STAGE_IMAGES_FIX,
+    STAGE_IMAGES_REASON,
     VERSION,
     OmniDeploymentSpec,
     RuntimeType,
@@ -142,9 +145,24 @@ def cel_rules() -> list[Schema]:
     pairs += _peer_rules(runtime, pipeline)
     return [
         *({"rule": rule, "message": r.message} for rule, r in pairs),
+        _stage_images_rule(),
         *_env_rules(),
         *_switch_rules(runtime),
     ]
+
+
+def _stage_images_rule() -> Schema:
+    """spec.runtime.stageImages keyed by stage pod roles only, in the loader's words."""
+    images = "self.runtime.stageImages"
+    roles = "[" + ", ".join(json.dumps(r) for r in STAGE_IMAGE_ROLES) + "]"
+    field = "spec.runtime.stageImages"
+    tail = f": {STAGE_IMAGES_REASON}; {STAGE_IMAGES_FIX}"
+    return {
+        "rule": f"!({_set('runtime.stageImages')}) || {images}.all(r, r in {roles})",
+        "message": f"{field}: every key must be a stage pod role; {STAGE_IMAGES_FIX}",
+        "messageExpression": f"{json.dumps(field + '.')} + {images}.filter(r, !(r in {roles}))[0]"
+        f" + {json.dumps(tail)}",
+    }
 
 
 def _env_rules() -> list[Schema]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import random
 import sys
@@ -70,6 +71,19 @@ def main(argv: list[str]) -> int:
     if args.liveness_port < 0 or args.liveness_port > 65535:
         print(
             f"omni operator: --liveness-port {args.liveness_port} is not a port; use 0-65535", file=sys.stderr
+        )
+        return 2
+    if not (math.isfinite(args.resync_seconds) and args.resync_seconds > 0):
+        print(
+            f"omni operator: --resync-seconds {args.resync_seconds}: expected a number of seconds above 0 "
+            "(default 60)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.peering_lifetime < 1:
+        print(
+            f"omni operator: --peering-lifetime {args.peering_lifetime}: expected 1 or more seconds (default 60)",
+            file=sys.stderr,
         )
         return 2
     if args.kubeconfig:

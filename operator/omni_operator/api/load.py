@@ -47,6 +47,21 @@ def load_deployments(path: str | Path) -> list[OmniDeployment]:
 def parse_deployments(text: str, *, file: str = "<string>") -> list[OmniDeployment]:
     try:
         documents = [d for d in yaml.safe_load_all(text) if d is not None]
+    except RecursionError:
+        raise SpecError(
+            file=file,
+            field="",
+            reason="the YAML is nested too deeply to read",
+            fix="write the OmniDeployment as a plain mapping (see examples/)",
+        ) from None
+    except ValueError:
+        # PyYAML's int() of a number past Python's digit limit (4300): not a YAMLError.
+        raise SpecError(
+            file=file,
+            field="",
+            reason=f"a number in the YAML has more than {sys.get_int_max_str_digits()} digits",
+            fix="write every number with fewer digits",
+        ) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
@@ -111,9 +126,25 @@ def field_path(loc: tuple[int | str, ...]) -> str:
     return out
 
 
+_DNS_LABEL_FIX = "use lowercase letters, digits and '-', starting and ending with a letter or digit"
 _PATTERN_FIXES = {
-    "metadata.name": "use lowercase letters, digits and '-', starting and ending with a letter or digit",
+    "metadata.name": _DNS_LABEL_FIX,
+    "metadata.namespace": _DNS_LABEL_FIX + " (at most 63 characters)",
 }
+# By the field's last two path parts: the same kind of field in several places.
+_PATTERN_FIXES_BY_TAIL = {
+    "resources.cpu": "use a Kubernetes CPU quantity such as '2', '500m' or '1.5'",
+    "resources.memory": "use a Kubernetes memory quantity such as '32Gi', '512Mi' or '4G'",
+    "source.claimName": "use the PersistentVolumeClaim's name: lowercase letters, digits, '-' and '.'",
+    "auth.secretName": "use the Secret's name: lowercase letters, digits, '-' and '.'",
+    "auth.key": "use letters, digits, '-', '_' and '.', not starting with '..'",
+}
+
+
+def _pattern_fix(field: str) -> str:
+    tail = ".".join(field.split(".")[-2:])
+    return _PATTERN_FIXES.get(field) or _PATTERN_FIXES_BY_TAIL.get(tail, "use a value matching that pattern")
+
 
 _TYPE_WORDS = {
     "int": "a whole number",
@@ -132,12 +163,21 @@ def _spec_error(exc: ValidationError, *, file: str) -> SpecError:
     err = exc.errors()[0]
     loc, kind, ctx = tuple(err["loc"]), err["type"], err.get("ctx", {})
     field, given = field_path(loc), err.get("input")
+    shown = _shown(given)
     more = exc.error_count() - 1
     suffix = f" ({more} more problem{'s' if more > 1 else ''} after this one)" if more else ""
 
     def error(reason: str, fix: str, where: str = field) -> SpecError:
         return SpecError(file=file, field=where, reason=reason, fix=fix + suffix)
 
+    if loc and loc[-1] == "[key]" and len(loc) >= 2:
+        # A mapping's key of the wrong type: YAML reads an unquoted 1 or true as a number or a
+        # boolean. Name the key as the user wrote it, not pydantic's "[1].[key]".
+        where = f"{field_path(loc[:-2])}.{loc[-2]}"
+        text = str(given).lower() if isinstance(given, bool) else given
+        return error(f"the name {given!r} is not a string", f"quote it: '{text}'", where=where)
+    if kind == "finite_number":
+        return error(f"{shown} is not a finite number", "use a finite number")
     if kind == "missing":
         return error("required field is missing", f"add {loc[-1]}")
     if kind == "extra_forbidden":
@@ -149,7 +189,7 @@ def _spec_error(exc: ValidationError, *, file: str) -> SpecError:
             f"unknown field {loc[-1]!r}", f"{hint}fields of {parent or 'the object'}: {', '.join(valid)}"
         )
     if kind == "enum":
-        return error(f"{given!r} is not a valid {loc[-1]}", f"use one of {ctx['expected']}")
+        return error(f"{shown} is not a valid {loc[-1]}", f"use one of {ctx['expected']}")
     if kind == "value_error" and isinstance(ctx.get("error"), EntryError):
         entry = ctx["error"]
         return error(entry.reason, entry.fix, where=f"{field}.{entry.entry}")
@@ -165,7 +205,7 @@ def _spec_error(exc: ValidationError, *, file: str) -> SpecError:
     }
     if kind in bounds:
         words, key, op = bounds[kind]
-        return error(f"{given!r} is {words} {ctx[key]}", f"use a value {op} {ctx[key]}")
+        return error(f"{shown} is {words} {ctx[key]}", f"use a value {op} {ctx[key]}")
     if kind == "string_too_short":
         return error(f"must have at least {ctx['min_length']} character(s)", "set a non-empty value")
     if kind == "string_too_long":
@@ -174,18 +214,26 @@ def _spec_error(exc: ValidationError, *, file: str) -> SpecError:
         )
     if kind == "string_pattern_mismatch":
         return error(
-            f"{given!r} does not match {ctx['pattern']}",
-            _PATTERN_FIXES.get(field, "use a value matching that pattern"),
+            f"{shown} does not match {ctx['pattern']}",
+            _pattern_fix(field),
         )
     if kind == "string_type" and isinstance(given, int | float):
         # YAML reads an unquoted 8 as a number and on, yes or true as a boolean (env values, names):
         # say how to write the string.
         text = str(given).lower() if isinstance(given, bool) else given
-        return error(f"expected a string, got {given!r}", f"quote it: {loc[-1]}: '{text}'")
+        return error(f"expected a string, got {shown}", f"quote it: {loc[-1]}: '{text}'")
     for prefix, words in _TYPE_WORDS.items():
         if kind.startswith(f"{prefix}_"):
-            return error(f"expected {words}, got {given!r}", f"set {loc[-1] if loc else 'it'} to {words}")
+            return error(f"expected {words}, got {shown}", f"set {loc[-1] if loc else 'it'} to {words}")
     return error(err["msg"], "correct the value")
+
+
+def _shown(value: object, limit: int = 40) -> str:
+    """A value as the message quotes it: its repr, cut short when long (a 400-digit number)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**limit:
+        return f"a number of more than {limit} digits"
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
 def _valid_fields(loc: tuple[int | str, ...]) -> list[str]:

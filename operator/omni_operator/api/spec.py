@@ -25,8 +25,49 @@ SINGULAR = "omnideployment"
 SHORT_NAMES = ["omnid"]
 
 
+# A Kubernetes resource quantity without a sign (resource.Quantity): digits with an optional
+# fraction, then a binary (Ki..Ei) or decimal (n, u, m, k, M..E) suffix or a short exponent. The
+# renderer reads a CPU-only container's CPU as a number (OMP_NUM_THREADS): "inf" or "nan" would
+# have crashed it, and "32GB" would have failed only at pod creation.
+QUANTITY_PATTERN = r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]{1,2})?$"
+# A DNS-1123 subdomain (Secret and PersistentVolumeClaim names) and label (namespaces).
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# A key of a Secret that also names a file under the mount: letters, digits, '-', '_' and '.', not
+# starting with '..' (nor '.' or '..' alone).
+SECRET_KEY_PATTERN = r"^\.?[-_a-zA-Z0-9][-._a-zA-Z0-9]*$"
+# The longest duration in seconds a spec may give: int32, which every consumer (Kubernetes, the
+# rollout clock in float seconds, the router's timeout) holds.
+MAX_SECONDS = 2**31 - 1
+# Stage pod roles (plan.types.Role) whose image runtime.stageImages may override.
+STAGE_IMAGE_ROLES = ("worker", "api", "thinker", "talker", "image-encoder")
+STAGE_IMAGES_REASON = "is not a stage pod role"
+STAGE_IMAGES_FIX = "use one of " + ", ".join(STAGE_IMAGE_ROLES)
+NUL_REASON = "holds a NUL character, which no command line or environment variable can carry"
+NUL_FIX = "remove it"
+
+
+def check_no_nul(value: object) -> None:
+    """ValueError (EntryError for a mapping's entry) when a field's strings hold a NUL character.
+    Nested spec objects check their own fields."""
+    if isinstance(value, str) and "\x00" in value:
+        raise ValueError(f"{NUL_REASON}; {NUL_FIX}")
+    if isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            if isinstance(item, str) and "\x00" in item:
+                raise ValueError(f"item {i} {NUL_REASON}; {NUL_FIX}")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if "\x00" in str(key):
+                raise runtime_env.EntryError(repr(key), reason=f"the name {NUL_REASON}", fix=NUL_FIX)
+            if isinstance(item, str) and "\x00" in item:
+                raise runtime_env.EntryError(str(key), reason=NUL_REASON, fix=NUL_FIX)
+
+
 class SpecModel(BaseModel):
-    """Base for every spec object: camelCase in YAML, unknown fields rejected."""
+    """Base for every spec object: camelCase in YAML, unknown fields rejected, numbers finite, no
+    NUL character in a string (every string ends up on a command line, in an environment or in a
+    manifest)."""
 
     model_config = ConfigDict(
         alias_generator=to_camel,
@@ -34,7 +75,14 @@ class SpecModel(BaseModel):
         extra="forbid",
         frozen=True,
         use_enum_values=False,
+        allow_inf_nan=False,
     )
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _no_nul(cls, value: Any) -> Any:
+        check_no_nul(value)
+        return value
 
 
 class Architecture(StrEnum):
@@ -109,7 +157,11 @@ class ModelSource(SpecModel):
         "builtin runtime only, for tests and demos).",
     )
     claim_name: str | None = Field(
-        default=None, description="PersistentVolumeClaim name (type pvc).", min_length=1
+        default=None,
+        description="PersistentVolumeClaim name (type pvc).",
+        min_length=1,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
     )
     sub_path: str | None = Field(default=None, description="Sub-path inside the volume (type pvc).")
     host_path: str | None = Field(default=None, description="Node directory (type hostPath).", min_length=1)
@@ -179,10 +231,12 @@ class RuntimeSpec(SpecModel):
     image_pull_policy: str = Field(
         default="IfNotPresent", pattern="^(Always|IfNotPresent|Never)$", description="Image pull policy."
     )
-    stage_images: dict[str, str] = Field(
+    stage_images: dict[str, Annotated[str, Field(min_length=1)]] = Field(
         default_factory=dict,
-        description="Per stage-pod image overrides keyed by stage pod role (api, thinker, talker, "
-        "image-encoder).",
+        max_length=len(STAGE_IMAGE_ROLES),
+        description="Per stage-pod image overrides keyed by stage pod role ("
+        + ", ".join(STAGE_IMAGE_ROLES)
+        + "; worker is the one pod of a CPU or peer-runtime worker).",
     )
     extra_args: list[str] = Field(
         default_factory=list, description="Extra arguments for every runtime process."
@@ -202,6 +256,14 @@ class RuntimeSpec(SpecModel):
         "out one by one, like any other pod change.",
     )
 
+    @field_validator("stage_images")
+    @classmethod
+    def _stage_roles(cls, images: dict[str, str]) -> dict[str, str]:
+        for role in images:
+            if role not in STAGE_IMAGE_ROLES:
+                raise runtime_env.EntryError(role, reason=STAGE_IMAGES_REASON, fix=STAGE_IMAGES_FIX)
+        return images
+
     @field_validator("env")
     @classmethod
     def _env_names(cls, env: dict[str, str], info: ValidationInfo) -> dict[str, str]:
@@ -211,8 +273,18 @@ class RuntimeSpec(SpecModel):
 class Resources(SpecModel):
     """CPU and memory for a stage pod (GPUs come from the plan)."""
 
-    cpu: str | None = Field(default=None, description="CPU request and limit, e.g. '4'.")
-    memory: str | None = Field(default=None, description="Memory request and limit, e.g. '32Gi'.")
+    cpu: str | None = Field(
+        default=None,
+        pattern=QUANTITY_PATTERN,
+        max_length=64,
+        description="CPU request and limit, a Kubernetes quantity, e.g. '4' or '500m'.",
+    )
+    memory: str | None = Field(
+        default=None,
+        pattern=QUANTITY_PATTERN,
+        max_length=64,
+        description="Memory request and limit, a Kubernetes quantity, e.g. '32Gi' or '512Mi'.",
+    )
 
 
 class ThinkerSpec(SpecModel):
@@ -225,7 +297,7 @@ class ThinkerSpec(SpecModel):
         "(0.80 for 80 GB parts, 0.90 for 141 GB parts).",
     )
     cpu_offload_gb: int = Field(
-        default=0, ge=0, description="GiB of weights per GPU offloaded to host memory."
+        default=0, ge=0, le=65536, description="GiB of weights per GPU offloaded to host memory."
     )
     quantization: Quantization | None = Field(default=None, description="Weight quantization.")
     resources: Resources = Field(default_factory=Resources, description="CPU and memory of the thinker pod.")
@@ -298,16 +370,31 @@ class GpuSpec(SpecModel):
 
 
 class RouterAuth(SpecModel):
-    secret_name: str = Field(min_length=1, description="Secret holding accepted API keys, one per line.")
-    key: str = Field(default="api-keys", min_length=1, description="Key inside the Secret.")
+    secret_name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="Secret holding accepted API keys, one per line.",
+    )
+    key: str = Field(
+        default="api-keys",
+        min_length=1,
+        max_length=253,
+        pattern=SECRET_KEY_PATTERN,
+        description="Key inside the Secret (letters, digits, '-', '_' and '.'; it names the mounted file).",
+    )
 
 
 class RouterLimits(SpecModel):
-    max_sessions_per_worker: int = Field(default=256, ge=1, description="Live sessions one worker accepts.")
-    max_request_body_bytes: int = Field(
-        default=64 * 1024 * 1024, ge=1024, description="Largest request body."
+    max_sessions_per_worker: int = Field(
+        default=256, ge=1, le=1 << 20, description="Live sessions one worker accepts."
     )
-    request_timeout_seconds: int = Field(default=600, ge=1, description="Upstream timeout for one request.")
+    max_request_body_bytes: int = Field(
+        default=64 * 1024 * 1024, ge=1024, le=1 << 40, description="Largest request body."
+    )
+    request_timeout_seconds: int = Field(
+        default=600, ge=1, le=MAX_SECONDS, description="Upstream timeout for one request."
+    )
 
 
 class RouterSpec(SpecModel):
@@ -328,13 +415,18 @@ class RouterSpec(SpecModel):
 
 
 class RolloutSpec(SpecModel):
-    max_surge: int = Field(default=1, ge=0, description="Extra workers allowed during a rollout.")
+    max_surge: int = Field(default=1, ge=0, le=1024, description="Extra workers allowed during a rollout.")
     max_unavailable: int = Field(
-        default=0, ge=0, description="Workers that may be unavailable during a rollout."
+        default=0, ge=0, le=1024, description="Workers that may be unavailable during a rollout."
     )
-    drain_timeout_seconds: int = Field(default=600, ge=0, description="Longest wait for a draining worker.")
+    drain_timeout_seconds: int = Field(
+        default=600, ge=0, le=MAX_SECONDS, description="Longest wait for a draining worker."
+    )
     progress_deadline_seconds: int = Field(
-        default=600, ge=1, description="Time a new worker has to become ready before the rollout stops."
+        default=600,
+        ge=1,
+        le=MAX_SECONDS,
+        description="Time a new worker has to become ready before the rollout stops.",
     )
     paused: bool = Field(default=False, description="Stop the rollout at its next step.")
 
@@ -447,7 +539,7 @@ class OmniDeploymentSpec(SpecModel):
 class ObjectMeta(BaseModel):
     model_config = ConfigDict(extra="allow")
     name: str = Field(min_length=1, max_length=40, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-    namespace: str = "default"
+    namespace: str = Field(default="default", min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN)
     uid: str | None = None
     generation: int | None = None
     labels: dict[str, str] = Field(default_factory=dict)

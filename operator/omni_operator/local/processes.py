@@ -36,6 +36,9 @@ class LocalSettings:
     workers_file: str
 
 
+MAX_PORT = 65535
+
+
 class LocalCapacityError(ValueError):
     """The plan needs more GPUs (or ports) than this machine has."""
 
@@ -139,6 +142,9 @@ def busy_ports(ports: Iterable[int], *, host: str = "127.0.0.1") -> list[int]:
     """Ports another process already listens on (bound as the runtime binds: SO_REUSEADDR)."""
     busy: list[int] = []
     for port in ports:
+        if not 0 < port <= MAX_PORT:  # no program listens there, and none of ours can either
+            busy.append(port)
+            continue
         with socket.socket() as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
@@ -148,13 +154,31 @@ def busy_ports(ports: Iterable[int], *, host: str = "127.0.0.1") -> list[int]:
     return busy
 
 
+def check_port_range(*, plan: Plan) -> None:
+    """Every worker port of the plan is a port (at most MAX_PORT) and not the router's."""
+    for worker in plan.workers:
+        ports = worker_ports(worker)
+        if ports and ports[-1] > MAX_PORT:
+            raise LocalCapacityError(
+                f"--base-port: {worker.name} would listen on port {ports[-1]}, past {MAX_PORT}; lower "
+                f"--base-port or spec.workers (worker i uses ports base+10*i+1 to base+10*i+4)"
+            )
+        if plan.router.port in ports:
+            raise LocalCapacityError(
+                f"--port {plan.router.port}: {worker.name} listens there too (worker i uses ports "
+                f"base+10*i+1 to base+10*i+4); pick a --port outside them, or another --base-port"
+            )
+
+
 def check_ports(*, plan: Plan) -> None:
-    """Refuse to start when the router's or a worker's port is taken (instead of a crash loop)."""
+    """Refuse to start when the router's or a worker's port is taken (instead of a crash loop), past
+    the last port, or the router's own."""
     busy = busy_ports([plan.router.port], host="0.0.0.0")
     if busy:
         raise LocalCapacityError(
             f"--port {plan.router.port}: another process listens there; pick a free --port"
         )
+    check_port_range(plan=plan)
     for worker in plan.workers:
         busy = busy_ports(worker_ports(worker))
         if busy:

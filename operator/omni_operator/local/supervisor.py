@@ -32,10 +32,12 @@ from omni_operator.api.load import SpecError, parse_deployments
 from omni_operator.api.spec import OmniDeployment
 from omni_operator.local import control
 from omni_operator.local.processes import (
+    MAX_PORT,
     LocalCapacityError,
     LocalSettings,
     busy_ports,
     check_capacity,
+    check_port_range,
     host_gpus,
     plan_local,
     plan_worker,
@@ -163,6 +165,7 @@ class Supervisor:
             )
         plan = plan_local(dep, self.settings)
         check_capacity(plan=plan, available_gpus=self.available_gpus, gpu_offset=self.settings.gpu_offset)
+        check_port_range(plan=plan)
         old_dep, old_plan = self.dep, self.plan
         self.dep, self.plan = dep, plan
         self._finish_followers(ok=True, message="a newer spec was applied; stopped following")
@@ -197,6 +200,12 @@ class Supervisor:
             busy = busy_ports(worker_ports(plan))
             if not busy:
                 break
+            if busy[-1] > MAX_PORT:
+                self.progress(
+                    f"{plan.name} would listen on port {busy[-1]}, past {MAX_PORT}; restart omni up with "
+                    "a lower --base-port"
+                )
+                return
             self.say(
                 f"port {busy[0]} of {plan.name} is in use by another program; skipping to the next index"
             )

@@ -7,17 +7,28 @@ document, with placement errors reported against the file like schema errors are
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 import yaml
 
 from omni_operator.api.load import SpecError, load_deployments
+from omni_operator.api.spec import DNS_LABEL_PATTERN
 from omni_operator.plan.planner import plan_deployment
 from omni_operator.plan.types import Plan, PlanError, Target
 
 
 def plan_file(path: str, *, namespace: str | None = None, target: Target = Target.kubernetes) -> list[Plan]:
     """Plans of every OmniDeployment in `path`; raises SpecError (file, field, reason, fix)."""
+    if namespace is not None and not (len(namespace) <= 63 and re.fullmatch(DNS_LABEL_PATTERN, namespace)):
+        # model_copy below does not validate: check the flag as metadata.namespace is checked.
+        raise SpecError(
+            file="--namespace",
+            field="",
+            reason=f"{namespace!r} is not a namespace name",
+            fix="use lowercase letters, digits and '-', starting and ending with a letter or digit "
+            "(at most 63 characters)",
+        )
     plans = []
     for dep in load_deployments(path):
         if namespace:

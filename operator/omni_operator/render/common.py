@@ -153,6 +153,8 @@ def cpu_thread_env(container: Container) -> dict[str, str]:
         cores = float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
     except ValueError:  # a quantity form this does not read (e.g. "2k"): leave the pools alone
         return {}
+    if not math.isfinite(cores):  # the spec refuses these (QUANTITY_PATTERN); never crash on one
+        return {}
     return {"OMP_NUM_THREADS": str(max(1, math.ceil(cores)))}
 
 
