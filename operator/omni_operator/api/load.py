@@ -136,6 +136,7 @@ _PATTERN_FIXES_BY_TAIL = {
     "resources.cpu": "use a Kubernetes CPU quantity such as '2', '500m' or '1.5'",
     "resources.memory": "use a Kubernetes memory quantity such as '32Gi', '512Mi' or '4G'",
     "source.claimName": "use the PersistentVolumeClaim's name: lowercase letters, digits, '-' and '.'",
+    "source.subPath": "use a path inside the volume, relative and without '..' elements, such as 'models/qwen'",
     "auth.secretName": "use the Secret's name: lowercase letters, digits, '-' and '.'",
     "auth.key": "use letters, digits, '-', '_' and '.', not starting with '..'",
 }

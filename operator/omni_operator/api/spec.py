@@ -36,6 +36,10 @@ DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # A key of a Secret that also names a file under the mount: letters, digits, '-', '_' and '.', not
 # starting with '..' (nor '.' or '..' alone).
 SECRET_KEY_PATTERN = r"^\.?[-_a-zA-Z0-9][-._a-zA-Z0-9]*$"
+# A volume sub-path as Kubernetes takes it: relative, no '..' element (RE2, as the API server checks
+# CRD patterns: one element is '.', '..x...', '.x...' or 'x...').
+_SUB_PATH_ELEMENT = r"(\.\.[^/]+|\.[^./][^/]*|\.|[^./][^/]*)"
+SUB_PATH_PATTERN = rf"^{_SUB_PATH_ELEMENT}(/{_SUB_PATH_ELEMENT})*/?$"
 # The longest duration in seconds a spec may give: int32, which every consumer (Kubernetes, the
 # rollout clock in float seconds, the router's timeout) holds.
 MAX_SECONDS = 2**31 - 1
@@ -163,7 +167,12 @@ class ModelSource(SpecModel):
         max_length=253,
         pattern=DNS_SUBDOMAIN_PATTERN,
     )
-    sub_path: str | None = Field(default=None, description="Sub-path inside the volume (type pvc).")
+    sub_path: str | None = Field(
+        default=None,
+        max_length=4096,
+        pattern=SUB_PATH_PATTERN,
+        description="Sub-path inside the volume (type pvc): relative, without '..' elements.",
+    )
     host_path: str | None = Field(default=None, description="Node directory (type hostPath).", min_length=1)
 
     @model_validator(mode="after")

@@ -23,7 +23,12 @@ import yaml
 
 from omni_operator import crdgen
 from omni_operator.api.load import SpecError, parse_deployments
-from omni_operator.api.spec import DNS_SUBDOMAIN_PATTERN, QUANTITY_PATTERN, SECRET_KEY_PATTERN
+from omni_operator.api.spec import (
+    DNS_SUBDOMAIN_PATTERN,
+    QUANTITY_PATTERN,
+    SECRET_KEY_PATTERN,
+    SUB_PATH_PATTERN,
+)
 from omni_operator.local.processes import busy_ports
 from omni_operator.plan.types import Container
 from omni_operator.render.common import cpu_thread_env
@@ -33,7 +38,12 @@ OMNI = ROOT / ".venv" / "bin" / "omni"
 TINY = yaml.safe_load((ROOT / "examples" / "tiny-cpu.yaml").read_text())
 SCHEMA = crdgen.crd_manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
-pytestmark = pytest.mark.skipif(not OMNI.exists(), reason="the omni console script is not installed in .venv")
+
+@pytest.fixture(autouse=True)
+def _console_script() -> None:
+    """These tests run the real console script: a missing one fails them (never a skip)."""
+    assert OMNI.exists(), f"{OMNI} is missing: `make setup` installs it"
+
 
 NUL = "holds a NUL character, which no command line or environment variable can carry; remove it"
 CPU_FIX = "use a Kubernetes CPU quantity such as '2', '500m' or '1.5'"
@@ -84,6 +94,10 @@ SPEC_CASES = [
     pytest.param({"metadata.namespace": "Bad_NS"}, f"metadata.namespace: 'Bad_NS' does not match ^[a-z0-9]([-a-z0-9]*[a-z0-9])?$; {LABEL_FIX}", id="namespace"),
     pytest.param({"spec.router.auth": {"secretName": "Api_Keys"}}, f"spec.router.auth.secretName: 'Api_Keys' does not match {DNS_SUBDOMAIN_PATTERN}; use the Secret's name: lowercase letters, digits, '-' and '.'", id="secret-name"),
     pytest.param({"spec.router.auth": {"secretName": "keys", "key": "../keys"}}, f"spec.router.auth.key: '../keys' does not match {SECRET_KEY_PATTERN}; use letters, digits, '-', '_' and '.', not starting with '..'", id="secret-key-dotdot"),
+    pytest.param({"spec.model.source": {"type": "pvc", "claimName": "models", "subPath": "/models"}}, f"spec.model.source.subPath: '/models' does not match {SUB_PATH_PATTERN}; use a path inside the volume, relative and without '..' elements, such as 'models/qwen'", id="sub-path-absolute"),
+    pytest.param({"spec.model.source": {"type": "pvc", "claimName": "models", "subPath": "../other"}}, f"spec.model.source.subPath: '../other' does not match {SUB_PATH_PATTERN}; use a path inside the volume, relative and without '..' elements, such as 'models/qwen'", id="sub-path-up"),
+    pytest.param({"spec.model.source": {"type": "pvc", "claimName": "models", "subPath": "a/../../b"}}, f"spec.model.source.subPath: 'a/../../b' does not match {SUB_PATH_PATTERN}; use a path inside the volume, relative and without '..' elements, such as 'models/qwen'", id="sub-path-up-inside"),
+    pytest.param({"spec.model.source": {"type": "pvc", "claimName": "models", "subPath": "a//b"}}, f"spec.model.source.subPath: 'a//b' does not match {SUB_PATH_PATTERN}; use a path inside the volume, relative and without '..' elements, such as 'models/qwen'", id="sub-path-empty-element"),
     pytest.param({"spec.model.source": {"type": "pvc", "claimName": "My Models"}}, f"spec.model.source.claimName: 'My Models' does not match {DNS_SUBDOMAIN_PATTERN}; use the PersistentVolumeClaim's name: lowercase letters, digits, '-' and '.'", id="claim-name"),
 ]  # fmt: skip
 
@@ -133,6 +147,15 @@ def test_good_quantities_still_load(quantity: str) -> None:
     doc = tiny_with({f"{PREPROCESSING}.cpu": quantity, f"{PREPROCESSING}.memory": quantity})
     (dep,) = parse_deployments(yaml.safe_dump(doc))
     assert dep.spec.stages.preprocessing.resources.cpu == quantity
+
+
+@pytest.mark.parametrize(
+    "sub_path", ["models/qwen", "qwen", "a/b/", ".cache/x", "./a", "..x/y", "x..y", "a/..."]
+)
+def test_good_sub_paths_still_load(sub_path: str) -> None:
+    source = {"type": "pvc", "claimName": "models", "subPath": sub_path}
+    (dep,) = parse_deployments(yaml.safe_dump(tiny_with({"spec.model.source": source})))
+    assert dep.spec.model.source.sub_path == sub_path
 
 
 def test_every_stage_image_role_still_loads() -> None:
