@@ -548,7 +548,11 @@ def test_talker_ignore_eos_speaks_exactly_its_budget(family_speech_engine: Harne
         ),
         ({"temperature": "hot"}, "stage_params.talker.temperature", "must be a number >= 0.0, not 'hot'"),
         ({"temperature": -0.5}, "stage_params.talker.temperature", "must be a number >= 0.0, not -0.5"),
-        ({"top_k": 2.5}, "stage_params.talker.top_k", "must be a whole number >= 0, not 2.5"),
+        (
+            {"top_k": 2.5},
+            "stage_params.talker.top_k",
+            "must be a whole number >= 0 and <= 2147483647, not 2.5",
+        ),
         ({"top_p": 0}, "stage_params.talker.top_p", "must be a number > 0.0 and <= 1.0, not 0"),
         ({"top_p": [0.5]}, "stage_params.talker.top_p", "must be a number > 0.0 and <= 1.0, not [0.5]"),
         ({"top_p": "nan"}, "stage_params.talker.top_p", "must be a number > 0.0 and <= 1.0, not 'nan'"),
