@@ -127,9 +127,10 @@ def field_path(loc: tuple[int | str, ...]) -> str:
 
 
 _DNS_LABEL_FIX = "use lowercase letters, digits and '-', starting and ending with a letter or digit"
+NAMESPACE_FIX = _DNS_LABEL_FIX + " (at most 63 characters)"  # metadata.namespace and --namespace
 _PATTERN_FIXES = {
     "metadata.name": _DNS_LABEL_FIX,
-    "metadata.namespace": _DNS_LABEL_FIX + " (at most 63 characters)",
+    "metadata.namespace": NAMESPACE_FIX,
 }
 # By the field's last two path parts: the same kind of field in several places.
 _PATTERN_FIXES_BY_TAIL = {

@@ -12,7 +12,7 @@ import sys
 
 import yaml
 
-from omni_operator.api.load import SpecError, load_deployments
+from omni_operator.api.load import NAMESPACE_FIX, SpecError, load_deployments
 from omni_operator.api.spec import DNS_LABEL_PATTERN
 from omni_operator.plan.planner import plan_deployment
 from omni_operator.plan.types import Plan, PlanError, Target
@@ -26,8 +26,7 @@ def plan_file(path: str, *, namespace: str | None = None, target: Target = Targe
             file="--namespace",
             field="",
             reason=f"{namespace!r} is not a namespace name",
-            fix="use lowercase letters, digits and '-', starting and ending with a letter or digit "
-            "(at most 63 characters)",
+            fix=NAMESPACE_FIX,
         )
     plans = []
     for dep in load_deployments(path):

@@ -13,9 +13,9 @@ from typing import Any
 
 from omni_runtime.contract.engine import EngineError
 
-# The largest top-k a request may ask for: the sampler keeps top-k in a 64-bit table, so a bigger
-# number failed its step and every row batched with it; any value past the vocabulary keeps every
-# token anyway. The request fields that feed it (chat, streaming input, video, talker) stop here.
+# The largest top-k a request may ask for (chat, streaming input, video, talker): past 2^63 it once
+# overflowed the sampler's table and failed every row batched with it (the sampler now takes any
+# value at or past the vocabulary as "keep every token"); the bound gives the request its message.
 MAX_TOP_K = 2**31 - 1
 
 

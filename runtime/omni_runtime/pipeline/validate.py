@@ -37,11 +37,6 @@ def validate_request(request: GenerationRequest, *, engine: ServingEngine) -> st
         )
     if sp.temperature < 0:
         raise EngineError("temperature must be >= 0", param="temperature")
-    if sp.top_k > MAX_TOP_K:
-        raise EngineError(
-            f"top_k must be at most {MAX_TOP_K}, not {sp.top_k}; send -1 to keep every token",
-            param="top_k",
-        )
     if not 0.0 < sp.top_p <= 1.0:
         raise EngineError("top_p must be in (0, 1]", param="top_p")
     if not 0.0 <= sp.min_p <= 1.0:
