@@ -27,7 +27,7 @@ import kopf
 from omni_operator import k8s
 from omni_operator.api import labels as keys
 from omni_operator.api.spec import GROUP, PLURAL, VERSION
-from omni_operator.reconcile.decide import decide
+from omni_operator.reconcile.decide import decide, reconcile_error_decision
 from omni_operator.reconcile.observe import Observed
 
 log = logging.getLogger("omni.operator")
@@ -121,16 +121,40 @@ async def reconcile_loop(
             try:
                 requeue = await asyncio.to_thread(reconcile_once, memo.kube, snapshot, static)
                 failures, delay = 0, min(OPTIONS.resync_seconds, requeue or OPTIONS.resync_seconds)
-            except k8s.KubeError as exc:
+            except Exception as exc:  # the daemon outlives any one pass; CancelledError is not caught
                 static.items = None  # the failed pass may have written some of them
                 failures += 1
-                delay = min(2.0**failures, 60.0)
-                log.warning("reconcile %s/%s failed (retry in %.0f s): %s", namespace, name, delay, exc)
+                delay = retry_delay(failures)
+                if isinstance(exc, k8s.KubeError):
+                    log.warning("reconcile %s/%s failed (retry in %.0f s): %s", namespace, name, delay, exc)
+                else:  # a bug (renderer, spec model): its traceback once, and the status says so
+                    log.exception("reconcile %s/%s raised (retry in %.0f s)", namespace, name, delay)
+                    await asyncio.to_thread(report_reconcile_error, memo.kube, snapshot, exc)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(trigger.wait(), timeout=delay)
             await asyncio.sleep(OPTIONS.debounce_seconds)  # let a burst of child events settle
     finally:
         TRIGGERS.drop(namespace, name)
+
+
+def retry_delay(failures: int) -> float:
+    """Seconds before retrying after `failures` failed passes in a row: 2, 4, 8, ... up to 60."""
+    return min(2.0**failures, 60.0)
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def report_reconcile_error(kube: k8s.Kube, body: dict[str, Any], error: Exception) -> None:
+    """Best effort: the OmniDeployment's status names the exception (Ready False, ReconcileError)
+    until a pass succeeds. A failure to write it is logged, never raised: the loop retries anyway."""
+    meta = body.get("metadata", {})
+    try:
+        decision = reconcile_error_decision(body=body, error=error, now=utc_now())
+        kube.scoped().carry_out(decision, body=body)
+    except Exception as exc:
+        log.warning("reconcile %s/%s: status not written: %s", meta.get("namespace"), meta.get("name"), exc)
 
 
 @dataclass
@@ -166,7 +190,7 @@ def reconcile_once(
         static.items = kube.list_children(**scope, kinds=k8s.STATIC_KINDS)
         static.generation, static.listed_at = meta.get("generation"), time.monotonic()
     assert static.items is not None
-    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = utc_now()
     observed = Observed(tuple(children + static.items))
     decision = decide(body=body, observed=observed, now=now, render=render_manifests)
     kube.carry_out(decision, body=body)

@@ -42,6 +42,7 @@ class Reason(StrEnum):
     unschedulable = "Unschedulable"
     stage_failed = "StageFailed"
     invalid_spec = "InvalidSpec"
+    reconcile_error = "ReconcileError"  # a reconcile pass raised something other than an API error
     reconciled = "Reconciled"
     worker_recreated = "WorkerRecreated"
     worker_draining = "WorkerDraining"

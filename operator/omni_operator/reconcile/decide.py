@@ -34,7 +34,13 @@ from omni_operator.reconcile.rollout import (
     step_rollout,
 )
 from omni_operator.reconcile.selfheal import Heal, heal_decisions
-from omni_operator.reconcile.status import compute_status, invalid_spec_status, status_body
+from omni_operator.reconcile.status import (
+    compute_status,
+    error_message,
+    invalid_spec_status,
+    reconcile_error_status,
+    status_body,
+)
 from omni_operator.reconcile.workers import (
     LIVE_SESSIONS_PREFIX,
     WorkerObjects,
@@ -320,10 +326,26 @@ def _invalid(
     message: str, *, generation: int | None, previous: OmniDeploymentStatus | None, body: Manifest, now: str
 ) -> Decision:
     status = invalid_spec_status(message=message, generation=generation, previous=previous, now=now)
+    return _status_only(status, previous=previous, reason=Reason.invalid_spec, message=message)
+
+
+def reconcile_error_decision(*, body: Manifest, error: BaseException, now: str) -> Decision:
+    """What a reconcile pass that raised writes (handlers.py): no child is touched, the status names
+    the exception; the same failure again writes nothing."""
+    previous = previous_status(body)
+    message = error_message(error)
+    generation = body.get("metadata", {}).get("generation")
+    status = reconcile_error_status(message=message, generation=generation, previous=previous, now=now)
+    return _status_only(status, previous=previous, reason=Reason.reconcile_error, message=message)
+
+
+def _status_only(
+    status: OmniDeploymentStatus, *, previous: OmniDeploymentStatus | None, reason: Reason, message: str
+) -> Decision:
     new_body = status_body(status)
     if previous is not None and status_body(previous) == new_body:
         return Decision()
-    events = status_events(previous, status) or [EventSpec("Warning", Reason.invalid_spec.value, message)]
+    events = status_events(previous, status) or [EventSpec("Warning", reason.value, message)]
     return Decision(status=new_body, events=tuple(events))
 
 

@@ -285,6 +285,35 @@ def invalid_spec_status(
     )
 
 
+ERROR_MESSAGE_LIMIT = 1024
+"""Characters of an exception's text kept in a condition message (as Events keep)."""
+
+
+def error_message(error: BaseException, *, limit: int = ERROR_MESSAGE_LIMIT) -> str:
+    """`TypeName: text` on one line (a pydantic error spans several), elided past `limit` chars."""
+    text = " ".join(f"{type(error).__name__}: {error}".split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def reconcile_error_status(
+    *, message: str, generation: int | None, previous: OmniDeploymentStatus | None, now: str
+) -> OmniDeploymentStatus:
+    """A reconcile pass that raised (an operator bug, not the API server): the children are as the
+    pass left them and Progressing keeps what the last good pass said; Ready and Degraded say why
+    until a pass succeeds, when compute_status rebuilds every condition."""
+    prev = previous or OmniDeploymentStatus()
+    conds = _Conditions(prev.conditions, now=now, generation=generation)
+    conds.add(ConditionType.ready, False, Reason.reconcile_error, message)
+    conds.add(ConditionType.degraded, True, Reason.reconcile_error, message)
+    replaced = {c.type for c in conds.items}
+    order = list(ConditionType)
+    conditions = sorted(
+        [*conds.items, *(c for c in prev.conditions if c.type not in replaced)],
+        key=lambda c: order.index(c.type),
+    )
+    return prev.model_copy(update={"phase": Phase.degraded, "conditions": conditions})
+
+
 def status_body(status: OmniDeploymentStatus) -> dict:
     """The JSON the API server stores (camelCase, no nulls) — also what equality is judged on."""
     return status.model_dump(mode="json", by_alias=True, exclude_none=True)

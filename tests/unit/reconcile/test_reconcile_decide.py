@@ -11,7 +11,13 @@ import copy
 from reconcile_builders import NOW, deployment_body
 
 from omni_operator.api import labels
-from omni_operator.reconcile.decide import API_URL, Decision, decide, scale_selector
+from omni_operator.reconcile.decide import (
+    API_URL,
+    Decision,
+    decide,
+    reconcile_error_decision,
+    scale_selector,
+)
 from omni_operator.reconcile.diff import APPLIED_HASH
 from omni_operator.reconcile.events import EventSpec
 from omni_operator.reconcile.observe import ChildKey, Observed
@@ -192,3 +198,35 @@ def test_invalid_update_touches_no_child() -> None:
     assert d.status["workers"]["ready"] == 1
     # Recomputing the same invalid spec writes nothing more.
     assert step(with_status(body, d), world).writes == 0
+
+
+def test_a_pass_that_raised_is_reported_once_and_cleared_by_the_next_good_pass() -> None:
+    body, world = settled(1)
+    assert step(body, world).writes == 0
+    failed = reconcile_error_decision(body=body, error=ValueError("renderer bug"), now=NOW)
+    assert (failed.apply, failed.delete, failed.annotate) == ((), (), ())
+    assert failed.status is not None and failed.status["phase"] == "Degraded"
+    assert [(c["type"], c["status"], c["reason"], c["message"]) for c in failed.status["conditions"]] == [
+        ("Ready", "False", "ReconcileError", "ValueError: renderer bug"),
+        (
+            "Progressing",
+            "True",
+            "NewRevisionAvailable",
+            f"1 worker(s) run revision {failed.status['updateRevision']}",
+        ),
+        ("Degraded", "True", "ReconcileError", "ValueError: renderer bug"),
+    ]
+    assert list(failed.events) == [
+        EventSpec("Warning", "ReconcileError", "ValueError: renderer bug"),
+        EventSpec("Warning", "ReconcileError", "ValueError: renderer bug"),
+    ]
+    failing = with_status(body, failed)
+    # The same failure again writes nothing; another one rewrites the message.
+    assert reconcile_error_decision(body=failing, error=ValueError("renderer bug"), now=NOW).writes == 0
+    other = reconcile_error_decision(body=failing, error=KeyError("talker"), now=NOW)
+    assert other.status is not None and other.status["conditions"][0]["message"] == "KeyError: 'talker'"
+    assert list(other.events) == [EventSpec("Warning", "ReconcileError", "KeyError: 'talker'")]
+    # The next good pass rebuilds the status the normal way, as before the failure.
+    healed = step(failing, world)
+    assert healed.status == body["status"]
+    assert list(healed.events) == [EventSpec("Normal", "AllWorkersReady", "1/1 workers ready")]

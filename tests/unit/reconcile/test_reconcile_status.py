@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import pytest
 from reconcile_builders import EARLIER, NOW, deployment_body, plan_of, pods_of, raw_pod
 
 from omni_operator.api.status import OmniDeploymentStatus
 from omni_operator.plan import Plan
 from omni_operator.reconcile.observe import pod_view
-from omni_operator.reconcile.status import compute_status, invalid_spec_status, status_body
+from omni_operator.reconcile.status import (
+    compute_status,
+    error_message,
+    invalid_spec_status,
+    reconcile_error_status,
+    status_body,
+)
 
 ENDPOINT = "http://qwen-router.ns.svc.cluster.local:8000"
 SELECTOR = "omni.dev/deployment=qwen"
@@ -188,3 +195,75 @@ def test_invalid_spec_keeps_counts_and_says_why(plan2: Plan) -> None:
         ("Progressing", "False", "InvalidSpec", "spec.x: bad; fix it"),
         ("Degraded", "True", "InvalidSpec", "spec.x: bad; fix it"),
     ]
+
+
+@pytest.mark.parametrize(
+    ("error", "limit", "message"),
+    [
+        (ValueError("bad port"), 1024, "ValueError: bad port"),
+        (KeyError("thinker"), 1024, "KeyError: 'thinker'"),
+        (RuntimeError("line one\n  line two\tend"), 1024, "RuntimeError: line one line two end"),
+        (ValueError(), 1024, "ValueError:"),
+        (ValueError("x" * 20), 20, "ValueError: xxxxx..."),
+        (ValueError("x" * 8), 20, "ValueError: xxxxxxxx"),
+    ],
+)
+def test_error_message(error: BaseException, limit: int, message: str) -> None:
+    assert error_message(error, limit=limit) == message
+
+
+def test_error_message_is_capped_at_the_event_limit() -> None:
+    assert len(error_message(ValueError("x" * 5000))) == 1024
+
+
+@pytest.mark.parametrize(
+    ("previous", "phase", "conditions"),
+    [
+        (
+            None,
+            "Degraded",
+            [
+                ("Ready", "False", "ReconcileError", "ValueError: bad", NOW),
+                ("Degraded", "True", "ReconcileError", "ValueError: bad", NOW),
+            ],
+        ),
+        (
+            "ready",  # Progressing is kept as the last good pass wrote it
+            "Degraded",
+            [
+                ("Ready", "False", "ReconcileError", "ValueError: bad", NOW),
+                ("Progressing", "True", "NewRevisionAvailable", "2 worker(s) run revision {rev}", EARLIER),
+                ("Degraded", "True", "ReconcileError", "ValueError: bad", NOW),
+            ],
+        ),
+        (
+            "failing",  # a second failure keeps the transition times of the first
+            "Degraded",
+            [
+                ("Ready", "False", "ReconcileError", "ValueError: bad", EARLIER),
+                ("Progressing", "True", "NewRevisionAvailable", "2 worker(s) run revision {rev}", EARLIER),
+                ("Degraded", "True", "ReconcileError", "ValueError: bad", EARLIER),
+            ],
+        ),
+    ],
+)
+def test_reconcile_error_status(
+    plan2: Plan, previous: str | None, phase: str, conditions: list[tuple[str, ...]]
+) -> None:
+    prev = None
+    if previous is not None:
+        prev = OmniDeploymentStatus.model_validate(status(plan2, pods_of(plan2), now=EARLIER))
+    if previous == "failing":
+        prev = reconcile_error_status(message="ValueError: bad", generation=3, previous=prev, now=EARLIER)
+    body = status_body(
+        reconcile_error_status(message="ValueError: bad", generation=3, previous=prev, now=NOW)
+    )
+    assert body["phase"] == phase
+    assert [
+        (c["type"], c["status"], c["reason"], c["message"], c["lastTransitionTime"])
+        for c in body["conditions"]
+    ] == [tuple(part.format(rev=plan2.revision) for part in c) for c in conditions]
+    if prev is not None:  # counts, revisions and the endpoint stay as the last good pass saw them
+        assert {k: v for k, v in body.items() if k not in ("phase", "conditions")} == {
+            k: v for k, v in status_body(prev).items() if k not in ("phase", "conditions")
+        }
