@@ -19,6 +19,11 @@ class StartPolicy(StrEnum):
     on_min_length = "on_min_length"
 
 
+MAX_SESSION_BYTES = 1 << 34
+"""16 GiB: the most maxPayloadPerSession may allow, and so the most minLengthBytes can mean (a session
+never holds more; the runtime's flags take any integer >= 1, so this bound is the operator's)."""
+
+
 class StreamingInputSpec(BaseModel):
     """Streaming-input sessions (Mode B) and chunked chat uploads (Mode A) on each worker."""
 
@@ -37,7 +42,7 @@ class StreamingInputSpec(BaseModel):
     max_payload_per_session: int | None = Field(
         default=None,
         ge=1,
-        le=1 << 34,
+        le=MAX_SESSION_BYTES,
         description="Decoded bytes one session may carry; past it the chunk gets 413 and the session "
         "closes; unset: 64 MiB (--streaming-input-max-payload-per-session).",
     )
@@ -50,8 +55,9 @@ class StreamingInputSpec(BaseModel):
     min_length_bytes: int | None = Field(
         default=None,
         ge=1,
-        description="In-order payload bytes after which on_min_length starts; unset: 32 KiB "
-        "(--streaming-input-min-length).",
+        le=MAX_SESSION_BYTES,
+        description="In-order payload bytes after which on_min_length starts (at most 16 GiB, the "
+        "largest payload a session may carry); unset: 32 KiB (--streaming-input-min-length).",
     )
     max_sessions: int | None = Field(
         default=None,

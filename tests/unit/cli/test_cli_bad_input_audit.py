@@ -85,6 +85,8 @@ SPEC_CASES = [
     pytest.param({"spec.rollout.drainTimeoutSeconds": 10**400}, "spec.rollout.drainTimeoutSeconds: a number of more than 40 digits is above the maximum 2147483647; use a value <= 2147483647", id="drain-past-float"),
     pytest.param({"spec.rollout.progressDeadlineSeconds": 2**31}, "spec.rollout.progressDeadlineSeconds: 2147483648 is above the maximum 2147483647; use a value <= 2147483647", id="deadline-past-int32"),
     pytest.param({"spec.rollout.maxSurge": 1025}, "spec.rollout.maxSurge: 1025 is above the maximum 1024; use a value <= 1024", id="surge-past-workers"),
+    pytest.param({"spec.streamingInput.minLengthBytes": 2**34 + 1}, "spec.streamingInput.minLengthBytes: 17179869185 is above the maximum 17179869184; use a value <= 17179869184", id="min-length-past-payload"),
+    pytest.param({"spec.streamingInput.minLengthBytes": 10**30}, "spec.streamingInput.minLengthBytes: 1000000000000000000000000000000 is above the maximum 17179869184; use a value <= 17179869184", id="min-length-huge"),
     pytest.param({"spec.router.limits.requestTimeoutSeconds": 2**31}, "spec.router.limits.requestTimeoutSeconds: 2147483648 is above the maximum 2147483647; use a value <= 2147483647", id="router-timeout"),
     pytest.param({"spec.runtime.env": {"FOO": "a\0b"}}, f"spec.runtime.env.FOO: {NUL}", id="env-value-nul"),
     pytest.param({"spec.runtime.extraArgs": ["--ok", "--x\0"]}, f"spec.runtime.extraArgs: item 1 {NUL}", id="extra-args-nul"),
@@ -198,6 +200,8 @@ def test_crd_carries_the_quantity_pattern_and_the_bounds() -> None:
     assert rollout["drainTimeoutSeconds"]["maximum"] == 2**31 - 1
     assert rollout["maxSurge"]["maximum"] == 1024
     assert spec["runtime"]["properties"]["stageImages"]["maxProperties"] == 5
+    streaming = spec["streamingInput"]["properties"]
+    assert streaming["minLengthBytes"]["maximum"] == streaming["maxPayloadPerSession"]["maximum"] == 2**34
 
 
 # --- defences behind the spec ---

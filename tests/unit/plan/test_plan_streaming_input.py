@@ -42,6 +42,10 @@ def _flags(command: tuple[str, ...]) -> list[str]:
             ["--streaming-input-start-policy", "on_min_length", "--streaming-input-min-length", "4096"],
         ),
         ({"streamingInput.maxSessions": 8}, ["--streaming-input-max-sessions", "8"]),
+        (  # the bound: the runtime's flag takes it
+            {"streamingInput.minLengthBytes": 2**34},
+            ["--streaming-input-min-length", "17179869184"],
+        ),
     ],
 )
 def test_streaming_input_renders_serve_flags_on_the_api_pod_only(settings: dict, flags: list[str]) -> None:
@@ -83,6 +87,8 @@ def test_worker_revision_moves_only_when_streaming_input_is_set() -> None:
         ({"streamingInput.startPolicy": "eventually"}, "Input should be 'on_end_only', 'on_first_chunk'"),
         ({"streamingInput.sessionTimeoutSec": 0}, "greater than 0"),
         ({"streamingInput.maxPayloadPerSession": 0}, "greater than or equal to 1"),
+        ({"streamingInput.minLengthBytes": 0}, "greater than or equal to 1"),
+        ({"streamingInput.minLengthBytes": 2**34 + 1}, "less than or equal to 17179869184"),
         ({"streamingInput.sessionTimeout": 30}, "Extra inputs are not permitted"),
     ],
 )
