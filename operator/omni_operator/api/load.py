@@ -44,9 +44,62 @@ def load_deployments(path: str | Path) -> list[OmniDeployment]:
     return parse_deployments(text, file=name)
 
 
+class DuplicateKey(Exception):
+    """A mapping that names one key twice: PyYAML would keep the last value without a word."""
+
+    def __init__(self, *, path: tuple[int | str, ...], line: int, first_line: int) -> None:
+        super().__init__(f"{field_path(path)} on line {line} (first on line {first_line})")
+        self.path, self.line, self.first_line = path, line, first_line
+
+
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a repeated key in any mapping of a document (DuplicateKey).
+    Keys merged in with `<<` may be overridden, as YAML means them to be."""
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        self._check_unique_keys(node)
+        return super().construct_document(node)
+
+    def _check_unique_keys(self, root: yaml.Node) -> None:
+        """Depth first in document order, without recursion; an alias is walked once."""
+        stack: list[tuple[yaml.Node, tuple[int | str, ...]]] = [(root, ())]
+        walked: set[int] = set()
+        while stack:
+            node, path = stack.pop()
+            if id(node) in walked:
+                continue
+            walked.add(id(node))
+            children: list[tuple[yaml.Node, tuple[int | str, ...]]] = []
+            if isinstance(node, yaml.SequenceNode):
+                children = [(item, (*path, i)) for i, item in enumerate(node.value)]
+            elif isinstance(node, yaml.MappingNode):
+                first: dict[Any, int] = {}
+                for key_node, value_node in node.value:
+                    if key_node.tag == MERGE_TAG or not isinstance(key_node, yaml.ScalarNode):
+                        children.append((value_node, path))
+                        continue
+                    key, line = self.construct_object(key_node), key_node.start_mark.line + 1
+                    if key in first:
+                        raise DuplicateKey(path=(*path, key_node.value), line=line, first_line=first[key])
+                    first[key] = line
+                    children.append((value_node, (*path, key_node.value)))
+            stack.extend(reversed(children))
+
+
 def parse_deployments(text: str, *, file: str = "<string>") -> list[OmniDeployment]:
     try:
-        documents = [d for d in yaml.safe_load_all(text) if d is not None]
+        documents = [d for d in yaml.load_all(text, Loader=UniqueKeyLoader) if d is not None]
+    except DuplicateKey as exc:
+        raise SpecError(
+            file=file,
+            field=field_path(exc.path),
+            line=exc.line,
+            reason=f"duplicate key {exc.path[-1]!r} (first on line {exc.first_line})",
+            fix="keep one of them: YAML would silently use the last",
+        ) from None
     except RecursionError:
         raise SpecError(
             file=file,

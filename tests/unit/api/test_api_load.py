@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from omni_operator.api.spec import PipelineVariant
 
 HEAD = "apiVersion: omni.dev/v1alpha1\nkind: OmniDeployment\nmetadata:\n  name: demo\n"
 PIPELINES = "'text', 'speech', 'streaming-speech' or 'duplex'"
+KEEP_ONE = "keep one of them: YAML would silently use the last"
 
 CASES = [
     pytest.param(
@@ -131,6 +133,41 @@ CASES = [
         id="list-index-in-path",
     ),
     pytest.param(
+        HEAD + "spec:\n  model: {name: x}\n  workers: 1\n  workers: 2\n",
+        f"d.yaml:8: spec.workers: duplicate key 'workers' (first on line 7); {KEEP_ONE}",
+        id="duplicate-key",
+    ),
+    pytest.param(
+        HEAD + "spec:\n  model: {name: x, name: y}\n",
+        f"d.yaml:6: spec.model.name: duplicate key 'name' (first on line 6); {KEEP_ONE}",
+        id="duplicate-key-in-a-flow-mapping",
+    ),
+    pytest.param(
+        HEAD + "metadata: {name: b}\nspec:\n  model: {name: x}\n",
+        f"d.yaml:5: metadata: duplicate key 'metadata' (first on line 3); {KEEP_ONE}",
+        id="duplicate-top-level-key",
+    ),
+    pytest.param(
+        HEAD + "spec:\n  model: {name: x}\n  gpu:\n    tolerations:\n    - key: a\n      key: b\n",
+        f"d.yaml:10: spec.gpu.tolerations[0].key: duplicate key 'key' (first on line 9); {KEEP_ONE}",
+        id="duplicate-key-in-a-list-item",
+    ),
+    pytest.param(
+        HEAD + "spec:\n  model: {name: x}\n  runtime:\n    env:\n      0x1: a\n      1: b\n",
+        f"d.yaml:10: spec.runtime.env.1: duplicate key '1' (first on line 9); {KEEP_ONE}",
+        id="duplicate-key-written-two-ways",
+    ),
+    pytest.param(
+        HEAD + "spec:\n  model: {name: x}\n---\n" + HEAD + "spec:\n  pipeline: text\n  pipeline: speech\n",
+        f"d.yaml:14: spec.pipeline: duplicate key 'pipeline' (first on line 13); {KEEP_ONE}",
+        id="duplicate-key-in-the-second-document",
+    ),
+    pytest.param(
+        "base: &b {name: x, name: y}\n" + HEAD + "spec:\n  model: *b\n",
+        f"d.yaml:1: base.name: duplicate key 'name' (first on line 1); {KEEP_ONE}",
+        id="duplicate-key-in-an-anchor",
+    ),
+    pytest.param(
         HEAD + "spec:\n  model: {name: x}\n  workers: -1\n  pipeline: x\n",
         f"d.yaml: spec.pipeline: 'x' is not a valid pipeline; use one of {PIPELINES} (1 more problem after this one)",
         id="first-of-several",
@@ -143,6 +180,37 @@ def test_bad_input_message(text: str, message: str) -> None:
     with pytest.raises(SpecError) as caught:
         parse_deployments(text, file="d.yaml")
     assert str(caught.value) == message
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(
+            "base: &b {name: x, path: /m}\n" + HEAD + "spec:\n  model:\n    <<: *b\n    name: y\n",
+            {"model.name": "y", "model.path": "/m"},
+            id="a merged key overridden",
+        ),
+        pytest.param(
+            "base: &b {name: x}\n" + HEAD + "spec:\n  model:\n    <<: [*b, {name: z, path: /m}]\n",
+            {"model.name": "x", "model.path": "/m"},
+            id="a key in two merged mappings",
+        ),
+        pytest.param(
+            HEAD + "spec:\n  model: {name: x}\n  runtime:\n    env: {A: '1', a: '2'}\n",
+            {"runtime.env": {"A": "1", "a": "2"}},
+            id="keys that differ in case",
+        ),
+        pytest.param(
+            HEAD
+            + "spec:\n  model: {name: name}\n  stages: {thinker: {image: 'a:1'}, talker: {image: 'b:1'}}\n",
+            {"model.name": "name", "stages.thinker.image": "a:1", "stages.talker.image": "b:1"},
+            id="one key in sibling mappings",
+        ),
+    ],
+)
+def test_repeated_names_that_are_not_duplicate_keys_load(text: str, expected: dict[str, object]) -> None:
+    (dep,) = parse_deployments(text, file="d.yaml")
+    assert {a: functools.reduce(getattr, a.split("."), dep.spec) for a in expected} == expected
 
 
 def test_field_reason_fix_are_separate() -> None:

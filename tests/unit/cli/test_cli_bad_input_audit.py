@@ -136,6 +136,25 @@ def test_yaml_python_cannot_read_is_a_spec_error(tmp_path: Path, text: str, mess
     assert_clean_error(result, f"omni render: error: raw.yaml: {message}")
 
 
+DUPLICATE_KEY_CASES = [
+    pytest.param(TINY_TEXT.replace("  workers: 2\n", "  workers: 2\n  workers: 1\n"), "20: spec.workers: duplicate key 'workers' (first on line 19)", id="workers"),
+    pytest.param(TINY_TEXT.replace("    tier: cpu\n", "    tier: cpu\n    tier: h100\n"), "22: spec.gpu.tier: duplicate key 'tier' (first on line 21)", id="gpu-tier"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "message"), DUPLICATE_KEY_CASES)
+@pytest.mark.parametrize("command", ["render", "plan"])
+def test_a_duplicate_key_is_refused_naming_it_and_its_line(
+    tmp_path: Path, command: str, text: str, message: str
+) -> None:
+    (tmp_path / "dup.yaml").write_text(text)
+    result = omni(command, "-f", "dup.yaml", cwd=tmp_path)
+    assert_clean_error(
+        result,
+        f"omni {command}: error: dup.yaml:{message}; keep one of them: YAML would silently use the last",
+    )
+
+
 @pytest.mark.parametrize("command", ["render", "plan"])
 def test_namespace_flag_is_checked_like_metadata_namespace(command: str) -> None:
     assert_clean_error(
