@@ -56,8 +56,12 @@ def main() -> int:
     results = []
     for shape, kernel in itertools.product(SHAPES[: args.shapes], args.builds.split(",")):
         apply(shape)
-        runner = make_runner(kernel)
-        row = [bench_runtime(runner, batch=b, prompt=args.prompt, steps=48, vocab=vocab) for b in batches]
+        try:
+            runner = make_runner(kernel)
+            row = [bench_runtime(runner, batch=b, prompt=args.prompt, steps=48, vocab=vocab) for b in batches]
+        except Exception as exc:  # one shape that fails to launch must not end the sweep
+            say(f"{kernel} {shape}: failed: {type(exc).__name__}: {str(exc)[:300]}")
+            continue
         results.append((row[0], shape, kernel))
         say(
             f"{kernel} {shape}: "
