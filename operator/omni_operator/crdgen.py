@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from omni_operator.api import runtime_env
+from omni_operator.api.kube_rules import LABEL_KEY_FIX, LABEL_KEY_REASON, label_key_cel
 from omni_operator.api.spec import (
     GROUP,
     KIND,
@@ -146,23 +147,48 @@ def cel_rules() -> list[Schema]:
     return [
         *({"rule": rule, "message": r.message} for rule, r in pairs),
         _stage_images_rule(),
+        _node_selector_rule(),
         *_env_rules(),
         *_switch_rules(runtime),
     ]
 
 
+def _keys_rule(path: str, var: str, ok: str, *, summary: str, reason: str, fix: str) -> Schema:
+    """Every key of the mapping at spec.`path` passes `ok` (CEL over `var`); the message names the
+    first that does not, in the loader's words (an EntryError: `spec.path.KEY: reason; fix`)."""
+    mapping, field = f"self.{path}", f"spec.{path}"
+    return {
+        "rule": f"!({_set(path)}) || {mapping}.all({var}, {ok})",
+        "message": f"{field}: {summary}; {fix}",
+        "messageExpression": f"{json.dumps(field + '.')} + {mapping}.filter({var}, !({ok}))[0]"
+        f" + {json.dumps(f': {reason}; {fix}')}",
+    }
+
+
 def _stage_images_rule() -> Schema:
     """spec.runtime.stageImages keyed by stage pod roles only, in the loader's words."""
-    images = "self.runtime.stageImages"
     roles = "[" + ", ".join(json.dumps(r) for r in STAGE_IMAGE_ROLES) + "]"
-    field = "spec.runtime.stageImages"
-    tail = f": {STAGE_IMAGES_REASON}; {STAGE_IMAGES_FIX}"
-    return {
-        "rule": f"!({_set('runtime.stageImages')}) || {images}.all(r, r in {roles})",
-        "message": f"{field}: every key must be a stage pod role; {STAGE_IMAGES_FIX}",
-        "messageExpression": f"{json.dumps(field + '.')} + {images}.filter(r, !(r in {roles}))[0]"
-        f" + {json.dumps(tail)}",
-    }
+    return _keys_rule(
+        "runtime.stageImages",
+        "r",
+        f"r in {roles}",
+        summary="every key must be a stage pod role",
+        reason=STAGE_IMAGES_REASON,
+        fix=STAGE_IMAGES_FIX,
+    )
+
+
+def _node_selector_rule() -> Schema:
+    """spec.gpu.nodeSelector keyed by label keys (a schema cannot check a map's keys; its values
+    carry their pattern), in the loader's words."""
+    return _keys_rule(
+        "gpu.nodeSelector",
+        "k",
+        label_key_cel("k"),
+        summary="every key must be a label key",
+        reason=LABEL_KEY_REASON,
+        fix=LABEL_KEY_FIX,
+    )
 
 
 def _env_rules() -> list[Schema]:
@@ -171,15 +197,15 @@ def _env_rules() -> list[Schema]:
     env = "self.runtime.env"
     present = _set("runtime.env")
     pattern = json.dumps(runtime_env.NAME_PATTERN)  # a CEL string literal
-    first_bad = f"{env}.filter(n, !n.matches({pattern}))[0]"
-    tail = f": {runtime_env.BAD_NAME_REASON}; {runtime_env.BAD_NAME_FIX}"
     out: list[Schema] = [
-        {
-            "rule": f"!({present}) || {env}.all(n, n.matches({pattern}))",
-            "message": f"{runtime_env.FIELD}: every name must match {runtime_env.NAME_PATTERN}; "
-            f"{runtime_env.BAD_NAME_FIX}",
-            "messageExpression": f"{json.dumps(runtime_env.FIELD + '.')} + {first_bad} + {json.dumps(tail)}",
-        }
+        _keys_rule(
+            "runtime.env",
+            "n",
+            f"n.matches({pattern})",
+            summary=f"every name must match {runtime_env.NAME_PATTERN}",
+            reason=runtime_env.BAD_NAME_REASON,
+            fix=runtime_env.BAD_NAME_FIX,
+        )
     ]
     for name in runtime_env.OPERATOR_ENV:
         words = runtime_env.message(name, runtime_env.reserved_reason(name), runtime_env.RESERVED_FIX)

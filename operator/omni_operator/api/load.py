@@ -16,8 +16,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from omni_operator.api.kube_rules import EFFECT_FIX, LABEL_KEY_FIX, LABEL_VALUE_FIX, OPERATOR_FIX
 from omni_operator.api.runtime_env import EntryError
-from omni_operator.api.spec import API_VERSION, KIND, OmniDeployment
+from omni_operator.api.spec import API_VERSION, KIND, NUL_FIX, NUL_REASON, OmniDeployment
 
 
 class SpecError(ValueError):
@@ -193,12 +194,25 @@ _PATTERN_FIXES_BY_TAIL = {
     "source.subPath": "use a path inside the volume, relative and without '..' elements, such as 'models/qwen'",
     "auth.secretName": "use the Secret's name: lowercase letters, digits, '-' and '.'",
     "auth.key": "use letters, digits, '-', '_' and '.', not starting with '..'",
+    "model.path": "use an absolute path without '..' elements, such as '/models/model'",
+    "source.hostPath": "use the node directory's absolute path, without '..' elements, such as '/mnt/models'",
+    "tolerations.key": LABEL_KEY_FIX,
+    "tolerations.operator": OPERATOR_FIX,
+    "tolerations.value": LABEL_VALUE_FIX,
+    "tolerations.effect": EFFECT_FIX,
 }
+# By the mapping a value is an entry of (its key is the user's, any text).
+_PATTERN_FIXES_BY_MAP = {"gpu.nodeSelector": LABEL_VALUE_FIX}
 
 
-def _pattern_fix(field: str) -> str:
-    tail = ".".join(field.split(".")[-2:])
-    return _PATTERN_FIXES.get(field) or _PATTERN_FIXES_BY_TAIL.get(tail, "use a value matching that pattern")
+def _pattern_fix(loc: tuple[int | str, ...]) -> str:
+    names = [str(part) for part in loc if not isinstance(part, int)]
+    return (
+        _PATTERN_FIXES.get(".".join(names))
+        or _PATTERN_FIXES_BY_TAIL.get(".".join(names[-2:]))
+        or _PATTERN_FIXES_BY_MAP.get(".".join(names[-3:-1]))
+        or "use a value matching that pattern"
+    )
 
 
 _TYPE_WORDS = {
@@ -263,14 +277,23 @@ def _spec_error(exc: ValidationError, *, file: str) -> SpecError:
         return error(f"{shown} is {words} {ctx[key]}", f"use a value {op} {ctx[key]}")
     if kind == "string_too_short":
         return error(f"must have at least {ctx['min_length']} character(s)", "set a non-empty value")
+    if kind == "too_long":  # a list's items or a mapping's entries
+        noun = "items" if ctx.get("field_type") == "List" else "entries"
+        count = ctx.get("actual_length")  # None for a mapping: pydantic stops counting at the bound
+        count = len(given) if count is None and isinstance(given, list | dict) else count
+        return error(
+            f"has {count} {noun}, more than {ctx['max_length']}", f"keep at most {ctx['max_length']}"
+        )
     if kind == "string_too_long":
         return error(
             f"is longer than {ctx['max_length']} characters", f"shorten it to {ctx['max_length']} or fewer"
         )
+    if kind == "string_pattern_mismatch" and isinstance(given, str) and "\x00" in given:
+        return error(NUL_REASON, NUL_FIX)  # as every other string says it (paths' patterns refuse NUL)
     if kind == "string_pattern_mismatch":
         return error(
             f"{shown} does not match {ctx['pattern']}",
-            _pattern_fix(field),
+            _pattern_fix(loc),
         )
     if kind == "string_type" and isinstance(given, int | float):
         # YAML reads an unquoted 8 as a number and on, yes or true as a boolean (env values, names):

@@ -14,6 +14,22 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from pydantic.alias_generators import to_camel
 
 from omni_operator.api import runtime_env
+from omni_operator.api.kube_rules import (
+    ABSOLUTE_PATH_PATTERN,
+    DNS_SUBDOMAIN,
+    EFFECT_PATTERN,
+    LABEL_KEY_FIX,
+    LABEL_KEY_MAX_LENGTH,
+    LABEL_KEY_REASON,
+    LABEL_VALUE_MAX_LENGTH,
+    LABEL_VALUE_PATTERN,
+    OPERATOR_PATTERN,
+    PATH_ELEMENT,
+    PATH_MAX_LENGTH,
+    TOLERATION_RULES,
+    is_label_key,
+    toleration_problem,
+)
 from omni_operator.api.streaming_input import StreamingInputSpec
 
 GROUP = "omni.dev"
@@ -31,15 +47,14 @@ SHORT_NAMES = ["omnid"]
 # have crashed it, and "32GB" would have failed only at pod creation.
 QUANTITY_PATTERN = r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]{1,2})?$"
 # A DNS-1123 subdomain (Secret and PersistentVolumeClaim names) and label (namespaces).
-DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+DNS_SUBDOMAIN_PATTERN = rf"^{DNS_SUBDOMAIN}$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # A key of a Secret that also names a file under the mount: letters, digits, '-', '_' and '.', not
 # starting with '..' (nor '.' or '..' alone).
 SECRET_KEY_PATTERN = r"^\.?[-_a-zA-Z0-9][-._a-zA-Z0-9]*$"
 # A volume sub-path as Kubernetes takes it: relative, no '..' element (RE2, as the API server checks
-# CRD patterns: one element is '.', '..x...', '.x...' or 'x...').
-_SUB_PATH_ELEMENT = r"(\.\.[^/]+|\.[^./][^/]*|\.|[^./][^/]*)"
-SUB_PATH_PATTERN = rf"^{_SUB_PATH_ELEMENT}(/{_SUB_PATH_ELEMENT})*/?$"
+# CRD patterns; kube_rules.PATH_ELEMENT).
+SUB_PATH_PATTERN = rf"^{PATH_ELEMENT}(/{PATH_ELEMENT})*/?$"
 # The longest duration in seconds a spec may give: int32, which every consumer (Kubernetes, the
 # rollout clock in float seconds, the router's timeout) holds.
 MAX_SECONDS = 2**31 - 1
@@ -169,11 +184,16 @@ class ModelSource(SpecModel):
     )
     sub_path: str | None = Field(
         default=None,
-        max_length=4096,
+        max_length=PATH_MAX_LENGTH,
         pattern=SUB_PATH_PATTERN,
         description="Sub-path inside the volume (type pvc): relative, without '..' elements.",
     )
-    host_path: str | None = Field(default=None, description="Node directory (type hostPath).", min_length=1)
+    host_path: str | None = Field(
+        default=None,
+        max_length=PATH_MAX_LENGTH,
+        pattern=ABSOLUTE_PATH_PATTERN,
+        description="Node directory (type hostPath): absolute, without '..' elements.",
+    )
 
     @model_validator(mode="after")
     def _source_fields(self) -> ModelSource:
@@ -198,8 +218,10 @@ class ModelSpec(SpecModel):
     )
     path: str = Field(
         default="/models/model",
-        description="Checkpoint directory as seen inside the stage containers.",
-        min_length=1,
+        description="Checkpoint directory as seen inside the stage containers: absolute, without '..' "
+        "elements (the volume's mount path for pvc and hostPath sources).",
+        max_length=PATH_MAX_LENGTH,
+        pattern=ABSOLUTE_PATH_PATTERN,
     )
     source: ModelSource = Field(default_factory=lambda: ModelSource(), description="Checkpoint source.")
     architecture: Architecture = Field(
@@ -357,11 +379,45 @@ class StagesSpec(SpecModel):
 
 
 class Toleration(SpecModel):
-    key: str | None = None
-    operator: str | None = Field(default=None, pattern="^(Exists|Equal)$")
-    value: str | None = None
-    effect: str | None = Field(default=None, pattern="^(NoSchedule|PreferNoSchedule|NoExecute)$")
-    toleration_seconds: int | None = None
+    """A toleration of the GPU pods, checked as Kubernetes checks a pod's."""
+
+    # kube_rules.TOLERATION_RULES: the rules between its fields, CEL on the toleration in the
+    # loader's words (the API server prefixes spec.gpu.tolerations[i] as the loader does).
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [{"rule": r.cel, "message": r.message} for r in TOLERATION_RULES]
+        }
+    )
+
+    key: str | None = Field(
+        default=None,
+        max_length=LABEL_KEY_MAX_LENGTH,
+        description="Taint key, a label key; empty or unset (with operator Exists): every taint.",
+    )
+    operator: str | None = Field(
+        default=None, pattern=OPERATOR_PATTERN, description="Exists, or Equal (unset: Equal)."
+    )
+    value: str | None = Field(
+        default=None,
+        max_length=LABEL_VALUE_MAX_LENGTH,
+        pattern=LABEL_VALUE_PATTERN,
+        description="Taint value, a label value (operator Equal; Exists takes none).",
+    )
+    effect: str | None = Field(
+        default=None,
+        pattern=EFFECT_PATTERN,
+        description="NoSchedule, PreferNoSchedule or NoExecute; empty or unset: every effect.",
+    )
+    toleration_seconds: int | None = Field(
+        default=None, description="How long a NoExecute taint is tolerated (effect NoExecute only)."
+    )
+
+    @model_validator(mode="after")
+    def _kubernetes_rules(self) -> Toleration:
+        broken = toleration_problem(self.model_dump(by_alias=True, exclude_none=True))
+        if broken is not None:
+            raise ValueError(broken.message)
+        return self
 
 
 class GpuSpec(SpecModel):
@@ -371,11 +427,27 @@ class GpuSpec(SpecModel):
     gpus_per_node: int = Field(
         default=8, ge=1, le=64, description="GPUs on one node; larger thinkers span nodes."
     )
-    node_selector: dict[str, str] = Field(default_factory=dict, description="Node selector for GPU pods.")
-    tolerations: list[Toleration] = Field(default_factory=list, description="Tolerations for GPU pods.")
+    node_selector: dict[
+        str, Annotated[str, Field(max_length=LABEL_VALUE_MAX_LENGTH, pattern=LABEL_VALUE_PATTERN)]
+    ] = Field(
+        default_factory=dict,
+        max_length=64,
+        description="Node selector for GPU pods: label keys and values, as Kubernetes takes them.",
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=64, description="Tolerations for GPU pods."
+    )
     topology_key: str = Field(
         default="kubernetes.io/hostname", description="Topology key that keeps a worker's pods together."
     )
+
+    @field_validator("node_selector")
+    @classmethod
+    def _label_keys(cls, selector: dict[str, str]) -> dict[str, str]:
+        for key in selector:
+            if not is_label_key(key):
+                raise runtime_env.EntryError(key or "''", reason=LABEL_KEY_REASON, fix=LABEL_KEY_FIX)
+        return selector
 
 
 class RouterAuth(SpecModel):

@@ -128,8 +128,8 @@ CASES = [
     ),
     pytest.param(
         HEAD + "spec:\n  model: {name: x}\n  gpu:\n    tolerations:\n    - key: a\n      effect: Sometimes\n",
-        "d.yaml: spec.gpu.tolerations[0].effect: 'Sometimes' does not match ^(NoSchedule|PreferNoSchedule|NoExecute)$; "
-        "use a value matching that pattern",
+        "d.yaml: spec.gpu.tolerations[0].effect: 'Sometimes' does not match ^(NoSchedule|PreferNoSchedule|NoExecute)?$; "
+        "use NoSchedule, PreferNoSchedule or NoExecute, or '' for every effect",
         id="list-index-in-path",
     ),
     pytest.param(

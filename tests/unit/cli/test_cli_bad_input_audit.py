@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from omni_operator import crdgen
+from omni_operator.api.kube_rules import ABSOLUTE_PATH_PATTERN, LABEL_KEY_FIX
 from omni_operator.api.load import SpecError, parse_deployments
 from omni_operator.api.spec import (
     DNS_SUBDOMAIN_PATTERN,
@@ -100,6 +101,10 @@ SPEC_CASES = [
     pytest.param({"spec.model.source": {"type": "pvc", "claimName": "models", "subPath": "../other"}}, f"spec.model.source.subPath: '../other' does not match {SUB_PATH_PATTERN}; use a path inside the volume, relative and without '..' elements, such as 'models/qwen'", id="sub-path-up"),
     pytest.param({"spec.model.source": {"type": "pvc", "claimName": "models", "subPath": "a/../../b"}}, f"spec.model.source.subPath: 'a/../../b' does not match {SUB_PATH_PATTERN}; use a path inside the volume, relative and without '..' elements, such as 'models/qwen'", id="sub-path-up-inside"),
     pytest.param({"spec.model.source": {"type": "pvc", "claimName": "models", "subPath": "a//b"}}, f"spec.model.source.subPath: 'a//b' does not match {SUB_PATH_PATTERN}; use a path inside the volume, relative and without '..' elements, such as 'models/qwen'", id="sub-path-empty-element"),
+    pytest.param({"spec.gpu.nodeSelector": {"gpu type": "h100"}}, f"spec.gpu.nodeSelector.gpu type: is not a label key; {LABEL_KEY_FIX}", id="node-selector-key"),
+    pytest.param({"spec.gpu.tolerations": [{"key": "gpu", "operator": "Exists", "value": "yes"}]}, "spec.gpu.tolerations[0]: operator Exists takes no value; remove value, or use operator: Equal", id="toleration-exists-value"),
+    pytest.param({"spec.model.path": "models/tiny"}, f"spec.model.path: 'models/tiny' does not match {ABSOLUTE_PATH_PATTERN}; use an absolute path without '..' elements, such as '/models/model'", id="model-path-relative"),
+    pytest.param({"spec.model.source": {"type": "hostPath", "hostPath": "/mnt/../etc"}}, f"spec.model.source.hostPath: '/mnt/../etc' does not match {ABSOLUTE_PATH_PATTERN}; use the node directory's absolute path, without '..' elements, such as '/mnt/models'", id="host-path-up"),
     pytest.param({"spec.model.source": {"type": "pvc", "claimName": "My Models"}}, f"spec.model.source.claimName: 'My Models' does not match {DNS_SUBDOMAIN_PATTERN}; use the PersistentVolumeClaim's name: lowercase letters, digits, '-' and '.'", id="claim-name"),
 ]  # fmt: skip
 

@@ -170,3 +170,72 @@ def test_a_peer_runtime_is_not_held_to_the_builtin_switches() -> None:
         )
         == []
     )
+
+
+# --- Kubernetes' rules (api/kube_rules.py): the API server says what the loader says ---------------
+
+PREFIX_254 = ("a" * 63 + ".") * 3 + "a" * 62  # 254 characters: one past a label key's prefix
+
+
+@pytest.mark.parametrize(
+    "key", ["gpu type", "Example.com/gpu", "a/b/c", "-gpu", f"{PREFIX_254}/gpu", "n" * 64, "é"]
+)
+def test_cel_refuses_a_node_selector_key_with_the_loaders_message(key: str) -> None:
+    spec = {"model": {"name": "m"}, "gpu": {"nodeSelector": {"pool": "a", key: "b"}}}
+    with pytest.raises(SpecError) as caught:
+        _load(spec)
+    assert _failing_messages(spec) == [str(caught.value).removeprefix("d.yaml: ")]
+
+
+@pytest.mark.parametrize(
+    "gpu",
+    [{}, {"nodeSelector": {}}, {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100", "pool": ""}},
+     {"nodeSelector": {f"{PREFIX_254[1:]}/{'n' * 63}": "x"}}],
+)  # fmt: skip
+def test_cel_admits_a_good_or_absent_node_selector(gpu: dict) -> None:
+    spec = {"model": {"name": "m"}, "gpu": gpu}
+    _load(spec)
+    assert _failing_messages(spec) == []
+
+
+TOLERATION_SCHEMA = SCHEMA["properties"]["spec"]["properties"]["gpu"]["properties"]["tolerations"]["items"]
+
+
+def _toleration_messages(toleration: dict) -> list[str]:
+    """What the API server says for one toleration by the rules on the toleration (it prefixes the
+    item's path, spec.gpu.tolerations[i], as the loader does)."""
+    env = celpy.Environment()
+    activation = {"self": celpy.json_to_cel(toleration)}
+    return [
+        rule["message"]
+        for rule in TOLERATION_SCHEMA["x-kubernetes-validations"]
+        if not bool(env.program(env.compile(rule["rule"])).evaluate(activation))
+    ]
+
+
+@pytest.mark.parametrize(
+    "toleration",
+    [{}, {"operator": "Equal", "value": "x"}, {"key": "", "effect": "NoSchedule"}, {"key": "gpu type"},
+     {"key": "Example.com/gpu", "operator": "Exists"}, {"key": f"{PREFIX_254}/gpu", "operator": "Exists"},
+     {"key": "gpu", "operator": "Exists", "value": "yes"},
+     {"key": "gpu", "effect": "NoSchedule", "tolerationSeconds": 60}, {"key": "gpu", "tolerationSeconds": 0}],
+)  # fmt: skip
+def test_cel_refuses_a_toleration_with_the_loaders_message(toleration: dict) -> None:
+    spec = {"model": {"name": "m"}, "gpu": {"tolerations": [{"operator": "Exists"}, toleration]}}
+    with pytest.raises(SpecError) as caught:
+        _load(spec)
+    assert _toleration_messages(toleration) == [
+        str(caught.value).removeprefix("d.yaml: spec.gpu.tolerations[1]: ")
+    ]
+
+
+@pytest.mark.parametrize(
+    "toleration",
+    [{"operator": "Exists"}, {"key": "", "operator": "Exists", "value": ""},
+     {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}, {"key": "gpu", "value": "h100"},
+     {"key": "gpu", "operator": "Equal", "value": "", "effect": ""},
+     {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}],
+)  # fmt: skip
+def test_cel_admits_what_the_loader_admits_for_a_toleration(toleration: dict) -> None:
+    _load({"model": {"name": "m"}, "gpu": {"tolerations": [toleration]}})
+    assert _toleration_messages(toleration) == []

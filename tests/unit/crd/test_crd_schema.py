@@ -149,6 +149,15 @@ BROKEN = [
     pytest.param(("spec", "media"), {"deniedNetworks": ["ten/8"]}, "does not match", id="media-network"),
     pytest.param(("spec", "speech"), {"maxStreams": -1}, "-1 is less than the minimum of 0", id="speech-limit"),
     pytest.param(("spec", "runtime"), {"env": {"OMNI_BUSY_STREAMS": 8}}, "8 is not of type 'string'", id="env-number"),
+    pytest.param(("spec", "model", "path"), "models/x", "does not match", id="model-path-relative"),
+    pytest.param(("spec", "model", "path"), "/m/../etc", "does not match", id="model-path-up"),
+    pytest.param(("spec", "model", "path"), "/m/a\x00", "does not match", id="model-path-nul"),
+    pytest.param(("spec", "model", "source"), {"type": "hostPath", "hostPath": "/mnt/.."}, "does not match", id="host-path-up"),
+    pytest.param(("spec", "gpu", "nodeSelector"), {"pool": "a b"}, "does not match", id="selector-value"),
+    pytest.param(("spec", "gpu", "tolerations"), [{"key": "k", "value": "a b"}], "does not match", id="toleration-value"),
+    pytest.param(("spec", "gpu", "tolerations"), [{"key": "k", "effect": "Never"}], "does not match", id="toleration-effect"),
+    pytest.param(("spec", "gpu", "tolerations"), [{"operator": "Exists"}] * 65, "is too long", id="tolerations-count"),
+    pytest.param(("spec", "gpu", "nodeSelector"), {f"k{i}": "v" for i in range(65)}, "has too many properties", id="selector-count"),
 ]  # fmt: skip
 
 
