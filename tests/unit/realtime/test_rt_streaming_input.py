@@ -141,6 +141,20 @@ def test_payload_cap_413_unknown_session_404_and_bad_chunks(engine) -> None:
         assert client.get(f"{BASE}/{session_id}").status_code == 404
 
 
+@pytest.mark.parametrize(("min_length", "status"), [(1000, 200), (1001, 400), (10**30, 400)])
+def test_a_min_length_past_the_session_cap_is_refused(engine, min_length: int, status: int) -> None:
+    """The decode of an on_min_length session would never start early: a session never holds more
+    than the worker's cap. The refusal names the field and the cap."""
+    client, _ = make_client(engine, max_payload_per_session=1000)
+    with client:
+        reply = client.post(BASE, json={"start_policy": "on_min_length", "min_length": min_length})
+    assert reply.status_code == status, reply.text
+    if status == 400:
+        error = reply.json()["error"]
+        assert error["param"] == "min_length" and error["type"] == "invalid_request_error"
+        assert error["message"].endswith("this worker holds at most 1000 a session"), error["message"]
+
+
 def test_idle_timeout_releases_the_session(engine) -> None:
     client, server = make_client(engine, session_timeout_s=0.2)
     with client:

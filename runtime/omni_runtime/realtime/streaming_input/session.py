@@ -82,6 +82,12 @@ class StreamingInputSession:
         self.audio_format = params.audio.format if params.audio is not None else "wav"
         if self.want_audio and not engine.supports_audio_output:
             raise invalid("modalities", "this worker serves text only; use ['text']")
+        cap = settings.max_payload_per_session
+        if params.min_length is not None and params.min_length > cap:
+            # A session never holds more than the cap, so the decode would never start early.
+            raise invalid(
+                "min_length", f"is {params.min_length} bytes; this worker holds at most {cap} a session"
+            )
         self.max_chars, max_messages = prompt_limits(
             engine.max_model_len,
             max_chars=settings.max_prompt_chars,
