@@ -1,6 +1,7 @@
 """Kubernetes' own rules for the spec values that reach a pod unchanged: label keys and values
-(spec.gpu.nodeSelector, a toleration's key and value), a toleration's operator, effect and their
-combinations, and absolute paths (spec.model.path, spec.model.source.hostPath).
+(spec.gpu.nodeSelector, a toleration's key and value, spec.gpu.topologyKey), a toleration's
+operator, effect and their combinations, an extended resource's name (spec.gpu.resourceName), and
+absolute paths (spec.model.path, spec.model.source.hostPath).
 
 Without them a bad value passed the loader and the CRD and failed only when the operator created
 the pods. The patterns are written for RE2 and Python's re alike (no lookarounds): the API server
@@ -38,6 +39,14 @@ LABEL_KEY_FIX = (
 LABEL_VALUE_FIX = (
     "use at most 63 letters, digits, '-', '_' and '.', starting and ending with a letter or digit, "
     "or ''; quote it in YAML if it reads as a number or a boolean"
+)
+
+# An extended resource's name (spec.gpu.resourceName): a name after a required domain prefix, such
+# as 'nvidia.com/gpu' (the kubelet counts only domain-qualified extended resources).
+RESOURCE_NAME_PATTERN = rf"^{DNS_SUBDOMAIN}/{_LABEL_NAME}$"
+RESOURCE_NAME_FIX = (
+    "use the device plugin's resource name: a DNS subdomain, '/', and a name of at most 63 letters, "
+    "digits, '-', '_' and '.', such as 'nvidia.com/gpu'"
 )
 
 # One element of a path: '.', '..x...', '.x...' or 'x...' (never '..'), without NUL characters.

@@ -16,7 +16,13 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from omni_operator.api.kube_rules import EFFECT_FIX, LABEL_KEY_FIX, LABEL_VALUE_FIX, OPERATOR_FIX
+from omni_operator.api.kube_rules import (
+    EFFECT_FIX,
+    LABEL_KEY_FIX,
+    LABEL_VALUE_FIX,
+    OPERATOR_FIX,
+    RESOURCE_NAME_FIX,
+)
 from omni_operator.api.runtime_env import EntryError
 from omni_operator.api.spec import API_VERSION, KIND, NUL_FIX, NUL_REASON, OmniDeployment
 
@@ -197,6 +203,8 @@ _PATTERN_FIXES_BY_TAIL = {
     "model.path": "use an absolute path without '..' elements, such as '/models/model'",
     "source.hostPath": "use the node directory's absolute path, without '..' elements, such as '/mnt/models'",
     "tolerations.key": LABEL_KEY_FIX,
+    "gpu.topologyKey": LABEL_KEY_FIX,
+    "gpu.resourceName": RESOURCE_NAME_FIX,
     "tolerations.operator": OPERATOR_FIX,
     "tolerations.value": LABEL_VALUE_FIX,
     "tolerations.effect": EFFECT_FIX,

@@ -20,12 +20,14 @@ from omni_operator.api.kube_rules import (
     EFFECT_PATTERN,
     LABEL_KEY_FIX,
     LABEL_KEY_MAX_LENGTH,
+    LABEL_KEY_PATTERN,
     LABEL_KEY_REASON,
     LABEL_VALUE_MAX_LENGTH,
     LABEL_VALUE_PATTERN,
     OPERATOR_PATTERN,
     PATH_ELEMENT,
     PATH_MAX_LENGTH,
+    RESOURCE_NAME_PATTERN,
     TOLERATION_RULES,
     is_label_key,
     toleration_problem,
@@ -421,7 +423,12 @@ class Toleration(SpecModel):
 
 
 class GpuSpec(SpecModel):
-    resource_name: str = Field(default="nvidia.com/gpu", description="Extended resource that counts GPUs.")
+    resource_name: str = Field(
+        default="nvidia.com/gpu",
+        max_length=LABEL_KEY_MAX_LENGTH,
+        pattern=RESOURCE_NAME_PATTERN,
+        description="Extended resource that counts GPUs, such as nvidia.com/gpu.",
+    )
     tier: GpuTier = Field(default=GpuTier.h100, description="GPU model class; sets memory and defaults.")
     memory_gb: float | None = Field(default=None, gt=0, description="Per-GPU memory override in GB.")
     gpus_per_node: int = Field(
@@ -438,7 +445,10 @@ class GpuSpec(SpecModel):
         default_factory=list, max_length=64, description="Tolerations for GPU pods."
     )
     topology_key: str = Field(
-        default="kubernetes.io/hostname", description="Topology key that keeps a worker's pods together."
+        default="kubernetes.io/hostname",
+        max_length=LABEL_KEY_MAX_LENGTH,
+        pattern=LABEL_KEY_PATTERN,
+        description="Topology key (a node label key) that keeps a worker's pods together.",
     )
 
     @field_validator("node_selector")
