@@ -117,6 +117,8 @@ class FusedMoeDecodeLayer:
         # Zero between uses: each kernel's last program resets what it counted.
         self.attention_count = torch.zeros(MAX_ROWS * weights.kv_heads, dtype=torch.int32, device=device)
         self.router_count = torch.zeros(1, dtype=torch.int32, device=device)
+        # [6 kernels, programs, 8] int64: each program's global-timer marks (tests/gpu/layer_phases.py)
+        self.trace: torch.Tensor | None = None
 
     def takes(self, hidden: torch.Tensor, cache: Any) -> bool:
         return (
@@ -190,13 +192,18 @@ def decode_step(
     x = hidden.contiguous()
     cos, sin = (t.reshape(t.shape[0], -1)[:, -w.head_dim :] for t in position_embeddings)
     pdl = {"launch_pdl": True} if layer.pdl else {}
+    trace = layer.trace
+
+    def marks(kernel: int) -> dict[str, Any]:
+        return {} if trace is None else {"trace_ptr": trace[kernel], "TRACE": True}
+
     width = w.qkv.shape[0]
     qkv = torch.empty(rows, width, dtype=dtype, device=device)
     k.gemv_kernel[(_cdiv(width, GEMV_ROWS),)](
         x, w.input_norm, w.qkv, x, qkv,
         rows, x.stride(0), w.qkv.stride(0), 0, qkv.stride(0), w.eps,
         K=size, K_PAD=_pow2(size), N=width, ROWS=padded, BLOCK_N=GEMV_ROWS,
-        HAS_NORM=True, HAS_RES=False, PDL=layer.pdl, num_warps=GEMV_WARPS, **pdl,
+        HAS_NORM=True, HAS_RES=False, PDL=layer.pdl, num_warps=GEMV_WARPS, **pdl, **marks(0),
     )  # fmt: skip
     groups = w.heads // w.kv_heads
     block_g = max(16, _pow2(groups))
@@ -212,14 +219,14 @@ def decode_step(
         qkv.stride(0), cos.stride(0), sin.stride(0), keys.stride(0), keys.stride(1), keys.stride(2),
         attended.stride(0), splits, per_split, w.scaling, w.qk_eps,
         KV_HEADS=w.kv_heads, GROUPS=groups, DIM=w.head_dim, BLOCK_G=block_g, BLOCK_N=BLOCK_N,
-        PDL=layer.pdl, num_warps=ATTENTION_WARPS, **pdl,
+        PDL=layer.pdl, num_warps=ATTENTION_WARPS, **pdl, **marks(1),
     )  # fmt: skip
     mid = torch.empty_like(x)
     k.gemv_kernel[(_cdiv(size, GEMV_ROWS),)](
         attended, w.input_norm, w.o_proj, x, mid,
         rows, attended.stride(0), w.o_proj.stride(0), x.stride(0), mid.stride(0), w.eps,
         K=w.o_proj.shape[1], K_PAD=_pow2(w.o_proj.shape[1]), N=size, ROWS=padded, BLOCK_N=GEMV_ROWS,
-        HAS_NORM=False, HAS_RES=True, PDL=layer.pdl, num_warps=GEMV_WARPS, **pdl,
+        HAS_NORM=False, HAS_RES=True, PDL=layer.pdl, num_warps=GEMV_WARPS, **pdl, **marks(2),
     )  # fmt: skip
     experts = w.router.shape[0]
     e_pad = _pow2(experts)
@@ -234,7 +241,7 @@ def decode_step(
         rows, mid.stride(0), normed.stride(0), w.eps,
         HIDDEN=size, K_PAD=_pow2(size), EXPERTS=experts, E_PAD=e_pad, ROWS=padded, BLOCK_E=block_e,
         PROGRAMS=programs, TOP_K=w.top_k, NORMALIZE=w.normalize, PDL=layer.pdl,
-        num_warps=ROUTER_WARPS, **pdl,
+        num_warps=ROUTER_WARPS, **pdl, **marks(3),
     )  # fmt: skip
     intermediate = w.down.shape[-1]
     shape = experts_shape()
@@ -242,14 +249,14 @@ def decode_step(
     k.gate_up_kernel[(rows * w.top_k, _cdiv(intermediate, shape.gate_rows))](
         normed, index, w.gate_up, act, normed.stride(0), w.gate_up.stride(0), w.gate_up.stride(1),
         HIDDEN=size, INTERMEDIATE=intermediate, TOP_K=w.top_k, BLOCK_N=shape.gate_rows,
-        BLOCK_H=shape.gate_cols, PDL=layer.pdl, num_warps=shape.warps, **pdl,
+        BLOCK_H=shape.gate_cols, PDL=layer.pdl, num_warps=shape.warps, **pdl, **marks(4),
     )  # fmt: skip
     out = torch.empty_like(x)
     k.experts_down_kernel[(rows, _cdiv(size, DOWN_ROWS))](
         act, index, weights, w.down, mid, out,
         w.down.stride(0), w.down.stride(1), mid.stride(0), out.stride(0),
         HIDDEN=size, INTERMEDIATE=intermediate, I_PAD=_pow2(intermediate), TOP_K=w.top_k,
-        K_PAD=_pow2(w.top_k), BLOCK_D=DOWN_ROWS, PDL=layer.pdl, num_warps=DOWN_WARPS, **pdl,
+        K_PAD=_pow2(w.top_k), BLOCK_D=DOWN_ROWS, PDL=layer.pdl, num_warps=DOWN_WARPS, **pdl, **marks(5),
     )  # fmt: skip
     return out
 

@@ -20,6 +20,22 @@ from omni_runtime.executor.attention_kernels import merge_split, softmax_step
 
 
 @triton.jit
+def _now():
+    return tl.inline_asm_elementwise(
+        "mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1
+    )
+
+
+@triton.jit
+def mark(trace_ptr, program, at: tl.constexpr, TRACE: tl.constexpr):
+    """With ``TRACE`` (tests/gpu/layer_phases.py), the GPU's global timer in ns at
+    ``trace[program, at]`` (8 marks a program: 0 entry, 1 past the wait, 2-4 the kernel's own
+    phases, 5 done). Without, nothing: the served kernels compile as before."""
+    if TRACE:
+        tl.store(trace_ptr + program * 8 + at, _now())
+
+
+@triton.jit
 def _normed(x, gain, rstd, DTYPE: tl.constexpr):
     """transformers' RMSNorm of one row given its ``rstd``: ``weight * bf16(x * rstd)`` rounded."""
     return ((x * rstd).to(DTYPE).to(tl.float32) * gain).to(DTYPE).to(tl.float32)
@@ -65,9 +81,10 @@ def gemv_kernel(
     x_ptr, norm_ptr, w_ptr, res_ptr, out_ptr,
     rows, stride_x, stride_w, stride_res, stride_out, eps,
     K: tl.constexpr, K_PAD: tl.constexpr, N: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr,
+    HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr, trace_ptr=None, TRACE: tl.constexpr = False,
 ):  # fmt: skip
     """``out[t] = (res[t] +) W @ (rmsnorm(x[t]) or x[t])`` for a block of ``BLOCK_N`` outputs."""
+    mark(trace_ptr, tl.program_id(0), 0, TRACE)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     k = tl.arange(0, K_PAD)
@@ -80,6 +97,7 @@ def gemv_kernel(
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
+    mark(trace_ptr, tl.program_id(0), 1, TRACE)
     r = tl.arange(0, ROWS)
     acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
     for t in tl.static_range(ROWS):
@@ -95,6 +113,7 @@ def gemv_kernel(
         res = tl.load(res_ptr + r[:, None] * stride_res + n[None, :], mask=ok, other=0.0)
         out = (res.to(tl.float32) + out.to(tl.float32)).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + r[:, None] * stride_out + n[None, :], out, mask=ok)
+    mark(trace_ptr, tl.program_id(0), 5, TRACE)
 
 
 @triton.jit
@@ -103,12 +122,13 @@ def router_kernel(
     rows, stride_h, stride_xn, eps,
     HIDDEN: tl.constexpr, K_PAD: tl.constexpr, EXPERTS: tl.constexpr, E_PAD: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_E: tl.constexpr, PROGRAMS: tl.constexpr, TOP_K: tl.constexpr,
-    NORMALIZE: tl.constexpr, PDL: tl.constexpr,
+    NORMALIZE: tl.constexpr, PDL: tl.constexpr, trace_ptr=None, TRACE: tl.constexpr = False,
 ):  # fmt: skip
     """The MoE block's post-attention norm and router: each program normalises every row, stores
     its share of the normed rows (``xn``, the experts' input) and the logits of ``BLOCK_E``
     experts; the last program to finish (a counter it resets) routes each row (``route_row``)."""
     pid = tl.program_id(0)
+    mark(trace_ptr, pid, 0, TRACE)
     e = pid * BLOCK_E + tl.arange(0, BLOCK_E)
     e_ok = e < EXPERTS
     k = tl.arange(0, K_PAD)
@@ -118,6 +138,7 @@ def router_kernel(
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
+    mark(trace_ptr, pid, 1, TRACE)
     share = (k // (K_PAD // PROGRAMS)) == pid  # the columns of xn this program stores
     for t in tl.static_range(ROWS):
         if t < rows:
@@ -128,7 +149,9 @@ def router_kernel(
             logit = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
             logit = logit.to(h_ptr.dtype.element_ty).to(tl.float32)  # transformers' linear rounds
             tl.store(logits_ptr + t * E_PAD + e, logit, mask=e_ok)
+    mark(trace_ptr, pid, 3, TRACE)
     done = tl.atomic_add(count_ptr, 1, sem="acq_rel")
+    mark(trace_ptr, pid, 4, TRACE)
     if done == PROGRAMS - 1:  # every program's logits are visible: route each row
         lanes = tl.arange(0, E_PAD)
         ok = lanes < EXPERTS
@@ -138,6 +161,7 @@ def router_kernel(
             )
             route_row(scores, lanes, ok, weights_ptr + row * TOP_K, index_ptr + row * TOP_K, TOP_K, NORMALIZE)
         tl.atomic_xchg(count_ptr, 0)
+    mark(trace_ptr, pid, 5, TRACE)
 
 
 @triton.jit
@@ -170,19 +194,23 @@ def expert_gate_up(
 def gate_up_kernel(
     x_ptr, index_ptr, w_ptr, act_ptr, stride_x, stride_we, stride_wn,
     HIDDEN: tl.constexpr, INTERMEDIATE: tl.constexpr, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_H: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_H: tl.constexpr, PDL: tl.constexpr, trace_ptr=None, TRACE: tl.constexpr = False,
 ):  # fmt: skip
     """The experts' first kernel (executor.moe_decode's, and the layer's fifth): program (pair,
     block) runs ``expert_gate_up`` for the pair's expert from ``index`` (the routing)."""
+    program = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+    mark(trace_ptr, program, 0, TRACE)
     if PDL:  # the routing comes from the kernel before
         gdc_wait()
         gdc_launch_dependents()
+    mark(trace_ptr, program, 1, TRACE)
     pair = tl.program_id(0)
     expert = tl.load(index_ptr + pair).to(tl.int64)
     expert_gate_up(
         x_ptr, w_ptr, act_ptr, expert, pair // TOP_K, pair, tl.program_id(1), stride_x, stride_we, stride_wn,
         HIDDEN, INTERMEDIATE, BLOCK_N, BLOCK_H,
     )  # fmt: skip
+    mark(trace_ptr, program, 5, TRACE)
 
 
 @triton.jit
@@ -218,7 +246,7 @@ def down_kernel(
 def experts_down_kernel(
     act_ptr, index_ptr, weight_ptr, w_ptr, res_ptr, out_ptr, stride_we, stride_wh, stride_res, stride_out,
     HIDDEN: tl.constexpr, INTERMEDIATE: tl.constexpr, I_PAD: tl.constexpr, TOP_K: tl.constexpr,
-    K_PAD: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
+    K_PAD: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr, trace_ptr=None, TRACE: tl.constexpr = False,
 ):  # fmt: skip
     """The layer's sixth kernel, for row ``program_id(0)`` and ``BLOCK_D`` hidden units:
     ``res + sum_k weight_k * down[expert_k] @ act[k]``, rounded as transformers' residual add.
@@ -226,6 +254,8 @@ def experts_down_kernel(
     ``PDL`` the program reads its experts' down rows before it waits for the gate-up kernel's
     ``act``: they stream while that kernel drains."""
     token = tl.program_id(0)
+    program = token * tl.num_programs(1) + tl.program_id(1)
+    mark(trace_ptr, program, 0, TRACE)
     units = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     unit_ok = units < HIDDEN
     ks = tl.arange(0, K_PAD)
@@ -241,6 +271,7 @@ def experts_down_kernel(
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
+    mark(trace_ptr, program, 1, TRACE)
     a = tl.load(
         act_ptr + pairs[:, None] * INTERMEDIATE + cols[None, :],
         mask=real[:, None] & col_ok[None, :],
@@ -250,6 +281,7 @@ def experts_down_kernel(
     out = tl.sum(part * route[:, None], axis=0).to(out_ptr.dtype.element_ty)
     out = (res + out.to(tl.float32)).to(out_ptr.dtype.element_ty)  # transformers' residual + moe
     tl.store(out_ptr + token * stride_out + units, out, mask=unit_ok)
+    mark(trace_ptr, program, 5, TRACE)
 
 
 @triton.jit(do_not_specialize=["splits", "per_split"])
@@ -259,7 +291,7 @@ def attention_kernel(
     stride_qkv, stride_cos, stride_sin, stride_cb, stride_ch, stride_cn, stride_out,
     splits, per_split, scale, eps,
     KV_HEADS: tl.constexpr, GROUPS: tl.constexpr, DIM: tl.constexpr, BLOCK_G: tl.constexpr,
-    BLOCK_N: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_N: tl.constexpr, PDL: tl.constexpr, trace_ptr=None, TRACE: tl.constexpr = False,
 ):  # fmt: skip
     """One decode token's attention for a (row, key/value head) and a split of its cached keys:
     the per-head q and k norms and the rotary embedding of the fused q/k/v projection's output,
@@ -269,6 +301,8 @@ def attention_kernel(
     (``softmax_step`` and ``merge_split`` of attention_kernels, as the decode attention's)."""
     pair = tl.program_id(0)
     split = tl.program_id(1)
+    program = pair * tl.num_programs(1) + split
+    mark(trace_ptr, program, 0, TRACE)
     row = pair // KV_HEADS
     head = pair % KV_HEADS
     g = tl.arange(0, BLOCK_G)
@@ -296,6 +330,7 @@ def attention_kernel(
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
+    mark(trace_ptr, program, 1, TRACE)
     dtype = kc_ptr.dtype.element_ty
     base = qkv_ptr + row * stride_qkv
     # Queries of the group: norm over each head, then the rotary embedding, rounded as transformers.
@@ -317,6 +352,7 @@ def attention_kernel(
     if split == 0:
         tl.store(kc_ptr + cache_at + pos * stride_cn + d, key_new)
         tl.store(vc_ptr + cache_at + pos * stride_cn + d, value_new.to(dtype))
+    mark(trace_ptr, program, 2, TRACE)
     # This split's cached keys before the row's position.
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
@@ -333,7 +369,9 @@ def attention_kernel(
     tl.store(m_ptr + at * BLOCK_G + g, m_i)
     tl.store(l_ptr + at * BLOCK_G + g, l_i)
     tl.store(acc_ptr + (at * BLOCK_G + g[:, None]) * DIM + d[None, :], acc)
+    mark(trace_ptr, program, 3, TRACE)
     done = tl.atomic_add(count_ptr + pair, 1, sem="acq_rel")
+    mark(trace_ptr, program, 4, TRACE)
     if done == splits - 1:  # the last split of this pair: combine, starting from the new key
         m = tl.sum(query.to(tl.float32) * key_new.to(tl.float32)[None, :], axis=1) * scale
         total = tl.full([BLOCK_G], 1.0, tl.float32)
@@ -348,3 +386,4 @@ def attention_kernel(
         out_at = out_ptr + row * stride_out + (head * GROUPS + g)[:, None] * DIM + d[None, :]
         tl.store(out_at, out.to(out_ptr.dtype.element_ty), mask=g_ok[:, None])
         tl.atomic_xchg(count_ptr + pair, 0)
+    mark(trace_ptr, program, 5, TRACE)

@@ -127,6 +127,13 @@ def _compile(kernel, pointers, ints, floats, constexprs, types):
 
     signature = {name: types.get(name, "*bf16") for name in pointers}
     signature |= {name: "i32" for name in ints} | {name: "fp32" for name in floats}
+    if "TRACE" in kernel.arg_names:  # the phase marks' arguments, off as served unless given
+        constexprs = {**constexprs, "trace_ptr": None, "TRACE": constexprs.get("TRACE", False)}
+        if constexprs["TRACE"]:
+            pointers = [*pointers, "trace_ptr"]
+            types = types | {"trace_ptr": "*i64"}
+            signature |= {"trace_ptr": "*i64"}
+            constexprs = {name: value for name, value in constexprs.items() if name != "trace_ptr"}
     signature |= {name: "constexpr" for name in constexprs}
     # As a launch specializes them: 16-aligned pointers, strides that are multiples of 16.
     aligned = [*pointers, *(name for name in ints if name.startswith("stride"))]
@@ -196,6 +203,7 @@ def test_layer_kernels_compile_for_hopper_without_a_gpu(pdl: bool) -> None:
         {"pos_ptr": "*i64", "m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "count_ptr": "*i32"},
     )  # fmt: skip
     for compiled in (gemv, router, attention, gate_up, down):
+        assert "globaltimer" not in compiled.asm["ptx"]  # the phase marks compile away as served
         ptx = compiled.asm["ptx"]
         assert compiled.asm["cubin"]
         assert ("griddepcontrol.wait" in ptx) == pdl
@@ -219,3 +227,19 @@ def test_unset_omni_moe_layer_means_pdl_and_every_mode_is_a_choice() -> None:
     assert switches.choice("OMNI_MOE_LAYER", environ={}) == "pdl"
     assert switches.choice("OMNI_MOE_LAYER", environ={"OMNI_MOE_LAYER": "off"}) == "off"
     assert set(MODES) == {"pdl", "fused", "off"}
+
+
+def test_the_attention_kernel_marks_its_phases_when_traced() -> None:
+    """tests/gpu/layer_phases.py's marks: the global timer read at entry, past the wait, after the
+    new key's store, around the counter and at the end (6 reads), stored to the trace."""
+    traced = _compile(
+        moe_layer._kernels().attention_kernel,
+        ["qkv_ptr", "qnorm_ptr", "knorm_ptr", "cos_ptr", "sin_ptr", "kc_ptr", "vc_ptr", "pos_ptr", "m_ptr",
+         "l_ptr", "acc_ptr", "count_ptr", "out_ptr"],
+        ["stride_qkv", "stride_cos", "stride_sin", "stride_cb", "stride_ch", "stride_cn", "stride_out", "splits",
+         "per_split"],
+        ["scale", "eps"],
+        {"KV_HEADS": 4, "GROUPS": 8, "DIM": 128, "BLOCK_G": 16, "BLOCK_N": 32, "PDL": True, "TRACE": True},
+        {"pos_ptr": "*i64", "m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "count_ptr": "*i32"},
+    )  # fmt: skip
+    assert traced.asm["ptx"].count("%globaltimer") == 6
