@@ -96,7 +96,7 @@ def test_kernels_compile_for_hopper_without_a_gpu_with_16_byte_weight_loads() ->
             gate_up,
             ["x_ptr", "index_ptr", "w_ptr", "act_ptr"],
             ["stride_x", "stride_we", "stride_wn"],
-            sizes | {"BLOCK_N": 8, "BLOCK_H": 512, "PDL": False},
+            sizes | {"BLOCK_N": 8, "BLOCK_H": 512, "PDL": False, "trace_ptr": None, "TRACE": False},
             {"index_ptr": "*i64"},
             True,
         ),
