@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
+import pytest
 import torch
 
 from omni_runtime.contract.adapter import Prompt, RowSampling, TalkerAdmission, ThinkerPrompt
 from omni_runtime.contract.engine import ChatTurn, GenerationRequest, MediaInput, SamplingParams
 from omni_runtime.pipeline import wire
-from omni_runtime.pipeline.link.frames import decode_tensors, encode_tensors
+from omni_runtime.pipeline.link.frames import (
+    FrameType,
+    decode_tensors,
+    encode_tensors,
+    read_frame,
+    write_frame,
+)
 
 
 def _over_the_wire(tensors: dict) -> dict:
@@ -104,3 +113,36 @@ def test_talker_admission_round_trip() -> None:
 def _unpack(frame: tuple[dict, dict]) -> tuple[dict, dict]:
     payload, tensors = frame
     return payload, _over_the_wire(tensors)
+
+
+class _Bytes(bytearray):
+    """What write_frame needs of a StreamWriter: write()."""
+
+    def write(self, data: bytes | memoryview) -> None:
+        self.extend(data)
+
+
+def _through_a_frame(payload: dict, tensors: dict) -> tuple[dict, dict]:
+    sent = _Bytes()
+    write_frame(sent, FrameType.REQUEST, 1, payload, tensors)  # type: ignore[arg-type]
+
+    async def read() -> tuple[dict, dict]:
+        reader = asyncio.StreamReader()
+        reader.feed_data(bytes(sent))
+        reader.feed_eof()
+        frame = await read_frame(reader)
+        assert frame is not None
+        return frame.meta, frame.tensors
+
+    return asyncio.run(read())
+
+
+@pytest.mark.parametrize("seed", [0, 2**31, 2**64 + 5, 2**70, -(2**65)])
+def test_any_seed_the_api_takes_crosses_a_frame(seed: int) -> None:
+    """The API takes any integer seed (the sampler keeps its low 31 bits); a stage-link frame
+    (written and read by link.frames) carries integers past 64 bits unchanged."""
+    request = GenerationRequest(
+        request_id="r", turns=(ChatTurn(role="user", text="hi"),), sampling=SamplingParams(seed=seed)
+    )
+    back = wire.unpack_request(*_through_a_frame(*wire.pack_request(request)))
+    assert back.sampling.seed == seed
