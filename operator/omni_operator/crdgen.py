@@ -17,10 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic.alias_generators import to_camel
 
 from omni_operator.api import runtime_env
-from omni_operator.api.kube_rules import LABEL_KEY_FIX, LABEL_KEY_REASON, label_key_cel
+from omni_operator.api.kube_rules import LABEL_KEY_FIX, LABEL_KEY_REASON, NameRule, label_key_cel
 from omni_operator.api.spec import (
+    GPU_NAME_RULES,
     GROUP,
     KIND,
     PLURAL,
@@ -148,6 +150,7 @@ def cel_rules() -> list[Schema]:
         *({"rule": rule, "message": r.message} for rule, r in pairs),
         _stage_images_rule(),
         _node_selector_rule(),
+        *(_name_rule(f"gpu.{to_camel(field)}", rule) for field, rule in GPU_NAME_RULES.items()),
         *_env_rules(),
         *_switch_rules(runtime),
     ]
@@ -162,6 +165,15 @@ def _keys_rule(path: str, var: str, ok: str, *, summary: str, reason: str, fix: 
         "message": f"{field}: {summary}; {fix}",
         "messageExpression": f"{json.dumps(field + '.')} + {mapping}.filter({var}, !({ok}))[0]"
         f" + {json.dumps(f': {reason}; {fix}')}",
+    }
+
+
+def _name_rule(path: str, rule: NameRule) -> Schema:
+    """The string at spec.`path`, when set, is the kind of name `rule` says, in the loader's words
+    (its field validator's ValueError: `spec.path: reason; fix`)."""
+    return {
+        "rule": f"!({_set(path)}) || ({rule.cel(f'self.{path}')})",
+        "message": f"spec.{path}: {rule.message}",
     }
 
 

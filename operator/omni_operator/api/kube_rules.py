@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 # A DNS-1123 subdomain (lower case, dot-separated labels), unanchored: a label key's prefix, and
@@ -41,9 +43,9 @@ LABEL_VALUE_FIX = (
     "or ''; quote it in YAML if it reads as a number or a boolean"
 )
 
-# An extended resource's name (spec.gpu.resourceName): a name after a required domain prefix, such
-# as 'nvidia.com/gpu' (the kubelet counts only domain-qualified extended resources).
-RESOURCE_NAME_PATTERN = rf"^{DNS_SUBDOMAIN}/{_LABEL_NAME}$"
+# An extended resource's name (spec.gpu.resourceName): a label key whose domain prefix is required,
+# such as 'nvidia.com/gpu' (the kubelet counts only domain-qualified extended resources).
+RESOURCE_NAME_REASON = "is not a domain-qualified resource name"
 RESOURCE_NAME_FIX = (
     "use the device plugin's resource name: a DNS subdomain, '/', and a name of at most 63 letters, "
     "digits, '-', '_' and '.', such as 'nvidia.com/gpu'"
@@ -67,6 +69,34 @@ def is_label_key(key: str) -> bool:
 def label_key_cel(var: str) -> str:
     """CEL that is true when `var` is a label key (is_label_key)."""
     return f"{var}.matches({json.dumps(LABEL_KEY_PATTERN)}) && {var}.matches({json.dumps(LABEL_PREFIX_LENGTH_PATTERN)})"
+
+
+def is_resource_name(name: str) -> bool:
+    return "/" in name and is_label_key(name)
+
+
+def resource_name_cel(var: str) -> str:
+    """CEL that is true when `var` is a domain-qualified resource name (is_resource_name)."""
+    return f"{var}.contains('/') && {label_key_cel(var)}"
+
+
+@dataclass(frozen=True)
+class NameRule:
+    """A kind of Kubernetes name a spec string field holds: the loader's check, the CRD's CEL over a
+    field expression, and the words both say."""
+
+    check: Callable[[str], bool]
+    cel: Callable[[str], str]
+    reason: str
+    fix: str
+
+    @property
+    def message(self) -> str:
+        return f"{self.reason}; {self.fix}"
+
+
+LABEL_KEY_RULE = NameRule(is_label_key, label_key_cel, LABEL_KEY_REASON, LABEL_KEY_FIX)
+RESOURCE_NAME_RULE = NameRule(is_resource_name, resource_name_cel, RESOURCE_NAME_REASON, RESOURCE_NAME_FIX)
 
 
 class TolerationRule:

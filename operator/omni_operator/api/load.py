@@ -21,7 +21,6 @@ from omni_operator.api.kube_rules import (
     LABEL_KEY_FIX,
     LABEL_VALUE_FIX,
     OPERATOR_FIX,
-    RESOURCE_NAME_FIX,
 )
 from omni_operator.api.runtime_env import EntryError
 from omni_operator.api.spec import API_VERSION, KIND, NUL_FIX, NUL_REASON, OmniDeployment
@@ -203,8 +202,6 @@ _PATTERN_FIXES_BY_TAIL = {
     "model.path": "use an absolute path without '..' elements, such as '/models/model'",
     "source.hostPath": "use the node directory's absolute path, without '..' elements, such as '/mnt/models'",
     "tolerations.key": LABEL_KEY_FIX,
-    "gpu.topologyKey": LABEL_KEY_FIX,
-    "gpu.resourceName": RESOURCE_NAME_FIX,
     "tolerations.operator": OPERATOR_FIX,
     "tolerations.value": LABEL_VALUE_FIX,
     "tolerations.effect": EFFECT_FIX,

@@ -20,14 +20,14 @@ from omni_operator.api.kube_rules import (
     EFFECT_PATTERN,
     LABEL_KEY_FIX,
     LABEL_KEY_MAX_LENGTH,
-    LABEL_KEY_PATTERN,
     LABEL_KEY_REASON,
+    LABEL_KEY_RULE,
     LABEL_VALUE_MAX_LENGTH,
     LABEL_VALUE_PATTERN,
     OPERATOR_PATTERN,
     PATH_ELEMENT,
     PATH_MAX_LENGTH,
-    RESOURCE_NAME_PATTERN,
+    RESOURCE_NAME_RULE,
     TOLERATION_RULES,
     is_label_key,
     toleration_problem,
@@ -422,11 +422,15 @@ class Toleration(SpecModel):
         return self
 
 
+# Names checked as Kubernetes checks them (a label key's prefix length too, which no pattern
+# bounds); crdgen carries each rule as CEL on spec in the same words.
+GPU_NAME_RULES = {"resource_name": RESOURCE_NAME_RULE, "topology_key": LABEL_KEY_RULE}
+
+
 class GpuSpec(SpecModel):
     resource_name: str = Field(
         default="nvidia.com/gpu",
         max_length=LABEL_KEY_MAX_LENGTH,
-        pattern=RESOURCE_NAME_PATTERN,
         description="Extended resource that counts GPUs, such as nvidia.com/gpu.",
     )
     tier: GpuTier = Field(default=GpuTier.h100, description="GPU model class; sets memory and defaults.")
@@ -447,9 +451,16 @@ class GpuSpec(SpecModel):
     topology_key: str = Field(
         default="kubernetes.io/hostname",
         max_length=LABEL_KEY_MAX_LENGTH,
-        pattern=LABEL_KEY_PATTERN,
         description="Topology key (a node label key) that keeps a worker's pods together.",
     )
+
+    @field_validator(*GPU_NAME_RULES)
+    @classmethod
+    def _kubernetes_names(cls, value: str, info: ValidationInfo) -> str:
+        rule = GPU_NAME_RULES[str(info.field_name)]
+        if not rule.check(value):
+            raise ValueError(rule.message)
+        return value
 
     @field_validator("node_selector")
     @classmethod

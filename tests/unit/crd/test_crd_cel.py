@@ -198,6 +198,29 @@ def test_cel_admits_a_good_or_absent_node_selector(gpu: dict) -> None:
     assert _failing_messages(spec) == []
 
 
+@pytest.mark.parametrize(
+    "gpu",
+    [{"topologyKey": "host name"}, {"topologyKey": "zone/"}, {"topologyKey": f"{PREFIX_254}/zone"},
+     {"resourceName": "gpu"}, {"resourceName": "nvidia.com/gpu count"}, {"resourceName": f"{PREFIX_254}/gpu"}],
+)  # fmt: skip
+def test_cel_refuses_a_topology_key_or_resource_name_with_the_loaders_message(gpu: dict) -> None:
+    spec = {"model": {"name": "m"}, "gpu": gpu}
+    with pytest.raises(SpecError) as caught:
+        _load(spec)
+    assert _failing_messages(spec) == [str(caught.value).removeprefix("d.yaml: ")]
+
+
+@pytest.mark.parametrize(
+    "gpu",
+    [{"topologyKey": "topology.kubernetes.io/zone", "resourceName": "amd.com/gpu"}, {"topologyKey": "rack"},
+     {"topologyKey": f"{PREFIX_254[1:]}/{'n' * 63}", "resourceName": f"{PREFIX_254[1:]}/{'n' * 63}"}],
+)  # fmt: skip
+def test_cel_admits_a_topology_key_and_resource_name_the_loader_admits(gpu: dict) -> None:
+    spec = {"model": {"name": "m"}, "gpu": gpu}
+    _load(spec)
+    assert _failing_messages(spec) == []
+
+
 TOLERATION_SCHEMA = SCHEMA["properties"]["spec"]["properties"]["gpu"]["properties"]["tolerations"]["items"]
 
 
