@@ -23,6 +23,7 @@ import argparse
 import torch
 import triton
 import triton.language as tl
+from cuda_graphs import capture
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
@@ -49,14 +50,7 @@ def barrier_kernel(x_ptr, count_ptr, programs, PHASES: tl.constexpr):
 
 def time_graph(fn, repeats: int) -> float:
     """Milliseconds a replay of ``fn`` captured in a CUDA graph takes (best of ``repeats``)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    graph = capture(fn)
     best = float("inf")
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

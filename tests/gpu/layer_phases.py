@@ -21,8 +21,10 @@ import argparse
 import statistics
 
 import torch
+from cuda_graphs import capture
 from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as hf
 
+from omni_runtime.executor import moe_layer
 from omni_runtime.executor.slot_cache import SlotKVCache
 from omni_runtime.models.qwen3_omni_moe.attention import fuse_qkv
 from omni_runtime.models.qwen3_omni_moe.config import released_30b_a3b_config
@@ -69,7 +71,7 @@ def measure(text, layers, rotary, rows: int, cached: int) -> list[str]:
     for _ in range(CALLS):
         fused = fused_decode_layers(layers, list(layers), "pdl")
         assert fused is not None
-        fused[0].trace = torch.zeros(len(KERNELS), 8192, 8, dtype=torch.int64, device="cuda")
+        fused[0].trace = moe_layer.trace_buffer("cuda")
         chain.append(fused[0])
 
     def step() -> torch.Tensor:
@@ -79,14 +81,7 @@ def measure(text, layers, rotary, rows: int, cached: int) -> list[str]:
         return h
 
     with torch.no_grad():
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            step()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step()
+        graph = capture(step)
         for _ in range(5):
             graph.replay()
         for layer in chain:

@@ -117,7 +117,7 @@ class FusedMoeDecodeLayer:
         # Zero between uses: each kernel's last program resets what it counted.
         self.attention_count = torch.zeros(MAX_ROWS * weights.kv_heads, dtype=torch.int32, device=device)
         self.router_count = torch.zeros(1, dtype=torch.int32, device=device)
-        # [6 kernels, programs, 8] int64: each program's global-timer marks (tests/gpu/layer_phases.py)
+        # Each program's global-timer marks when set (trace_buffer; tests/gpu/layer_phases.py)
         self.trace: torch.Tensor | None = None
 
     def takes(self, hidden: torch.Tensor, cache: Any) -> bool:
@@ -157,6 +157,13 @@ class FusedMoeDecodeLayer:
             cache.view_len,
         )
         return out[:, None]
+
+
+def trace_buffer(device: torch.device | str, programs: int = 8192) -> torch.Tensor:
+    """Zeros for ``FusedMoeDecodeLayer.trace``: [6 kernels, programs, marks a program] int64 (a
+    layer's largest grid at ``MAX_ROWS`` rows of the released thinker is 6,144 gate-up programs)."""
+    marks = _kernels().TRACE_MARKS.value
+    return torch.zeros(6, programs, marks, dtype=torch.int64, device=device)
 
 
 def split_plan(rows: int, kv_heads: int, view: int) -> tuple[int, int]:

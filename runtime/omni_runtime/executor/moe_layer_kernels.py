@@ -18,6 +18,8 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from omni_runtime.executor.attention_kernels import merge_split, softmax_step
 
+TRACE_MARKS = tl.constexpr(8)  # marks a program when traced (``mark``)
+
 
 @triton.jit
 def _now():
@@ -29,10 +31,10 @@ def _now():
 @triton.jit
 def mark(trace_ptr, program, at: tl.constexpr, TRACE: tl.constexpr):
     """With ``TRACE`` (tests/gpu/layer_phases.py), the GPU's global timer in ns at
-    ``trace[program, at]`` (8 marks a program: 0 entry, 1 past the wait, 2-4 the kernel's own
-    phases, 5 done). Without, nothing: the served kernels compile as before."""
+    ``trace[program, at]`` (``TRACE_MARKS`` a program: 0 entry, 1 past the wait, 2-4 the kernel's
+    own phases, 5 done). Without, nothing: the served kernels compile as before."""
     if TRACE:
-        tl.store(trace_ptr + program * 8 + at, _now())
+        tl.store(trace_ptr + program * TRACE_MARKS + at, _now())
 
 
 @triton.jit
