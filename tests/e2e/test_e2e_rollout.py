@@ -113,7 +113,9 @@ def start(api: Api, name: str, **rollout: Any) -> tuple[str, dict[str, str]]:
 
 def test_talker_change_replaces_worker_by_worker(crds: ControlPlane, api: Api, namespace: str) -> None:
     with running_operator(crds, namespace):
-        r0, pods_before = start(api, "roll", drainTimeoutSeconds=1)
+        # Each drain must fall between two polls: 3 s leaves room for a slow poll on a loaded machine
+        # (a 1 s drain was missed once behind a 720 ms garbage-collection pause).
+        r0, pods_before = start(api, "roll", drainTimeoutSeconds=3)
         rec = Recorder(api, "roll", workers=3)
         rec.observe()
         api.patch_spec("roll", TALKER_2)
