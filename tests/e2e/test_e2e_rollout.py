@@ -174,7 +174,8 @@ def test_pause_stops_at_the_next_step_and_resume_finishes(
     crds: ControlPlane, api: Api, namespace: str
 ) -> None:
     with running_operator(crds, namespace):
-        r0, _ = start(api, "pause", drainTimeoutSeconds=2)
+        # The pause must land while w0 drains: 4 s leaves room for a slow poll on a loaded machine.
+        r0, _ = start(api, "pause", drainTimeoutSeconds=4)
         rec = Recorder(api, "pause", workers=3)
         api.patch_spec("pause", TALKER_2)
         rec.until("w0 draining", lambda st: any(w["state"] == "draining" for w in st.get("workerStates", [])))
@@ -184,7 +185,7 @@ def test_pause_stops_at_the_next_step_and_resume_finishes(
         # The step under way (w0's drain and update) ends; no other begins.
         rec.until("w0 updated", lambda st: rec.tables[-1].get("pause-w0") == f"{r1}:ready")
         settled = rec.tables[-1]
-        deadline = time.monotonic() + 4  # twice the drain timeout
+        deadline = time.monotonic() + 8  # twice the drain timeout
         while time.monotonic() < deadline:
             rec.observe()
             time.sleep(0.2)
