@@ -23,7 +23,6 @@ from omni_runtime.executor import moe_layer
 from omni_runtime.executor.slot_cache import SlotKVCache
 from omni_runtime.models.qwen3_omni_moe.decode_layer import fused_decode_layers
 
-KEEP_NEXT = {"AHEAD_EVICT_LAST": True, "QKV_EVICT": "evict_first", "GATE_UP_EVICT": "evict_first"}
 VARIANTS: list[dict[str, Any]] = [
     {},
     {"PREFETCH_DOWN": "gate_up"},
@@ -33,13 +32,11 @@ VARIANTS: list[dict[str, Any]] = [
     {"PREFETCH_AHEAD": {"qkv": "o"}},
     {"PREFETCH_AHEAD": {"down": "next_qkv"}},
     {"PREFETCH_AHEAD": {"router": "next_qkv"}},
-    {"PREFETCH_AHEAD": {"router": "next_qkv"}, **KEEP_NEXT},
     {
         "PREFETCH_DOWN": "route",
         "GATE_UP_EVICT": "evict_first",
         "PREFETCH_AHEAD": {"qkv": "o", "down": "next_qkv"},
     },
-    {"PREFETCH_DOWN": "route", "PREFETCH_AHEAD": {"qkv": "o", "router": "next_qkv"}, **KEEP_NEXT},
     {},
 ]
 SERVED = {name: getattr(moe_layer, name) for v in VARIANTS for name in v}

@@ -73,8 +73,6 @@ PREFETCH_DOWN = ""
 PREFETCH_AHEAD: dict[str, str] = {}
 KERNEL_NAMES = ("qkv", "attention", "o", "router", "gate_up", "down")
 GATE_UP_EVICT = ""  # the gate-up weights' L2 eviction policy ("" the default, "evict_first")
-AHEAD_EVICT_LAST = False  # PREFETCH_AHEAD's weights asked at L2's evict-last priority
-QKV_EVICT = ""  # the q/k/v weights' L2 eviction policy where they are read (evict_first: drop after)
 DOWN_CHUNKS = 64  # prefetch instructions an expert's down matrix takes from the routing program
 
 
@@ -213,14 +211,11 @@ def _region(t: torch.Tensor, dims: slice, multiple: int) -> int:
 
 
 def prefetch_args(layer: FusedMoeDecodeLayer, bulk: bool) -> dict[str, dict[str, Any]]:
-    """Each kernel's L2 arguments (by ``KERNEL_NAMES``) from PREFETCH_DOWN, PREFETCH_AHEAD,
-    AHEAD_EVICT_LAST, GATE_UP_EVICT and QKV_EVICT; the prefetches only where ``bulk``
-    (``bulk_prefetch_runs_on``)."""
+    """Each kernel's L2 arguments (by ``KERNEL_NAMES``) from PREFETCH_DOWN, PREFETCH_AHEAD and
+    GATE_UP_EVICT; the prefetches only where ``bulk`` (``bulk_prefetch_runs_on``)."""
     args: dict[str, dict[str, Any]] = {name: {} for name in KERNEL_NAMES}
     if GATE_UP_EVICT:
         args["gate_up"]["EVICT"] = GATE_UP_EVICT
-    if QKV_EVICT:
-        args["qkv"]["W_EVICT"] = QKV_EVICT
     if not bulk:
         return args
     w = layer.weights
@@ -244,8 +239,6 @@ def prefetch_args(layer: FusedMoeDecodeLayer, bulk: bool) -> dict[str, dict[str,
         nbytes = 0 if weights is None else _region(weights, slice(0, 1), 16)
         if nbytes:
             args[kernel] |= {"ahead_ptr": weights, "ahead_bytes": nbytes, "AHEAD": True}
-            if AHEAD_EVICT_LAST:
-                args[kernel]["AHEAD_LAST"] = True
     return args
 
 

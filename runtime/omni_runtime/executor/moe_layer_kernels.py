@@ -40,28 +40,27 @@ def mark(trace_ptr, program, at: tl.constexpr, TRACE: tl.constexpr):
 PREFETCH_CHUNK = tl.constexpr(65536)  # bytes a bulk L2 prefetch instruction asks for at most
 
 
-# cp.async.bulk.prefetch (sm_90) asked by the program's first thread, at L2's default priority or
-# at evict-last (kept over data read at the default or evict-first), or by each thread.
-_FIRST = "{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
-_ASK_ONE = tl.constexpr(_FIRST + "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }")
-_ASK_ONE_KEEP = tl.constexpr(
-    _FIRST + "{ .reg .b64 keep; createpolicy.fractional.L2::evict_last.b64 keep, 1.0; "
-    "@p cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], $2, keep; } mov.u32 $0, 0; }"
-)
-_ASK_EACH = tl.constexpr("cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0;")
-
-
 @triton.jit
-def _bulk_prefetch(addr, nbytes, ASK: tl.constexpr):
+def _bulk_prefetch(addr, nbytes, FIRST_THREAD: tl.constexpr):
     """A hint, no result: the ``nbytes`` at global address ``addr`` (16-byte aligned, a multiple of
-    16 bytes) streamed into L2 by the copy engine, without registers, shared memory or waiting, as
-    ``ASK`` says (``_ASK_ONE``: ``addr`` a scalar, the program's first thread asks; ``_ASK_EACH``: a
-    tensor, each thread for the elements it holds)."""
-    tl.inline_asm_elementwise(ASK, "=r,l,r", [addr, nbytes], dtype=tl.int32, is_pure=False, pack=1)
+    16 bytes) streamed into L2 by the copy engine (``cp.async.bulk.prefetch``, sm_90), without
+    registers, shared memory or waiting. ``addr`` a scalar: the program's first thread asks; a
+    tensor: each thread for the elements it holds."""
+    if FIRST_THREAD:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
+            "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+            "=r,l,r", [addr, nbytes], dtype=tl.int32, is_pure=False, pack=1,
+        )  # fmt: skip
+    else:
+        tl.inline_asm_elementwise(
+            "cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0;",
+            "=r,l,r", [addr, nbytes], dtype=tl.int32, is_pure=False, pack=1,
+        )  # fmt: skip
 
 
 @triton.jit
-def prefetch_share(ptr, nbytes, part, parts, LAST: tl.constexpr = False):
+def prefetch_share(ptr, nbytes, part, parts):
     """Part ``part`` of ``parts`` (16-byte multiples) of the ``nbytes`` from ``ptr`` asked into L2
     by the program's first thread (``_bulk_prefetch``), ``PREFETCH_CHUNK`` bytes an instruction."""
     chunk = tl.cdiv(tl.cdiv(nbytes, parts), 16) * 16
@@ -69,20 +68,15 @@ def prefetch_share(ptr, nbytes, part, parts, LAST: tl.constexpr = False):
     size = tl.minimum(chunk, nbytes - start)
     base = ptr.to(tl.int64) + start
     for at in tl.range(0, size, PREFETCH_CHUNK):
-        nbytes_at = tl.minimum(PREFETCH_CHUNK, size - at).to(tl.int32)
-        if LAST:
-            _bulk_prefetch(base + at, nbytes_at, _ASK_ONE_KEEP)
-        else:
-            _bulk_prefetch(base + at, nbytes_at, _ASK_ONE)
+        _bulk_prefetch(base + at, tl.minimum(PREFETCH_CHUNK, size - at).to(tl.int32), True)
 
 
 @triton.jit
-def ahead(ahead_ptr, ahead_bytes, program, programs, AHEAD: tl.constexpr, LAST: tl.constexpr):
+def ahead(ahead_ptr, ahead_bytes, program, programs, AHEAD: tl.constexpr):
     """With ``AHEAD``, the program's share of ``ahead_bytes`` at ``ahead_ptr`` (weights a later
-    kernel reads: moe_layer.PREFETCH_AHEAD) asked into L2 (evict-last with ``LAST``), called before
-    the program's wait."""
+    kernel reads: moe_layer.PREFETCH_AHEAD) asked into L2, called before the program's wait."""
     if AHEAD:
-        prefetch_share(ahead_ptr, ahead_bytes, program, programs, LAST)
+        prefetch_share(ahead_ptr, ahead_bytes, program, programs)
 
 
 @triton.jit
@@ -132,24 +126,17 @@ def gemv_kernel(
     rows, stride_x, stride_w, stride_res, stride_out, eps,
     K: tl.constexpr, K_PAD: tl.constexpr, N: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr, trace_ptr=None, TRACE: tl.constexpr = False,
-    ahead_ptr=None, ahead_bytes=0, AHEAD: tl.constexpr = False, AHEAD_LAST: tl.constexpr = False,
-    W_EVICT: tl.constexpr = "",
+    ahead_ptr=None, ahead_bytes=0, AHEAD: tl.constexpr = False,
 ):  # fmt: skip
-    """``out[t] = (res[t] +) W @ (rmsnorm(x[t]) or x[t])`` for a block of ``BLOCK_N`` outputs
-    (``W`` read at the L2 eviction policy ``W_EVICT``, "" the default)."""
+    """``out[t] = (res[t] +) W @ (rmsnorm(x[t]) or x[t])`` for a block of ``BLOCK_N`` outputs."""
     mark(trace_ptr, tl.program_id(0), 0, TRACE)
-    ahead(ahead_ptr, ahead_bytes, tl.program_id(0), tl.num_programs(0), AHEAD, AHEAD_LAST)
+    ahead(ahead_ptr, ahead_bytes, tl.program_id(0), tl.num_programs(0), AHEAD)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     k = tl.arange(0, K_PAD)
     k_ok = k < K
     # The weights first: they do not depend on the kernel before (PDL overlaps them with its tail).
-    w = tl.load(
-        w_ptr + n[:, None] * stride_w + k[None, :],
-        mask=n_ok[:, None] & k_ok[None, :],
-        other=0.0,
-        eviction_policy=W_EVICT,
-    )
+    w = tl.load(w_ptr + n[:, None] * stride_w + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
     gain = tl.zeros([K_PAD], tl.float32)
     if HAS_NORM:
         gain = tl.load(norm_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
@@ -182,7 +169,7 @@ def router_kernel(
     HIDDEN: tl.constexpr, K_PAD: tl.constexpr, EXPERTS: tl.constexpr, E_PAD: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_E: tl.constexpr, PROGRAMS: tl.constexpr, TOP_K: tl.constexpr,
     NORMALIZE: tl.constexpr, PDL: tl.constexpr, trace_ptr=None, TRACE: tl.constexpr = False,
-    ahead_ptr=None, ahead_bytes=0, AHEAD: tl.constexpr = False, AHEAD_LAST: tl.constexpr = False,
+    ahead_ptr=None, ahead_bytes=0, AHEAD: tl.constexpr = False,
     down_ptr=None, down_stride=0, down_chunk=0, DOWN_CHUNKS: tl.constexpr = 1, DOWN_AT_ROUTE: tl.constexpr = False,
 ):  # fmt: skip
     """The MoE block's post-attention norm and router: each program normalises every row, stores
@@ -193,7 +180,7 @@ def router_kernel(
     soon as it has routed."""
     pid = tl.program_id(0)
     mark(trace_ptr, pid, 0, TRACE)
-    ahead(ahead_ptr, ahead_bytes, pid, PROGRAMS, AHEAD, AHEAD_LAST)
+    ahead(ahead_ptr, ahead_bytes, pid, PROGRAMS, AHEAD)
     e = pid * BLOCK_E + tl.arange(0, BLOCK_E)
     e_ok = e < EXPERTS
     k = tl.arange(0, K_PAD)
@@ -232,7 +219,7 @@ def router_kernel(
                 for j in tl.static_range(TOP_K):
                     expert = tl.load(index_ptr + row * TOP_K + j)
                     at = (down_ptr + expert * down_stride).to(tl.int64) + chunks
-                    _bulk_prefetch(at, (chunks * 0 + down_chunk).to(tl.int32), _ASK_EACH)
+                    _bulk_prefetch(at, (chunks * 0 + down_chunk).to(tl.int32), False)
         tl.atomic_xchg(count_ptr, 0)
     mark(trace_ptr, pid, 5, TRACE)
 
@@ -272,7 +259,7 @@ def gate_up_kernel(
     x_ptr, index_ptr, w_ptr, act_ptr, stride_x, stride_we, stride_wn,
     HIDDEN: tl.constexpr, INTERMEDIATE: tl.constexpr, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_H: tl.constexpr, PDL: tl.constexpr, trace_ptr=None, TRACE: tl.constexpr = False,
-    ahead_ptr=None, ahead_bytes=0, AHEAD: tl.constexpr = False, AHEAD_LAST: tl.constexpr = False,
+    ahead_ptr=None, ahead_bytes=0, AHEAD: tl.constexpr = False,
     down_ptr=None, down_stride=0, down_bytes=0, DOWN_AT_GATE_UP: tl.constexpr = False,
     EVICT: tl.constexpr = "",
 ):  # fmt: skip
@@ -282,7 +269,7 @@ def gate_up_kernel(
     (``down_bytes`` from ``down_ptr + expert * down_stride``), which the down kernel reads next."""
     program = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
     mark(trace_ptr, program, 0, TRACE)
-    ahead(ahead_ptr, ahead_bytes, program, tl.num_programs(0) * tl.num_programs(1), AHEAD, AHEAD_LAST)
+    ahead(ahead_ptr, ahead_bytes, program, tl.num_programs(0) * tl.num_programs(1), AHEAD)
     if PDL:  # the routing comes from the kernel before
         gdc_wait()
         gdc_launch_dependents()
@@ -332,7 +319,7 @@ def experts_down_kernel(
     act_ptr, index_ptr, weight_ptr, w_ptr, res_ptr, out_ptr, stride_we, stride_wh, stride_res, stride_out,
     HIDDEN: tl.constexpr, INTERMEDIATE: tl.constexpr, I_PAD: tl.constexpr, TOP_K: tl.constexpr,
     K_PAD: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr, trace_ptr=None, TRACE: tl.constexpr = False,
-    ahead_ptr=None, ahead_bytes=0, AHEAD: tl.constexpr = False, AHEAD_LAST: tl.constexpr = False,
+    ahead_ptr=None, ahead_bytes=0, AHEAD: tl.constexpr = False,
 ):  # fmt: skip
     """The layer's sixth kernel, for row ``program_id(0)`` and ``BLOCK_D`` hidden units:
     ``res + sum_k weight_k * down[expert_k] @ act[k]``, rounded as transformers' residual add.
@@ -342,7 +329,7 @@ def experts_down_kernel(
     token = tl.program_id(0)
     program = token * tl.num_programs(1) + tl.program_id(1)
     mark(trace_ptr, program, 0, TRACE)
-    ahead(ahead_ptr, ahead_bytes, program, tl.num_programs(0) * tl.num_programs(1), AHEAD, AHEAD_LAST)
+    ahead(ahead_ptr, ahead_bytes, program, tl.num_programs(0) * tl.num_programs(1), AHEAD)
     units = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     unit_ok = units < HIDDEN
     ks = tl.arange(0, K_PAD)
@@ -379,7 +366,7 @@ def attention_kernel(
     splits, per_split, scale, eps,
     KV_HEADS: tl.constexpr, GROUPS: tl.constexpr, DIM: tl.constexpr, BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr, PDL: tl.constexpr, trace_ptr=None, TRACE: tl.constexpr = False,
-    ahead_ptr=None, ahead_bytes=0, AHEAD: tl.constexpr = False, AHEAD_LAST: tl.constexpr = False,
+    ahead_ptr=None, ahead_bytes=0, AHEAD: tl.constexpr = False,
 ):  # fmt: skip
     """One decode token's attention for a (row, key/value head) and a split of its cached keys:
     the per-head q and k norms and the rotary embedding of the fused q/k/v projection's output,
@@ -391,7 +378,7 @@ def attention_kernel(
     split = tl.program_id(1)
     program = pair * tl.num_programs(1) + split
     mark(trace_ptr, program, 0, TRACE)
-    ahead(ahead_ptr, ahead_bytes, program, tl.num_programs(0) * tl.num_programs(1), AHEAD, AHEAD_LAST)
+    ahead(ahead_ptr, ahead_bytes, program, tl.num_programs(0) * tl.num_programs(1), AHEAD)
     row = pair // KV_HEADS
     head = pair % KV_HEADS
     g = tl.arange(0, BLOCK_G)

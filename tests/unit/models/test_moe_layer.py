@@ -145,12 +145,6 @@ O_PROJ = {"ahead_bytes": 8192, "AHEAD": True}
             {"attention": O_PROJ},
         ),  # no next
         (
-            {"PREFETCH_AHEAD": {"router": "next_qkv"}, "AHEAD_EVICT_LAST": True, "QKV_EVICT": "evict_first"},
-            True,
-            0,
-            {"router": NEXT_QKV | {"AHEAD_LAST": True}, "qkv": {"W_EVICT": "evict_first"}},
-        ),
-        (
             {
                 "PREFETCH_DOWN": "gate_up",
                 "PREFETCH_AHEAD": {"down": "next_qkv"},
@@ -340,7 +334,7 @@ def test_the_l2_prefetches_compile_for_hopper_without_a_gpu() -> None:
         ["rows", "stride_x", "stride_w", "stride_res", "stride_out", *ahead[1]],
         ["eps"],
         {"K": 2048, "K_PAD": 2048, "N": 5120, "ROWS": 1, "BLOCK_N": 8, "HAS_NORM": True, "HAS_RES": False,
-         "PDL": True, **ahead[2], "AHEAD_LAST": True, "W_EVICT": "evict_first"},
+         "PDL": True, **ahead[2]},
         ahead[3],
     )  # fmt: skip
     attention = _compile(
@@ -386,18 +380,11 @@ def test_the_l2_prefetches_compile_for_hopper_without_a_gpu() -> None:
          **ahead[2]},
         {"index_ptr": "*i64", **ahead[3]},
     )  # fmt: skip
-    one_thread = "setp.eq.u32 p, t, 0; "
+    one_thread = "setp.eq.u32 p, t, 0; @p " + prefetch
     for compiled in (gemv, attention, router, gate_up, down):
         assert compiled.asm["cubin"]
         ptx = compiled.asm["ptx"]  # every kernel's share of the weights ahead: before its wait
-        before = ptx[: ptx.index("griddepcontrol.wait")]
-        assert one_thread in before and "@p " + prefetch in before
-    # At evict-last priority where asked (the q/k/v kernel here), its own weights read evict-first.
-    ptx = gemv.asm["ptx"]
-    assert "createpolicy.fractional.L2::evict_last.b64 keep, 1.0; @p " + prefetch + ".L2::cache_hint [" in ptx
-    assert "createpolicy.fractional.L2::evict_first" in ptx
-    for compiled in (attention, router, gate_up, down):
-        assert "evict_last" not in compiled.asm["ptx"]
+        assert one_thread in ptx[: ptx.index("griddepcontrol.wait")]
     # The routing program: the chosen experts' down matrices, by each thread for its chunks.
     ptx = router.asm["ptx"]
     assert any(
@@ -405,7 +392,7 @@ def test_the_l2_prefetches_compile_for_hopper_without_a_gpu() -> None:
     )
     # The gate-up kernel: its expert's down share after the wait (the routing names the expert).
     ptx = gate_up.asm["ptx"]
-    assert one_thread + "@p " + prefetch in ptx[ptx.index("griddepcontrol.wait") :]
+    assert one_thread in ptx[ptx.index("griddepcontrol.wait") :]
     wide = [line for line in ptx.splitlines() if "ld.global" in line and "v4.b32" in line]
     weights = [line for line in wide if "L1::evict_first.L2::cache_hint" in line]
     assert len(weights) == 16  # 4 units x 1024 columns on 128 threads: 4 loads a matrix a step, 2 steps
