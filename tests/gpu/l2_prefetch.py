@@ -4,7 +4,7 @@
 
 ``LAYERS`` distinct layers of the released Qwen3-Omni thinker (random weights, so no layer finds
 another's weights in L2, as in a real step) run as one PDL chain in a CUDA graph; for each variant
-of ``moe_layer.PREFETCH_DOWN`` / ``PREFETCH_AHEAD`` / ``GATE_UP_EVICT`` the graph's replay time
+of ``moe_layer.PREFETCH_DOWN`` / ``PREFETCH_NEXT`` / ``GATE_UP_EVICT`` the graph's replay time
 over the layers (median of ``REPLAYS``), µs a layer, and whether the chain's output equals the
 served one's bit for bit (a prefetch is only a hint). The served variant runs first and last.
 """
@@ -26,17 +26,11 @@ from omni_runtime.models.qwen3_omni_moe.decode_layer import fused_decode_layers
 VARIANTS: list[dict[str, Any]] = [
     {},
     {"PREFETCH_DOWN": "gate_up"},
-    {"PREFETCH_DOWN": "gate_up", "GATE_UP_EVICT": "evict_first"},
     {"PREFETCH_DOWN": "route"},
-    {"PREFETCH_DOWN": "route", "GATE_UP_EVICT": "evict_first"},
-    {"PREFETCH_AHEAD": {"qkv": "o"}},
-    {"PREFETCH_AHEAD": {"down": "next_qkv"}},
-    {"PREFETCH_AHEAD": {"router": "next_qkv"}},
-    {
-        "PREFETCH_DOWN": "route",
-        "GATE_UP_EVICT": "evict_first",
-        "PREFETCH_AHEAD": {"qkv": "o", "down": "next_qkv"},
-    },
+    {"PREFETCH_DOWN": "gate_up", "GATE_UP_EVICT": "evict_first"},
+    {"PREFETCH_DOWN": "gate_up", "PREFETCH_NEXT": "down"},
+    {"PREFETCH_DOWN": "gate_up", "PREFETCH_NEXT": "router"},
+    {"PREFETCH_DOWN": "route", "PREFETCH_NEXT": "down"},
     {},
 ]
 SERVED = {name: getattr(moe_layer, name) for v in VARIANTS for name in v}

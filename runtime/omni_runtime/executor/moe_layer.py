@@ -22,10 +22,10 @@ Each kernel reads what does not depend on the kernel just before it (weights, th
 kernels back, the residual) before it waits for that kernel, so with programmatic dependent
 launch (``PDL``, Hopper; ``OMNI_MOE_LAYER=pdl``) those loads stream while the previous kernel
 drains. The layer's HBM idles while the attention and the router compute, and a kernel's
-weight loads start only once its programs are resident; ``PREFETCH_DOWN`` and ``PREFETCH_AHEAD``
+weight loads start only once its programs are resident; ``PREFETCH_DOWN`` and ``PREFETCH_NEXT``
 ask L2 for weights ahead of their kernel instead (``cp.async.bulk.prefetch`` from one thread, no
-registers held): the chosen experts' down matrices once the routing is known, the o projection or
-the next layer's q/k/v weights from an earlier kernel's programs. They are hints: the output is the same with or without. The layer takes decode steps of up to ``MAX_ROWS`` rows over a
+registers held): the chosen experts' down matrices once the routing is known, the next layer's
+q/k/v weights during this one's tail. They are hints: the output is the same with or without. The layer takes decode steps of up to ``MAX_ROWS`` rows over a
 ``SlotKVCache`` (rows ``0..b-1`` in slots ``0..b-1``, written at ``write_pos``, keys up to it
 read); anything else (prefill, larger batches, CPU without Triton's interpreter) goes to the
 layer it wraps. The kernels round where transformers rounds (each norm, projection and residual
@@ -67,11 +67,9 @@ MAX_SPLITS = 16  # splits a (row, key/value head) pair at most: the last one mer
 # chosen experts' down matrices are asked for: "" nowhere, "gate_up" each gate-up program its
 # block's share once it knows its expert, "route" the routing program as soon as it has routed.
 PREFETCH_DOWN = ""
-# Weights asked for ahead of their kernel, by the programs of another before their wait (each its
-# share): kernel ("qkv", "attention", "o", "router", "gate_up", "down") -> weights ("o": this
-# layer's o projection, "next_qkv": the next layer's q/k/v).
-PREFETCH_AHEAD: dict[str, str] = {}
-KERNEL_NAMES = ("qkv", "attention", "o", "router", "gate_up", "down")
+# Where the next layer's q/k/v weights are asked for: "" nowhere, "router" or "down" (each of that
+# kernel's programs its share, before its wait).
+PREFETCH_NEXT = ""
 GATE_UP_EVICT = ""  # the gate-up weights' L2 eviction policy ("" the default, "evict_first")
 DOWN_CHUNKS = 64  # prefetch instructions an expert's down matrix takes from the routing program
 
@@ -134,7 +132,7 @@ class FusedMoeDecodeLayer:
         self.router_count = torch.zeros(1, dtype=torch.int32, device=device)
         # Each program's global-timer marks when set (trace_buffer; tests/gpu/layer_phases.py)
         self.trace: torch.Tensor | None = None
-        # The next layer's q/k/v weights (fused_decode_layers), for PREFETCH_AHEAD
+        # The next layer's q/k/v weights (fused_decode_layers), for PREFETCH_NEXT
         self.next_qkv: torch.Tensor | None = None
 
     def takes(self, hidden: torch.Tensor, cache: Any) -> bool:
@@ -210,36 +208,34 @@ def _region(t: torch.Tensor, dims: slice, multiple: int) -> int:
     return size if t.data_ptr() % 16 == 0 and size % multiple == 0 and size > 0 else 0
 
 
-def prefetch_args(layer: FusedMoeDecodeLayer, bulk: bool) -> dict[str, dict[str, Any]]:
-    """Each kernel's L2 arguments (by ``KERNEL_NAMES``) from PREFETCH_DOWN, PREFETCH_AHEAD and
+def prefetch_args(layer: FusedMoeDecodeLayer, bulk: bool) -> tuple[dict[str, Any], ...]:
+    """The router's, gate-up's and down kernel's L2 arguments from PREFETCH_DOWN, PREFETCH_NEXT and
     GATE_UP_EVICT; the prefetches only where ``bulk`` (``bulk_prefetch_runs_on``)."""
-    args: dict[str, dict[str, Any]] = {name: {} for name in KERNEL_NAMES}
-    if GATE_UP_EVICT:
-        args["gate_up"]["EVICT"] = GATE_UP_EVICT
+    router: dict[str, Any] = {}
+    gate_up: dict[str, Any] = {"EVICT": GATE_UP_EVICT} if GATE_UP_EVICT else {}
+    down: dict[str, Any] = {}
     if not bulk:
-        return args
+        return router, gate_up, down
     w = layer.weights
     matrix = _region(w.down, slice(1, 2), 16 * DOWN_CHUNKS)
     if PREFETCH_DOWN == "gate_up" and matrix:
-        args["gate_up"] |= {
-            "down_ptr": w.down, "down_stride": w.down.stride(0), "down_bytes": matrix, "DOWN_AT_GATE_UP": True,
-        }  # fmt: skip
+        gate_up |= {
+            "down_ptr": w.down,
+            "down_stride": w.down.stride(0),
+            "down_bytes": matrix,
+            "DOWN_AT_GATE_UP": True,
+        }
     elif PREFETCH_DOWN == "route" and matrix:
-        args["router"] |= {
+        router |= {
             "down_ptr": w.down, "down_stride": w.down.stride(0), "down_chunk": matrix // DOWN_CHUNKS,
             "DOWN_CHUNKS": DOWN_CHUNKS, "DOWN_AT_ROUTE": True,
         }  # fmt: skip
-    targets = {"o": w.o_proj, "next_qkv": layer.next_qkv}
-    for kernel, what in PREFETCH_AHEAD.items():
-        if kernel not in args or what not in targets:
-            raise ValueError(
-                f"PREFETCH_AHEAD {kernel!r}: {what!r}: kernels {KERNEL_NAMES}, weights {tuple(targets)}"
-            )
-        weights = targets[what]
-        nbytes = 0 if weights is None else _region(weights, slice(0, 1), 16)
-        if nbytes:
-            args[kernel] |= {"ahead_ptr": weights, "ahead_bytes": nbytes, "AHEAD": True}
-    return args
+    following = layer.next_qkv
+    nbytes = 0 if following is None else _region(following, slice(0, 1), 16)
+    if PREFETCH_NEXT and nbytes:
+        target = router if PREFETCH_NEXT == "router" else down
+        target |= {"next_ptr": following, "next_bytes": nbytes, f"NEXT_AT_{PREFETCH_NEXT.upper()}": True}
+    return router, gate_up, down
 
 
 def experts_shape() -> moe_decode.LaunchConfig:
@@ -270,14 +266,14 @@ def decode_step(
     def marks(kernel: int) -> dict[str, Any]:
         return {} if trace is None else {"trace_ptr": trace[kernel], "TRACE": True}
 
-    l2 = prefetch_args(layer, bulk_prefetch_runs_on(device))
+    at_router, at_gate_up, at_down = prefetch_args(layer, bulk_prefetch_runs_on(device))
     width = w.qkv.shape[0]
     qkv = torch.empty(rows, width, dtype=dtype, device=device)
     k.gemv_kernel[(_cdiv(width, GEMV_ROWS),)](
         x, w.input_norm, w.qkv, x, qkv,
         rows, x.stride(0), w.qkv.stride(0), 0, qkv.stride(0), w.eps,
         K=size, K_PAD=_pow2(size), N=width, ROWS=padded, BLOCK_N=GEMV_ROWS,
-        HAS_NORM=True, HAS_RES=False, PDL=layer.pdl, num_warps=GEMV_WARPS, **pdl, **marks(0), **l2["qkv"],
+        HAS_NORM=True, HAS_RES=False, PDL=layer.pdl, num_warps=GEMV_WARPS, **pdl, **marks(0),
     )  # fmt: skip
     groups = w.heads // w.kv_heads
     block_g = max(16, _pow2(groups))
@@ -293,14 +289,14 @@ def decode_step(
         qkv.stride(0), cos.stride(0), sin.stride(0), keys.stride(0), keys.stride(1), keys.stride(2),
         attended.stride(0), splits, per_split, w.scaling, w.qk_eps,
         KV_HEADS=w.kv_heads, GROUPS=groups, DIM=w.head_dim, BLOCK_G=block_g, BLOCK_N=BLOCK_N,
-        PDL=layer.pdl, num_warps=ATTENTION_WARPS, **pdl, **marks(1), **l2["attention"],
+        PDL=layer.pdl, num_warps=ATTENTION_WARPS, **pdl, **marks(1),
     )  # fmt: skip
     mid = torch.empty_like(x)
     k.gemv_kernel[(_cdiv(size, GEMV_ROWS),)](
         attended, w.input_norm, w.o_proj, x, mid,
         rows, attended.stride(0), w.o_proj.stride(0), x.stride(0), mid.stride(0), w.eps,
         K=w.o_proj.shape[1], K_PAD=_pow2(w.o_proj.shape[1]), N=size, ROWS=padded, BLOCK_N=GEMV_ROWS,
-        HAS_NORM=False, HAS_RES=True, PDL=layer.pdl, num_warps=GEMV_WARPS, **pdl, **marks(2), **l2["o"],
+        HAS_NORM=False, HAS_RES=True, PDL=layer.pdl, num_warps=GEMV_WARPS, **pdl, **marks(2),
     )  # fmt: skip
     experts = w.router.shape[0]
     e_pad = _pow2(experts)
@@ -315,7 +311,7 @@ def decode_step(
         rows, mid.stride(0), normed.stride(0), w.eps,
         HIDDEN=size, K_PAD=_pow2(size), EXPERTS=experts, E_PAD=e_pad, ROWS=padded, BLOCK_E=block_e,
         PROGRAMS=programs, TOP_K=w.top_k, NORMALIZE=w.normalize, PDL=layer.pdl,
-        num_warps=ROUTER_WARPS, **pdl, **marks(3), **l2["router"],
+        num_warps=ROUTER_WARPS, **pdl, **marks(3), **at_router,
     )  # fmt: skip
     intermediate = w.down.shape[-1]
     shape = experts_shape()
@@ -323,14 +319,14 @@ def decode_step(
     k.gate_up_kernel[(rows * w.top_k, _cdiv(intermediate, shape.gate_rows))](
         normed, index, w.gate_up, act, normed.stride(0), w.gate_up.stride(0), w.gate_up.stride(1),
         HIDDEN=size, INTERMEDIATE=intermediate, TOP_K=w.top_k, BLOCK_N=shape.gate_rows,
-        BLOCK_H=shape.gate_cols, PDL=layer.pdl, num_warps=shape.warps, **pdl, **marks(4), **l2["gate_up"],
+        BLOCK_H=shape.gate_cols, PDL=layer.pdl, num_warps=shape.warps, **pdl, **marks(4), **at_gate_up,
     )  # fmt: skip
     out = torch.empty_like(x)
     k.experts_down_kernel[(rows, _cdiv(size, DOWN_ROWS))](
         act, index, weights, w.down, mid, out,
         w.down.stride(0), w.down.stride(1), mid.stride(0), out.stride(0),
         HIDDEN=size, INTERMEDIATE=intermediate, I_PAD=_pow2(intermediate), TOP_K=w.top_k,
-        K_PAD=_pow2(w.top_k), BLOCK_D=DOWN_ROWS, PDL=layer.pdl, num_warps=DOWN_WARPS, **pdl, **marks(5), **l2["down"],
+        K_PAD=_pow2(w.top_k), BLOCK_D=DOWN_ROWS, PDL=layer.pdl, num_warps=DOWN_WARPS, **pdl, **marks(5), **at_down,
     )  # fmt: skip
     return out
 

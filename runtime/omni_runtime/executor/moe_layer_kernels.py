@@ -72,14 +72,6 @@ def prefetch_share(ptr, nbytes, part, parts):
 
 
 @triton.jit
-def ahead(ahead_ptr, ahead_bytes, program, programs, AHEAD: tl.constexpr):
-    """With ``AHEAD``, the program's share of ``ahead_bytes`` at ``ahead_ptr`` (weights a later
-    kernel reads: moe_layer.PREFETCH_AHEAD) asked into L2, called before the program's wait."""
-    if AHEAD:
-        prefetch_share(ahead_ptr, ahead_bytes, program, programs)
-
-
-@triton.jit
 def _normed(x, gain, rstd, DTYPE: tl.constexpr):
     """transformers' RMSNorm of one row given its ``rstd``: ``weight * bf16(x * rstd)`` rounded."""
     return ((x * rstd).to(DTYPE).to(tl.float32) * gain).to(DTYPE).to(tl.float32)
@@ -126,11 +118,9 @@ def gemv_kernel(
     rows, stride_x, stride_w, stride_res, stride_out, eps,
     K: tl.constexpr, K_PAD: tl.constexpr, N: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr, trace_ptr=None, TRACE: tl.constexpr = False,
-    ahead_ptr=None, ahead_bytes=0, AHEAD: tl.constexpr = False,
 ):  # fmt: skip
     """``out[t] = (res[t] +) W @ (rmsnorm(x[t]) or x[t])`` for a block of ``BLOCK_N`` outputs."""
     mark(trace_ptr, tl.program_id(0), 0, TRACE)
-    ahead(ahead_ptr, ahead_bytes, tl.program_id(0), tl.num_programs(0), AHEAD)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     k = tl.arange(0, K_PAD)
@@ -169,18 +159,20 @@ def router_kernel(
     HIDDEN: tl.constexpr, K_PAD: tl.constexpr, EXPERTS: tl.constexpr, E_PAD: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_E: tl.constexpr, PROGRAMS: tl.constexpr, TOP_K: tl.constexpr,
     NORMALIZE: tl.constexpr, PDL: tl.constexpr, trace_ptr=None, TRACE: tl.constexpr = False,
-    ahead_ptr=None, ahead_bytes=0, AHEAD: tl.constexpr = False,
-    down_ptr=None, down_stride=0, down_chunk=0, DOWN_CHUNKS: tl.constexpr = 1, DOWN_AT_ROUTE: tl.constexpr = False,
+    down_ptr=None, down_stride=0, down_chunk=0, next_ptr=None, next_bytes=0,
+    DOWN_CHUNKS: tl.constexpr = 1, DOWN_AT_ROUTE: tl.constexpr = False, NEXT_AT_ROUTER: tl.constexpr = False,
 ):  # fmt: skip
     """The MoE block's post-attention norm and router: each program normalises every row, stores
     its share of the normed rows (``xn``, the experts' input) and the logits of ``BLOCK_E``
     experts; the last program to finish (a counter it resets) routes each row (``route_row``).
-    With ``DOWN_AT_ROUTE`` the routing program asks L2 for each chosen expert's down matrix
-    (``DOWN_CHUNKS`` of ``down_chunk`` bytes from ``down_ptr + expert * down_stride``, a hint) as
-    soon as it has routed."""
+    L2 prefetches (hints): with ``NEXT_AT_ROUTER`` each program asks for its share of the next
+    layer's ``next_bytes`` at ``next_ptr`` before it waits; with ``DOWN_AT_ROUTE`` the routing
+    program asks for each chosen expert's down matrix (``DOWN_CHUNKS`` of ``down_chunk`` bytes
+    from ``down_ptr + expert * down_stride``) once it has routed."""
     pid = tl.program_id(0)
     mark(trace_ptr, pid, 0, TRACE)
-    ahead(ahead_ptr, ahead_bytes, pid, PROGRAMS, AHEAD)
+    if NEXT_AT_ROUTER:
+        prefetch_share(next_ptr, next_bytes, pid, PROGRAMS)
     e = pid * BLOCK_E + tl.arange(0, BLOCK_E)
     e_ok = e < EXPERTS
     k = tl.arange(0, K_PAD)
@@ -259,7 +251,6 @@ def gate_up_kernel(
     x_ptr, index_ptr, w_ptr, act_ptr, stride_x, stride_we, stride_wn,
     HIDDEN: tl.constexpr, INTERMEDIATE: tl.constexpr, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_H: tl.constexpr, PDL: tl.constexpr, trace_ptr=None, TRACE: tl.constexpr = False,
-    ahead_ptr=None, ahead_bytes=0, AHEAD: tl.constexpr = False,
     down_ptr=None, down_stride=0, down_bytes=0, DOWN_AT_GATE_UP: tl.constexpr = False,
     EVICT: tl.constexpr = "",
 ):  # fmt: skip
@@ -269,7 +260,6 @@ def gate_up_kernel(
     (``down_bytes`` from ``down_ptr + expert * down_stride``), which the down kernel reads next."""
     program = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
     mark(trace_ptr, program, 0, TRACE)
-    ahead(ahead_ptr, ahead_bytes, program, tl.num_programs(0) * tl.num_programs(1), AHEAD)
     if PDL:  # the routing comes from the kernel before
         gdc_wait()
         gdc_launch_dependents()
@@ -319,17 +309,19 @@ def experts_down_kernel(
     act_ptr, index_ptr, weight_ptr, w_ptr, res_ptr, out_ptr, stride_we, stride_wh, stride_res, stride_out,
     HIDDEN: tl.constexpr, INTERMEDIATE: tl.constexpr, I_PAD: tl.constexpr, TOP_K: tl.constexpr,
     K_PAD: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr, trace_ptr=None, TRACE: tl.constexpr = False,
-    ahead_ptr=None, ahead_bytes=0, AHEAD: tl.constexpr = False,
+    next_ptr=None, next_bytes=0, NEXT_AT_DOWN: tl.constexpr = False,
 ):  # fmt: skip
     """The layer's sixth kernel, for row ``program_id(0)`` and ``BLOCK_D`` hidden units:
     ``res + sum_k weight_k * down[expert_k] @ act[k]``, rounded as transformers' residual add.
     The routing comes from the router kernel, two kernels back (the residual from three), so with
     ``PDL`` the program reads its experts' down rows before it waits for the gate-up kernel's
-    ``act``: they stream while that kernel drains."""
+    ``act``: they stream while that kernel drains. With ``NEXT_AT_DOWN`` each program first asks
+    L2 for its share of the next layer's ``next_bytes`` at ``next_ptr`` (a hint)."""
     token = tl.program_id(0)
     program = token * tl.num_programs(1) + tl.program_id(1)
     mark(trace_ptr, program, 0, TRACE)
-    ahead(ahead_ptr, ahead_bytes, program, tl.num_programs(0) * tl.num_programs(1), AHEAD)
+    if NEXT_AT_DOWN:
+        prefetch_share(next_ptr, next_bytes, program, tl.num_programs(0) * tl.num_programs(1))
     units = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     unit_ok = units < HIDDEN
     ks = tl.arange(0, K_PAD)
@@ -366,7 +358,6 @@ def attention_kernel(
     splits, per_split, scale, eps,
     KV_HEADS: tl.constexpr, GROUPS: tl.constexpr, DIM: tl.constexpr, BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr, PDL: tl.constexpr, trace_ptr=None, TRACE: tl.constexpr = False,
-    ahead_ptr=None, ahead_bytes=0, AHEAD: tl.constexpr = False,
 ):  # fmt: skip
     """One decode token's attention for a (row, key/value head) and a split of its cached keys:
     the per-head q and k norms and the rotary embedding of the fused q/k/v projection's output,
@@ -378,7 +369,6 @@ def attention_kernel(
     split = tl.program_id(1)
     program = pair * tl.num_programs(1) + split
     mark(trace_ptr, program, 0, TRACE)
-    ahead(ahead_ptr, ahead_bytes, program, tl.num_programs(0) * tl.num_programs(1), AHEAD)
     row = pair // KV_HEADS
     head = pair % KV_HEADS
     g = tl.arange(0, BLOCK_G)

@@ -117,47 +117,31 @@ def test_weights_that_disagree_name_the_field() -> None:
 
 
 # The tiny layers' sizes: a down matrix 64 x 16 bfloat16 (2,048 bytes, 1,024 elements an expert),
-# the q/k/v weights 128 x 64 (16,384 bytes), the o projection 64 x 64 (8,192 bytes).
+# the q/k/v weights 128 x 64 (16,384 bytes).
 DOWN_GATE_UP = {"down_stride": 1024, "down_bytes": 2048, "DOWN_AT_GATE_UP": True}
 DOWN_ROUTE = {"down_stride": 1024, "down_chunk": 32, "DOWN_CHUNKS": 64, "DOWN_AT_ROUTE": True}
-NEXT_QKV = {"ahead_bytes": 16384, "AHEAD": True}
-O_PROJ = {"ahead_bytes": 8192, "AHEAD": True}
 
 
 @pytest.mark.parametrize(
     ("settings", "bulk", "layer", "expected"),
     [
-        ({}, True, 0, {}),  # as served
-        ({"PREFETCH_DOWN": "gate_up"}, True, 0, {"gate_up": DOWN_GATE_UP}),
-        ({"PREFETCH_DOWN": "route"}, True, 0, {"router": DOWN_ROUTE}),
-        ({"PREFETCH_DOWN": "route", "DOWN_CHUNKS": 256}, True, 0, {}),  # 2,048 bytes: not 256 x 16
-        ({"PREFETCH_AHEAD": {"down": "next_qkv"}}, True, 0, {"down": NEXT_QKV}),
+        ({}, True, 0, ({}, {}, {})),  # as served
+        ({"PREFETCH_DOWN": "gate_up"}, True, 0, ({}, DOWN_GATE_UP, {})),
+        ({"PREFETCH_DOWN": "route"}, True, 0, (DOWN_ROUTE, {}, {})),
+        ({"PREFETCH_DOWN": "route", "DOWN_CHUNKS": 256}, True, 0, ({}, {}, {})),  # 2,048 bytes: not 256 x 16
+        ({"PREFETCH_NEXT": "down"}, True, 0, ({}, {}, {"next_bytes": 16384, "NEXT_AT_DOWN": True})),
+        ({"PREFETCH_NEXT": "router"}, True, 0, ({"next_bytes": 16384, "NEXT_AT_ROUTER": True}, {}, {})),
+        ({"PREFETCH_NEXT": "router"}, True, 1, ({}, {}, {})),  # the last layer has no next one
         (
-            {"PREFETCH_AHEAD": {"router": "next_qkv", "qkv": "o"}},
-            True,
-            0,
-            {"router": NEXT_QKV, "qkv": O_PROJ},
-        ),
-        (
-            {"PREFETCH_AHEAD": {"router": "next_qkv", "attention": "o"}},
-            True,
-            1,
-            {"attention": O_PROJ},
-        ),  # no next
-        (
-            {
-                "PREFETCH_DOWN": "gate_up",
-                "PREFETCH_AHEAD": {"down": "next_qkv"},
-                "GATE_UP_EVICT": "evict_first",
-            },
+            {"PREFETCH_DOWN": "gate_up", "PREFETCH_NEXT": "down", "GATE_UP_EVICT": "evict_first"},
             False,  # no sm_90: the eviction policy only
             0,
-            {"gate_up": {"EVICT": "evict_first"}},
+            ({}, {"EVICT": "evict_first"}, {}),
         ),
     ],
 )
 def test_prefetch_arguments_table(monkeypatch: pytest.MonkeyPatch, settings, bulk, layer, expected) -> None:
-    """Which kernel asks L2 for what (moe_layer.prefetch_args), pointers checked apart."""
+    """Which kernel asks L2 for what (moe_layer.prefetch_args), pointers left out."""
     for name, value in settings.items():
         monkeypatch.setattr(moe_layer, name, value)
     layers = _layers(2).to(torch.bfloat16)
@@ -165,27 +149,12 @@ def test_prefetch_arguments_table(monkeypatch: pytest.MonkeyPatch, settings, bul
     fused = fused_decode_layers(layers, list(layers), "pdl")
     assert fused is not None
     args = moe_layer.prefetch_args(fused[layer], bulk)
-    weights = fused[layer].weights
-    pointers = {"down_ptr": [weights.down], "ahead_ptr": [weights.o_proj, fused[1].weights.qkv]}
-    for kernel in args.values():
-        for name, allowed in pointers.items():
+    pointers = {"down_ptr": fused[layer].weights.down, "next_ptr": fused[min(layer + 1, 1)].weights.qkv}
+    for kernel in args:
+        for name, tensor in pointers.items():
             if name in kernel:
-                value = kernel.pop(name)
-                assert any(value is tensor for tensor in allowed)
-    assert args == {name: expected.get(name, {}) for name in moe_layer.KERNEL_NAMES}
-
-
-def test_a_wrong_prefetch_names_the_choices(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(moe_layer, "PREFETCH_AHEAD", {"down": "next_down"})
-    layers = _layers(1).to(torch.bfloat16)
-    fuse_qkv(layers)
-    fused = fused_decode_layers(layers, list(layers), "pdl")
-    assert fused is not None
-    with pytest.raises(
-        ValueError,
-        match=r"PREFETCH_AHEAD 'down': 'next_down': kernels \('qkv', .*weights \('o', 'next_qkv'\)",
-    ):
-        moe_layer.prefetch_args(fused[0], True)
+                assert kernel.pop(name) is tensor
+    assert args == expected
 
 
 def test_a_cpu_is_no_hopper() -> None:
@@ -321,75 +290,56 @@ def test_the_attention_kernel_marks_its_phases_when_traced() -> None:
 
 
 def test_the_l2_prefetches_compile_for_hopper_without_a_gpu() -> None:
-    """moe_layer's PREFETCH_DOWN / PREFETCH_AHEAD / GATE_UP_EVICT lowered to sm_90 by ptxas: the
+    """moe_layer's PREFETCH_DOWN / PREFETCH_NEXT / GATE_UP_EVICT lowered to sm_90 by ptxas: the
     bulk prefetch asked by one thread (the router's routing program: by each of its threads for
     its chunks), before the wait where it does not depend on the kernel before, and the gate-up
     weights still read 8 bfloat16 a load, now with an L2 eviction-first policy."""
     kernels = moe_layer._kernels()
     prefetch = "cp.async.bulk.prefetch.L2.global"
-    ahead = ["ahead_ptr"], ["ahead_bytes"], {"AHEAD": True}, {"ahead_bytes": "i64"}
-    gemv = _compile(
-        kernels.gemv_kernel,
-        ["x_ptr", "norm_ptr", "w_ptr", "res_ptr", "out_ptr", *ahead[0]],
-        ["rows", "stride_x", "stride_w", "stride_res", "stride_out", *ahead[1]],
-        ["eps"],
-        {"K": 2048, "K_PAD": 2048, "N": 5120, "ROWS": 1, "BLOCK_N": 8, "HAS_NORM": True, "HAS_RES": False,
-         "PDL": True, **ahead[2]},
-        ahead[3],
-    )  # fmt: skip
-    attention = _compile(
-        kernels.attention_kernel,
-        ["qkv_ptr", "qnorm_ptr", "knorm_ptr", "cos_ptr", "sin_ptr", "kc_ptr", "vc_ptr", "pos_ptr", "m_ptr",
-         "l_ptr", "acc_ptr", "count_ptr", "out_ptr", *ahead[0]],
-        ["stride_qkv", "stride_cos", "stride_sin", "stride_cb", "stride_ch", "stride_cn", "stride_out", "splits",
-         "per_split", *ahead[1]],
-        ["scale", "eps"],
-        {"KV_HEADS": 4, "GROUPS": 8, "DIM": 128, "BLOCK_G": 16, "BLOCK_N": 32, "PDL": True, **ahead[2]},
-        {"pos_ptr": "*i64", "m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "count_ptr": "*i32",
-         **ahead[3]},
-    )  # fmt: skip
     router = _compile(
         kernels.router_kernel,
         ["h_ptr", "norm_ptr", "w_ptr", "xn_ptr", "logits_ptr", "count_ptr", "weights_ptr", "index_ptr", "down_ptr",
-         *ahead[0]],
-        ["rows", "stride_h", "stride_xn", "down_stride", "down_chunk", *ahead[1]],
+         "next_ptr"],
+        ["rows", "stride_h", "stride_xn", "down_stride", "down_chunk", "next_bytes"],
         ["eps"],
         {
             "HIDDEN": 2048, "K_PAD": 2048, "EXPERTS": 128, "E_PAD": 128, "ROWS": 1, "BLOCK_E": 2,
             "PROGRAMS": 64, "TOP_K": 8, "NORMALIZE": True, "PDL": True, "DOWN_CHUNKS": 64,
-            "DOWN_AT_ROUTE": True, **ahead[2],
+            "DOWN_AT_ROUTE": True, "NEXT_AT_ROUTER": True,
         },
         {"logits_ptr": "*fp32", "count_ptr": "*i32", "index_ptr": "*i64", "down_stride": "i64",
-         "down_chunk": "i64", **ahead[3]},
+         "down_chunk": "i64", "next_bytes": "i64"},
     )  # fmt: skip
     gate_up = _compile(
         kernels.gate_up_kernel,
-        ["x_ptr", "index_ptr", "w_ptr", "act_ptr", "down_ptr", *ahead[0]],
-        ["stride_x", "stride_we", "stride_wn", "down_stride", "down_bytes", *ahead[1]],
+        ["x_ptr", "index_ptr", "w_ptr", "act_ptr", "down_ptr"],
+        ["stride_x", "stride_we", "stride_wn", "down_stride", "down_bytes"],
         [],
         {"HIDDEN": 2048, "INTERMEDIATE": 768, "TOP_K": 8, "PDL": True, "BLOCK_N": 4, "BLOCK_H": 1024,
-         "DOWN_AT_GATE_UP": True, "EVICT": "evict_first", **ahead[2]},
-        {"index_ptr": "*i64", "down_stride": "i64", "down_bytes": "i64", **ahead[3]},
+         "DOWN_AT_GATE_UP": True, "EVICT": "evict_first"},
+        {"index_ptr": "*i64", "down_stride": "i64", "down_bytes": "i64"},
     )  # fmt: skip
     down = _compile(
         kernels.experts_down_kernel,
-        ["act_ptr", "index_ptr", "weight_ptr", "w_ptr", "res_ptr", "out_ptr", *ahead[0]],
-        ["stride_we", "stride_wh", "stride_res", "stride_out", *ahead[1]],
+        ["act_ptr", "index_ptr", "weight_ptr", "w_ptr", "res_ptr", "out_ptr", "next_ptr"],
+        ["stride_we", "stride_wh", "stride_res", "stride_out", "next_bytes"],
         [],
         {"HIDDEN": 2048, "INTERMEDIATE": 768, "TOP_K": 8, "PDL": True, "I_PAD": 1024, "K_PAD": 8, "BLOCK_D": 4,
-         **ahead[2]},
-        {"index_ptr": "*i64", **ahead[3]},
+         "NEXT_AT_DOWN": True},
+        {"index_ptr": "*i64", "next_bytes": "i64"},
     )  # fmt: skip
-    one_thread = "setp.eq.u32 p, t, 0; @p " + prefetch
-    for compiled in (gemv, attention, router, gate_up, down):
+    for compiled in (router, gate_up, down):
         assert compiled.asm["cubin"]
-        ptx = compiled.asm["ptx"]  # every kernel's share of the weights ahead: before its wait
-        assert one_thread in ptx[: ptx.index("griddepcontrol.wait")]
-    # The routing program: the chosen experts' down matrices, by each thread for its chunks.
+    one_thread = "setp.eq.u32 p, t, 0; @p " + prefetch
+    # The router: its share of the next layer's weights before the wait, by one thread; the
+    # routing program's chosen experts' down matrices after it, by each thread for its chunks.
     ptx = router.asm["ptx"]
-    assert any(
-        prefetch in line and "@p" not in line for line in ptx[ptx.index("griddepcontrol.wait") :].splitlines()
-    )
+    wait = ptx.index("griddepcontrol.wait")
+    assert one_thread in ptx[:wait]
+    assert any(prefetch in line and "@p" not in line for line in ptx[wait:].splitlines())
+    # The down kernel: the next layer's share before its wait.
+    ptx = down.asm["ptx"]
+    assert one_thread in ptx[: ptx.index("griddepcontrol.wait")]
     # The gate-up kernel: its expert's down share after the wait (the routing names the expert).
     ptx = gate_up.asm["ptx"]
     assert one_thread in ptx[ptx.index("griddepcontrol.wait") :]

@@ -83,5 +83,5 @@ def fused_decode_layers(
             return None
         fused.append(FusedMoeDecodeLayer(weights, step, pdl=mode == "pdl"))
     for fused_layer, following in itertools.pairwise(fused):
-        fused_layer.next_qkv = following.weights.qkv  # for moe_layer.PREFETCH_AHEAD
+        fused_layer.next_qkv = following.weights.qkv  # for moe_layer.PREFETCH_NEXT
     return list(fused)

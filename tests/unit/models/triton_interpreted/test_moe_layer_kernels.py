@@ -90,26 +90,6 @@ def test_fused_layer_equals_transformers_layer(write, view) -> None:
     assert not layer.attention_count.any() and not layer.router_count.any()  # reset for the next step
 
 
-def test_the_l2_settings_change_no_number(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The gate-up eviction policy (and the prefetches, which Triton's interpreter and a CPU skip)
-    leave the layer's output as it was, bit for bit."""
-    _, layers, rotary = stack()
-    at, hidden, cos_sin, mask = step_inputs(rotary, [5, 17], 64, torch.float32)
-
-    def run() -> torch.Tensor:
-        fused = fused_decode_layers(layers, list(layers), "fused")
-        assert fused is not None
-        with torch.no_grad():
-            cache = slot_cache(at, 64, torch.float32)
-            return fused[0](hidden, attention_mask=mask, position_embeddings=cos_sin, past_key_values=cache)
-
-    served = run()
-    monkeypatch.setattr(moe_layer, "GATE_UP_EVICT", "evict_first")
-    monkeypatch.setattr(moe_layer, "PREFETCH_DOWN", "route")
-    monkeypatch.setattr(moe_layer, "PREFETCH_AHEAD", {"qkv": "o", "down": "next_qkv"})
-    assert torch.equal(run(), served)
-
-
 def test_a_prefill_or_a_large_batch_goes_to_the_wrapped_layer() -> None:
     _, layers, rotary = stack()
     calls: list[tuple[int, ...]] = []
