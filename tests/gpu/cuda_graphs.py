@@ -1,5 +1,4 @@
-"""What the hand-run GPU tools share (boundary_cost.py, layer_phases.py, l2_prefetch.py,
-sweep_moe_layer.py): CUDA graph capture and the report file."""
+"""CUDA graph capture for the hand-run GPU tools (boundary_cost.py, layer_phases.py)."""
 
 from __future__ import annotations
 
@@ -19,10 +18,3 @@ def capture(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
     with torch.cuda.graph(graph):
         fn()
     return graph
-
-
-def write_report(path: str | None, lines: list[str]) -> None:
-    """``lines`` to ``path`` (``--out``), one a line; nothing without a path."""
-    if path:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write("\n".join(lines) + "\n")

@@ -13,8 +13,6 @@ import argparse
 import itertools
 from typing import Any
 
-from cuda_graphs import write_report
-
 from omni_runtime.bench.decode import bench_runtime
 from omni_runtime.bench.decode_moe import build
 from omni_runtime.executor import moe_layer
@@ -81,7 +79,9 @@ def main() -> int:
             runner.decoder.decode(1, max_length=200)
         torch.cuda.synchronize()
     say(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=50))
-    write_report(args.out, lines)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
     return 0
 
 

@@ -21,11 +21,7 @@ norm, the router's GEMM and top-k, the experts' two kernels, the residual). Here
 Each kernel reads what does not depend on the kernel just before it (weights, the routing two
 kernels back, the residual) before it waits for that kernel, so with programmatic dependent
 launch (``PDL``, Hopper; ``OMNI_MOE_LAYER=pdl``) those loads stream while the previous kernel
-drains. The layer's HBM idles while the attention and the router compute, and a kernel's
-weight loads start only once its programs are resident; ``PREFETCH_DOWN`` and ``PREFETCH_NEXT``
-ask L2 for weights ahead of their kernel instead (``cp.async.bulk.prefetch`` from one thread, no
-registers held): the chosen experts' down matrices once the routing is known, the next layer's
-q/k/v weights during this one's tail. They are hints: the output is the same with or without. The layer takes decode steps of up to ``MAX_ROWS`` rows over a
+drains. The layer takes decode steps of up to ``MAX_ROWS`` rows over a
 ``SlotKVCache`` (rows ``0..b-1`` in slots ``0..b-1``, written at ``write_pos``, keys up to it
 read); anything else (prefill, larger batches, CPU without Triton's interpreter) goes to the
 layer it wraps. The kernels round where transformers rounds (each norm, projection and residual
@@ -63,15 +59,6 @@ ROUTER_EXPERTS = 2  # router rows per router program
 KEYS_PER_SPLIT = 64  # least cached keys one attention program walks
 ATTENTION_PROGRAMS = 128  # attention programs wanted in all (rows x key/value heads x splits)
 MAX_SPLITS = 16  # splits a (row, key/value head) pair at most: the last one merges them in turn
-# L2 prefetches (hints to the copy engine, sm_90 only; never in Triton's interpreter). Where the
-# chosen experts' down matrices are asked for: "" nowhere, "gate_up" each gate-up program its
-# block's share once it knows its expert, "route" the routing program as soon as it has routed.
-PREFETCH_DOWN = ""
-# Where the next layer's q/k/v weights are asked for: "" nowhere, "router" or "down" (each of that
-# kernel's programs its share, before its wait).
-PREFETCH_NEXT = ""
-GATE_UP_EVICT = ""  # the gate-up weights' L2 eviction policy ("" the default, "evict_first")
-DOWN_CHUNKS = 64  # prefetch instructions an expert's down matrix takes from the routing program
 
 
 @dataclass(frozen=True)
@@ -132,8 +119,6 @@ class FusedMoeDecodeLayer:
         self.router_count = torch.zeros(1, dtype=torch.int32, device=device)
         # Each program's global-timer marks when set (trace_buffer; tests/gpu/layer_phases.py)
         self.trace: torch.Tensor | None = None
-        # The next layer's q/k/v weights (fused_decode_layers), for PREFETCH_NEXT
-        self.next_qkv: torch.Tensor | None = None
 
     def takes(self, hidden: torch.Tensor, cache: Any) -> bool:
         return (
@@ -191,53 +176,6 @@ def split_plan(rows: int, kv_heads: int, view: int) -> tuple[int, int]:
     return decode_attention.split_plan(rows, kv_heads, view, programs=programs, least_blocks=least)
 
 
-def bulk_prefetch_runs_on(device: torch.device) -> bool:
-    """Whether the kernels' L2 prefetches (``cp.async.bulk.prefetch``) compile for ``device``."""
-    return device.type == "cuda" and _capability(device.index)[0] >= 9
-
-
-@functools.cache
-def _capability(index: int | None) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(index)
-
-
-def _region(t: torch.Tensor, dims: slice, multiple: int) -> int:
-    """Bytes spanned by ``t``'s dimensions ``dims`` of one index of the rest (0 when they are not a
-    16-byte aligned multiple of ``multiple`` bytes, or ``t`` does not start 16-byte aligned)."""
-    size = t.shape[dims][0] * t.stride()[dims][0] * t.element_size()
-    return size if t.data_ptr() % 16 == 0 and size % multiple == 0 and size > 0 else 0
-
-
-def prefetch_args(layer: FusedMoeDecodeLayer, bulk: bool) -> tuple[dict[str, Any], ...]:
-    """The router's, gate-up's and down kernel's L2 arguments from PREFETCH_DOWN, PREFETCH_NEXT and
-    GATE_UP_EVICT; the prefetches only where ``bulk`` (``bulk_prefetch_runs_on``)."""
-    router: dict[str, Any] = {}
-    gate_up: dict[str, Any] = {"EVICT": GATE_UP_EVICT} if GATE_UP_EVICT else {}
-    down: dict[str, Any] = {}
-    if not bulk:
-        return router, gate_up, down
-    w = layer.weights
-    matrix = _region(w.down, slice(1, 2), 16 * DOWN_CHUNKS)
-    if PREFETCH_DOWN == "gate_up" and matrix:
-        gate_up |= {
-            "down_ptr": w.down,
-            "down_stride": w.down.stride(0),
-            "down_bytes": matrix,
-            "DOWN_AT_GATE_UP": True,
-        }
-    elif PREFETCH_DOWN == "route" and matrix:
-        router |= {
-            "down_ptr": w.down, "down_stride": w.down.stride(0), "down_chunk": matrix // DOWN_CHUNKS,
-            "DOWN_CHUNKS": DOWN_CHUNKS, "DOWN_AT_ROUTE": True,
-        }  # fmt: skip
-    following = layer.next_qkv
-    nbytes = 0 if following is None else _region(following, slice(0, 1), 16)
-    if PREFETCH_NEXT and nbytes:
-        target = router if PREFETCH_NEXT == "router" else down
-        target |= {"next_ptr": following, "next_bytes": nbytes, f"NEXT_AT_{PREFETCH_NEXT.upper()}": True}
-    return router, gate_up, down
-
-
 def experts_shape() -> moe_decode.LaunchConfig:
     """The gate-up kernel's blocks: ``EXPERTS`` if set (a sweep's override), else ``LAYER_EXPERTS``."""
     return EXPERTS if EXPERTS is not None else LAYER_EXPERTS
@@ -266,7 +204,6 @@ def decode_step(
     def marks(kernel: int) -> dict[str, Any]:
         return {} if trace is None else {"trace_ptr": trace[kernel], "TRACE": True}
 
-    at_router, at_gate_up, at_down = prefetch_args(layer, bulk_prefetch_runs_on(device))
     width = w.qkv.shape[0]
     qkv = torch.empty(rows, width, dtype=dtype, device=device)
     k.gemv_kernel[(_cdiv(width, GEMV_ROWS),)](
@@ -311,7 +248,7 @@ def decode_step(
         rows, mid.stride(0), normed.stride(0), w.eps,
         HIDDEN=size, K_PAD=_pow2(size), EXPERTS=experts, E_PAD=e_pad, ROWS=padded, BLOCK_E=block_e,
         PROGRAMS=programs, TOP_K=w.top_k, NORMALIZE=w.normalize, PDL=layer.pdl,
-        num_warps=ROUTER_WARPS, **pdl, **marks(3), **at_router,
+        num_warps=ROUTER_WARPS, **pdl, **marks(3),
     )  # fmt: skip
     intermediate = w.down.shape[-1]
     shape = experts_shape()
@@ -319,14 +256,14 @@ def decode_step(
     k.gate_up_kernel[(rows * w.top_k, _cdiv(intermediate, shape.gate_rows))](
         normed, index, w.gate_up, act, normed.stride(0), w.gate_up.stride(0), w.gate_up.stride(1),
         HIDDEN=size, INTERMEDIATE=intermediate, TOP_K=w.top_k, BLOCK_N=shape.gate_rows,
-        BLOCK_H=shape.gate_cols, PDL=layer.pdl, num_warps=shape.warps, **pdl, **marks(4), **at_gate_up,
+        BLOCK_H=shape.gate_cols, PDL=layer.pdl, num_warps=shape.warps, **pdl, **marks(4),
     )  # fmt: skip
     out = torch.empty_like(x)
     k.experts_down_kernel[(rows, _cdiv(size, DOWN_ROWS))](
         act, index, weights, w.down, mid, out,
         w.down.stride(0), w.down.stride(1), mid.stride(0), out.stride(0),
         HIDDEN=size, INTERMEDIATE=intermediate, I_PAD=_pow2(intermediate), TOP_K=w.top_k,
-        K_PAD=_pow2(w.top_k), BLOCK_D=DOWN_ROWS, PDL=layer.pdl, num_warps=DOWN_WARPS, **pdl, **marks(5), **at_down,
+        K_PAD=_pow2(w.top_k), BLOCK_D=DOWN_ROWS, PDL=layer.pdl, num_warps=DOWN_WARPS, **pdl, **marks(5),
     )  # fmt: skip
     return out
 

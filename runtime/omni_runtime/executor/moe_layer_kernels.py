@@ -37,40 +37,6 @@ def mark(trace_ptr, program, at: tl.constexpr, TRACE: tl.constexpr):
         tl.store(trace_ptr + program * TRACE_MARKS + at, _now())
 
 
-PREFETCH_CHUNK = tl.constexpr(65536)  # bytes a bulk L2 prefetch instruction asks for at most
-
-
-@triton.jit
-def _bulk_prefetch(addr, nbytes, FIRST_THREAD: tl.constexpr):
-    """A hint, no result: the ``nbytes`` at global address ``addr`` (16-byte aligned, a multiple of
-    16 bytes) streamed into L2 by the copy engine (``cp.async.bulk.prefetch``, sm_90), without
-    registers, shared memory or waiting. ``addr`` a scalar: the program's first thread asks; a
-    tensor: each thread for the elements it holds."""
-    if FIRST_THREAD:
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
-            "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-            "=r,l,r", [addr, nbytes], dtype=tl.int32, is_pure=False, pack=1,
-        )  # fmt: skip
-    else:
-        tl.inline_asm_elementwise(
-            "cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0;",
-            "=r,l,r", [addr, nbytes], dtype=tl.int32, is_pure=False, pack=1,
-        )  # fmt: skip
-
-
-@triton.jit
-def prefetch_share(ptr, nbytes, part, parts):
-    """Part ``part`` of ``parts`` (16-byte multiples) of the ``nbytes`` from ``ptr`` asked into L2
-    by the program's first thread (``_bulk_prefetch``), ``PREFETCH_CHUNK`` bytes an instruction."""
-    chunk = tl.cdiv(tl.cdiv(nbytes, parts), 16) * 16
-    start = part * chunk
-    size = tl.minimum(chunk, nbytes - start)
-    base = ptr.to(tl.int64) + start
-    for at in tl.range(0, size, PREFETCH_CHUNK):
-        _bulk_prefetch(base + at, tl.minimum(PREFETCH_CHUNK, size - at).to(tl.int32), True)
-
-
 @triton.jit
 def _normed(x, gain, rstd, DTYPE: tl.constexpr):
     """transformers' RMSNorm of one row given its ``rstd``: ``weight * bf16(x * rstd)`` rounded."""
@@ -159,20 +125,12 @@ def router_kernel(
     HIDDEN: tl.constexpr, K_PAD: tl.constexpr, EXPERTS: tl.constexpr, E_PAD: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_E: tl.constexpr, PROGRAMS: tl.constexpr, TOP_K: tl.constexpr,
     NORMALIZE: tl.constexpr, PDL: tl.constexpr, trace_ptr=None, TRACE: tl.constexpr = False,
-    down_ptr=None, down_stride=0, down_chunk=0, next_ptr=None, next_bytes=0,
-    DOWN_CHUNKS: tl.constexpr = 1, DOWN_AT_ROUTE: tl.constexpr = False, NEXT_AT_ROUTER: tl.constexpr = False,
 ):  # fmt: skip
     """The MoE block's post-attention norm and router: each program normalises every row, stores
     its share of the normed rows (``xn``, the experts' input) and the logits of ``BLOCK_E``
-    experts; the last program to finish (a counter it resets) routes each row (``route_row``).
-    L2 prefetches (hints): with ``NEXT_AT_ROUTER`` each program asks for its share of the next
-    layer's ``next_bytes`` at ``next_ptr`` before it waits; with ``DOWN_AT_ROUTE`` the routing
-    program asks for each chosen expert's down matrix (``DOWN_CHUNKS`` of ``down_chunk`` bytes
-    from ``down_ptr + expert * down_stride``) once it has routed."""
+    experts; the last program to finish (a counter it resets) routes each row (``route_row``)."""
     pid = tl.program_id(0)
     mark(trace_ptr, pid, 0, TRACE)
-    if NEXT_AT_ROUTER:
-        prefetch_share(next_ptr, next_bytes, pid, PROGRAMS)
     e = pid * BLOCK_E + tl.arange(0, BLOCK_E)
     e_ok = e < EXPERTS
     k = tl.arange(0, K_PAD)
@@ -204,14 +162,6 @@ def router_kernel(
                 logits_ptr + row * E_PAD + lanes, mask=ok, other=-float("inf"), cache_modifier=".cg"
             )
             route_row(scores, lanes, ok, weights_ptr + row * TOP_K, index_ptr + row * TOP_K, TOP_K, NORMALIZE)
-        if DOWN_AT_ROUTE:
-            tl.debug_barrier()  # the routing's stores seen by every thread of the program
-            chunks = tl.arange(0, DOWN_CHUNKS).to(tl.int64) * down_chunk
-            for row in range(rows):
-                for j in tl.static_range(TOP_K):
-                    expert = tl.load(index_ptr + row * TOP_K + j)
-                    at = (down_ptr + expert * down_stride).to(tl.int64) + chunks
-                    _bulk_prefetch(at, (chunks * 0 + down_chunk).to(tl.int32), False)
         tl.atomic_xchg(count_ptr, 0)
     mark(trace_ptr, pid, 5, TRACE)
 
@@ -220,11 +170,9 @@ def router_kernel(
 def expert_gate_up(
     x_ptr, w_ptr, act_ptr, expert, token, pair, block, stride_x, stride_we, stride_wn,
     HIDDEN: tl.constexpr, INTERMEDIATE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
-    EVICT: tl.constexpr = "",
 ):  # fmt: skip
     """``act[pair]`` for a block of ``BLOCK_N`` intermediate units: ``silu(gate) * up`` of row
-    ``token`` with ``expert``'s gate and up rows (``w``: [E, 2I, H], gate rows first; loaded with
-    the L2 eviction policy ``EVICT``, "" for the default)."""
+    ``token`` with ``expert``'s gate and up rows (``w``: [E, 2I, H], gate rows first)."""
     units = block * BLOCK_N + tl.arange(0, BLOCK_N)
     unit_ok = units < INTERMEDIATE
     gate_ptrs = w_ptr + expert * stride_we + units[:, None] * stride_wn
@@ -236,10 +184,8 @@ def expert_gate_up(
         col_ok = cols < HIDDEN
         x = tl.load(x_ptr + token * stride_x + cols, mask=col_ok, other=0.0).to(tl.float32)
         mask = unit_ok[:, None] & col_ok[None, :]
-        w_gate = tl.load(gate_ptrs + cols[None, :], mask=mask, other=0.0, eviction_policy=EVICT).to(
-            tl.float32
-        )
-        w_up = tl.load(up_ptrs + cols[None, :], mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
+        w_gate = tl.load(gate_ptrs + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        w_up = tl.load(up_ptrs + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         acc_gate += tl.sum(w_gate * x[None, :], axis=1)
         acc_up += tl.sum(w_up * x[None, :], axis=1)
     act = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up  # silu(gate) * up
@@ -251,13 +197,9 @@ def gate_up_kernel(
     x_ptr, index_ptr, w_ptr, act_ptr, stride_x, stride_we, stride_wn,
     HIDDEN: tl.constexpr, INTERMEDIATE: tl.constexpr, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_H: tl.constexpr, PDL: tl.constexpr, trace_ptr=None, TRACE: tl.constexpr = False,
-    down_ptr=None, down_stride=0, down_bytes=0, DOWN_AT_GATE_UP: tl.constexpr = False,
-    EVICT: tl.constexpr = "",
 ):  # fmt: skip
     """The experts' first kernel (executor.moe_decode's, and the layer's fifth): program (pair,
-    block) runs ``expert_gate_up`` for the pair's expert from ``index`` (the routing). With
-    ``DOWN_AT_GATE_UP`` it first asks L2 for its block's share of the expert's down matrix
-    (``down_bytes`` from ``down_ptr + expert * down_stride``), which the down kernel reads next."""
+    block) runs ``expert_gate_up`` for the pair's expert from ``index`` (the routing)."""
     program = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
     mark(trace_ptr, program, 0, TRACE)
     if PDL:  # the routing comes from the kernel before
@@ -266,11 +208,9 @@ def gate_up_kernel(
     mark(trace_ptr, program, 1, TRACE)
     pair = tl.program_id(0)
     expert = tl.load(index_ptr + pair).to(tl.int64)
-    if DOWN_AT_GATE_UP:
-        prefetch_share(down_ptr + expert * down_stride, down_bytes, tl.program_id(1), tl.num_programs(1))
     expert_gate_up(
         x_ptr, w_ptr, act_ptr, expert, pair // TOP_K, pair, tl.program_id(1), stride_x, stride_we, stride_wn,
-        HIDDEN, INTERMEDIATE, BLOCK_N, BLOCK_H, EVICT,
+        HIDDEN, INTERMEDIATE, BLOCK_N, BLOCK_H,
     )  # fmt: skip
     mark(trace_ptr, program, 5, TRACE)
 
@@ -309,19 +249,15 @@ def experts_down_kernel(
     act_ptr, index_ptr, weight_ptr, w_ptr, res_ptr, out_ptr, stride_we, stride_wh, stride_res, stride_out,
     HIDDEN: tl.constexpr, INTERMEDIATE: tl.constexpr, I_PAD: tl.constexpr, TOP_K: tl.constexpr,
     K_PAD: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr, trace_ptr=None, TRACE: tl.constexpr = False,
-    next_ptr=None, next_bytes=0, NEXT_AT_DOWN: tl.constexpr = False,
 ):  # fmt: skip
     """The layer's sixth kernel, for row ``program_id(0)`` and ``BLOCK_D`` hidden units:
     ``res + sum_k weight_k * down[expert_k] @ act[k]``, rounded as transformers' residual add.
     The routing comes from the router kernel, two kernels back (the residual from three), so with
     ``PDL`` the program reads its experts' down rows before it waits for the gate-up kernel's
-    ``act``: they stream while that kernel drains. With ``NEXT_AT_DOWN`` each program first asks
-    L2 for its share of the next layer's ``next_bytes`` at ``next_ptr`` (a hint)."""
+    ``act``: they stream while that kernel drains."""
     token = tl.program_id(0)
     program = token * tl.num_programs(1) + tl.program_id(1)
     mark(trace_ptr, program, 0, TRACE)
-    if NEXT_AT_DOWN:
-        prefetch_share(next_ptr, next_bytes, program, tl.num_programs(0) * tl.num_programs(1))
     units = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     unit_ok = units < HIDDEN
     ks = tl.arange(0, K_PAD)

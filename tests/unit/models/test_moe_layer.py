@@ -71,12 +71,12 @@ def test_a_wrong_build_suffix_names_the_ones_there_are() -> None:
         build_suffixes("omni_fused+fast")
 
 
-def _layers(count: int = 1):
+def _layers():
     text = Qwen3OmniMoeConfig().thinker_config.text_config
     text.hidden_size, text.num_attention_heads, text.num_key_value_heads, text.head_dim = 64, 4, 2, 16
     text.num_experts, text.num_experts_per_tok, text.moe_intermediate_size = 4, 2, 16
     text._experts_implementation = "eager"
-    layers = torch.nn.ModuleList([hf.Qwen3OmniMoeThinkerTextDecoderLayer(text, i) for i in range(count)])
+    layers = torch.nn.ModuleList([hf.Qwen3OmniMoeThinkerTextDecoderLayer(text, 0)])
     return layers
 
 
@@ -116,47 +116,6 @@ def test_weights_that_disagree_name_the_field() -> None:
         replace(weights, down=weights.down.transpose(1, 2).contiguous().transpose(1, 2)).check()
 
 
-# The tiny layers' sizes: a down matrix 64 x 16 bfloat16 (2,048 bytes, 1,024 elements an expert),
-# the q/k/v weights 128 x 64 (16,384 bytes).
-DOWN_GATE_UP = {"down_stride": 1024, "down_bytes": 2048, "DOWN_AT_GATE_UP": True}
-DOWN_ROUTE = {"down_stride": 1024, "down_chunk": 32, "DOWN_CHUNKS": 64, "DOWN_AT_ROUTE": True}
-
-
-@pytest.mark.parametrize(
-    ("settings", "bulk", "layer", "expected"),
-    [
-        ({}, True, 0, ({}, {}, {})),  # as served
-        ({"PREFETCH_DOWN": "gate_up"}, True, 0, ({}, DOWN_GATE_UP, {})),
-        ({"PREFETCH_DOWN": "route"}, True, 0, (DOWN_ROUTE, {}, {})),
-        ({"PREFETCH_DOWN": "route", "DOWN_CHUNKS": 256}, True, 0, ({}, {}, {})),  # 2,048 bytes: not 256 x 16
-        ({"PREFETCH_NEXT": "down"}, True, 0, ({}, {}, {"next_bytes": 16384, "NEXT_AT_DOWN": True})),
-        ({"PREFETCH_NEXT": "router"}, True, 0, ({"next_bytes": 16384, "NEXT_AT_ROUTER": True}, {}, {})),
-        ({"PREFETCH_NEXT": "router"}, True, 1, ({}, {}, {})),  # the last layer has no next one
-        (
-            {"PREFETCH_DOWN": "gate_up", "PREFETCH_NEXT": "down", "GATE_UP_EVICT": "evict_first"},
-            False,  # no sm_90: the eviction policy only
-            0,
-            ({}, {"EVICT": "evict_first"}, {}),
-        ),
-    ],
-)
-def test_prefetch_arguments_table(monkeypatch: pytest.MonkeyPatch, settings, bulk, layer, expected) -> None:
-    """Which kernel asks L2 for what (moe_layer.prefetch_args), pointers left out."""
-    for name, value in settings.items():
-        monkeypatch.setattr(moe_layer, name, value)
-    layers = _layers(2).to(torch.bfloat16)
-    fuse_qkv(layers)
-    fused = fused_decode_layers(layers, list(layers), "pdl")
-    assert fused is not None
-    args = moe_layer.prefetch_args(fused[layer], bulk)
-    pointers = {"down_ptr": fused[layer].weights.down, "next_ptr": fused[min(layer + 1, 1)].weights.qkv}
-    for kernel in args:
-        for name, tensor in pointers.items():
-            if name in kernel:
-                assert kernel.pop(name) is tensor
-    assert args == expected
-
-
 def test_a_cpu_is_no_hopper() -> None:
     assert not hopper_or_later(torch.device("cpu"))
 
@@ -167,17 +126,15 @@ def _compile(kernel, pointers, ints, floats, constexprs, types):
     from triton.compiler import ASTSource
 
     signature = {name: types.get(name, "*bf16") for name in pointers}
-    signature |= {name: types.get(name, "i32") for name in ints} | {name: "fp32" for name in floats}
-    if constexprs.get("TRACE"):  # the phase marks' buffer
-        pointers = [*pointers, "trace_ptr"]
-        signature |= {"trace_ptr": "*i64"}
-    # The optional arguments not given (phase marks, L2 prefetches) as served: their defaults.
-    defaults = {
-        p.name: p.default for p in kernel.params if p.name not in signature and p.name not in constexprs
-    }
-    constexprs = {**defaults, **constexprs}
+    signature |= {name: "i32" for name in ints} | {name: "fp32" for name in floats}
+    if "TRACE" in kernel.arg_names:  # the phase marks' arguments, off as served unless given
+        constexprs = {**constexprs, "trace_ptr": None, "TRACE": constexprs.get("TRACE", False)}
+        if constexprs["TRACE"]:
+            pointers = [*pointers, "trace_ptr"]
+            types = types | {"trace_ptr": "*i64"}
+            signature |= {"trace_ptr": "*i64"}
+            constexprs = {name: value for name, value in constexprs.items() if name != "trace_ptr"}
     signature |= {name: "constexpr" for name in constexprs}
-    signature = {name: signature[name] for name in kernel.arg_names}
     # As a launch specializes them: 16-aligned pointers, strides that are multiples of 16.
     aligned = [*pointers, *(name for name in ints if name.startswith("stride"))]
     attrs = {(list(signature).index(name),): [["tt.divisibility", 16]] for name in aligned}
@@ -247,7 +204,6 @@ def test_layer_kernels_compile_for_hopper_without_a_gpu(pdl: bool) -> None:
     )  # fmt: skip
     for compiled in (gemv, router, attention, gate_up, down):
         assert "globaltimer" not in compiled.asm["ptx"]  # the phase marks compile away as served
-        assert "prefetch" not in compiled.asm["ptx"]  # and the L2 prefetches
         ptx = compiled.asm["ptx"]
         assert compiled.asm["cubin"]
         assert ("griddepcontrol.wait" in ptx) == pdl
@@ -287,64 +243,3 @@ def test_the_attention_kernel_marks_its_phases_when_traced() -> None:
         {"pos_ptr": "*i64", "m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "count_ptr": "*i32"},
     )  # fmt: skip
     assert traced.asm["ptx"].count("%globaltimer") == 6
-
-
-def test_the_l2_prefetches_compile_for_hopper_without_a_gpu() -> None:
-    """moe_layer's PREFETCH_DOWN / PREFETCH_NEXT / GATE_UP_EVICT lowered to sm_90 by ptxas: the
-    bulk prefetch asked by one thread (the router's routing program: by each of its threads for
-    its chunks), before the wait where it does not depend on the kernel before, and the gate-up
-    weights still read 8 bfloat16 a load, now with an L2 eviction-first policy."""
-    kernels = moe_layer._kernels()
-    prefetch = "cp.async.bulk.prefetch.L2.global"
-    router = _compile(
-        kernels.router_kernel,
-        ["h_ptr", "norm_ptr", "w_ptr", "xn_ptr", "logits_ptr", "count_ptr", "weights_ptr", "index_ptr", "down_ptr",
-         "next_ptr"],
-        ["rows", "stride_h", "stride_xn", "down_stride", "down_chunk", "next_bytes"],
-        ["eps"],
-        {
-            "HIDDEN": 2048, "K_PAD": 2048, "EXPERTS": 128, "E_PAD": 128, "ROWS": 1, "BLOCK_E": 2,
-            "PROGRAMS": 64, "TOP_K": 8, "NORMALIZE": True, "PDL": True, "DOWN_CHUNKS": 64,
-            "DOWN_AT_ROUTE": True, "NEXT_AT_ROUTER": True,
-        },
-        {"logits_ptr": "*fp32", "count_ptr": "*i32", "index_ptr": "*i64", "down_stride": "i64",
-         "down_chunk": "i64", "next_bytes": "i64"},
-    )  # fmt: skip
-    gate_up = _compile(
-        kernels.gate_up_kernel,
-        ["x_ptr", "index_ptr", "w_ptr", "act_ptr", "down_ptr"],
-        ["stride_x", "stride_we", "stride_wn", "down_stride", "down_bytes"],
-        [],
-        {"HIDDEN": 2048, "INTERMEDIATE": 768, "TOP_K": 8, "PDL": True, "BLOCK_N": 4, "BLOCK_H": 1024,
-         "DOWN_AT_GATE_UP": True, "EVICT": "evict_first"},
-        {"index_ptr": "*i64", "down_stride": "i64", "down_bytes": "i64"},
-    )  # fmt: skip
-    down = _compile(
-        kernels.experts_down_kernel,
-        ["act_ptr", "index_ptr", "weight_ptr", "w_ptr", "res_ptr", "out_ptr", "next_ptr"],
-        ["stride_we", "stride_wh", "stride_res", "stride_out", "next_bytes"],
-        [],
-        {"HIDDEN": 2048, "INTERMEDIATE": 768, "TOP_K": 8, "PDL": True, "I_PAD": 1024, "K_PAD": 8, "BLOCK_D": 4,
-         "NEXT_AT_DOWN": True},
-        {"index_ptr": "*i64", "next_bytes": "i64"},
-    )  # fmt: skip
-    for compiled in (router, gate_up, down):
-        assert compiled.asm["cubin"]
-    one_thread = "setp.eq.u32 p, t, 0; @p " + prefetch
-    # The router: its share of the next layer's weights before the wait, by one thread; the
-    # routing program's chosen experts' down matrices after it, by each thread for its chunks.
-    ptx = router.asm["ptx"]
-    wait = ptx.index("griddepcontrol.wait")
-    assert one_thread in ptx[:wait]
-    assert any(prefetch in line and "@p" not in line for line in ptx[wait:].splitlines())
-    # The down kernel: the next layer's share before its wait.
-    ptx = down.asm["ptx"]
-    assert one_thread in ptx[: ptx.index("griddepcontrol.wait")]
-    # The gate-up kernel: its expert's down share after the wait (the routing names the expert).
-    ptx = gate_up.asm["ptx"]
-    assert one_thread in ptx[ptx.index("griddepcontrol.wait") :]
-    wide = [line for line in ptx.splitlines() if "ld.global" in line and "v4.b32" in line]
-    weights = [line for line in wide if "L1::evict_first.L2::cache_hint" in line]
-    assert len(weights) == 16  # 4 units x 1024 columns on 128 threads: 4 loads a matrix a step, 2 steps
-    assert len(wide) - len(weights) == 2  # the input row's columns, as before
-    assert "createpolicy.fractional.L2::evict_first" in ptx

@@ -9,7 +9,6 @@ stack that differs (a dense layer, biases, a tensor-parallel shard) keeps the la
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -76,12 +75,10 @@ def fused_decode_layers(
         raise ValueError(f"OMNI_MOE_LAYER is {mode!r}; use one of {', '.join(MODES)}")
     if mode == "off":
         return None
-    fused: list[FusedMoeDecodeLayer] = []
+    fused: list[Callable[..., Any]] = []
     for layer, step in zip(layers, step_layers, strict=True):
         weights = layer_weights(layer)
         if weights is None:
             return None
         fused.append(FusedMoeDecodeLayer(weights, step, pdl=mode == "pdl"))
-    for fused_layer, following in itertools.pairwise(fused):
-        fused_layer.next_qkv = following.weights.qkv  # for moe_layer.PREFETCH_NEXT
-    return list(fused)
+    return fused
