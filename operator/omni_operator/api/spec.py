@@ -194,7 +194,8 @@ class ModelSource(SpecModel):
         default=None,
         max_length=PATH_MAX_LENGTH,
         pattern=ABSOLUTE_PATH_PATTERN,
-        description="Node directory (type hostPath): absolute, without '..' elements.",
+        description="Node directory (type hostPath): absolute, without '..' elements; under omni up the "
+        "checkpoint directory on this machine, read in place.",
     )
 
     @model_validator(mode="after")
@@ -221,7 +222,8 @@ class ModelSpec(SpecModel):
     path: str = Field(
         default="/models/model",
         description="Checkpoint directory as seen inside the stage containers: absolute, without '..' "
-        "elements (the volume's mount path for pvc and hostPath sources).",
+        "elements (the volume's mount path for pvc and hostPath sources; under omni up, where an image "
+        "source's checkpoint is on this machine).",
         max_length=PATH_MAX_LENGTH,
         pattern=ABSOLUTE_PATH_PATTERN,
     )

@@ -27,6 +27,7 @@ from omni_operator.local.processes import (
     LocalCapacityError,
     LocalSettings,
     check_capacity,
+    check_checkpoint,
     check_ports,
     plan_local,
 )
@@ -122,6 +123,7 @@ def main(argv: list[str]) -> int:
             workers_file=str(state_dir / "workers.json"),
         )
         plan = plan_local(dep, settings)
+        check_checkpoint(dep.spec)
         gpus = count_gpus()
         check_capacity(plan=plan, available_gpus=gpus, gpu_offset=args.gpu_offset)
         check_ports(plan=plan)

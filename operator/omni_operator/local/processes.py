@@ -2,7 +2,8 @@
 
 Pure: plans one worker of a deployment at any index (rollouts start workers beyond the spec's
 count, so names and ports stay unique), turns a WorkerPlan into `ProcessSpec`s (argv, environment,
-host GPUs) and answers questions about GPU capacity and ports. The supervisor does the I/O.
+host GPUs) and answers questions about GPU capacity, ports and the checkpoint directory. The
+supervisor does the I/O.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ import socket
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from omni_operator.api.spec import OmniDeployment
+from omni_operator.api.spec import OmniDeployment, OmniDeploymentSpec, SourceType
+from omni_operator.plan.layout import process_model_path
 from omni_operator.plan.planner import plan_deployment
 from omni_operator.plan.types import Plan, Target, WorkerPlan
 
@@ -40,7 +43,7 @@ MAX_PORT = 65535
 
 
 class LocalCapacityError(ValueError):
-    """The plan needs more GPUs (or ports) than this machine has."""
+    """The plan needs what this machine lacks: GPUs, free ports, the checkpoint directory."""
 
 
 def omni_argv(command: tuple[str, ...]) -> tuple[str, ...]:
@@ -82,6 +85,33 @@ def check_capacity(*, plan: Plan, available_gpus: int, gpu_offset: int = 0) -> N
             f"{f' after --gpu-offset {gpu_offset}' if gpu_offset else ''} need {needed} GPUs, "
             f"this machine has {available_gpus}; lower spec.workers, or use gpu.tier: cpu for a CPU run"
         )
+
+
+def check_checkpoint(spec: OmniDeploymentSpec) -> None:
+    """Refuse to start (instead of a crash loop) when the stage processes would find no checkpoint
+    on this machine: a pvc source (only a cluster has one), or a directory without config.json."""
+    source = spec.model.source
+    if source.type is SourceType.tiny:
+        return
+    if source.type is SourceType.pvc:
+        raise LocalCapacityError(
+            "spec.model.source.type: pvc names a PersistentVolumeClaim, which only a cluster has; under "
+            "omni up use type hostPath with hostPath set to the checkpoint directory on this machine"
+        )
+    path = Path(process_model_path(spec, local=True))
+    if (path / "config.json").is_file():
+        return
+    what = "has no config.json" if path.is_dir() else "is not a directory on this machine"
+    if source.type is SourceType.host_path:
+        raise LocalCapacityError(
+            f"spec.model.source.hostPath: {path} {what}; point it at the checkpoint directory "
+            "(omni up runs every stage on this machine)"
+        )
+    raise LocalCapacityError(
+        f"spec.model.path: {path} {what}; with source type {source.type.value} omni up reads the "
+        "checkpoint there on this machine: set spec.model.path to the checkpoint directory, or use "
+        "source type hostPath with hostPath set to it"
+    )
 
 
 def host_gpus(*, available_gpus: int, gpu_offset: int) -> list[int]:

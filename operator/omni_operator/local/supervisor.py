@@ -37,6 +37,7 @@ from omni_operator.local.processes import (
     LocalSettings,
     busy_ports,
     check_capacity,
+    check_checkpoint,
     check_port_range,
     host_gpus,
     plan_local,
@@ -164,6 +165,7 @@ class Supervisor:
                 f"{self.dep.metadata.name!r}; keep the name, or run the new deployment with its own --state-dir"
             )
         plan = plan_local(dep, self.settings)
+        check_checkpoint(dep.spec)
         check_capacity(plan=plan, available_gpus=self.available_gpus, gpu_offset=self.settings.gpu_offset)
         check_port_range(plan=plan)
         old_dep, old_plan = self.dep, self.plan

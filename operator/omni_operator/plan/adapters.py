@@ -34,6 +34,7 @@ class ProcessContext:
     worker: str
     revision: str
     host: str | None  # None: the runtime's default (0.0.0.0), as in pods
+    model_path: str  # the checkpoint directory as the processes see it (layout.process_model_path)
     architecture: Architecture = Architecture.auto  # resolved; picks the tiny checkpoint's family
 
 
@@ -41,15 +42,15 @@ def gpu_list(ids: tuple[int, ...] | list[int]) -> str:
     return ",".join(str(i) for i in ids)
 
 
-def _model_flags(spec: OmniDeploymentSpec, architecture: Architecture) -> list[str]:
+def _model_flags(spec: OmniDeploymentSpec, ctx: ProcessContext) -> list[str]:
     # The tiny source omits --model-path: the builtin runtime then writes the family's tiny
     # checkpoint once (Qwen2.5-Omni's unless --tiny-family says otherwise). A real checkpoint's
     # config.json names its family, so no flag says it.
     if spec.model.source.type is SourceType.tiny:
-        family = TINY_FAMILIES[architecture]
+        family = TINY_FAMILIES[ctx.architecture]
         flags = [] if family == TINY_FAMILIES[Architecture.auto] else ["--tiny-family", family]
     else:
-        flags = ["--model-path", spec.model.path]
+        flags = ["--model-path", ctx.model_path]
     flags += ["--model-name", spec.model.name, "--pipeline", spec.pipeline.value]
     if spec.model.load_format is LoadFormat.dummy:
         flags += ["--load-format", "dummy"]
@@ -71,7 +72,7 @@ def builtin_serve(
     argv = [
         "omni",
         "serve",
-        *_model_flags(spec, ctx.architecture),
+        *_model_flags(spec, ctx),
         *_bind(ctx, port),
         "--device",
         "cpu",
@@ -128,7 +129,7 @@ def builtin_stage(
         "stage",
         "--stages",
         ",".join(s.value for s in stages),
-        *_model_flags(spec, ctx.architecture),
+        *_model_flags(spec, ctx),
         *_bind(ctx, port),
         "--device",
         "cuda",
@@ -157,6 +158,7 @@ def sglang_serve(
     spec: OmniDeploymentSpec,
     *,
     version: str,
+    model_path: str,
     architecture: Architecture,
     host: str,
     port: int,
@@ -175,7 +177,7 @@ def sglang_serve(
     family = SGLANG_OMNI[version][architecture]
     variant = family.variants[spec.pipeline]
     thinker_spec = spec.stages.thinker
-    argv = ["sgl-omni", "serve", "--model-path", spec.model.path, "--model-name", spec.model.name]
+    argv = ["sgl-omni", "serve", "--model-path", model_path, "--model-name", spec.model.name]
     # The server binds 0.0.0.0 by default; spelled out so local mode can bind 127.0.0.1.
     argv += ["--host", host, "--port", str(port), "--variant", variant.name]
     if variant.realtime:
@@ -214,14 +216,14 @@ VLLM_PRELUDE = (
 
 
 def vllm_serve(
-    spec: OmniDeploymentSpec, *, host: str | None, port: int, deploy_config_path: str
+    spec: OmniDeploymentSpec, *, model_path: str, host: str | None, port: int, deploy_config_path: str
 ) -> tuple[str, ...]:
     """`vllm-omni serve MODEL --omni` (0.30.0): placement lives in the deploy config, not in flags.
 
     The command starts with a one-line shell step (VLLM_PRELUDE) that points the deploy
     config's base_config at the image's own vllm_omni/deploy directory, then execs vllm-omni.
     """
-    argv = ["vllm-omni", "serve", spec.model.path, "--omni"]
+    argv = ["vllm-omni", "serve", model_path, "--omni"]
     argv += (["--host", host] if host else []) + ["--port", str(port)]
     argv += ["--served-model-name", spec.model.name, "--deploy-config", deploy_config_path]
     return ("sh", "-c", VLLM_PRELUDE, *argv, *_third_party_extra(spec))

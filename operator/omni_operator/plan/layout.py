@@ -15,7 +15,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from omni_operator.api.spec import Architecture, GpuTier, OmniDeployment, OmniDeploymentSpec, RuntimeType
+from omni_operator.api.spec import (
+    Architecture,
+    GpuTier,
+    OmniDeployment,
+    OmniDeploymentSpec,
+    RuntimeType,
+    SourceType,
+)
 from omni_operator.plan import adapters, rules
 from omni_operator.plan.catalogue import peer_pod_size, runtime_version
 from omni_operator.plan.revisions import pod_revision
@@ -46,6 +53,16 @@ PORT_NAMES: dict[Role, str] = {
     Role.talker: "talker",
     Role.image_encoder: "image-encoder",
 }
+
+
+def process_model_path(spec: OmniDeploymentSpec, *, local: bool) -> str:
+    """Where the stage processes find the checkpoint: in pods the volume's mount path
+    (spec.model.path); under `omni up` a hostPath source's directory itself (the node is this
+    machine), else spec.model.path on this machine."""
+    source = spec.model.source
+    if local and source.type is SourceType.host_path and source.host_path:
+        return source.host_path
+    return spec.model.path
 
 
 @dataclass(frozen=True)
@@ -100,6 +117,7 @@ class WorkerLayout:
             worker=name,
             revision=self.revision,
             host="127.0.0.1" if self.local else None,
+            model_path=process_model_path(self.spec, local=self.local),
             architecture=self.architecture,
         )
         if self.spec.runtime.type is not RuntimeType.builtin:
@@ -176,6 +194,7 @@ class WorkerLayout:
             command = adapters.sglang_serve(
                 spec,
                 version=runtime_version(spec.runtime.type, spec.runtime.version) or "",
+                model_path=process_model_path(spec, local=self.local),
                 architecture=self.architecture,
                 host=host,
                 port=port,
@@ -188,6 +207,7 @@ class WorkerLayout:
         else:
             command = adapters.vllm_serve(
                 spec,
+                model_path=process_model_path(spec, local=self.local),
                 host="127.0.0.1" if self.local else None,
                 port=port,
                 deploy_config_path=f"{self.config_dir}/{adapters.VLLM_DEPLOY_CONFIG}",

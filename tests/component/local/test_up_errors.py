@@ -17,6 +17,12 @@ IMPOSSIBLE = text_spec().replace(
 )
 TOO_MANY_GPUS = text_spec(workers=64).replace("tier: cpu", "tier: h100")
 UNKNOWN_FIELD = text_spec().replace("  pipeline: text\n", "  pipeline: text\n  replicas: 3\n")
+# Checkpoints omni up cannot find on this machine (it would otherwise restart the workers forever).
+TINY_SOURCE = "    source:\n      type: tiny\n"
+PVC = text_spec().replace(TINY_SOURCE, "    source:\n      type: pvc\n      claimName: models\n")
+IMAGE = text_spec().replace(TINY_SOURCE, "    path: /nonexistent/omni-checkpoint\n")
+NO_DIRECTORY = text_spec(checkpoint=Path("/nonexistent/omni-checkpoint"))
+NO_CONFIG = text_spec(checkpoint=REPO / "examples")
 
 
 def run_up(tmp_path: Path, *args: str, spec: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -38,8 +44,38 @@ def run_up(tmp_path: Path, *args: str, spec: str | None = None) -> subprocess.Co
             "shares the thinker's GPUs",
         ),
         (TOO_MANY_GPUS, "spec.workers: 64 workers x 1 GPU need 64 GPUs, this machine has"),
+        (
+            PVC,
+            "spec.model.source.type: pvc names a PersistentVolumeClaim, which only a cluster has; under omni up "
+            "use type hostPath with hostPath set to the checkpoint directory on this machine",
+        ),
+        (
+            IMAGE,
+            "spec.model.path: /nonexistent/omni-checkpoint is not a directory on this machine; with source "
+            "type image omni up reads the checkpoint there on this machine: set spec.model.path to the checkpoint "
+            "directory, or use source type hostPath with hostPath set to it",
+        ),
+        (
+            NO_DIRECTORY,
+            "spec.model.source.hostPath: /nonexistent/omni-checkpoint is not a directory on this machine; "
+            "point it at the checkpoint directory (omni up runs every stage on this machine)",
+        ),
+        (
+            NO_CONFIG,
+            f"spec.model.source.hostPath: {REPO / 'examples'} has no config.json; point it at the "
+            "checkpoint directory",
+        ),
     ],
-    ids=["malformed-yaml", "unknown-field", "impossible-placement", "more-gpus-than-the-machine"],
+    ids=[
+        "malformed-yaml",
+        "unknown-field",
+        "impossible-placement",
+        "more-gpus-than-the-machine",
+        "pvc-source",
+        "image-path-missing",
+        "host-path-missing",
+        "host-path-without-config",
+    ],
 )
 def test_bad_spec_is_one_line_and_exit_2(tmp_path: Path, spec: str, expected: str) -> None:
     result = run_up(tmp_path, "--port", str(free_port()), spec=spec)
@@ -50,6 +86,7 @@ def test_bad_spec_is_one_line_and_exit_2(tmp_path: Path, spec: str, expected: st
     assert lines[0].startswith("omni up: error: ")
     assert expected in lines[0]
     assert not (tmp_path / "state" / "workers.json").exists()
+    assert not (tmp_path / "state" / "control.sock").exists()
 
 
 def test_missing_file(tmp_path: Path) -> None:

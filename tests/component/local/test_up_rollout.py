@@ -1,5 +1,6 @@
 """A live local rollout: re-running `omni up -f` with an edited file rolls two tiny workers to a new
-revision while long streamed sessions and steady HTTP load run through the router.
+revision while long streamed sessions and steady HTTP load run through the router. The workers
+serve a checkpoint directory on this machine (a hostPath source, as a user's own checkpoint).
 
 Expected: zero failed requests or sessions, every session on one revision from its first chunk
 to its last, never more than workers + maxSurge workers and never fewer than workers -
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from up_harness import OmniUp, text_spec, wait_until
+from up_harness import OmniUp, text_spec, wait_until, write_tiny_checkpoint
 from up_load import Load
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -83,14 +84,24 @@ def chat_status(up: OmniUp) -> int:
     return response.status_code
 
 
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("checkpoint") / "tiny")
+
+
 def test_live_rollout_keeps_every_session_on_its_revision(
-    make_up: Callable[[], OmniUp], tmp_path: Path
+    make_up: Callable[[], OmniUp], tmp_path: Path, checkpoint: Path
 ) -> None:
     up = make_up()
-    spec_a = write(tmp_path / "a.yaml", text_spec(rollout="    drainTimeoutSeconds: 300"))
+    spec_a = write(
+        tmp_path / "a.yaml", text_spec(rollout="    drainTimeoutSeconds: 300", checkpoint=checkpoint)
+    )
     up.start(spec_a)
     up.wait_line(r"^ready: ", timeout=READY_S)
     (rev_a,) = {row["revision"] for row in up.table().values()}
+    # The workers loaded the hostPath directory itself (no container here to mount it at model.path).
+    (card,) = httpx.get(f"{up.url}/v1/models", timeout=30, trust_env=False).json()["data"]
+    assert card["root"] == str(checkpoint), card
 
     load = Load(up.url, sessions=3, requesters=1)
     load.start()
@@ -98,7 +109,11 @@ def test_live_rollout_keeps_every_session_on_its_revision(
 
     spec_b = write(
         tmp_path / "b.yaml",
-        text_spec(extra_args='["--default-max-tokens", "24"]', rollout="    drainTimeoutSeconds: 300"),
+        text_spec(
+            extra_args='["--default-max-tokens", "24"]',
+            rollout="    drainTimeoutSeconds: 300",
+            checkpoint=checkpoint,
+        ),
     )
     started = time.monotonic()
     with TableWatch(up) as watch:
@@ -172,7 +187,9 @@ def test_live_rollout_keeps_every_session_on_its_revision(
     # A spec whose workers never get ready stops at the progress deadline; the old ones serve on.
     spec_c = write(
         tmp_path / "c.yaml",
-        text_spec(extra_args='["--no-such-flag"]', rollout="    progressDeadlineSeconds: 10"),
+        text_spec(
+            extra_args='["--no-such-flag"]', rollout="    progressDeadlineSeconds: 10", checkpoint=checkpoint
+        ),
     )
     stalled = up.rerun(spec_c, timeout=300)
     assert stalled.returncode == 1, stalled.stdout + stalled.stderr

@@ -36,7 +36,7 @@ spec:
   model:
     name: tiny-omni
     source:
-      type: tiny
+{source}
     architecture: qwen2_5_omni
   runtime:
     extraArgs: {extra_args}
@@ -49,10 +49,30 @@ spec:
 """
 
 
-def text_spec(*, name: str = "up-test", workers: int = 2, extra_args: str = "[]", rollout: str = "") -> str:
-    return TEXT_SPEC.format(
-        name=name, workers=workers, extra_args=extra_args, rollout=rollout or "    maxSurge: 1"
+def text_spec(
+    *,
+    name: str = "up-test",
+    workers: int = 2,
+    extra_args: str = "[]",
+    rollout: str = "",
+    checkpoint: Path | None = None,
+) -> str:
+    """A text deployment of tiny CPU workers: the tiny source, or ``checkpoint`` as a hostPath source
+    (a checkpoint directory on this machine)."""
+    source = (
+        "      type: tiny" if checkpoint is None else f"      type: hostPath\n      hostPath: {checkpoint}"
     )
+    return TEXT_SPEC.format(
+        name=name, workers=workers, extra_args=extra_args, rollout=rollout or "    maxSurge: 1", source=source
+    )
+
+
+def write_tiny_checkpoint(directory: Path) -> Path:
+    """The tiny Qwen2.5-Omni checkpoint written by the real `omni tiny-checkpoint` into ``directory``."""
+    subprocess.run(
+        [str(OMNI), "tiny-checkpoint", str(directory)], check=True, capture_output=True, timeout=300
+    )
+    return directory
 
 
 def free_port() -> int:

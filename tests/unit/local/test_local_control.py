@@ -109,8 +109,22 @@ def test_router_changes_are_reported_not_applied(supervisor: Supervisor) -> None
             PlanError,
             "spec.stages.imageEncoder.tensorParallelSize",
         ),
+        (
+            BASE.replace(
+                "      type: tiny\n", "      type: hostPath\n      hostPath: /nonexistent/checkpoint\n"
+            ),
+            LocalCapacityError,
+            "spec.model.source.hostPath: /nonexistent/checkpoint is not a directory on this machine",
+        ),
     ],
-    ids=["malformed", "other-name", "two-documents", "too-many-gpus", "impossible-placement"],
+    ids=[
+        "malformed",
+        "other-name",
+        "two-documents",
+        "too-many-gpus",
+        "impossible-placement",
+        "no-checkpoint",
+    ],
 )
 def test_refused_specs_change_nothing(
     supervisor: Supervisor, text: str, error: type[Exception], expected: str

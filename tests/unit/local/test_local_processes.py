@@ -18,6 +18,7 @@ from omni_operator.local.processes import (
     LocalSettings,
     busy_ports,
     check_capacity,
+    check_checkpoint,
     check_ports,
     host_gpus,
     plan_local,
@@ -26,6 +27,9 @@ from omni_operator.local.processes import (
     router_spec,
     worker_processes,
 )
+from omni_operator.plan.layout import process_model_path
+from omni_operator.plan.planner import plan_deployment
+from omni_operator.plan.types import Target
 
 SETTINGS = LocalSettings(base_port=9100, router_port=9000, gpu_offset=0, workers_file="/state/workers.json")
 PY = (sys.executable, "-m", "omni_operator.cli")
@@ -210,3 +214,73 @@ def test_readiness_url_follows_the_runtime() -> None:
     )
     third_party = LocalWorker(plan=plan_worker(sglang, SETTINGS, index=0), processes=[])
     assert third_party.ready_url == "http://127.0.0.1:9101/health"
+
+
+HOST_DIR = "/data/checkpoints/qwen"
+SOURCES = {
+    "tiny": {"type": "tiny"},
+    "image": {"type": "image"},
+    "hostPath": {"type": "hostPath", "hostPath": HOST_DIR},
+    "pvc": {"type": "pvc", "claimName": "models"},
+}
+
+
+@pytest.mark.parametrize(
+    ("source", "target", "expected"),
+    [
+        ("image", Target.local, "/models/qwen"),
+        ("image", Target.kubernetes, "/models/qwen"),
+        ("hostPath", Target.local, HOST_DIR),  # the node is this machine: the directory itself
+        ("hostPath", Target.kubernetes, "/models/qwen"),  # mounted at model.path in the pods
+        ("pvc", Target.kubernetes, "/models/qwen"),
+    ],
+)
+def test_where_the_processes_read_the_checkpoint(source: str, target: Target, expected: str) -> None:
+    """Each runtime's command carries the checkpoint directory the processes see
+    (layout.process_model_path): the builtin worker, sglang-omni's --model-path and vllm-omni's
+    positional model, locally and in pods."""
+    model = {"name": "m", "path": "/models/qwen", "source": SOURCES[source], "architecture": "qwen3_omni"}
+    spec = {"model": model, "gpu": {"tier": "h200"}, "pipeline": "text"}
+    assert process_model_path(OmniDeployment.model_validate({"metadata": {"name": "d"}, "spec": spec}).spec,
+                              local=target is Target.local) == expected  # fmt: skip
+    for runtime in ("builtin", "sglang-omni", "vllm-omni"):
+        body = {"metadata": {"name": "d"}, "spec": {**spec, "runtime": {"type": runtime}}}
+        plan = plan_deployment(OmniDeployment.model_validate(body), target=target, workers_file="/w.json")
+        commands = [pod.container.command for pod in plan.workers[0].pods]
+        paths = [c[c.index("--model-path") + 1] for c in commands if "--model-path" in c]
+        if runtime == "vllm-omni":
+            paths = [c[c.index("serve") + 1] for c in commands]
+        assert paths and set(paths) == {expected}, (runtime, commands)
+
+
+@pytest.mark.parametrize(
+    ("source", "path", "config", "expected"),
+    [
+        ("tiny", "missing", False, None),  # the runtime writes the tiny checkpoint itself
+        ("hostPath", "dir", True, None),
+        ("image", "dir", True, None),
+        ("hostPath", "dir", False, "spec.model.source.hostPath: {dir} has no config.json; point it at the checkpoint"),
+        ("hostPath", "missing", False, "spec.model.source.hostPath: {missing} is not a directory on this machine"),
+        ("image", "missing", False, "spec.model.path: {missing} is not a directory on this machine; with source type "
+         "image omni up reads the checkpoint there on this machine: set spec.model.path to the checkpoint "
+         "directory, or use source type hostPath with hostPath set to it"),
+        ("pvc", "dir", True, "spec.model.source.type: pvc names a PersistentVolumeClaim, which only a cluster has"),
+    ],
+)  # fmt: skip
+def test_check_checkpoint_table(
+    tmp_path: Path, source: str, path: str, config: bool, expected: str | None
+) -> None:
+    places = {"dir": tmp_path / "ckpt", "missing": tmp_path / "nothing"}
+    places["dir"].mkdir()
+    if config:
+        (places["dir"] / "config.json").write_text("{}")
+    where = str(places[path])
+    src = {**SOURCES[source], **({"hostPath": where} if source == "hostPath" else {})}
+    model = {"name": "m", "path": where, "source": src, "architecture": "qwen2_5_omni"}
+    spec = OmniDeployment.model_validate({"metadata": {"name": "d"}, "spec": {"model": model}}).spec
+    if expected is None:
+        check_checkpoint(spec)
+        return
+    with pytest.raises(LocalCapacityError) as err:
+        check_checkpoint(spec)
+    assert str(err.value).startswith(expected.format(dir=places["dir"], missing=places["missing"]))
