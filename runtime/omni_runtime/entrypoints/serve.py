@@ -363,6 +363,15 @@ def main(argv: list[str]) -> int:
     if wrong := switches.problems(os.environ):  # before anything loads: a wrong switch is not the default
         print(f"omni serve: {'; '.join(wrong)}", file=sys.stderr)
         return 2
+    if config.options.model_path:  # before anything binds or loads: a directory with no checkpoint
+        from omni_runtime.contract.engine import EngineError
+        from omni_runtime.models.registry import resolve_model_path
+
+        try:
+            resolve_model_path(config.options)
+        except EngineError as exc:
+            print(f"omni serve: error: {exc}", file=sys.stderr)
+            return 2
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

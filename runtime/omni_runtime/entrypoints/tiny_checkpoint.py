@@ -57,9 +57,20 @@ def main(argv: list[str]) -> int:
     else:
         from omni_runtime.models.qwen2_5_omni.released import create_released_shape  # type: ignore[assignment]
         from omni_runtime.models.qwen2_5_omni.tiny import create_tiny_checkpoint  # type: ignore[assignment]
-    if args.shape == "released":
-        print(create_released_shape(target))
-        return 0
-    create_tiny_checkpoint(target, seed=args.seed, progress=not args.quiet)
+    created = not target.exists()
+    try:
+        if args.shape == "released":
+            print(create_released_shape(target))
+            return 0
+        create_tiny_checkpoint(target, seed=args.seed, progress=not args.quiet)
+    except OSError as err:  # an unwritable or impossible DIR, a full disk: no half-written checkpoint
+        if created:
+            shutil.rmtree(target, ignore_errors=True)
+        where = err.filename or target
+        print(
+            f"omni tiny-checkpoint: cannot write {where}: {err.strerror or err}; choose a DIR you can write",
+            file=sys.stderr,
+        )
+        return 2
     print(target)
     return 0

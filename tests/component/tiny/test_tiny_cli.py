@@ -54,6 +54,18 @@ def test_cli_refuses_non_empty_dir_without_force(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]
 
 
+@pytest.mark.parametrize("shape", ["tiny", "released"])
+def test_a_dir_that_cannot_be_made_is_one_line_and_exit_2(tmp_path: Path, shape: str) -> None:
+    (tmp_path / "file").write_text("x")
+    target = tmp_path / "file" / "checkpoint"  # below a file: no directory can be made there
+    result = _run(str(target), "--shape", shape, "--quiet")
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"omni tiny-checkpoint: cannot write {target}: Not a directory; choose a DIR you can write\n"
+    )
+    assert result.stdout == ""
+
+
 def test_cli_refuses_a_file(tmp_path: Path) -> None:
     path = tmp_path / "file"
     path.write_text("x")
