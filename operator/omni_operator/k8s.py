@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import yaml
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
@@ -83,6 +84,10 @@ def deployment_path(namespace: str, name: str) -> str:
     return f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}"
 
 
+class NoCredentialsError(ValueError):
+    """Neither in-cluster credentials nor a usable kubeconfig: the operator has no cluster to talk to."""
+
+
 @dataclass
 class RequestCount:
     reads: int = 0
@@ -100,14 +105,23 @@ class Kube:
 
     @classmethod
     def connect(cls, kubeconfig: str | None = None) -> Kube:
-        """In-cluster credentials when running in a pod, else the kubeconfig ($KUBECONFIG, ~/.kube)."""
+        """In-cluster credentials when running in a pod, else the kubeconfig ($KUBECONFIG, ~/.kube);
+        NoCredentialsError when neither is there (the message names both and the fix)."""
         configuration = k8s_client.Configuration()
         try:
             if kubeconfig:
                 raise k8s_config.ConfigException("kubeconfig given")
             k8s_config.load_incluster_config(client_configuration=configuration)
         except k8s_config.ConfigException:
-            k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+            try:
+                k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+            except (k8s_config.ConfigException, OSError, ValueError, yaml.YAMLError) as err:
+                where = f"--kubeconfig {kubeconfig}" if kubeconfig else "$KUBECONFIG or ~/.kube/config"
+                why = " ".join(str(err).split()).rstrip(".")  # one line, also for a YAML parser's report
+                raise NoCredentialsError(
+                    f"no Kubernetes credentials: not in a pod with a service account, and {where}: {why}; "
+                    "run the operator in the cluster (helm install) or point --kubeconfig at a cluster's kubeconfig"
+                ) from err
         return cls(k8s_client.ApiClient(configuration))
 
     def scoped(self) -> Kube:

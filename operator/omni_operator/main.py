@@ -102,7 +102,13 @@ def main(argv: list[str]) -> int:
 
     import kopf  # imported only when the operator runs (the CLI stays light)
 
-    from omni_operator import handlers
+    from omni_operator import handlers, k8s
+
+    try:  # before kopf starts: without credentials its startup would retry forever
+        k8s.Kube.connect(args.kubeconfig)
+    except k8s.NoCredentialsError as err:
+        print(f"omni operator: error: {err}", file=sys.stderr)
+        return 2
 
     handlers.OPTIONS.kubeconfig = args.kubeconfig
     handlers.OPTIONS.peering_name = None if args.standalone else args.peering

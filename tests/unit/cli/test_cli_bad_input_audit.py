@@ -306,3 +306,30 @@ def test_up_refuses_a_router_port_a_worker_uses(tmp_path_factory: pytest.TempPat
 )
 def test_operator_flags(flags: list[str], message: str) -> None:
     assert_clean_error(omni("operator", *flags), f"omni operator: {message}")
+
+
+def test_operator_without_credentials_stops_at_once(tmp_path: Path) -> None:
+    """Before: kopf's startup retried the missing kubeconfig forever, logging a traceback each time."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}  # no $KUBECONFIG, no ~/.kube, not in a pod
+    result = subprocess.run(
+        [str(OMNI), "operator", "-n", "x"], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert_clean_error(
+        result,
+        "omni operator: error: no Kubernetes credentials: not in a pod with a service account, and $KUBECONFIG "
+        "or ~/.kube/config: Invalid kube-config file. No configuration found; run the operator in the cluster "
+        "(helm install) or point --kubeconfig at a cluster's kubeconfig",
+    )
+
+
+def test_operator_with_a_malformed_kubeconfig(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("clusters: [\n")
+    result = omni("operator", "--kubeconfig", str(kubeconfig), "-n", "x")
+    assert_clean_error(
+        result,
+        f"omni operator: error: no Kubernetes credentials: not in a pod with a service account, and --kubeconfig "
+        f"{kubeconfig}: while parsing a flow node expected the node content, but found '<stream end>' in "
+        f'"{kubeconfig}", line 2, column 1; run the operator in the cluster (helm install) or point --kubeconfig '
+        "at a cluster's kubeconfig",
+    )
