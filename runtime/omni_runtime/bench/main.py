@@ -148,6 +148,13 @@ def _progress(level: str, total: int) -> Callable[[int], None]:
 async def _run(args: argparse.Namespace) -> int:
     try:
         model = args.model or await discover_model(args.url)
+    except httpx.TransportError as exc:  # nothing answers there: --model would not help
+        print(
+            f"omni bench: cannot reach {args.url} ({exc or type(exc).__name__}); start the worker or router "
+            "first (omni up, omni serve) or fix --url",
+            file=sys.stderr,
+        )
+        return 1
     except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
         print(
             f"omni bench: cannot read the model list from {args.url}/v1/models: {exc}; pass --model",

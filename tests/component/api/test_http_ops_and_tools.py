@@ -98,8 +98,12 @@ def test_bench_against_the_worker(worker: Worker, tmp_path: Path, capsys: pytest
 
 
 def test_bench_reports_an_unreachable_url(capsys: pytest.CaptureFixture[str]) -> None:
-    assert bench_main(["--url", f"http://127.0.0.1:{free_port()}", "--requests", "1"]) == 1
-    assert "cannot read the model list" in capsys.readouterr().err
+    url = f"http://127.0.0.1:{free_port()}"
+    assert bench_main(["--url", url, "--requests", "1"]) == 1
+    assert capsys.readouterr().err == (
+        f"omni bench: cannot reach {url} (All connection attempts failed); start the worker or router first "
+        "(omni up, omni serve) or fix --url\n"
+    )
 
 
 def test_omni_serve_end_to_end(tiny_checkpoint: Path) -> None:
