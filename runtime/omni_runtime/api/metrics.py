@@ -2,7 +2,9 @@
 
 Request counts by endpoint and status come from a small ASGI middleware; latencies and token
 counts from the chat serving; queue depth and batch sizes are read from the engine at scrape
-time, so they are never stale.
+time, so they are never stale. Stages that run in their own processes (a thinker or talker pod
+behind a stage link) report through the worker's scrape too (``Engine.refresh_stats``): their
+stage series by stage name, their GPUs with a ``process`` label naming the stages they host.
 """
 
 from __future__ import annotations
@@ -174,6 +176,12 @@ class _EngineCollector(Collector):
         )
         yield from _session_kv_metrics(stats)
         yield from _gpu_metrics(stats)
+        yield CounterMetricFamily(
+            "omni_stage_stats_failures",
+            "Scrapes in which a stage process behind a stage link did not report its counters in time "
+            "(its series are missing from that scrape).",
+            value=stats.remote_stats_failures,
+        )
 
 
 def _session_kv_metrics(stats: EngineStats) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
@@ -222,25 +230,28 @@ def _session_kv_metrics(stats: EngineStats) -> Iterator[GaugeMetricFamily | Coun
 
 
 def _gpu_metrics(stats: EngineStats) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-    """Each GPU's caching allocator: what it holds, and the retries that stall the whole GPU."""
+    """Each GPU's caching allocator: what it holds, and the retries that stall the whole GPU. The
+    ``process`` label is empty for the worker's own GPUs and names a stage process's stages for its
+    (each process numbers the GPUs it sees from 0)."""
+    labels = ["gpu", "process"]
     allocated = GaugeMetricFamily(
-        "omni_gpu_memory_allocated_bytes", "Bytes of live tensors on each GPU.", labels=["gpu"]
+        "omni_gpu_memory_allocated_bytes", "Bytes of live tensors on each GPU.", labels=labels
     )
     reserved = GaugeMetricFamily(
         "omni_gpu_memory_reserved_bytes",
         "Bytes the caching allocator holds on each GPU (live tensors and cached free blocks).",
-        labels=["gpu"],
+        labels=labels,
     )
     retries = CounterMetricFamily(
         "omni_gpu_alloc_retries",
         "Allocations served only after every cached block was freed (each waits for the whole GPU).",
-        labels=["gpu"],
+        labels=labels,
     )
     ooms = CounterMetricFamily(
-        "omni_gpu_ooms", "Allocations that failed with out-of-memory on each GPU.", labels=["gpu"]
+        "omni_gpu_ooms", "Allocations that failed with out-of-memory on each GPU.", labels=labels
     )
     for gpu in stats.gpus:
-        label = [str(gpu.gpu)]
+        label = [str(gpu.gpu), gpu.process]
         allocated.add_metric(label, gpu.allocated_bytes)
         reserved.add_metric(label, gpu.reserved_bytes)
         retries.add_metric(label, gpu.alloc_retries)

@@ -111,6 +111,7 @@ class GpuMemory:
     reserved_bytes: int = 0
     alloc_retries: int = 0
     ooms: int = 0
+    process: str = ""  # "" this process; a stage process behind a stage link: the stages it hosts
 
 
 # Upper bounds (seconds) of a ``TimeHistogram``'s buckets, +Inf after the last.
@@ -171,6 +172,19 @@ class StageLoad:
 
 
 @dataclass(frozen=True)
+class ProcessStats:
+    """What one process's stages report (counters since its start): the worker's own, and each
+    stage process behind a stage link over it (``stats.get``), merged into the worker's
+    EngineStats so that its /metrics covers every stage of the worker."""
+
+    process: str  # the stages it hosts, comma-joined in stage order
+    queue_depth: int = 0  # requests waiting for its encoders or a thinker slot
+    stages: tuple[StageLoad, ...] = ()
+    gpus: tuple[GpuMemory, ...] = ()
+    session_kv: dict[str, int] = field(default_factory=dict)  # EngineStats' session_kv_* by suffix
+
+
+@dataclass(frozen=True)
 class EngineStats:
     queue_depth: int = 0
     running_batch: int = 0
@@ -211,7 +225,9 @@ class EngineStats:
     session_kv_shared_entries: int = 0
     session_kv_shared_hits: int = 0
     session_kv_shared_tokens: int = 0
-    gpus: tuple[GpuMemory, ...] = ()  # the GPUs this process allocated on
+    gpus: tuple[GpuMemory, ...] = ()  # the GPUs this process and its stage processes allocated on
+    # Scrapes where a stage process behind a stage link did not report its stats in time.
+    remote_stats_failures: int = 0
 
 
 class EngineError(Exception):
@@ -261,6 +277,10 @@ class Engine(Protocol):
         ...
 
     def stats(self) -> EngineStats: ...
+
+    async def refresh_stats(self) -> None:
+        """Fetch what ``stats`` cannot read in this process (stage processes' counters)."""
+        ...
 
     async def warm_session(self, request: GenerationRequest) -> int:
         """Prefill ``request``'s prompt (a session's history) into the session's kept KV, with no

@@ -18,7 +18,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -33,6 +33,7 @@ from omni_runtime.contract.engine import (
     Finished,
     GenerationRequest,
     MediaInput,
+    ProcessStats,
     TextDelta,
     Usage,
 )
@@ -86,6 +87,8 @@ class PipelineEngine:
         self.encoders: MediaEncoders | None = None
         self._ready = False
         self._active = 0
+        self._remote_stats: tuple[ProcessStats, ...] = ()  # refresh_stats: the stage processes'
+        self._remote_stats_failures = 0
         self.load_seconds = 0.0
         # Which audio windows pause the thinker (deadlines.holds_thinker): set in start(), on a GPU
         # the thinker shares with the vocoder; None never pauses it.
@@ -193,16 +196,28 @@ class PipelineEngine:
         if self.stages is not None:
             await self.stages.stop()
 
+    async def refresh_stats(self) -> None:
+        """Ask the stage processes behind stage links for their counters (before a /metrics
+        scrape): ``stats`` then reports every stage of the worker, wherever it runs."""
+        if self.stages is None or not self.stages.linked:
+            return
+        self._remote_stats, failed = await self.stages.remote_stats()
+        self._remote_stats_failures += failed
+
     def stats(self) -> EngineStats:
         thinker = self.stages.thinker if self.stages is not None else None
         cache = self.encoders.cache.counters() if self.encoders is not None else None
         prefetch = self.encoders.counters() if self.encoders is not None else None
+        processes = (
+            (self.stages.local.process_stats(), *self._remote_stats) if self.stages is not None else ()
+        )
+        kv = next((p.session_kv for p in processes if p.session_kv), {})
         return EngineStats(
-            queue_depth=self.stages.queue_depth() if self.stages is not None else 0,
+            queue_depth=sum(p.queue_depth for p in processes),
             running_batch=thinker.running_count if thinker is not None else 0,
             max_running_batch=thinker.max_running_batch if thinker is not None else 0,
             active_requests=self._active,
-            stages=self.stages.local.load() if self.stages is not None else (),
+            stages=tuple(load for p in processes for load in p.stages),
             encoder_cache_hits=cache.hits if cache else 0,
             encoder_cache_misses=cache.misses if cache else 0,
             encoder_cache_evictions=cache.evictions if cache else 0,
@@ -210,20 +225,21 @@ class PipelineEngine:
             prefetch_submitted=prefetch.submitted if prefetch else 0,
             prefetch_done=prefetch.done if prefetch else 0,
             prefetch_failed=prefetch.failed if prefetch else 0,
-            **self._session_kv_stats(),
+            **{f"session_kv_{name}": value for name, value in kv.items()},
             first_audio_phases=self.first_audio_phases.snapshot(),
             speech_replies=self._speech_replies,
             busy_first_windows=self._busy_first_windows,
             lingered_first_windows=self._lingered_first_windows,
             first_window_linger_seconds=self._first_window_linger_s,
-            gpus=gpu_memory(),
+            gpus=gpu_memory()
+            if not processes
+            else tuple(
+                replace(gpu, process="" if i == 0 else p.process)
+                for i, p in enumerate(processes)
+                for gpu in p.gpus
+            ),
+            remote_stats_failures=self._remote_stats_failures,
         )
-
-    def _session_kv_stats(self) -> dict[str, int]:
-        local = self.stages.local.thinker if self.stages is not None else None
-        if local is None:  # no thinker here, or one behind a stage link (its process counts)
-            return {}
-        return {f"session_kv_{name}": value for name, value in asdict(local.kv.counters()).items()}
 
     def _session_vectors(self, request: GenerationRequest) -> bool:
         """A session's rows keep the talker's vectors on a worker that speaks, so the kept KV of

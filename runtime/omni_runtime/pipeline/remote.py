@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from omni_runtime.contract.adapter import Prompt, ThinkerPrompt
-from omni_runtime.contract.engine import EngineError, GenerationRequest
+from omni_runtime.contract.engine import EngineError, GenerationRequest, ProcessStats
 from omni_runtime.pipeline import wire
 from omni_runtime.pipeline.link.client import StageLinkClient
 from omni_runtime.pipeline.link.frames import LinkError, Reply, Tensors
@@ -23,6 +23,7 @@ from omni_runtime.pipeline.talker import TalkerDone, TalkerJob
 
 log = logging.getLogger(__name__)
 READY_TIMEOUT_S = 1800.0  # a remote stage may be loading a large checkpoint
+STATS_TIMEOUT_S = 2.0  # a /metrics scrape waits this long at most for a stage process's counters
 
 
 class RemoteThinker:
@@ -198,6 +199,15 @@ class LinkedStages:
 
     async def close(self) -> None:
         await self.client.close()
+
+    async def stats(self) -> ProcessStats | None:
+        """The stage process's counters (``stats.get``); None when it does not answer in time."""
+        try:
+            reply, _ = await asyncio.wait_for(self.client.call_once("stats.get", {}, {}), STATS_TIMEOUT_S)
+        except (LinkError, TimeoutError) as exc:
+            log.warning("stage process at %s sent no stats: %s", self.address, exc)
+            return None
+        return wire.unpack_process_stats(reply)
 
     async def preprocess(self, request: GenerationRequest) -> Prompt:
         payload, tensors = wire.pack_request(request)

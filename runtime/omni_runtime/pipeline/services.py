@@ -11,12 +11,15 @@ import asyncio
 import logging
 import os
 import time
+from dataclasses import asdict
 from typing import Any
 
 from omni_runtime.contract import switches
 from omni_runtime.contract.adapter import OmniAdapter, Prompt, ThinkerPrompt, Vocoder, window_shape
-from omni_runtime.contract.engine import EngineError, GenerationRequest, StageLoad
+from omni_runtime.contract.engine import EngineError, GenerationRequest, ProcessStats, StageLoad
 from omni_runtime.contract.options import EngineOptions
+from omni_runtime.contract.stages import Stage
+from omni_runtime.executor.gpu_memory import gpu_memory
 from omni_runtime.pipeline import deadlines
 from omni_runtime.pipeline.remote import LinkedStages
 from omni_runtime.pipeline.scheduler import ThinkerScheduler
@@ -194,7 +197,9 @@ class LocalStages:
                 items[scheduler.thread.name] = scheduler.rows_stepped
                 cancelled[scheduler.thread.name] = scheduler.cancelled
                 waits.setdefault(scheduler.thread.name, TimeCounts()).add(scheduler.waits)
-        threads = [self._pre_pool, *self.threads.values()]
+        # The preprocessing pool exists everywhere but works only where preprocessing is hosted.
+        pre = [self._pre_pool] if "preprocessing" in self.hosted else []
+        threads = [*pre, *self.threads.values()]
         return tuple(
             StageLoad(
                 stage=t.name,
@@ -216,6 +221,18 @@ class LocalStages:
         rows = any(s is not None and s.running for s in (self.thinker, self.talker))
         queued = any(w is not None and w.queue_depth for w in (self.audio, self.vision, self.vocoder_worker))
         return not rows and not queued and all(t.idle for t in (self._pre_pool, *self.threads.values()))
+
+    def process_stats(self) -> ProcessStats:
+        """This process's counters: its stage threads, its GPUs, the kept session KV where the
+        thinker runs here (what a stage process answers ``stats.get`` with)."""
+        kv = {} if self.thinker is None else asdict(self.thinker.kv.counters())
+        return ProcessStats(
+            process=",".join(s.value for s in Stage if s.value in self.hosted),
+            queue_depth=self.queue_depth(),
+            stages=self.load(),
+            gpus=gpu_memory(),
+            session_kv=kv,
+        )
 
     def queue_depth(self) -> int:
         depth = 0

@@ -1,6 +1,7 @@
 """The server side of remote stages: stage-link handlers over this process's LocalStages.
 
-Method names are ``<stage>.<call>``. Streaming calls (``thinker.generate``, ``talker.generate``)
+Method names are ``<stage>.<call>``, and ``stats.get`` (every stage process: its counters, which
+the worker's /metrics merges). Streaming calls (``thinker.generate``, ``talker.generate``)
 reply once per token or code batch; the client closing the call cancels the request here, which
 frees its slot just as closing ``Engine.generate`` does in-process.
 """
@@ -28,7 +29,7 @@ class StageHandlers:
 
     def handlers(self) -> dict[str, Any]:
         hosted = self.local.hosted
-        table: dict[str, Any] = {}
+        table: dict[str, Any] = {"stats.get": self.stats}
         if "preprocessing" in hosted:
             table["preprocessing.run"] = self.preprocess
         if "audio_encoder" in hosted:
@@ -45,6 +46,9 @@ class StageHandlers:
             table["talker.feed"] = self.talker_feed
             table["talker_stream.synthesize"] = self.synthesize
         return table
+
+    async def stats(self, payload: dict[str, Any], tensors: dict[str, Any]) -> Reply:
+        return wire.pack_process_stats(self.local.process_stats()), {}
 
     async def preprocess(self, payload: dict[str, Any], tensors: dict[str, Any]) -> Reply:
         prompt = await self.local.preprocess(wire.unpack_request(payload, tensors))

@@ -8,10 +8,11 @@ engine.py is the same code in every layout.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from omni_runtime.contract.adapter import Prompt, ThinkerPrompt
-from omni_runtime.contract.engine import EngineError, GenerationRequest
+from omni_runtime.contract.engine import EngineError, GenerationRequest, ProcessStats
 from omni_runtime.contract.options import EngineOptions
 from omni_runtime.contract.stages import Stage
 from omni_runtime.pipeline.remote import LinkedStages
@@ -47,6 +48,12 @@ class StageSet:
 
     def queue_depth(self) -> int:
         return self.local.queue_depth()
+
+    async def remote_stats(self) -> tuple[tuple[ProcessStats, ...], int]:
+        """Each stage process's counters, asked at once; and how many did not answer in time."""
+        links = {id(link): link for link in self.linked.values()}.values()
+        answers = await asyncio.gather(*(link.stats() for link in links))
+        return tuple(a for a in answers if a is not None), sum(a is None for a in answers)
 
     async def preprocess(self, request: GenerationRequest) -> Prompt:
         return await self._at(Stage.preprocessing).preprocess(request)

@@ -13,7 +13,16 @@ from typing import Any
 import numpy as np
 
 from omni_runtime.contract.adapter import Prompt, RowSampling, TalkerAdmission, ThinkerPrompt
-from omni_runtime.contract.engine import ChatTurn, GenerationRequest, MediaInput, SamplingParams
+from omni_runtime.contract.engine import (
+    ChatTurn,
+    GenerationRequest,
+    GpuMemory,
+    MediaInput,
+    ProcessStats,
+    SamplingParams,
+    StageLoad,
+    TimeHistogram,
+)
 
 Frame = tuple[dict[str, Any], dict[str, Any]]
 
@@ -165,4 +174,30 @@ def unpack_talker_admission(payload: dict[str, Any], tensors: dict[str, Any]) ->
         voice=payload["voice"],
         sampling=unpack_sampling(payload["sampling"]),
         ignore_eos=bool(payload.get("ignore_eos", False)),
+    )
+
+
+def pack_process_stats(stats: ProcessStats) -> dict[str, Any]:
+    """A stage process's counters as the ``stats.get`` reply's JSON (no tensors)."""
+    return asdict(stats)
+
+
+def unpack_process_stats(payload: dict[str, Any]) -> ProcessStats:
+    stages = tuple(
+        StageLoad(
+            **{
+                **load,
+                "waits": tuple(
+                    TimeHistogram(w["kind"], tuple(w["counts"]), w["sum_s"]) for w in load["waits"]
+                ),
+            }
+        )
+        for load in payload["stages"]
+    )
+    return ProcessStats(
+        process=str(payload["process"]),
+        queue_depth=int(payload["queue_depth"]),
+        stages=stages,
+        gpus=tuple(GpuMemory(**gpu) for gpu in payload["gpus"]),
+        session_kv={str(k): int(v) for k, v in payload["session_kv"].items()},
     )

@@ -199,3 +199,46 @@ def test_conversation_kv_through_a_stage_link(split_engine: Harness, speech_engi
 
     split_engine.run(end())
     assert finished(split_engine.collect(ask(turns))).usage.cached_tokens == 0  # forgotten remotely
+
+
+def test_the_workers_stats_cover_its_stage_processes(split_engine: Harness) -> None:
+    """/metrics of a split worker: each stage process reports its counters over its stage link
+    (``stats.get``), merged into the worker's stats. Each stage once, wherever it runs; the kept
+    session KV counted where the thinker runs (before: zeros, and no thinker or talker series)."""
+    from omni_runtime.api.metrics import ApiMetrics
+
+    engine = split_engine.engine
+
+    def stats():  # as the /metrics route does: the stage processes' counters, then the merged stats
+        split_engine.run(engine.refresh_stats())
+        return engine.stats()
+
+    before = stats()
+
+    def ask(turns: list[ChatTurn]) -> GenerationRequest:
+        return replace(request(max_tokens=4), turns=tuple(turns), session_key="stats-s")
+
+    turns = [ChatTurn(role="user", text="Count me.")]
+    first = split_engine.collect(ask(turns))
+    turns += [
+        ChatTurn(role="assistant", text="".join(e.text for e in first if isinstance(e, TextDelta))),
+        ChatTurn(role="user", text="Again."),
+    ]
+    split_engine.collect(ask(turns))
+    split_engine.collect(request(max_tokens=6, want_audio=True, talker_tokens=12))
+    after = stats()
+
+    names = [load.stage for load in after.stages]
+    assert len(names) == len(set(names)), names  # no stage twice (no idle preprocessing pool remotely)
+    assert {"preprocessing", "thinker", "talker", "vocoder"} <= set(names), names
+    calls = {load.stage: load.calls for load in after.stages}
+    calls_before = {load.stage: load.calls for load in before.stages}
+    for stage in ("thinker", "talker", "vocoder"):  # remote stages worked, and their counters moved
+        assert calls[stage] > calls_before.get(stage, 0), stage
+    assert after.session_kv_hits == before.session_kv_hits + 1
+    assert after.session_kv_misses == before.session_kv_misses + 1
+    assert after.session_kv_capacity_bytes == 64 << 20  # the stage process's --session-kv-mb
+    assert after.remote_stats_failures == 0
+    text = ApiMetrics(stats=lambda: after, in_flight=lambda: 0).render().decode()
+    assert f'omni_stage_calls_total{{stage="thinker"}} {float(calls["thinker"])}' in text
+    assert f"omni_session_kv_hits_total {float(after.session_kv_hits)}" in text

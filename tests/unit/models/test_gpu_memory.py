@@ -42,18 +42,28 @@ def test_no_rows_without_cuda() -> None:
 
 
 def test_metrics_show_each_gpu() -> None:
-    gpus = (GpuMemory(0, 1_000, 2_000, 0, 0), GpuMemory(1, 5_000, 8_000, 3, 1))
+    """The worker's own GPUs with an empty process label, a stage process's with the stages it hosts
+    (both number their GPUs from 0)."""
+    gpus = (
+        GpuMemory(0, 1_000, 2_000, 0, 0),
+        GpuMemory(1, 5_000, 8_000, 3, 1),
+        GpuMemory(0, 7_000, 9_000, 0, 0, process="thinker"),
+    )
     text = ApiMetrics(stats=lambda: EngineStats(gpus=gpus), in_flight=lambda: 0).render().decode()
     lines = {line for line in text.splitlines() if re.match(r"omni_gpu_\w+\{", line)}
     assert lines == {
-        'omni_gpu_memory_allocated_bytes{gpu="0"} 1000.0',
-        'omni_gpu_memory_allocated_bytes{gpu="1"} 5000.0',
-        'omni_gpu_memory_reserved_bytes{gpu="0"} 2000.0',
-        'omni_gpu_memory_reserved_bytes{gpu="1"} 8000.0',
-        'omni_gpu_alloc_retries_total{gpu="0"} 0.0',
-        'omni_gpu_alloc_retries_total{gpu="1"} 3.0',
-        'omni_gpu_ooms_total{gpu="0"} 0.0',
-        'omni_gpu_ooms_total{gpu="1"} 1.0',
+        'omni_gpu_memory_allocated_bytes{gpu="0",process=""} 1000.0',
+        'omni_gpu_memory_allocated_bytes{gpu="1",process=""} 5000.0',
+        'omni_gpu_memory_allocated_bytes{gpu="0",process="thinker"} 7000.0',
+        'omni_gpu_memory_reserved_bytes{gpu="0",process=""} 2000.0',
+        'omni_gpu_memory_reserved_bytes{gpu="1",process=""} 8000.0',
+        'omni_gpu_memory_reserved_bytes{gpu="0",process="thinker"} 9000.0',
+        'omni_gpu_alloc_retries_total{gpu="0",process=""} 0.0',
+        'omni_gpu_alloc_retries_total{gpu="1",process=""} 3.0',
+        'omni_gpu_alloc_retries_total{gpu="0",process="thinker"} 0.0',
+        'omni_gpu_ooms_total{gpu="0",process=""} 0.0',
+        'omni_gpu_ooms_total{gpu="1",process=""} 1.0',
+        'omni_gpu_ooms_total{gpu="0",process="thinker"} 0.0',
     }
 
 

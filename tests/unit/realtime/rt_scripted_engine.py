@@ -59,6 +59,9 @@ class ScriptedEngine:
     def stats(self) -> EngineStats:
         return EngineStats()
 
+    async def refresh_stats(self) -> None:
+        return None
+
     audio_chunk_samples: int | None = None
 
     def prefetch_media(self, media: Sequence[MediaInput], *, audio_prefix: bool = False) -> bool:

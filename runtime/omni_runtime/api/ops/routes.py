@@ -47,4 +47,6 @@ async def ready(raw: Request) -> JSONResponse:
     },
 )
 async def metrics(raw: Request) -> Response:
-    return Response(get_state(raw).metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    state = get_state(raw)
+    await state.engine.refresh_stats()  # the stage processes' counters, when stages run elsewhere
+    return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
