@@ -162,6 +162,28 @@ class TalkerRunner(Protocol):
     def warmup(self) -> None: ...
 
 
+class KeepingTalkerRunner(TalkerRunner, Protocol):
+    """A talker runner that keeps a session's prompt KV between turns (``keeps_kv = True``;
+    pipeline/talker.py). Its prompt's first positions are a function of the thinker prompt's first
+    positions (their ids and vectors), so a turn whose thinker reused ``n`` kept positions may reuse
+    the talker positions those ``n`` cover."""
+
+    keeps_kv: bool
+
+    def kept_length(self, row: TalkerAdmission) -> int:
+        """Talker prompt positions kept when the row's turn ends (the part a later turn can share)."""
+        ...
+
+    def shared_length(self, row: TalkerAdmission, thinker_positions: int) -> int:
+        """Talker prompt positions covered by the thinker prompt's first ``thinker_positions``
+        (at most all but the prompt's last)."""
+        ...
+
+    def keep(self, *, slot: int, length: int) -> Any:
+        """A copy of the slot's first ``length`` positions (the runner's KV format)."""
+        ...
+
+
 def window_shape(item: dict[str, Any]) -> tuple[int, bool]:
     """What a vocoder window item runs as: its context codes (``ctx_end - ctx_start``) and whether
     its size recurs (``reusable``: a captured graph per batch bucket). Windows of one shape run

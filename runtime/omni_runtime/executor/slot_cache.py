@@ -54,7 +54,7 @@ from torch import nn
 from omni_runtime.contract import switches
 from omni_runtime.executor.decode_attention import use_packed_decode
 from omni_runtime.executor.host_copy import to_device
-from omni_runtime.executor.kept_kv import copy_in, copy_out
+from omni_runtime.executor.kept_kv import copy_in, copy_out, suffix_groups
 
 log = logging.getLogger(__name__)
 
@@ -904,3 +904,49 @@ class SlotDecoder:
         self.cache.move(src, dst, length)
         for table in (self.last_ids, self.lengths, self.rope_delta, self.extra):
             table[dst] = table[src]
+
+
+def prefill_after_kept(
+    decoder: SlotDecoder,
+    *,
+    slots: list[int],
+    prompts: list[tuple[torch.Tensor, torch.Tensor]],
+    kept: list[Any],
+    offsets: list[int],
+    want_hidden: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Prefill each row's prompt (``embeds [L, H]``, ``positions [3, L]``) into its slot after the
+    first ``offsets[i]`` positions of its kept KV (``kept[i]``, a ``keep_kv`` copy, restored here;
+    0: none). Fresh rows run as one right-padded batch, rows after a kept prefix as suffix batches
+    (``kept_kv.suffix_groups``). Returns each row's last position's logits [n, V] in row order and,
+    when asked, its final-norm hidden state there [n, H]."""
+    for slot, copy, offset in zip(slots, kept, offsets, strict=True):
+        if offset:
+            decoder.restore_kv(copy, slot, offset)
+    lengths = [embeds.shape[0] for embeds, _ in prompts]
+    fresh = [i for i, offset in enumerate(offsets) if not offset]
+    after = [i for i, offset in enumerate(offsets) if offset]
+    batches = [(fresh, False)] if fresh else []
+    for group in suffix_groups([offsets[i] for i in after], [lengths[i] for i in after], decoder.max_len):
+        batches.append(([after[k] for k in group], True))
+    logits: list[Any] = [None] * len(prompts)
+    last: list[Any] = [None] * len(prompts)
+    for which, suffix in batches:
+        embeds, positions = right_padded(
+            [(prompts[i][0][offsets[i] :], prompts[i][1][:, offsets[i] :]) for i in which],
+            dtype=decoder.dtype,
+            device=decoder.device,
+        )
+        rows_logits, hidden = decoder.prefill(
+            slots=[slots[i] for i in which],
+            embeds=embeds,
+            positions=positions,
+            lengths=[lengths[i] - offsets[i] for i in which],
+            want_hidden=want_hidden,
+            offsets=[offsets[i] for i in which] if suffix else None,
+        )
+        for k, i in enumerate(which):
+            logits[i] = rows_logits[k : k + 1]
+            if hidden is not None:
+                last[i] = hidden[k, lengths[i] - offsets[i] - 1][None]
+    return torch.cat(logits), torch.cat(last) if want_hidden else None

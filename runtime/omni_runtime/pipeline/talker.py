@@ -12,8 +12,10 @@ Conversation KV (``--session-kv-mb``): when a session's row ends, the talker KV 
 session's next turn restores the part of it that is exactly what a full prefill would compute and
 prefills only the rest. The talker's prompt vectors come from the thinker, and for the positions
 the thinker reused they are the kept vectors, bit for bit the ones this talker prefilled last
-turn; so a talker row reuses at most what its thinker reused (``prefix_limit``), and at most the
-previous turn's prompt (the reply after it was fed as codes, not as prompt).
+turn; so a talker row reuses at most the talker positions its thinker's reused positions cover
+(``prefix_limit``, mapped by the runner: ``KeepingTalkerRunner.shared_length``), and at most what
+the previous turn kept (``kept_length``: its prompt's shareable part; the reply after it was fed
+as codes, not as prompt).
 """
 
 from __future__ import annotations
@@ -22,11 +24,11 @@ import asyncio
 import logging
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
-from omni_runtime.contract.adapter import TalkerAdmission, TalkerRunner
+from omni_runtime.contract.adapter import KeepingTalkerRunner, TalkerAdmission, TalkerRunner
 from omni_runtime.pipeline.conversation_kv import ConversationKV, KeptPrefix, common_length
 from omni_runtime.pipeline.scheduler import FinishReason, plan_compaction
 from omni_runtime.pipeline.workers import SchedulerLoop, StageThread
@@ -122,19 +124,24 @@ class TalkerScheduler(SchedulerLoop[TalkerJob]):
         return len(self.waiting) + sum(j.finish is None for j in self.running)
 
     # -- conversation KV --------------------------------------------------------------------------
+    @property
+    def _keeping(self) -> KeepingTalkerRunner:
+        return cast(KeepingTalkerRunner, self.runner)  # only called where self.kv is enabled
+
     def _keeps(self, job: TalkerJob) -> bool:
         """Whether a row that ended leaves its prompt's KV for its session's next turn."""
-        prompt = len(job.admission.input_ids)
-        return (
-            job.session is not None and self.kv.enabled and job.finish != "error" and job.length >= prompt > 0
-        )
+        if job.session is None or not self.kv.enabled or job.finish == "error":
+            return False
+        return job.length >= self._keeping.kept_length(job.admission) > 0
 
     def _keep(self, jobs: list[TalkerJob]) -> list[Any]:
         """Talker thread: copy each ended session row's prompt KV out of its slot."""
         kept: list[Any] = []
         for job in jobs:
             try:
-                kept.append(self.runner.keep(slot=job.slot, length=len(job.admission.input_ids)))  # type: ignore[attr-defined]
+                kept.append(
+                    self._keeping.keep(slot=job.slot, length=self._keeping.kept_length(job.admission))
+                )
             except Exception:  # a copy that fails (out of memory) costs the next turn a prefill
                 log.exception("keeping the talker KV of session %s failed", job.session)
                 kept.append(None)
@@ -148,8 +155,9 @@ class TalkerScheduler(SchedulerLoop[TalkerJob]):
         if entry is None:
             return
         ids = job.admission.input_ids
-        length = min(job.prefix_limit, common_length(entry.ids, ids), len(ids) - 1)
-        self.kv.note_admission(reused=max(length, 0), prompt_tokens=len(ids))
+        shared = min(job.prefix_limit, common_length(entry.ids, ids))  # thinker positions as kept
+        length = self._keeping.shared_length(job.admission, shared)
+        self.kv.note_admission(reused=max(length, 0), prompt_tokens=self.runner.prompt_length(job.admission))
         if length > 0:
             job.admission = replace(job.admission, prefix=entry.payload, prefix_length=length)
 

@@ -104,13 +104,29 @@ async def _end(harness: Harness, session: str) -> None:
     harness.engine.end_session(session)
 
 
-def test_speech_turns_hand_the_talker_the_same_prompt(speech_engine: Harness) -> None:
+def talker_positions(harness: Harness, ids: list[int]) -> list[int]:
+    """The ids of a thinker prompt's positions the talker's prompt starts with, one each: all of
+    them for Qwen2.5-Omni; the user turns' for Qwen3-Omni (talker_prompt.user_positions)."""
+    from omni_runtime.models.qwen3_omni_moe.talker import Qwen3TalkerRunner
+    from omni_runtime.models.qwen3_omni_moe.talker_prompt import user_positions
+
+    runner = harness.engine.stages.local.talker.runner
+    if isinstance(runner, Qwen3TalkerRunner):
+        return [ids[i] for i in user_positions(ids, runner.turns)]
+    return list(ids)
+
+
+def test_speech_turns_hand_the_talker_the_same_prompt(family_speech_engine: Harness) -> None:
     """A speech turn after a kept prefix: the thinker's tokens equal a full prefill's; the talker
     restores its own kept KV of the previous turn's prompt (where the thinker reused, so its
-    vectors there are the kept ones), prefills the rest, and speaks the same audio."""
+    vectors there are the kept ones), prefills the rest, and speaks the same audio. Qwen2.5's
+    talker prompt is the thinker prompt, position for position; Qwen3's is the user turns (then
+    this turn's assistant part), so it keeps and reuses the first turn's user positions."""
+    speech_engine = family_speech_engine
     talker_kv = speech_engine.engine.stages.local.talker.kv
     turns = [ChatTurn(role="user", text="Say hi.", media=(tone(0.5),))]
     first_prompt = speech_engine.engine.adapter.preprocess(ask(turns, session=None)).input_ids
+    first_prompt = talker_positions(speech_engine, first_prompt)
     first = speech_engine.collect(ask(turns, session="conv-s", want_audio=True))
     turns += [ChatTurn(role="assistant", text=reply_text(first)), ChatTurn(role="user", text="Again.")]
     before = settled(speech_engine)
@@ -338,6 +354,25 @@ def test_qwen3_suffixes_with_deepstack_images_prefill_as_one_batch() -> None:
         harness.close()
 
 
+def assert_rows_agree(runner: Any, rows: list[Any]) -> None:
+    """Admit ``rows`` (slots 1 and 2: the same prompt, after a kept prefix and in full) together:
+    the same cache over the prompt, every layer, and the same greedy codes for 6 more steps."""
+    import torch
+
+    codes = [runner.admit(rows)]
+    length = runner.prompt_length(rows[1])
+    cache = runner.decoder.cache
+    for layer in range(len(cache.keys)):
+        for buffers in (cache.keys, cache.values):
+            torch.testing.assert_close(
+                buffers[layer][1, :, :length], buffers[layer][2, :, :length], rtol=1e-4, atol=1e-5
+            )
+    pad = runner.text_vector("pad")
+    for i in range(6):
+        codes.append(runner.step(3, inputs=[None, pad, pad], max_length=length + 1 + i)[1:])
+    assert all(step[0] == step[1] for step in codes), codes
+
+
 def test_the_talker_after_its_kept_prompt_writes_the_cache_a_full_prefill_writes(
     speech_engine: Harness,
 ) -> None:
@@ -370,23 +405,13 @@ def test_the_talker_after_its_kept_prompt_writes_the_cache_a_full_prefill_writes
         dataclasses.replace(longer, slot=1, prefix=kept, prefix_length=len(ids)),
         dataclasses.replace(longer, slot=2),
     ]
-    codes = [runner.admit(rows)]
-    length = runner.prompt_length(longer)
-    cache = runner.decoder.cache
-    for layer in range(len(cache.keys)):
-        for buffers in (cache.keys, cache.values):
-            torch.testing.assert_close(
-                buffers[layer][1, :, :length], buffers[layer][2, :, :length], rtol=1e-4, atol=1e-5
-            )
-    pad = runner.text_vector("pad")
-    for i in range(6):
-        codes.append(runner.step(3, inputs=[None, pad, pad], max_length=length + 1 + i)[1:])
-    assert all(step[0] == step[1] for step in codes), codes
+    assert_rows_agree(runner, rows)
 
 
-def test_the_talker_reuses_no_more_than_its_thinker_did(speech_engine: Harness) -> None:
+def test_the_talker_reuses_no_more_than_its_thinker_did(family_speech_engine: Harness) -> None:
     """Other audio where the first turn had some: the thinker's prefix stops at that audio's first
     placeholder, and the talker (whose vectors past it are new) stops there too."""
+    speech_engine = family_speech_engine
     talker_kv = speech_engine.engine.stages.local.talker.kv
     first = [ChatTurn(role="user", text="Listen.", media=(noise(0.6, seed=3),))]
     said = reply_text(speech_engine.collect(ask(first, session="conv-t", want_audio=True)))
@@ -400,4 +425,59 @@ def test_the_talker_reuses_no_more_than_its_thinker_did(speech_engine: Harness) 
     after, talker_after = settled(speech_engine), talker_kv.counters()
     thinker_reused = after.session_kv_reused_tokens - before.session_kv_reused_tokens
     assert thinker_reused > 0
-    assert talker_after.reused_tokens - talker_before.reused_tokens == thinker_reused
+    prompt = speech_engine.engine.adapter.preprocess(ask(other, session=None)).input_ids
+    expected = len(talker_positions(speech_engine, prompt[:thinker_reused]))
+    assert talker_after.reused_tokens - talker_before.reused_tokens == expected > 0
+
+
+def test_the_qwen3_talker_after_its_kept_user_turns_writes_what_a_full_prefill_writes(
+    qwen3_speech_engine: Harness,
+) -> None:
+    """Runner level, Qwen3-Omni: the talker keeps the first turn's user positions (its prompt's
+    assistant part is that turn's own); the next turn's row restored from them and prefilled after
+    them (this turn's user positions, its assistant part) holds the same cache as a row prefilled
+    in full, and draws the same greedy frames, in one admission."""
+    import dataclasses
+
+    import torch
+
+    from omni_runtime.contract.adapter import RowSampling, TalkerAdmission
+    from omni_runtime.models.qwen3_omni_moe.talker_prompt import ASSISTANT_HEADER
+
+    adapter = qwen3_speech_engine.engine.adapter
+    runner = adapter.talker_runner(slots=4, max_len=512)
+    hidden = runner.talker.text_projection.linear_fc1.in_features
+    generator = torch.Generator().manual_seed(7)
+    turns = [ChatTurn(role="system", text="Be brief."), ChatTurn(role="user", text="Hi.")]
+    first_ids = adapter.preprocess(ask(turns, session=None)).input_ids
+    turns += [ChatTurn(role="assistant", text="Hello there."), ChatTurn(role="user", text="More, please.")]
+    ids = adapter.preprocess(ask(turns, session=None)).input_ids
+    assert ids[: len(first_ids)] == first_ids
+    vectors = torch.randn(len(ids), hidden, generator=generator)
+    voice = next(iter(runner.speakers))
+    greedy = RowSampling(temperature=0.0)
+    first = TalkerAdmission(
+        0,
+        first_ids,
+        {},
+        vectors[: len(first_ids)],
+        11,
+        torch.randn(hidden, generator=generator),
+        voice,
+        greedy,
+    )
+    runner.admit([first])
+    kept_length = runner.kept_length(first)
+    # The user turn from its <|im_start|> through its <|im_end|>: not the system turn before it, not
+    # the assistant header after it.
+    user_start = first_ids.index(runner.turns.user) - 1
+    assert kept_length == len(first_ids) - user_start - ASSISTANT_HEADER
+    kept = runner.keep(slot=0, length=kept_length)
+    longer = dataclasses.replace(first, input_ids=ids, prompt_vectors=vectors, first_token=12)
+    reused = runner.shared_length(longer, len(first_ids))
+    assert reused == kept_length  # every kept user position, none of the first turn's assistant part
+    rows = [
+        dataclasses.replace(longer, slot=1, prefix=kept, prefix_length=reused),
+        dataclasses.replace(longer, slot=2),
+    ]
+    assert_rows_agree(runner, rows)

@@ -23,7 +23,7 @@ from omni_runtime.contract.adapter import TalkerAdmission, ThinkerAdmission, Thi
 from omni_runtime.executor.host_copy import to_device
 from omni_runtime.executor.kept_kv import KeptKV, media_agreement, suffix_groups
 from omni_runtime.executor.sampling import BatchSampler
-from omni_runtime.executor.slot_cache import SlotDecoder, right_padded
+from omni_runtime.executor.slot_cache import SlotDecoder, prefill_after_kept, right_padded
 from omni_runtime.models.common import audio_in_video
 
 
@@ -322,6 +322,12 @@ class QwenTalkerRunner:
     def prompt_length(self, row: TalkerAdmission) -> int:
         return len(row.input_ids) + 2  # the thinker prompt, the speaker's BOS, the first reply token
 
+    def kept_length(self, row: TalkerAdmission) -> int:
+        return len(row.input_ids)  # the thinker prompt's positions, one talker position each
+
+    def shared_length(self, row: TalkerAdmission, thinker_positions: int) -> int:
+        return min(thinker_positions, len(row.input_ids) - 1)
+
     @torch.inference_mode()
     def admit(self, rows: list[TalkerAdmission]) -> list[int]:
         """Prefill the rows' prompts in one right-padded batch and draw each row's first code.
@@ -335,34 +341,15 @@ class QwenTalkerRunner:
         prompts = [self._prompt(row) for row in rows]
         lengths = [embeds.shape[0] for embeds, _, _ in prompts]
         # A session's kept prompt KV goes back into the row's slot; the rest prefills after it.
-        offsets = [row.prefix_length if row.prefix is not None else 0 for row in rows]
-        for row, offset in zip(rows, offsets, strict=True):
-            if offset:
-                self.decoder.restore_kv(row.prefix, row.slot, offset)
-        out: list[Any] = [None] * len(rows)
-        fresh = [i for i, offset in enumerate(offsets) if not offset]
-        after = [i for i, offset in enumerate(offsets) if offset]
-        batches = [(fresh, False)] if fresh else []
-        for group in suffix_groups([offsets[i] for i in after], [lengths[i] for i in after], self.max_len):
-            batches.append(([after[k] for k in group], True))
-        for which, kept in batches:
-            embeds, positions = right_padded(
-                [(prompts[i][0][offsets[i] :], prompts[i][1][:, 0, offsets[i] :]) for i in which],
-                dtype=self.dtype,
-                device=self.device,
-            )
-            logits, _ = self.decoder.prefill(
-                slots=[rows[i].slot for i in which],
-                embeds=embeds,
-                positions=positions,
-                lengths=[lengths[i] - offsets[i] for i in which],
-                want_hidden=False,
-                offsets=[offsets[i] for i in which] if kept else None,
-            )
-            for k, i in enumerate(which):
-                out[i] = logits[k : k + 1]
-        logits = torch.cat(out)
         slots = [row.slot for row in rows]
+        logits, _ = prefill_after_kept(
+            self.decoder,
+            slots=slots,
+            prompts=[(embeds, positions[:, 0]) for embeds, positions, _ in prompts],
+            kept=[row.prefix for row in rows],
+            offsets=[row.prefix_length if row.prefix is not None else 0 for row in rows],
+            want_hidden=False,
+        )
         for row in rows:
             history = [self.codec_mask] * len(row.input_ids) + [self.codec_pad, self.codec_bos]
             # As generate(): the codec BOS is never sampled.

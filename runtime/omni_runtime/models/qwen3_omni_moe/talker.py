@@ -41,7 +41,7 @@ from omni_runtime.contract.adapter import RowSampling, TalkerAdmission
 from omni_runtime.contract.engine import EngineError
 from omni_runtime.executor.host_copy import to_device
 from omni_runtime.executor.sampling import BatchSampler
-from omni_runtime.executor.slot_cache import SlotDecoder, right_padded
+from omni_runtime.executor.slot_cache import SlotDecoder, prefill_after_kept
 from omni_runtime.models.qwen3_omni_moe.talker_prompt import (
     ASSISTANT_HEADER,
     TurnTokens,
@@ -75,6 +75,8 @@ class Projected:
 
 
 class Qwen3TalkerRunner:
+    keeps_kv = True  # conversation KV: ``keep`` and admissions after a kept prefix of the user turns
+
     def __init__(
         self,
         talker: Any,
@@ -170,6 +172,22 @@ class Qwen3TalkerRunner:
     def prompt_length(self, row: TalkerAdmission) -> int:
         return len(talker_prompt_ids(row.input_ids, self.turns, tts_pad=self.tts_pad_id))
 
+    def kept_length(self, row: TalkerAdmission) -> int:
+        """The user turns' positions: the assistant part after them is this turn's own."""
+        return len(user_positions(row.input_ids, self.turns))
+
+    def shared_length(self, row: TalkerAdmission, thinker_positions: int) -> int:
+        """The user positions among the thinker prompt's first ``thinker_positions``: a position's
+        turn depends only on the tokens before it, and its vector and rope position only on those
+        positions (projections per position; ``get_rope_index`` counts positions and media in
+        order), so they are the previous turn's talker positions, bit for bit."""
+        return len(user_positions(row.input_ids[:thinker_positions], self.turns))
+
+    @torch.inference_mode()
+    def keep(self, *, slot: int, length: int) -> torch.Tensor:
+        """The slot's first ``length`` positions (a session's user turns), kept for its next turn."""
+        return self.decoder.keep_kv(slot, length)
+
     # -- admission -----------------------------------------------------------------------------
     @torch.inference_mode()
     def admit(self, rows: list[TalkerAdmission]) -> list[tuple[int, ...]]:
@@ -184,21 +202,21 @@ class Qwen3TalkerRunner:
         prompts = [self._prompt(row) for row in rows]
         layouts = [self._positions(row) for row in rows]
         lengths = [p.shape[0] for p in prompts]
-        embeds, positions = right_padded(
-            [(prompt, pos[:, 0]) for prompt, (pos, _) in zip(prompts, layouts, strict=True)],
-            dtype=self.dtype,
-            device=self.device,
-        )
         slots = [row.slot for row in rows]
-        logits, hidden = self.decoder.prefill(
-            slots=slots, embeds=embeds, positions=positions, lengths=lengths, want_hidden=True
+        # A session's kept KV of its earlier user turns goes back into the row's slot; the rest
+        # (this turn's user positions and the assistant part) prefills after it.
+        logits, last = prefill_after_kept(
+            self.decoder,
+            slots=slots,
+            prompts=[(prompt, pos[:, 0]) for prompt, (pos, _) in zip(prompts, layouts, strict=True)],
+            kept=[row.prefix for row in rows],
+            offsets=[row.prefix_length if row.prefix is not None else 0 for row in rows],
+            want_hidden=True,
         )
-        assert hidden is not None
+        assert last is not None
         for row in rows:
             self._set_sampling(row)
         firsts = self.sampler.sample(logits, rows=slots)
-        ends = to_device(lengths, self.device, torch.long) - 1
-        last = hidden[torch.arange(len(rows), device=self.device), ends]
         frames, frame_embeds = self._predict(slots, firsts, last)
         for i, row in enumerate(rows):
             self.frame_embed[row.slot] = frame_embeds[i]
