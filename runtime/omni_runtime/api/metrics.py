@@ -175,6 +175,7 @@ class _EngineCollector(Collector):
             "omni_encoder_cache_bytes", "Bytes of encoder outputs kept.", value=stats.encoder_cache_bytes
         )
         yield from _session_kv_metrics(stats)
+        yield from _talker_kv_metrics(stats)
         yield from _gpu_metrics(stats)
         yield CounterMetricFamily(
             "omni_stage_stats_failures",
@@ -227,6 +228,25 @@ def _session_kv_metrics(stats: EngineStats) -> Iterator[GaugeMetricFamily | Coun
         ),
     ):
         yield GaugeMetricFamily(name, help_text, value=value)
+
+
+def _talker_kv_metrics(stats: EngineStats) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    """The talker's own kept KV of session prompts (pipeline/talker.py), beside the thinker's."""
+    counted = {
+        "hits": "Talker rows admitted after a kept KV prefix.",
+        "misses": "Talker rows of a session turn prefilled in full.",
+        "reused_tokens": "Talker prompt positions served from kept KV instead of a prefill.",
+        "prefilled_tokens": "Talker prompt positions of session turns that were prefilled.",
+        "evictions": "Kept talker KV dropped for room.",
+    }
+    for suffix, help_text in counted.items():
+        yield CounterMetricFamily(
+            f"omni_talker_kv_{suffix}", help_text, value=getattr(stats, f"talker_kv_{suffix}")
+        )
+    yield GaugeMetricFamily(
+        "omni_talker_kv_sessions", "Sessions with kept talker KV.", value=stats.talker_kv_entries
+    )
+    yield GaugeMetricFamily("omni_talker_kv_bytes", "Bytes of kept talker KV.", value=stats.talker_kv_bytes)
 
 
 def _gpu_metrics(stats: EngineStats) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:

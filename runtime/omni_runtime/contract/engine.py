@@ -182,6 +182,7 @@ class ProcessStats:
     stages: tuple[StageLoad, ...] = ()
     gpus: tuple[GpuMemory, ...] = ()
     session_kv: dict[str, int] = field(default_factory=dict)  # EngineStats' session_kv_* by suffix
+    talker_kv: dict[str, int] = field(default_factory=dict)  # EngineStats' talker_kv_* by suffix
 
 
 @dataclass(frozen=True)
@@ -225,6 +226,14 @@ class EngineStats:
     session_kv_shared_entries: int = 0
     session_kv_shared_hits: int = 0
     session_kv_shared_tokens: int = 0
+    # The talker's own kept KV of a session's prompt (pipeline/talker.py), by the same counts.
+    talker_kv_entries: int = 0
+    talker_kv_bytes: int = 0
+    talker_kv_hits: int = 0
+    talker_kv_misses: int = 0
+    talker_kv_reused_tokens: int = 0
+    talker_kv_prefilled_tokens: int = 0
+    talker_kv_evictions: int = 0
     gpus: tuple[GpuMemory, ...] = ()  # the GPUs this process and its stage processes allocated on
     # Scrapes where a stage process behind a stage link did not report its stats in time.
     remote_stats_failures: int = 0

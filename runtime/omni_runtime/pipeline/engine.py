@@ -18,7 +18,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -67,6 +67,16 @@ log = logging.getLogger(__name__)
 # Both families' feature extractors (Whisper's) make one frame per 10 ms of 16 kHz audio.
 HOP_SAMPLES = 160
 WINDOWS_AHEAD = 2
+
+
+_STATS_FIELDS = frozenset(f.name for f in fields(EngineStats))
+
+
+def _stats_fields(prefix: str, counters: dict[str, int]) -> dict[str, int]:
+    """A store's counters (conversation_kv.KVCounters by name) as the EngineStats fields it has."""
+    return {
+        f"{prefix}_{name}": value for name, value in counters.items() if f"{prefix}_{name}" in _STATS_FIELDS
+    }
 
 
 class PipelineEngine:
@@ -212,6 +222,7 @@ class PipelineEngine:
             (self.stages.local.process_stats(), *self._remote_stats) if self.stages is not None else ()
         )
         kv = next((p.session_kv for p in processes if p.session_kv), {})
+        talker_kv = next((p.talker_kv for p in processes if p.talker_kv), {})
         return EngineStats(
             queue_depth=sum(p.queue_depth for p in processes),
             running_batch=thinker.running_count if thinker is not None else 0,
@@ -225,7 +236,8 @@ class PipelineEngine:
             prefetch_submitted=prefetch.submitted if prefetch else 0,
             prefetch_done=prefetch.done if prefetch else 0,
             prefetch_failed=prefetch.failed if prefetch else 0,
-            **{f"session_kv_{name}": value for name, value in kv.items()},
+            **_stats_fields("session_kv", kv),
+            **_stats_fields("talker_kv", talker_kv),
             first_audio_phases=self.first_audio_phases.snapshot(),
             speech_replies=self._speech_replies,
             busy_first_windows=self._busy_first_windows,

@@ -226,12 +226,14 @@ class LocalStages:
         """This process's counters: its stage threads, its GPUs, the kept session KV where the
         thinker runs here (what a stage process answers ``stats.get`` with)."""
         kv = {} if self.thinker is None else asdict(self.thinker.kv.counters())
+        talker = {} if self.talker is None else asdict(self.talker.kv.counters())
         return ProcessStats(
             process=",".join(s.value for s in Stage if s.value in self.hosted),
             queue_depth=self.queue_depth(),
             stages=self.load(),
             gpus=gpu_memory(),
             session_kv=kv,
+            talker_kv=talker,
         )
 
     def queue_depth(self) -> int:

@@ -200,4 +200,5 @@ def unpack_process_stats(payload: dict[str, Any]) -> ProcessStats:
         stages=stages,
         gpus=tuple(GpuMemory(**gpu) for gpu in payload["gpus"]),
         session_kv={str(k): int(v) for k, v in payload["session_kv"].items()},
+        talker_kv={str(k): int(v) for k, v in payload["talker_kv"].items()},
     )

@@ -138,6 +138,15 @@ def test_speech_turns_hand_the_talker_the_same_prompt(family_speech_engine: Harn
     assert after.session_kv_hits - before.session_kv_hits == 1
     # the talker reused its previous prompt (the reply after it was codes, not prompt)
     assert talker_after.hits - talker_before.hits == 1
+    # ... and the worker's stats (/metrics: omni_talker_kv_*) say so
+    assert (after.talker_kv_hits, after.talker_kv_reused_tokens) == (
+        talker_after.hits,
+        talker_after.reused_tokens,
+    )
+    from omni_runtime.api.metrics import ApiMetrics
+
+    text = ApiMetrics(stats=lambda: after, in_flight=lambda: 0).render().decode()
+    assert f"omni_talker_kv_reused_tokens_total {float(talker_after.reused_tokens)}" in text
     assert talker_after.reused_tokens - talker_before.reused_tokens == len(first_prompt)
     assert token_ids(kept) == token_ids(full)
     audio = [np.concatenate([e.pcm for e in ev if isinstance(e, AudioChunk)]) for ev in (kept, full)]

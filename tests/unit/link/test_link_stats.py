@@ -26,6 +26,7 @@ REPORT = ProcessStats(
     ),
     gpus=(GpuMemory(0, 1_000, 2_000, 1, 0),),
     session_kv={"entries": 2, "hits": 5, "capacity_bytes": 64 << 20},
+    talker_kv={"entries": 1, "reused_tokens": 40},
 )  # fmt: skip
 
 
