@@ -26,6 +26,23 @@ READY_TIMEOUT_S = 1800.0  # a remote stage may be loading a large checkpoint
 STATS_TIMEOUT_S = 2.0  # a /metrics scrape waits this long at most for a stage process's counters
 
 
+def end_remote_session(
+    client: StageLinkClient, stage: str, session: str, pending: set[asyncio.Task[None]]
+) -> None:
+    """Tell a stage process to forget a session's kept KV (``<stage>.end_session``), in the
+    background; ``pending`` holds the task until it is done (tests await them)."""
+
+    async def end() -> None:
+        try:
+            await client.call_once(f"{stage}.end_session", {"session": session}, {})
+        except LinkError as exc:  # the remote store evicts it under pressure anyway
+            log.info("remote %s kept session %s: %s", stage, session, exc)
+
+    task = asyncio.get_running_loop().create_task(end())
+    pending.add(task)
+    task.add_done_callback(pending.discard)
+
+
 class RemoteThinker:
     def __init__(self, client: StageLinkClient) -> None:
         self.client = client
@@ -47,15 +64,7 @@ class RemoteThinker:
             task.cancel()  # closes the call: the remote scheduler frees the slot
 
     def end_session(self, session: str) -> None:
-        task = asyncio.get_running_loop().create_task(self._end_session(session))
-        self._ending.add(task)
-        task.add_done_callback(self._ending.discard)
-
-    async def _end_session(self, session: str) -> None:
-        try:
-            await self.client.call_once("thinker.end_session", {"session": session}, {})
-        except LinkError as exc:  # the remote store evicts it under pressure anyway
-            log.info("remote thinker kept session %s: %s", session, exc)
+        end_remote_session(self.client, "thinker", session, self._ending)
 
     @contextlib.asynccontextmanager
     async def hold(self) -> AsyncIterator[None]:
@@ -103,6 +112,7 @@ class RemoteTalker:
         self.client = client
         self._tasks: dict[TalkerJob, list[asyncio.Task[None]]] = {}
         self._feeds: dict[TalkerJob, asyncio.Queue[tuple[Any, int | None]]] = {}
+        self._ending: set[asyncio.Task[None]] = set()
 
     def submit(self, job: TalkerJob) -> None:
         loop = asyncio.get_running_loop()
@@ -124,8 +134,7 @@ class RemoteTalker:
         self._feeds.pop(job, None)
 
     def end_session(self, session: str) -> None:
-        """Nothing kept here: a remote talker prefills each turn's whole prompt (its jobs carry no
-        session over the link)."""
+        end_remote_session(self.client, "talker", session, self._ending)
 
     async def _feeder(self, job: TalkerJob) -> None:
         queue = self._feeds[job]
@@ -152,6 +161,8 @@ class RemoteTalker:
             "admission": payload,
             "max_codes": job.max_codes,
             "codes_per_text_token": job.codes_per_text_token,
+            "session": job.session,  # conversation KV: the talker process keeps the session's prompt KV
+            "prefix_limit": job.prefix_limit,
         }
         try:
             async with contextlib.aclosing(self.client.call("talker.generate", call, tensors)) as replies:

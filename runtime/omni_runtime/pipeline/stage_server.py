@@ -44,6 +44,7 @@ class StageHandlers:
         if "talker" in hosted:
             table["talker.generate"] = self.talker_generate
             table["talker.feed"] = self.talker_feed
+            table["talker.end_session"] = self.talker_end_session
             table["talker_stream.synthesize"] = self.synthesize
         return table
 
@@ -109,6 +110,11 @@ class StageHandlers:
         self.local.thinker.end_session(str(payload["session"]))
         return {}, {}
 
+    async def talker_end_session(self, payload: dict[str, Any], tensors: dict[str, Any]) -> Reply:
+        assert self.local.talker is not None
+        self.local.talker.end_session(str(payload["session"]))
+        return {}, {}
+
     async def talker_generate(self, payload: dict[str, Any], tensors: dict[str, Any]) -> AsyncIterator[Reply]:
         scheduler = self.local.talker
         assert scheduler is not None
@@ -118,6 +124,8 @@ class StageHandlers:
             request_id=request_id,
             max_codes=int(payload["max_codes"]),
             codes_per_text_token=int(payload["codes_per_text_token"]),
+            session=None if payload.get("session") is None else str(payload["session"]),
+            prefix_limit=int(payload.get("prefix_limit") or 0),
         )
         self._talker_jobs[request_id] = job
         for vector, text_done in self._early_feeds.pop(request_id, []):

@@ -201,6 +201,49 @@ def test_conversation_kv_through_a_stage_link(split_engine: Harness, speech_engi
     assert finished(split_engine.collect(ask(turns))).usage.cached_tokens == 0  # forgotten remotely
 
 
+def test_speech_turns_keep_the_talker_kv_in_the_talker_process(
+    split_engine: Harness, speech_engine: Harness
+) -> None:
+    """The session key also travels with the talker call: the talker process keeps the session's
+    prompt KV, restores it for the next speech turn (its counters reach the worker's stats), the
+    audio equals a full prefill's in one process, and end_session reaches the talker process too."""
+    engine = split_engine.engine
+
+    def ask(turns: list[ChatTurn], session: str | None = "talk-s") -> GenerationRequest:
+        spoken = request(max_tokens=6, want_audio=True, seed=5, talker_tokens=24)  # seeded: the vocoder too
+        return replace(spoken, turns=tuple(turns), session_key=session)
+
+    def talker_counts() -> tuple[int, int]:
+        split_engine.run(engine.refresh_stats())
+        stats = engine.stats()
+        return stats.talker_kv_hits, stats.talker_kv_reused_tokens
+
+    turns = [ChatTurn(role="user", text="Say something.")]
+    first = split_engine.collect(ask(turns))
+    first_prompt = len(engine.adapter.preprocess(ask(turns)).input_ids)
+    turns += [
+        ChatTurn(role="assistant", text="".join(e.text for e in first if isinstance(e, TextDelta))),
+        ChatTurn(role="user", text="Once more."),
+    ]
+    hits, reused = talker_counts()
+    second = split_engine.collect(ask(turns))
+    assert talker_counts() == (hits + 1, reused + first_prompt)  # Qwen2.5: the whole first prompt
+    full = speech_engine.collect(ask(turns, session=None))
+    assert token_ids(second) == token_ids(full)
+    audio = [np.concatenate([e.pcm for e in ev if isinstance(e, AudioChunk)]) for ev in (second, full)]
+    assert audio[0].size == audio[1].size > 0
+    assert np.abs(audio[0] - audio[1]).max() <= 1e-4 * np.abs(audio[1]).max()
+
+    async def end() -> None:
+        engine.end_session("talk-s")
+        await asyncio.gather(*engine.stages.thinker._ending, *engine.stages.talker._ending)
+
+    split_engine.run(end())
+    hits, reused = talker_counts()
+    split_engine.collect(ask(turns))
+    assert talker_counts() == (hits, reused)  # forgotten in the talker process: a full prefill
+
+
 def test_the_workers_stats_cover_its_stage_processes(split_engine: Harness) -> None:
     """/metrics of a split worker: each stage process reports its counters over its stage link
     (``stats.get``), merged into the worker's stats. Each stage once, wherever it runs; the kept
