@@ -240,7 +240,8 @@ def test_revert_mid_rollout_keeps_the_workers_of_the_target_revision(
     crds: ControlPlane, api: Api, namespace: str
 ) -> None:
     with running_operator(crds, namespace):
-        r0, pods_before = start(api, "revert", drainTimeoutSeconds=3)
+        # The revert must land while w0 drains, and w3's drain must fall between polls: 4 s each.
+        r0, pods_before = start(api, "revert", drainTimeoutSeconds=4)
         rec = Recorder(api, "revert", workers=3)
         api.patch_spec("revert", TALKER_2)
         rec.until("w0 draining", lambda st: rec.tables[-1].get("revert-w0", "").endswith(":draining"))
