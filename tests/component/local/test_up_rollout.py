@@ -103,7 +103,10 @@ def test_live_rollout_keeps_every_session_on_its_revision(
     (card,) = httpx.get(f"{up.url}/v1/models", timeout=30, trust_env=False).json()["data"]
     assert card["root"] == str(checkpoint), card
 
-    load = Load(up.url, sessions=3, requesters=1)
+    # Six long sessions over the two (then three) workers: the router keeps about two on each, so
+    # a worker drained with none live is rare (with three 400-token sessions, about half a second
+    # each, both drains once found none).
+    load = Load(up.url, sessions=6, requesters=1, session_tokens=1200)
     load.start()
     wait_until(lambda: len(load.snapshot()) >= 5, timeout=120, what="load running", tail=up.tail)
 
