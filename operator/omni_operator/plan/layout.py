@@ -89,6 +89,10 @@ class WorkerLayout:
     def local(self) -> bool:
         return self.target is Target.local
 
+    @property
+    def model_path(self) -> str:
+        return process_model_path(self.spec, local=self.local)
+
     def port(self, index: int, role: Role) -> int:
         if self.local:
             return self.base_port + 10 * index + LOCAL_OFFSETS[role]
@@ -117,7 +121,7 @@ class WorkerLayout:
             worker=name,
             revision=self.revision,
             host="127.0.0.1" if self.local else None,
-            model_path=process_model_path(self.spec, local=self.local),
+            model_path=self.model_path,
             architecture=self.architecture,
         )
         if self.spec.runtime.type is not RuntimeType.builtin:
@@ -194,7 +198,7 @@ class WorkerLayout:
             command = adapters.sglang_serve(
                 spec,
                 version=runtime_version(spec.runtime.type, spec.runtime.version) or "",
-                model_path=process_model_path(spec, local=self.local),
+                model_path=self.model_path,
                 architecture=self.architecture,
                 host=host,
                 port=port,
@@ -207,7 +211,7 @@ class WorkerLayout:
         else:
             command = adapters.vllm_serve(
                 spec,
-                model_path=process_model_path(spec, local=self.local),
+                model_path=self.model_path,
                 host="127.0.0.1" if self.local else None,
                 port=port,
                 deploy_config_path=f"{self.config_dir}/{adapters.VLLM_DEPLOY_CONFIG}",

@@ -41,18 +41,19 @@ class StageSet:
     def _at(self, stage: Stage) -> StageCalls:
         return self.linked.get(stage, self.local)
 
+    @property
+    def links(self) -> list[LinkedStages]:
+        """Each stage link once (one serves every stage its process hosts)."""
+        return list({id(link): link for link in self.linked.values()}.values())
+
     async def stop(self) -> None:
         await self.local.stop()
-        for link in {id(link): link for link in self.linked.values()}.values():
+        for link in self.links:
             await link.close()
-
-    def queue_depth(self) -> int:
-        return self.local.queue_depth()
 
     async def remote_stats(self) -> tuple[tuple[ProcessStats, ...], int]:
         """Each stage process's counters, asked at once; and how many did not answer in time."""
-        links = {id(link): link for link in self.linked.values()}.values()
-        answers = await asyncio.gather(*(link.stats() for link in links))
+        answers = await asyncio.gather(*(link.stats() for link in self.links))
         return tuple(a for a in answers if a is not None), sum(a is None for a in answers)
 
     async def preprocess(self, request: GenerationRequest) -> Prompt:
