@@ -269,3 +269,51 @@ def test_prefills_after_the_warm_up_compile_nothing(engine: Any) -> None:
         {"thinker": local.thinker.runner.decoder, "talker": local.talker.runner.decoder}
     )
     assert compiled == [], f"(stack, rows, length, kept prefix) compiled after start-up: {compiled}"
+
+
+def _turns(engine: Any, turns: list[ChatTurn], session: str | None) -> tuple[str, np.ndarray]:
+    """One greedy speech reply to ``turns``: its text and its audio."""
+    from omni_runtime.contract.engine import TextDelta
+
+    request = GenerationRequest(
+        request_id=f"q3-kv-{time.monotonic_ns()}",
+        turns=tuple(turns),
+        sampling=SamplingParams(max_tokens=10, temperature=0.0, seed=5, ignore_eos=True),
+        want_audio=True,
+        stage_params={"talker": {"max_tokens": 30}},
+        session_key=session,
+    )
+
+    async def collect() -> list[Any]:
+        events = [e async for e in engine.generate(request)]
+        while not engine.stages.local.quiet:  # the rows ended and their KV was kept
+            await asyncio.sleep(0.01)
+        return events
+
+    events = engine.run(collect())
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    return text, np.concatenate([e.pcm for e in events if isinstance(e, AudioChunk)])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_session_turn_restores_the_talkers_kept_kv(engine: Any, engine_bf16: Any, dtype: str) -> None:
+    """The second speech turn of a session restores the talker's kept KV of the first turn's user
+    positions and prefills only the rest (on CUDA: a suffix prefill with hidden states, then the
+    frame graphs). In float32 its audio is the audio of the same conversation prefilled in full;
+    in bfloat16 (the MoE stacks' prefill graphs) the kept prefix is counted and the reply has
+    the full prefill's length."""
+    built = engine if dtype == "float32" else engine_bf16
+    kv = built.stages.local.talker.kv
+    session = f"q3-gpu-kv-{dtype}"
+    turns = [ChatTurn(role="user", text="Say hello to me, please.")]
+    said, _ = _turns(built, turns, session)
+    turns += [ChatTurn(role="assistant", text=said), ChatTurn(role="user", text="Once more, louder.")]
+    before = kv.counters()
+    _, kept = _turns(built, turns, session)
+    after = kv.counters()
+    _, full = _turns(built, turns, None)
+    built.end_session(session)
+    assert after.hits - before.hits == 1 and after.reused_tokens > before.reused_tokens
+    assert kept.shape == full.shape and kept.size > 0 and np.isfinite(kept).all()
+    if dtype == "float32":
+        assert np.abs(kept - full).max() <= 1e-3 * np.abs(full).max()
