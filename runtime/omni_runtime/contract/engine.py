@@ -179,6 +179,8 @@ class ProcessStats:
 
     process: str  # the stages it hosts, comma-joined in stage order
     queue_depth: int = 0  # requests waiting for its encoders or a thinker slot
+    running_batch: int = 0  # the thinker's running rows, where the thinker runs in it
+    max_running_batch: int = 0  # ... and the largest batch it ran since its start
     stages: tuple[StageLoad, ...] = ()
     gpus: tuple[GpuMemory, ...] = ()
     session_kv: dict[str, int] = field(default_factory=dict)  # EngineStats' session_kv_* by suffix

@@ -215,7 +215,6 @@ class PipelineEngine:
         self._remote_stats_failures += failed
 
     def stats(self) -> EngineStats:
-        thinker = self.stages.thinker if self.stages is not None else None
         cache = self.encoders.cache.counters() if self.encoders is not None else None
         prefetch = self.encoders.counters() if self.encoders is not None else None
         processes = (
@@ -225,8 +224,8 @@ class PipelineEngine:
         talker_kv = next((p.talker_kv for p in processes if p.talker_kv), {})
         return EngineStats(
             queue_depth=sum(p.queue_depth for p in processes),
-            running_batch=thinker.running_count if thinker is not None else 0,
-            max_running_batch=thinker.max_running_batch if thinker is not None else 0,
+            running_batch=sum(p.running_batch for p in processes),
+            max_running_batch=max((p.max_running_batch for p in processes), default=0),
             active_requests=self._active,
             stages=tuple(load for p in processes for load in p.stages),
             encoder_cache_hits=cache.hits if cache else 0,

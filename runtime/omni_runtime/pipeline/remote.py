@@ -46,8 +46,6 @@ def end_remote_session(
 class RemoteThinker:
     def __init__(self, client: StageLinkClient) -> None:
         self.client = client
-        self.running_count = 0
-        self.max_running_batch = 0
         self._tasks: dict[ThinkerJob, asyncio.Task[None]] = {}
         self._ending: set[asyncio.Task[None]] = set()
 
@@ -92,8 +90,6 @@ class RemoteThinker:
                     if kind == "prompt_vectors":
                         job.events.put_nowait(("prompt_vectors", data["vectors"]))
                     elif kind == "token":
-                        self.running_count = int(reply["running"])
-                        self.max_running_batch = max(self.max_running_batch, int(reply["max_running"]))
                         job.reused = int(reply.get("reused", 0))
                         job.events.put_nowait(ThinkerToken(int(reply["token"]), data.get("vector")))
                     elif job.finish is None:

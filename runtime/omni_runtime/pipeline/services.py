@@ -230,6 +230,8 @@ class LocalStages:
         return ProcessStats(
             process=",".join(s.value for s in Stage if s.value in self.hosted),
             queue_depth=self.queue_depth(),
+            running_batch=0 if self.thinker is None else self.thinker.running_count,
+            max_running_batch=0 if self.thinker is None else self.thinker.max_running_batch,
             stages=self.load(),
             gpus=gpu_memory(),
             session_kv=kv,

@@ -91,13 +91,8 @@ class StageHandlers:
                 if isinstance(event, tuple):
                     yield {"type": "prompt_vectors"}, {"vectors": event[1]}
                 elif isinstance(event, ThinkerToken):
-                    stats = {
-                        "running": scheduler.running_count,
-                        "max_running": scheduler.max_running_batch,
-                        "reused": job.reused,
-                    }
                     extra = {"vector": event.vector} if event.vector is not None else {}
-                    yield {"type": "token", "token": event.token, **stats}, extra
+                    yield {"type": "token", "token": event.token, "reused": job.reused}, extra
                 elif isinstance(event, ThinkerDone):
                     yield {"type": "done", "reason": event.reason, "error": event.error}, {}
                     return
