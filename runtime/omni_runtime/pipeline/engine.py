@@ -209,7 +209,7 @@ class PipelineEngine:
     async def refresh_stats(self) -> None:
         """Ask the stage processes behind stage links for their counters (before a /metrics
         scrape): ``stats`` then reports every stage of the worker, wherever it runs."""
-        if self.stages is None or not self.stages.linked:
+        if self.stages is None or not self.stages.stat_links:
             return
         self._remote_stats, failed = await self.stages.remote_stats()
         self._remote_stats_failures += failed

@@ -51,9 +51,16 @@ class StageSet:
         for link in self.links:
             await link.close()
 
+    @property
+    def stat_links(self) -> list[LinkedStages]:
+        """Every stage process of the worker: the stage links, and the image encoder's own
+        process where this process runs it tensor-parallel there (LocalStages.vision_link)."""
+        vision = self.local.vision_link
+        return self.links if vision is None else [*self.links, vision]
+
     async def remote_stats(self) -> tuple[tuple[ProcessStats, ...], int]:
         """Each stage process's counters, asked at once; and how many did not answer in time."""
-        answers = await asyncio.gather(*(link.stats() for link in self.links))
+        answers = await asyncio.gather(*(link.stats() for link in self.stat_links))
         return tuple(a for a in answers if a is not None), sum(a is None for a in answers)
 
     async def preprocess(self, request: GenerationRequest) -> Prompt:

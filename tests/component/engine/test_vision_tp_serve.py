@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -106,6 +107,12 @@ def test_vision_tp2_answers_and_dies_with_its_worker(
     with serve(tiny_checkpoint, tmp_path, "--image-encoder-tp-size", "2") as split:
         stage, follower = split.pid(STAGE), split.pid(VISION_FOLLOWER)
         assert describe_image(split.url) == expected
+        # The image encoder's own process reports through the worker's scrape: its calls, and
+        # no stage process that failed to answer.
+        metrics = httpx.get(f"{split.url}/metrics", timeout=30).text
+        calls = re.search(r'^omni_stage_calls_total\{stage="image_encoder"\} (\S+)$', metrics, re.M)
+        assert calls is not None and float(calls.group(1)) >= 1, metrics
+        assert re.search(r"^omni_stage_stats_failures_total 0\.0$", metrics, re.M), metrics
         split.process.kill()  # no shutdown code runs in the worker
         split.process.wait(timeout=30)
         assert wait_gone([stage, follower]) == [], "the image-encoder processes outlived a killed worker"
