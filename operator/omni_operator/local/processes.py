@@ -89,15 +89,11 @@ def check_capacity(*, plan: Plan, available_gpus: int, gpu_offset: int = 0) -> N
 
 def check_checkpoint(spec: OmniDeploymentSpec) -> None:
     """Refuse to start (instead of a crash loop) when the stage processes would find no checkpoint
-    on this machine: a pvc source (only a cluster has one), or a directory without config.json."""
+    on this machine: a directory without config.json. (A pvc source never plans for this machine:
+    rules.check_local.)"""
     source = spec.model.source
     if source.type is SourceType.tiny:
         return
-    if source.type is SourceType.pvc:
-        raise LocalCapacityError(
-            "spec.model.source.type: pvc names a PersistentVolumeClaim, which only a cluster has; under "
-            "omni up use type hostPath with hostPath set to the checkpoint directory on this machine"
-        )
     path = Path(process_model_path(spec, local=True))
     if (path / "config.json").is_file():
         return

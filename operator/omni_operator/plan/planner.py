@@ -47,6 +47,8 @@ def plan_deployment(
     allocation = rules.allocate_gpus(spec)
     if target is Target.kubernetes:
         rules.check_nodes(spec, allocation)
+    else:
+        rules.check_local(spec)
     memory_gb = tier_memory_gb(spec.gpu.tier, spec.gpu.memory_gb)
     mem_fraction = spec.stages.thinker.mem_fraction_static or default_mem_fraction(spec.gpu.tier)
     params = spec.model.thinker_params_billions

@@ -366,6 +366,16 @@ def check_disjoint(allocation: GpuAllocation) -> None:
             )
 
 
+def check_local(spec: OmniDeploymentSpec) -> None:
+    """What only a cluster has: a PersistentVolumeClaim source cannot be read on this machine."""
+    if spec.model.source.type is SourceType.pvc:
+        raise PlanError(
+            "spec.model.source.type",
+            "pvc names a PersistentVolumeClaim, which only a cluster has",
+            "under omni up use type hostPath with hostPath set to the checkpoint directory on this machine",
+        )
+
+
 def check_nodes(spec: OmniDeploymentSpec, allocation: GpuAllocation) -> None:
     """Pods must fit a node: only the builtin thinker spans nodes, and only in whole nodes."""
     per_node = spec.gpu.gpus_per_node

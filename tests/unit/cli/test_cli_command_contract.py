@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from omni_operator.plan.main import plan_file
+from omni_operator.api.load import load_deployments
+from omni_operator.api.spec import ModelSource, SourceType
+from omni_operator.plan.planner import plan_deployment
 from omni_operator.plan.types import Target
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
@@ -31,8 +33,14 @@ def _parser(module: str):
 def _commands(program: str) -> list[tuple[str, tuple[str, ...]]]:
     found = []
     for name in BUILTIN:
+        (dep,) = load_deployments(EXAMPLES / name)
         for target in Target:
-            plan = plan_file(str(EXAMPLES / name), target=target)[0]
+            if target is Target.local and dep.spec.model.source.type is SourceType.pvc:
+                # omni up reads a checkpoint directory on this machine (a claim only a cluster has)
+                source = ModelSource(type=SourceType.host_path, host_path=dep.spec.model.path)
+                model = dep.spec.model.model_copy(update={"source": source})
+                dep = dep.model_copy(update={"spec": dep.spec.model_copy(update={"model": model})})
+            plan = plan_deployment(dep, target=target)
             for worker in plan.workers:
                 for pod in worker.pods:
                     if pod.container.command[:2] == ("omni", program):

@@ -11,7 +11,7 @@ import pytest
 
 from omni_operator.api.load import load_deployments, parse_deployments
 from omni_operator.api.runtime_env import OPERATOR_ENV
-from omni_operator.api.spec import OmniDeployment
+from omni_operator.api.spec import ModelSource, OmniDeployment, SourceType
 from omni_operator.local.default import DEFAULT_DEPLOYMENT_YAML
 from omni_operator.local.processes import (
     LocalCapacityError,
@@ -156,6 +156,10 @@ def test_spec_env_reaches_every_worker_process_over_the_inherited_one_and_not_th
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_every_name_local_mode_sets_is_refused_in_the_spec(path: Path) -> None:
     (example,) = load_deployments(path)
+    if example.spec.model.source.type is SourceType.pvc:  # only a cluster has one: a local directory
+        source = ModelSource(type=SourceType.host_path, host_path=example.spec.model.path)
+        model = example.spec.model.model_copy(update={"source": source})
+        example = example.model_copy(update={"spec": example.spec.model_copy(update={"model": model})})
     plan = plan_local(example, SETTINGS)
     written = {name for spec in process_specs(plan=plan, base_env={}) for name in spec.env}
     assert written <= OPERATOR_ENV.keys()
@@ -264,7 +268,6 @@ def test_where_the_processes_read_the_checkpoint(source: str, target: Target, ex
         ("image", "missing", False, "spec.model.path: {missing} is not a directory on this machine; with source type "
          "image omni up reads the checkpoint there on this machine: set spec.model.path to the checkpoint "
          "directory, or use source type hostPath with hostPath set to it"),
-        ("pvc", "dir", True, "spec.model.source.type: pvc names a PersistentVolumeClaim, which only a cluster has"),
     ],
 )  # fmt: skip
 def test_check_checkpoint_table(

@@ -7,6 +7,7 @@ from spec_builders import deployment
 
 from omni_operator.plan import PlanError, plan_deployment
 from omni_operator.plan.rules import GpuAllocation, check_disjoint
+from omni_operator.plan.types import Target
 
 MING = {"model.name": "Ming-flash-omni-2.0", "runtime.type": "sglang-omni"}
 CPU = {"gpu.tier": "cpu"}
@@ -260,6 +261,18 @@ def test_invalid_spec_message(settings: dict, message: str) -> None:
         plan_deployment(deployment(**settings))
     assert str(caught.value) == message
     assert message.startswith(caught.value.field + ": ")
+
+
+def test_a_pvc_source_plans_for_a_cluster_only() -> None:
+    """`omni plan --target local` (and so `omni up`) refuses what only a cluster can mount."""
+    pvc = deployment(**{"model.source.type": "pvc", "model.source.claimName": "models"})
+    assert plan_deployment(pvc, target=Target.kubernetes).workers
+    with pytest.raises(PlanError) as caught:
+        plan_deployment(pvc, target=Target.local)
+    assert str(caught.value) == (
+        "spec.model.source.type: pvc names a PersistentVolumeClaim, which only a cluster has; under omni up "
+        "use type hostPath with hostPath set to the checkpoint directory on this machine"
+    )
 
 
 def test_fit_check_passes_at_the_suggested_size() -> None:

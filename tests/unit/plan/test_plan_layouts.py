@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spec_builders import deployment, example
+from spec_builders import deployment, example, on_this_machine
 
 from omni_operator.plan import Role, Stage, Target, plan_deployment, worker_revision
 from omni_operator.plan.graph import pipeline_edges
@@ -27,7 +27,7 @@ def test_local_tiny_ports_and_router() -> None:
 
 
 def test_local_gpu_workers_get_host_gpus_after_the_offset() -> None:
-    dep = example("minicpm-o-duplex.yaml").model_copy(deep=True)
+    dep = on_this_machine(example("minicpm-o-duplex.yaml"))
     dep = dep.model_copy(update={"spec": dep.spec.model_copy(update={"workers": 2})})
     plan = plan_deployment(dep, target=Target.local, gpu_offset=2, base_port=7000, workers_file="/run/w.json")
     env = [
