@@ -389,3 +389,204 @@ def attention_kernel(
         tl.store(out_at, out.to(out_ptr.dtype.element_ty), mask=g_ok[:, None])
         tl.atomic_xchg(count_ptr + pair, 0)
     mark(trace_ptr, program, 5, TRACE)
+
+
+@triton.jit
+def _gate_up_tiles(
+    gw_ptr, experts, lanes, item, gate_items, stride_ge, stride_gn,
+    HIDDEN: tl.constexpr, H_PAD: tl.constexpr, INTERMEDIATE: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Gate-up item ``item`` (pair ``item // blocks``, its block of ``BLOCK_N`` units): the
+    expert's gate and up rows [BLOCK_N, H_PAD], loads only issued (zeros past ``gate_items``).
+    The expert comes from ``experts`` (every pair's, in registers): no load before the weights."""
+    blocks: tl.constexpr = (INTERMEDIATE + BLOCK_N - 1) // BLOCK_N
+    expert = tl.sum(tl.where(lanes == item // blocks, experts, 0), axis=0)
+    units = (item % blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, H_PAD)
+    ok = ((units < INTERMEDIATE) & (units * 0 + item < gate_items))[:, None] & (cols < HIDDEN)[None, :]
+    at = gw_ptr + expert * stride_ge + units[:, None] * stride_gn + cols[None, :]
+    gate = tl.load(at, mask=ok, other=0.0)
+    up = tl.load(at + INTERMEDIATE * stride_gn, mask=ok, other=0.0)
+    return gate, up
+
+
+@triton.jit
+def _gate_up_item(
+    gate, up, xs, act_ptr, item, gate_items, TOP_K: tl.constexpr, INTERMEDIATE: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """``silu(gate @ x) * (up @ x)`` of a gate-up item from its loaded rows, stored in ``act``;
+    ``xs``: every row's normed input [ROWS, H_PAD] in float32."""
+    blocks: tl.constexpr = (INTERMEDIATE + BLOCK_N - 1) // BLOCK_N
+    pair = item // blocks
+    r = tl.arange(0, ROWS)
+    x = tl.sum(tl.where((r == pair // TOP_K)[:, None], xs, 0.0), axis=0)
+    g = tl.sum(gate.to(tl.float32) * x[None, :], axis=1)
+    u = tl.sum(up.to(tl.float32) * x[None, :], axis=1)
+    act = g / (1.0 + tl.exp(-g)) * u
+    units = (item % blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ok = (units < INTERMEDIATE) & (units * 0 + item < gate_items)
+    tl.store(act_ptr + pair * INTERMEDIATE + units, act.to(act_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _down_tiles(
+    dw_ptr, res_ptr, experts, lanes, item, down_items, stride_de, stride_dh, stride_res,
+    HIDDEN: tl.constexpr, INTERMEDIATE: tl.constexpr, I_PAD: tl.constexpr, TOP_K: tl.constexpr,
+    K_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """Down item ``item`` (row ``item // blocks``, its block of ``BLOCK_D`` hidden units): the
+    row's experts' down rows [K_PAD, BLOCK_D, I_PAD] and its residual, loads only issued."""
+    blocks: tl.constexpr = (HIDDEN + BLOCK_D - 1) // BLOCK_D
+    token = item // blocks
+    ks = tl.arange(0, K_PAD)
+    real = ks < TOP_K
+    pairs = token * TOP_K + ks
+    chosen = tl.sum(tl.where(lanes[None, :] == pairs[:, None], experts[None, :], 0), axis=1)
+    units = (item % blocks) * BLOCK_D + tl.arange(0, BLOCK_D)
+    unit_ok = (units < HIDDEN) & (units * 0 + item < down_items)
+    cols = tl.arange(0, I_PAD)
+    at = dw_ptr + chosen[:, None, None] * stride_de + units[None, :, None] * stride_dh + cols[None, None, :]
+    ok = real[:, None, None] & unit_ok[None, :, None] & (cols < INTERMEDIATE)[None, None, :]
+    w = tl.load(at, mask=ok, other=0.0)
+    res = tl.load(res_ptr + token * stride_res + units, mask=unit_ok, other=0.0)
+    return w, res
+
+
+@triton.jit
+def _down_item(
+    w, res, acts, routes, out_ptr, item, down_items, stride_out, HIDDEN: tl.constexpr,
+    TOP_K: tl.constexpr, K_PAD: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """``res + sum_k route_k * down_k @ act_k`` of a down item from its loaded rows; ``acts``
+    [ROWS, K_PAD, I_PAD] and ``routes`` [ROWS, K_PAD]: every row's activations and weights."""
+    blocks: tl.constexpr = (HIDDEN + BLOCK_D - 1) // BLOCK_D
+    token = item // blocks
+    r = tl.arange(0, ROWS)
+    a = tl.sum(tl.where((r == token)[:, None, None], acts, 0.0), axis=0)  # [K_PAD, I_PAD]
+    route = tl.sum(tl.where((r == token)[:, None], routes, 0.0), axis=0)  # [K_PAD]
+    part = tl.sum(w.to(tl.float32) * a[:, None, :], axis=2)  # [K_PAD, BLOCK_D]
+    moe = tl.sum(part * route[:, None], axis=0).to(out_ptr.dtype.element_ty)
+    out = (res.to(tl.float32) + moe.to(tl.float32)).to(out_ptr.dtype.element_ty)
+    units = (item % blocks) * BLOCK_D + tl.arange(0, BLOCK_D)
+    tl.store(
+        out_ptr + token * stride_out + units, out, mask=(units < HIDDEN) & (units * 0 + item < down_items)
+    )
+
+
+@triton.jit
+def experts_stream_kernel(
+    x_ptr, index_ptr, weight_ptr, gw_ptr, act_ptr, dw_ptr, res_ptr, out_ptr, count_ptr, rows,
+    stride_x, stride_ge, stride_gn, stride_de, stride_dh, stride_res, stride_out,
+    HIDDEN: tl.constexpr, H_PAD: tl.constexpr, INTERMEDIATE: tl.constexpr, I_PAD: tl.constexpr,
+    TOP_K: tl.constexpr, K_PAD: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """The experts' gate-up and down as one persistent kernel whose programs keep weight loads in
+    flight from one item to the next (the layer's fifth and sixth kernels as one; issue 17).
+
+    Program ``p`` of ``P`` takes gate-up items ``p, p + P, ..`` (a pair's block of ``BLOCK_N``
+    units), then down items (a row's block of ``BLOCK_D`` hidden units) continuing the round. Two
+    items at a time: the loads of the next item are issued before the current one is computed, and
+    the expert of an item comes from every pair's routing read once into registers, so no item waits
+    for a load of its own before its weights stream. The first down item's rows are loaded before
+    the gate-up items. A program counts itself done with gate-up (a barrier, a releasing add); the
+    down items wait once for every program's count, then read every row's activations. With all
+    ``P`` programs resident at once (the caller sizes ``P`` to the GPU) no wait is forever; the last
+    program to finish resets the counts."""
+    if PDL:  # the routing comes from the kernel before
+        gdc_wait()
+        gdc_launch_dependents()
+    programs = tl.num_programs(0)
+    pid = tl.program_id(0)
+    gate_blocks: tl.constexpr = (INTERMEDIATE + BLOCK_N - 1) // BLOCK_N
+    down_blocks: tl.constexpr = (HIDDEN + BLOCK_D - 1) // BLOCK_D
+    PAIRS: tl.constexpr = ROWS * K_PAD
+    gate_items = rows * TOP_K * gate_blocks
+    down_items = rows * down_blocks
+    lanes = tl.arange(0, PAIRS)
+    experts = tl.load(index_ptr + lanes, mask=lanes < rows * TOP_K, other=0).to(tl.int64)
+    # This program's first down item's rows, streaming while its gate-up items run.
+    down = (pid - gate_items % programs + programs) % programs
+    w_next, res_next = _down_tiles(
+        dw_ptr, res_ptr, experts, lanes, down, down_items, stride_de, stride_dh, stride_res,
+        HIDDEN, INTERMEDIATE, I_PAD, TOP_K, K_PAD, BLOCK_D,
+    )  # fmt: skip
+    r = tl.arange(0, ROWS)
+    cols = tl.arange(0, H_PAD)
+    xs = tl.load(
+        x_ptr + r[:, None] * stride_x + cols[None, :],
+        mask=(r < rows)[:, None] & (cols < HIDDEN)[None, :],
+        other=0.0,
+    ).to(tl.float32)
+    item = pid
+    gate_a, up_a = _gate_up_tiles(
+        gw_ptr, experts, lanes, item, gate_items, stride_ge, stride_gn, HIDDEN, H_PAD, INTERMEDIATE, BLOCK_N
+    )
+    for _ in range(0, gate_items, 2 * programs):  # two of this program's items a round
+        gate_b, up_b = _gate_up_tiles(
+            gw_ptr, experts, lanes, item + programs, gate_items, stride_ge, stride_gn,
+            HIDDEN, H_PAD, INTERMEDIATE, BLOCK_N,
+        )  # fmt: skip
+        _gate_up_item(gate_a, up_a, xs, act_ptr, item, gate_items, TOP_K, INTERMEDIATE, ROWS, BLOCK_N)
+        gate_a, up_a = _gate_up_tiles(
+            gw_ptr, experts, lanes, item + 2 * programs, gate_items, stride_ge, stride_gn,
+            HIDDEN, H_PAD, INTERMEDIATE, BLOCK_N,
+        )  # fmt: skip
+        _gate_up_item(
+            gate_b, up_b, xs, act_ptr, item + programs, gate_items, TOP_K, INTERMEDIATE, ROWS, BLOCK_N
+        )
+        item += 2 * programs
+    tl.debug_barrier()  # every thread's act stores before the count that publishes them
+    tl.atomic_add(count_ptr, 1, sem="release")
+    # Every routing weight, then (once every program counted itself) every row's activations.
+    routes = tl.load(
+        weight_ptr + r[:, None] * TOP_K + tl.arange(0, K_PAD)[None, :],
+        mask=(r < rows)[:, None] & (tl.arange(0, K_PAD) < TOP_K)[None, :],
+        other=0.0,
+    ).to(tl.float32)
+    seen = tl.atomic_add(count_ptr, 0, sem="acquire")
+    while seen < programs:
+        seen = tl.atomic_add(count_ptr, 0, sem="acquire")
+    i = tl.arange(0, I_PAD)
+    ks = tl.arange(0, K_PAD)
+    pairs = r[:, None] * TOP_K + ks[None, :]
+    ok = ((r < rows)[:, None] & (ks < TOP_K)[None, :])[:, :, None] & (i < INTERMEDIATE)[None, None, :]
+    acts = tl.load(
+        act_ptr + pairs[:, :, None] * INTERMEDIATE + i[None, None, :],
+        mask=ok,
+        other=0.0,
+        cache_modifier=".cg",
+    ).to(tl.float32)
+    for _ in range(down, down_items, 2 * programs):
+        w_b, res_b = _down_tiles(
+            dw_ptr, res_ptr, experts, lanes, down + programs, down_items, stride_de, stride_dh, stride_res,
+            HIDDEN, INTERMEDIATE, I_PAD, TOP_K, K_PAD, BLOCK_D,
+        )  # fmt: skip
+        _down_item(
+            w_next,
+            res_next,
+            acts,
+            routes,
+            out_ptr,
+            down,
+            down_items,
+            stride_out,
+            HIDDEN,
+            TOP_K,
+            K_PAD,
+            ROWS,
+            BLOCK_D,
+        )
+        w_next, res_next = _down_tiles(
+            dw_ptr, res_ptr, experts, lanes, down + 2 * programs, down_items, stride_de, stride_dh, stride_res,
+            HIDDEN, INTERMEDIATE, I_PAD, TOP_K, K_PAD, BLOCK_D,
+        )  # fmt: skip
+        _down_item(
+            w_b, res_b, acts, routes, out_ptr, down + programs, down_items, stride_out, HIDDEN, TOP_K, K_PAD, ROWS, BLOCK_D
+        )  # fmt: skip
+        down += 2 * programs
+    done = tl.atomic_add(count_ptr + 1, 1, sem="acq_rel")
+    if done == programs - 1:  # every program is past its wait: zero the counts for the next use
+        tl.atomic_xchg(count_ptr, 0)
+        tl.atomic_xchg(count_ptr + 1, 0)
