@@ -68,6 +68,7 @@ STREAM_PER_SM = 1
 STREAM_WARPS = 8
 STREAM_UNITS = 4  # intermediate units a gate-up item
 STREAM_DOWN = 2  # hidden units a down item
+STREAM_STAGES = 4  # items in flight a program (Triton's software pipelining of each loop)
 
 
 @dataclass(frozen=True)
@@ -334,12 +335,13 @@ def _streamed_experts(
     options: dict[str, Any] = dict(
         HIDDEN=size, H_PAD=_pow2(size), INTERMEDIATE=intermediate, I_PAD=_pow2(intermediate),
         TOP_K=w.top_k, K_PAD=_pow2(w.top_k), ROWS=padded, BLOCK_N=STREAM_UNITS, BLOCK_D=STREAM_DOWN,
+        STAGES=STREAM_STAGES,
         PDL=layer.pdl, num_warps=STREAM_WARPS, **pdl,
     )  # fmt: skip
     cuda = normed.device.type == "cuda"
     if cuda:  # the driver refuses a grid that cannot be resident at once, instead of a hang
         options["launch_cooperative_grid"] = True
-    key = (rows, STREAM_PER_SM, STREAM_WARPS, STREAM_UNITS, STREAM_DOWN)
+    key = (rows, STREAM_PER_SM, STREAM_WARPS, STREAM_UNITS, STREAM_DOWN, STREAM_STAGES)
     if key not in layer.experts_grid:
         compiled = k.experts_stream_kernel.warmup(*args, grid=(1,), **options) if cuda else None
         layer.experts_grid[key] = stream_programs(normed.device, items, compiled)

@@ -480,38 +480,31 @@ def experts_stream_kernel(
     stride_x, stride_ge, stride_gn, stride_de, stride_dh, stride_res, stride_out,
     HIDDEN: tl.constexpr, H_PAD: tl.constexpr, INTERMEDIATE: tl.constexpr, I_PAD: tl.constexpr,
     TOP_K: tl.constexpr, K_PAD: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_D: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """The experts' gate-up and down as one persistent kernel whose programs keep weight loads in
     flight from one item to the next (the layer's fifth and sixth kernels as one; issue 17).
 
     Program ``p`` of ``P`` takes gate-up items ``p, p + P, ..`` (a pair's block of ``BLOCK_N``
-    units), then down items (a row's block of ``BLOCK_D`` hidden units) continuing the round. Two
-    items at a time: the loads of the next item are issued before the current one is computed, and
-    the expert of an item comes from every pair's routing read once into registers, so no item waits
-    for a load of its own before its weights stream. The first down item's rows are loaded before
-    the gate-up items. A program counts itself done with gate-up (a barrier, a releasing add); the
-    down items wait once for every program's count, then read every row's activations. With all
-    ``P`` programs resident at once (the caller sizes ``P`` to the GPU) no wait is forever; the last
-    program to finish resets the counts."""
+    units), then down items (a row's block of ``BLOCK_D`` hidden units) continuing the round. An
+    item's expert comes from every pair's routing, read once into registers, so its weights' address
+    needs no load and Triton pipelines each loop (``STAGES``: items whose weights are on their way to
+    shared memory while one is computed). A program counts itself done with gate-up (a barrier, a
+    releasing add); the down items wait once for every program's count, then read every row's
+    activations. With all ``P`` programs resident at once (the caller sizes ``P`` to the GPU) no
+    wait is forever; the last program to finish resets the counts."""
     if PDL:  # the routing comes from the kernel before
         gdc_wait()
         gdc_launch_dependents()
     programs = tl.num_programs(0)
     pid = tl.program_id(0)
-    gate_blocks: tl.constexpr = (INTERMEDIATE + BLOCK_N - 1) // BLOCK_N
     down_blocks: tl.constexpr = (HIDDEN + BLOCK_D - 1) // BLOCK_D
+    gate_blocks: tl.constexpr = (INTERMEDIATE + BLOCK_N - 1) // BLOCK_N
     PAIRS: tl.constexpr = ROWS * K_PAD
     gate_items = rows * TOP_K * gate_blocks
     down_items = rows * down_blocks
     lanes = tl.arange(0, PAIRS)
     experts = tl.load(index_ptr + lanes, mask=lanes < rows * TOP_K, other=0).to(tl.int64)
-    # This program's first down item's rows, streaming while its gate-up items run.
-    down = (pid - gate_items % programs + programs) % programs
-    w_next, res_next = _down_tiles(
-        dw_ptr, res_ptr, experts, lanes, down, down_items, stride_de, stride_dh, stride_res,
-        HIDDEN, INTERMEDIATE, I_PAD, TOP_K, K_PAD, BLOCK_D,
-    )  # fmt: skip
     r = tl.arange(0, ROWS)
     cols = tl.arange(0, H_PAD)
     xs = tl.load(
@@ -519,37 +512,34 @@ def experts_stream_kernel(
         mask=(r < rows)[:, None] & (cols < HIDDEN)[None, :],
         other=0.0,
     ).to(tl.float32)
-    item = pid
-    gate_a, up_a = _gate_up_tiles(
-        gw_ptr, experts, lanes, item, gate_items, stride_ge, stride_gn, HIDDEN, H_PAD, INTERMEDIATE, BLOCK_N
-    )
-    for _ in range(0, gate_items, 2 * programs):  # two of this program's items a round
-        gate_b, up_b = _gate_up_tiles(
-            gw_ptr, experts, lanes, item + programs, gate_items, stride_ge, stride_gn,
-            HIDDEN, H_PAD, INTERMEDIATE, BLOCK_N,
-        )  # fmt: skip
-        _gate_up_item(gate_a, up_a, xs, act_ptr, item, gate_items, TOP_K, INTERMEDIATE, ROWS, BLOCK_N)
-        gate_a, up_a = _gate_up_tiles(
-            gw_ptr, experts, lanes, item + 2 * programs, gate_items, stride_ge, stride_gn,
-            HIDDEN, H_PAD, INTERMEDIATE, BLOCK_N,
-        )  # fmt: skip
-        _gate_up_item(
-            gate_b, up_b, xs, act_ptr, item + programs, gate_items, TOP_K, INTERMEDIATE, ROWS, BLOCK_N
+    for item in tl.range(pid, gate_items, programs, num_stages=STAGES):
+        gate, up = _gate_up_tiles(
+            gw_ptr,
+            experts,
+            lanes,
+            item,
+            gate_items,
+            stride_ge,
+            stride_gn,
+            HIDDEN,
+            H_PAD,
+            INTERMEDIATE,
+            BLOCK_N,
         )
-        item += 2 * programs
+        _gate_up_item(gate, up, xs, act_ptr, item, gate_items, TOP_K, INTERMEDIATE, ROWS, BLOCK_N)
     tl.debug_barrier()  # every thread's act stores before the count that publishes them
     tl.atomic_add(count_ptr, 1, sem="release")
     # Every routing weight, then (once every program counted itself) every row's activations.
+    ks = tl.arange(0, K_PAD)
     routes = tl.load(
-        weight_ptr + r[:, None] * TOP_K + tl.arange(0, K_PAD)[None, :],
-        mask=(r < rows)[:, None] & (tl.arange(0, K_PAD) < TOP_K)[None, :],
+        weight_ptr + r[:, None] * TOP_K + ks[None, :],
+        mask=(r < rows)[:, None] & (ks < TOP_K)[None, :],
         other=0.0,
     ).to(tl.float32)
     seen = tl.atomic_add(count_ptr, 0, sem="acquire")
     while seen < programs:
         seen = tl.atomic_add(count_ptr, 0, sem="acquire")
     i = tl.arange(0, I_PAD)
-    ks = tl.arange(0, K_PAD)
     pairs = r[:, None] * TOP_K + ks[None, :]
     ok = ((r < rows)[:, None] & (ks < TOP_K)[None, :])[:, :, None] & (i < INTERMEDIATE)[None, None, :]
     acts = tl.load(
@@ -558,34 +548,15 @@ def experts_stream_kernel(
         other=0.0,
         cache_modifier=".cg",
     ).to(tl.float32)
-    for _ in range(down, down_items, 2 * programs):
-        w_b, res_b = _down_tiles(
-            dw_ptr, res_ptr, experts, lanes, down + programs, down_items, stride_de, stride_dh, stride_res,
+    first = (pid - gate_items % programs + programs) % programs  # down item d goes to (gate_items + d) % P
+    for down in tl.range(first, down_items, programs, num_stages=STAGES):
+        w, res = _down_tiles(
+            dw_ptr, res_ptr, experts, lanes, down, down_items, stride_de, stride_dh, stride_res,
             HIDDEN, INTERMEDIATE, I_PAD, TOP_K, K_PAD, BLOCK_D,
         )  # fmt: skip
         _down_item(
-            w_next,
-            res_next,
-            acts,
-            routes,
-            out_ptr,
-            down,
-            down_items,
-            stride_out,
-            HIDDEN,
-            TOP_K,
-            K_PAD,
-            ROWS,
-            BLOCK_D,
+            w, res, acts, routes, out_ptr, down, down_items, stride_out, HIDDEN, TOP_K, K_PAD, ROWS, BLOCK_D
         )
-        w_next, res_next = _down_tiles(
-            dw_ptr, res_ptr, experts, lanes, down + 2 * programs, down_items, stride_de, stride_dh, stride_res,
-            HIDDEN, INTERMEDIATE, I_PAD, TOP_K, K_PAD, BLOCK_D,
-        )  # fmt: skip
-        _down_item(
-            w_b, res_b, acts, routes, out_ptr, down + programs, down_items, stride_out, HIDDEN, TOP_K, K_PAD, ROWS, BLOCK_D
-        )  # fmt: skip
-        down += 2 * programs
     done = tl.atomic_add(count_ptr + 1, 1, sem="acq_rel")
     if done == programs - 1:  # every program is past its wait: zero the counts for the next use
         tl.atomic_xchg(count_ptr, 0)

@@ -208,7 +208,7 @@ def test_layer_kernels_compile_for_hopper_without_a_gpu(pdl: bool) -> None:
         ["rows", "stride_x", "stride_ge", "stride_gn", "stride_de", "stride_dh", "stride_res", "stride_out"],
         [],
         {"HIDDEN": 2048, "H_PAD": 2048, "INTERMEDIATE": 768, "I_PAD": 1024, "TOP_K": 8, "K_PAD": 8, "ROWS": 1,
-         "BLOCK_N": 4, "BLOCK_D": 2, "PDL": pdl},
+         "BLOCK_N": 4, "BLOCK_D": 2, "STAGES": 4, "PDL": pdl},
         {"index_ptr": "*i64", "count_ptr": "*i32"},
     )  # fmt: skip
     # Its programs publish their gate-up items (a releasing add after a barrier) and wait for every

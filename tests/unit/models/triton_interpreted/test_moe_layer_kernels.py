@@ -195,7 +195,7 @@ def test_streamed_experts_items_cover_every_block_once(rows: int, programs: int)
             x.stride(0), gate_up.stride(0), gate_up.stride(1), down.stride(0), down.stride(1),
             mid.stride(0), out.stride(0),
             HIDDEN=hidden, H_PAD=64, INTERMEDIATE=inter, I_PAD=64, TOP_K=top_k, K_PAD=2, ROWS=padded,
-            BLOCK_N=4, BLOCK_D=8, PDL=False,
+            BLOCK_N=4, BLOCK_D=8, STAGES=3, PDL=False,
         )  # fmt: skip
         assert count.tolist() == [0, 0]  # the last program reset both counts
     expected = mid.clone()
