@@ -22,13 +22,13 @@ from omni_runtime.executor import moe_layer
 # (experts_stream_kernel), at its launch values, beside the served gate-up and down kernels.
 SHAPES: list[dict[str, Any]] = [
     {},
-    {"STREAMED_EXPERTS": True},
-    {"STREAMED_EXPERTS": True, "STREAM_PER_SM": 2},
-    {"STREAMED_EXPERTS": True, "STREAM_PER_SM": 2, "STREAM_STAGES": 3},
     {"STREAMED_EXPERTS": True, "STREAM_PER_SM": 4, "STREAM_STAGES": 2, "STREAM_WARPS": 4},
-    {"STREAMED_EXPERTS": True, "STREAM_PER_SM": 2, "STREAM_WARPS": 4},
-    {"STREAMED_EXPERTS": True, "STREAM_STAGES": 6},
-    {"STREAMED_EXPERTS": True, "STREAM_UNITS": 8, "STREAM_STAGES": 3},
+    {"STREAMED_EXPERTS": True, "STREAM_PER_SM": 4, "STREAM_STAGES": 2, "STREAM_WARPS": 4, "STREAM_DOWN": 1},
+    {"STREAMED_EXPERTS": True, "STREAM_PER_SM": 4, "STREAM_STAGES": 2, "STREAM_WARPS": 4, "STREAM_UNITS": 2},
+    {"STREAMED_EXPERTS": True, "STREAM_PER_SM": 4, "STREAM_STAGES": 2, "STREAM_WARPS": 4, "STREAM_UNITS": 8},
+    {"STREAMED_EXPERTS": True, "STREAM_PER_SM": 6, "STREAM_STAGES": 2, "STREAM_WARPS": 2},
+    {"STREAMED_EXPERTS": True, "STREAM_PER_SM": 3, "STREAM_STAGES": 3, "STREAM_WARPS": 4},
+    {"STREAMED_EXPERTS": True, "STREAM_PER_SM": 4, "STREAM_STAGES": 2, "STREAM_WARPS": 4},
     {},
 ]
 SERVED = {name: getattr(moe_layer, name) for shape in SHAPES for name in shape}
