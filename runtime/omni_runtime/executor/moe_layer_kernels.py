@@ -536,24 +536,26 @@ def experts_stream_kernel(
         mask=(r < rows)[:, None] & (ks < TOP_K)[None, :],
         other=0.0,
     ).to(tl.float32)
-    seen = tl.atomic_add(count_ptr, 0, sem="acquire")
-    while seen < programs:
-        seen = tl.atomic_add(count_ptr, 0, sem="acquire")
     i = tl.arange(0, I_PAD)
     pairs = r[:, None] * TOP_K + ks[None, :]
     ok = ((r < rows)[:, None] & (ks < TOP_K)[None, :])[:, :, None] & (i < INTERMEDIATE)[None, None, :]
-    acts = tl.load(
-        act_ptr + pairs[:, :, None] * INTERMEDIATE + i[None, None, :],
-        mask=ok,
-        other=0.0,
-        cache_modifier=".cg",
-    ).to(tl.float32)
+    acts = tl.zeros([ROWS, K_PAD, I_PAD], act_ptr.dtype.element_ty)
     first = (pid - gate_items % programs + programs) % programs  # down item d goes to (gate_items + d) % P
     for down in tl.range(first, down_items, programs, num_stages=STAGES):
         w, res = _down_tiles(
             dw_ptr, res_ptr, experts, lanes, down, down_items, stride_de, stride_dh, stride_res,
             HIDDEN, INTERMEDIATE, I_PAD, TOP_K, K_PAD, BLOCK_D,
         )  # fmt: skip
+        if down == first:  # once, with the first items' rows already on their way: every count
+            seen = tl.atomic_add(count_ptr, 0, sem="acquire")
+            while seen < programs:
+                seen = tl.atomic_add(count_ptr, 0, sem="acquire")
+            acts = tl.load(  # in the activations' own dtype: half the registers of float32
+                act_ptr + pairs[:, :, None] * INTERMEDIATE + i[None, None, :],
+                mask=ok,
+                other=0.0,
+                cache_modifier=".cg",
+            )
         _down_item(
             w, res, acts, routes, out_ptr, down, down_items, stride_out, HIDDEN, TOP_K, K_PAD, ROWS, BLOCK_D
         )
