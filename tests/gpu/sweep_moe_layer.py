@@ -18,18 +18,13 @@ from omni_runtime.bench.decode_moe import build
 from omni_runtime.executor import moe_layer
 
 # Each shape: overrides of executor.moe_layer's launch values (the first and last: as served). The
-# experts as one persistent kernel whose programs keep the next item's weights in flight
-# (experts_stream_kernel), at its launch values, beside the served gate-up and down kernels.
+# attention's keys a loop step (tests/gpu/layer_phases.py: a split's 64 keys took 2.5 µs in two steps
+# of 32 after 128 cached tokens, with HBM idle).
 SHAPES: list[dict[str, Any]] = [
     {},
-    {"STREAMED_EXPERTS": True, "STREAM_PER_SM": 4, "STREAM_STAGES": 2, "STREAM_WARPS": 4},
-    {"STREAMED_EXPERTS": True, "STREAM_PER_SM": 4, "STREAM_STAGES": 2, "STREAM_WARPS": 4, "STREAM_DOWN": 1},
-    {"STREAMED_EXPERTS": True, "STREAM_PER_SM": 4, "STREAM_STAGES": 2, "STREAM_WARPS": 4, "STREAM_UNITS": 2},
-    {"STREAMED_EXPERTS": True, "STREAM_PER_SM": 4, "STREAM_STAGES": 2, "STREAM_WARPS": 4, "STREAM_UNITS": 8},
-    {"STREAMED_EXPERTS": True, "STREAM_PER_SM": 5, "STREAM_STAGES": 2, "STREAM_WARPS": 4},
-    {"STREAMED_EXPERTS": True, "STREAM_PER_SM": 6, "STREAM_STAGES": 2, "STREAM_WARPS": 2},
-    {"STREAMED_EXPERTS": True, "STREAM_PER_SM": 3, "STREAM_STAGES": 3, "STREAM_WARPS": 4},
-    {"STREAMED_EXPERTS": True, "STREAM_PER_SM": 4, "STREAM_STAGES": 2, "STREAM_WARPS": 4},
+    {"BLOCK_N": 64},
+    {"BLOCK_N": 64, "KEYS_PER_SPLIT": 128},
+    {"BLOCK_N": 16},
     {},
 ]
 SERVED = {name: getattr(moe_layer, name) for shape in SHAPES for name in shape}

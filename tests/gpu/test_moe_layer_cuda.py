@@ -18,7 +18,6 @@ pytest.importorskip("triton")
 
 from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as hf  # noqa: E402
 
-from omni_runtime.executor import moe_layer  # noqa: E402
 from omni_runtime.executor.slot_cache import SlotKVCache  # noqa: E402
 from omni_runtime.models.qwen3_omni_moe.attention import fuse_qkv  # noqa: E402
 from omni_runtime.models.qwen3_omni_moe.config import released_30b_a3b_config  # noqa: E402
@@ -70,19 +69,11 @@ def _inputs(text, rotary, write: list[int], view: int):
     return at, hidden, cos_sin, mask
 
 
-def _stream(monkeypatch: pytest.MonkeyPatch, streamed: bool) -> None:
-    """The experts through ``experts_stream_kernel`` (every row count) or the two kernels."""
-    monkeypatch.setattr(moe_layer, "STREAMED_EXPERTS", streamed)
-    monkeypatch.setattr(moe_layer, "STREAM_ROWS", moe_layer.MAX_ROWS if streamed else 1)
-
-
 @pytest.mark.parametrize(
     ("write", "view"), [([100], 256), ([0], 256), ([700], 1024), ([5, 300], 512), ([3, 250, 511, 40], 512)]
 )
 @pytest.mark.parametrize("mode", ["fused", "pdl"])
-@pytest.mark.parametrize("streamed", [False, True], ids=["two-experts-kernels", "streamed-experts"])
-def test_fused_layer_equals_transformers_layer(stack, write, view, mode, streamed, monkeypatch) -> None:
-    _stream(monkeypatch, streamed)
+def test_fused_layer_equals_transformers_layer(stack, write, view, mode) -> None:
     text, layers, rotary = stack
     at, hidden, cos_sin, mask = _inputs(text, rotary, write, view)
     expected_cache, got_cache = _cache(text, at, view), _cache(text, at, view)
@@ -100,13 +91,10 @@ def test_fused_layer_equals_transformers_layer(stack, write, view, mode, streame
         mine, theirs = getattr(got_cache, name)[0], getattr(expected_cache, name)[0]
         assert (mine.float() - theirs.float()).abs().max().item() <= 3e-2 * theirs.float().abs().max().item()
     assert not fused[0].attention_count.any() and not fused[0].router_count.any()
-    assert not fused[0].experts_count.any()
 
 
 @pytest.mark.parametrize("mode", ["fused", "pdl"])
-@pytest.mark.parametrize("streamed", [False, True], ids=["two-experts-kernels", "streamed-experts"])
-def test_fused_layer_replays_from_a_cuda_graph(stack, mode, streamed, monkeypatch) -> None:
-    _stream(monkeypatch, streamed)
+def test_fused_layer_replays_from_a_cuda_graph(stack, mode) -> None:
     text, layers, rotary = stack
     at, hidden, cos_sin, mask = _inputs(text, rotary, [17, 400], 512)
     fused = fused_decode_layers(layers, list(layers), mode)

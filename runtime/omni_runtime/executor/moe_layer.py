@@ -59,16 +59,6 @@ ROUTER_EXPERTS = 2  # router rows per router program
 KEYS_PER_SPLIT = 64  # least cached keys one attention program walks
 ATTENTION_PROGRAMS = 128  # attention programs wanted in all (rows x key/value heads x splits)
 MAX_SPLITS = 16  # splits a (row, key/value head) pair at most: the last one merges them in turn
-# The experts as one persistent kernel whose programs keep the next item's weights in flight
-# (moe_layer_kernels.experts_stream_kernel) instead of the gate-up and down kernels, for decode
-# steps of up to STREAM_ROWS rows: its programs a multiprocessor, warps, and item blocks.
-STREAMED_EXPERTS = False
-STREAM_ROWS = 1
-STREAM_PER_SM = 1
-STREAM_WARPS = 8
-STREAM_UNITS = 4  # intermediate units a gate-up item
-STREAM_DOWN = 2  # hidden units a down item
-STREAM_STAGES = 4  # items in flight a program (Triton's software pipelining of each loop)
 
 
 @dataclass(frozen=True)
@@ -127,8 +117,6 @@ class FusedMoeDecodeLayer:
         # Zero between uses: each kernel's last program resets what it counted.
         self.attention_count = torch.zeros(MAX_ROWS * weights.kv_heads, dtype=torch.int32, device=device)
         self.router_count = torch.zeros(1, dtype=torch.int32, device=device)
-        self.experts_count = torch.zeros(2, dtype=torch.int32, device=device)  # the streamed experts'
-        self.experts_grid: dict[tuple[Any, ...], int] = {}  # its programs, by launch shape
         # Each program's global-timer marks when set (trace_buffer; tests/gpu/layer_phases.py)
         self.trace: torch.Tensor | None = None
 
@@ -186,35 +174,6 @@ def split_plan(rows: int, kv_heads: int, view: int) -> tuple[int, int]:
     least = -(-KEYS_PER_SPLIT // BLOCK_N)
     programs = min(ATTENTION_PROGRAMS, MAX_SPLITS * rows * kv_heads)
     return decode_attention.split_plan(rows, kv_heads, view, programs=programs, least_blocks=least)
-
-
-def stream_programs(device: torch.device, items: int, compiled: Any = None) -> int:
-    """Programs of the streamed experts kernel: all resident at once (its down items wait for the
-    gate-up items of every program), so at most what fits on every multiprocessor together
-    (``resident_programs`` of the compiled kernel), ``STREAM_PER_SM`` a multiprocessor and one an
-    item; one on a CPU, where Triton's interpreter runs programs in turn."""
-    if device.type != "cuda":
-        return 1
-    fits = 1
-    if compiled is not None:
-        compiled._init_handles()
-        fits = resident_programs(compiled.n_regs, compiled.metadata.num_warps, compiled.metadata.shared)
-    return max(1, min(items, min(STREAM_PER_SM, fits) * _multiprocessors(device.index or 0)))
-
-
-def resident_programs(registers: int, warps: int, shared: int) -> int:
-    """How many programs of a kernel one Hopper multiprocessor holds at once: 64K registers
-    (allocated 256 a warp at a time), 64 warps, 32 programs, 228 KB of shared memory (1 KB of it
-    reserved a program); at least one."""
-    per_warp = -(-max(registers, 1) * 32 // 256) * 256
-    by_registers = (65536 // per_warp) // warps
-    by_shared = (228 * 1024) // (shared + 1024)
-    return max(1, min(by_registers, 64 // warps, 32, by_shared))
-
-
-@functools.cache
-def _multiprocessors(index: int) -> int:
-    return int(torch.cuda.get_device_properties(index).multi_processor_count)
 
 
 def experts_shape() -> moe_decode.LaunchConfig:
@@ -294,8 +253,6 @@ def decode_step(
     intermediate = w.down.shape[-1]
     shape = experts_shape()
     act = torch.empty(rows * w.top_k, intermediate, dtype=dtype, device=device)
-    if STREAMED_EXPERTS and rows <= STREAM_ROWS:
-        return _streamed_experts(layer, normed, index, weights, act, mid, padded, pdl)
     k.gate_up_kernel[(rows * w.top_k, _cdiv(intermediate, shape.gate_rows))](
         normed, index, w.gate_up, act, normed.stride(0), w.gate_up.stride(0), w.gate_up.stride(1),
         HIDDEN=size, INTERMEDIATE=intermediate, TOP_K=w.top_k, BLOCK_N=shape.gate_rows,
@@ -308,44 +265,6 @@ def decode_step(
         HIDDEN=size, INTERMEDIATE=intermediate, I_PAD=_pow2(intermediate), TOP_K=w.top_k,
         K_PAD=_pow2(w.top_k), BLOCK_D=DOWN_ROWS, PDL=layer.pdl, num_warps=DOWN_WARPS, **pdl, **marks(5),
     )  # fmt: skip
-    return out
-
-
-def _streamed_experts(
-    layer: FusedMoeDecodeLayer,
-    normed: torch.Tensor,
-    index: torch.Tensor,
-    weights: torch.Tensor,
-    act: torch.Tensor,
-    mid: torch.Tensor,
-    padded: int,
-    pdl: dict[str, Any],
-) -> torch.Tensor:
-    """The experts of a decode step through ``experts_stream_kernel``: the layer's output."""
-    w, k = layer.weights, _kernels()
-    rows, size = normed.shape
-    intermediate = w.down.shape[-1]
-    out = torch.empty_like(mid)
-    items = rows * w.top_k * _cdiv(intermediate, STREAM_UNITS)
-    args = (
-        normed, index, weights, w.gate_up, act, w.down, mid, out, layer.experts_count, rows,
-        normed.stride(0), w.gate_up.stride(0), w.gate_up.stride(1), w.down.stride(0), w.down.stride(1),
-        mid.stride(0), out.stride(0),
-    )  # fmt: skip
-    options: dict[str, Any] = dict(
-        HIDDEN=size, H_PAD=_pow2(size), INTERMEDIATE=intermediate, I_PAD=_pow2(intermediate),
-        TOP_K=w.top_k, K_PAD=_pow2(w.top_k), ROWS=padded, BLOCK_N=STREAM_UNITS, BLOCK_D=STREAM_DOWN,
-        STAGES=STREAM_STAGES,
-        PDL=layer.pdl, num_warps=STREAM_WARPS, **pdl,
-    )  # fmt: skip
-    cuda = normed.device.type == "cuda"
-    if cuda:  # the driver refuses a grid that cannot be resident at once, instead of a hang
-        options["launch_cooperative_grid"] = True
-    key = (rows, STREAM_PER_SM, STREAM_WARPS, STREAM_UNITS, STREAM_DOWN, STREAM_STAGES)
-    if key not in layer.experts_grid:
-        compiled = k.experts_stream_kernel.warmup(*args, grid=(1,), **options) if cuda else None
-        layer.experts_grid[key] = stream_programs(normed.device, items, compiled)
-    k.experts_stream_kernel[(layer.experts_grid[key],)](*args, **options)
     return out
 
 

@@ -69,10 +69,7 @@ def step_inputs(rotary, write: list[int], view: int, dtype: torch.dtype):
         ([0, 511, 64, 63], 512),  # four rows, split edges
     ],
 )
-@pytest.mark.parametrize("streamed", [False, True], ids=["two-experts-kernels", "streamed-experts"])
-def test_fused_layer_equals_transformers_layer(write, view, streamed, monkeypatch) -> None:
-    monkeypatch.setattr(moe_layer, "STREAMED_EXPERTS", streamed)
-    monkeypatch.setattr(moe_layer, "STREAM_ROWS", moe_layer.MAX_ROWS)
+def test_fused_layer_equals_transformers_layer(write, view) -> None:
     _, layers, rotary = stack()
     at, hidden, cos_sin, mask = step_inputs(rotary, write, view, torch.float32)
     expected_cache, got_cache = slot_cache(at, view, torch.float32), slot_cache(at, view, torch.float32)
@@ -91,7 +88,6 @@ def test_fused_layer_equals_transformers_layer(write, view, streamed, monkeypatc
     layer = fused[0]
     assert isinstance(layer, moe_layer.FusedMoeDecodeLayer)
     assert not layer.attention_count.any() and not layer.router_count.any()  # reset for the next step
-    assert not layer.experts_count.any()
 
 
 def test_a_prefill_or_a_large_batch_goes_to_the_wrapped_layer() -> None:
@@ -167,43 +163,3 @@ def test_routing_equals_a_stable_sort_with_ties(seed: int) -> None:
     top, expected = (t[:, :4] for t in torch.sort(prob, dim=-1, descending=True, stable=True))
     assert torch.equal(index, expected)
     torch.testing.assert_close(weights, top / top.sum(-1, keepdim=True))
-
-
-@pytest.mark.parametrize(("rows", "programs"), [(1, 1), (1, 3), (2, 5), (3, 4), (4, 7)])
-def test_streamed_experts_items_cover_every_block_once(rows: int, programs: int) -> None:
-    """``experts_stream_kernel`` with several programs (each taking two items a round, the last
-    round part empty): every gate-up and down block computed once, equal to the experts in
-    float32. The interpreter runs programs in turn, so the test stands in for the wait: a first
-    launch writes every activation (its down items read what is there), then, with the count
-    already at ``programs`` again, a second launch reads them all."""
-    hidden, inter, experts, top_k = 48, 40, 6, 2  # below their blocks' powers of two: masked edges
-    g = torch.Generator().manual_seed(rows * 10 + programs)
-    x = torch.randn(rows, hidden, generator=g)
-    gate_up = torch.randn(experts, 2 * inter, hidden, generator=g) / hidden**0.5
-    down = torch.randn(experts, hidden, inter, generator=g) / inter**0.5
-    mid = torch.randn(rows, hidden, generator=g)
-    index = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(rows)])
-    weights = torch.rand(rows, top_k, generator=g)
-    act = torch.full((rows * top_k, inter), float("nan"))
-    out = torch.empty_like(mid)
-    count = torch.zeros(2, dtype=torch.int32)
-    padded = 1 << (rows - 1).bit_length()
-    for _ in range(2):
-        count[0] = programs  # stands in for every program's gate-up count (see the docstring)
-        moe_layer._kernels().experts_stream_kernel[(programs,)](
-            x, index, weights, gate_up, act, down, mid, out, count, rows,
-            x.stride(0), gate_up.stride(0), gate_up.stride(1), down.stride(0), down.stride(1),
-            mid.stride(0), out.stride(0),
-            HIDDEN=hidden, H_PAD=64, INTERMEDIATE=inter, I_PAD=64, TOP_K=top_k, K_PAD=2, ROWS=padded,
-            BLOCK_N=4, BLOCK_D=8, STAGES=3, PDL=False,
-        )  # fmt: skip
-        assert count.tolist() == [0, 0]  # the last program reset both counts
-    expected = mid.clone()
-    for row in range(rows):
-        for k in range(top_k):
-            e = int(index[row, k])
-            h = gate_up[e] @ x[row]
-            a = torch.nn.functional.silu(h[:inter]) * h[inter:]
-            torch.testing.assert_close(act[row * top_k + k], a, rtol=1e-5, atol=1e-5)
-            expected[row] += weights[row, k] * (down[e] @ a)
-    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
