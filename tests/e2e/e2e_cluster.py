@@ -187,11 +187,11 @@ class ControlPlane:
         return result
 
     def stop(self) -> None:
-        # Reverse start order: clients first, etcd last.
+        # Reverse start order, each gone before the next is asked: clients first, etcd last. (Asked
+        # all at once, etcd went first and the API server spent its whole 15 s wait retrying it.)
         for component in reversed(list(self.components.values())):
             if component.proc.poll() is None:
                 component.proc.terminate()
-        for component in reversed(list(self.components.values())):
             try:
                 component.proc.wait(timeout=15)
             except subprocess.TimeoutExpired:

@@ -118,7 +118,7 @@ def start_worker(
     finally:
         server.should_exit = True
         thread.join(timeout=5)
-        if thread.is_alive():  # say what it still serves (full CI runs once spent the whole 30 s here)
+        if thread.is_alive():  # say what it still serves
             state = server.server_state
             frame = sys._current_frames().get(thread.ident or -1)
             print(

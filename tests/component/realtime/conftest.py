@@ -175,7 +175,7 @@ def _live(family: str) -> Iterator[LiveWorker]:
         print(f"\nthe live {family} worker's loop had ended: {holder.get('error')!r}", file=sys.__stderr__)
         return
     thread.join(timeout=5)
-    if thread.is_alive():  # say where it waits (full CI runs once took the whole 30 s here)
+    if thread.is_alive():  # say where it waits
         frame = sys._current_frames().get(thread.ident or -1)
         where = "".join(traceback.format_stack(frame)) if frame is not None else "(no frame)"
         try:  # and what its loop still runs (read from another thread: a diagnostic only)
