@@ -7,12 +7,13 @@ step. Every program the planner names must have a parser: a missing one fails.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from omni_operator.api.load import load_deployments
-from omni_operator.api.spec import ModelSource, SourceType
+from omni_operator.api.spec import OmniDeployment
 from omni_operator.plan.planner import plan_deployment
 from omni_operator.plan.types import Target
 
@@ -30,17 +31,14 @@ def _parser(module: str):
     return importlib.import_module(module).build_parser()
 
 
-def _commands(program: str) -> list[tuple[str, tuple[str, ...]]]:
+def _commands(
+    program: str, local: Callable[[OmniDeployment], OmniDeployment]
+) -> list[tuple[str, tuple[str, ...]]]:
     found = []
     for name in BUILTIN:
         (dep,) = load_deployments(EXAMPLES / name)
         for target in Target:
-            if target is Target.local and dep.spec.model.source.type is SourceType.pvc:
-                # omni up reads a checkpoint directory on this machine (a claim only a cluster has)
-                source = ModelSource(type=SourceType.host_path, host_path=dep.spec.model.path)
-                model = dep.spec.model.model_copy(update={"source": source})
-                dep = dep.model_copy(update={"spec": dep.spec.model_copy(update={"model": model})})
-            plan = plan_deployment(dep, target=target)
+            plan = plan_deployment(local(dep) if target is Target.local else dep, target=target)
             for worker in plan.workers:
                 for pod in worker.pods:
                     if pod.container.command[:2] == ("omni", program):
@@ -58,9 +56,11 @@ def _commands(program: str) -> list[tuple[str, tuple[str, ...]]]:
         ("router", "omni_runtime.router.main"),
     ],
 )
-def test_runtime_parsers_accept_planned_commands(program: str, module: str) -> None:
+def test_runtime_parsers_accept_planned_commands(
+    program: str, module: str, local_checkpoint: Callable[[OmniDeployment], OmniDeployment]
+) -> None:
     parser = _parser(module)
-    commands = _commands(program)
+    commands = _commands(program, local_checkpoint)
     assert commands, f"no planned `omni {program}` command to check"
     for where, argv in commands:
         try:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from omni_operator.api.load import load_deployments, parse_deployments
 from omni_operator.api.runtime_env import OPERATOR_ENV
-from omni_operator.api.spec import ModelSource, OmniDeployment, SourceType
+from omni_operator.api.spec import OmniDeployment
 from omni_operator.local.default import DEFAULT_DEPLOYMENT_YAML
 from omni_operator.local.processes import (
     LocalCapacityError,
@@ -154,13 +155,11 @@ def test_spec_env_reaches_every_worker_process_over_the_inherited_one_and_not_th
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
-def test_every_name_local_mode_sets_is_refused_in_the_spec(path: Path) -> None:
+def test_every_name_local_mode_sets_is_refused_in_the_spec(
+    path: Path, local_checkpoint: Callable[[OmniDeployment], OmniDeployment]
+) -> None:
     (example,) = load_deployments(path)
-    if example.spec.model.source.type is SourceType.pvc:  # only a cluster has one: a local directory
-        source = ModelSource(type=SourceType.host_path, host_path=example.spec.model.path)
-        model = example.spec.model.model_copy(update={"source": source})
-        example = example.model_copy(update={"spec": example.spec.model_copy(update={"model": model})})
-    plan = plan_local(example, SETTINGS)
+    plan = plan_local(local_checkpoint(example), SETTINGS)
     written = {name for spec in process_specs(plan=plan, base_env={}) for name in spec.env}
     assert written <= OPERATOR_ENV.keys()
 

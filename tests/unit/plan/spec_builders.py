@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from omni_operator.api.load import load_deployments
-from omni_operator.api.spec import ModelSource, OmniDeployment, SourceType
+from omni_operator.api.spec import OmniDeployment
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
@@ -14,17 +14,6 @@ EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 def example(name: str) -> OmniDeployment:
     (dep,) = load_deployments(EXAMPLES / name)
     return dep
-
-
-def on_this_machine(dep: OmniDeployment) -> OmniDeployment:
-    """``dep`` as `omni up` would run it: its checkpoint read from ``model.path`` on this machine
-    (a hostPath source) where it names a PersistentVolumeClaim, which only a cluster has."""
-    source = dep.spec.model.source
-    if source.type is not SourceType.pvc:
-        return dep
-    local = ModelSource(type=SourceType.host_path, host_path=dep.spec.model.path)
-    model = dep.spec.model.model_copy(update={"source": local})
-    return dep.model_copy(update={"spec": dep.spec.model_copy(update={"model": model})})
 
 
 def deployment(name: str = "demo", **settings: Any) -> OmniDeployment:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from spec_builders import deployment, example, on_this_machine
+from collections.abc import Callable
 
+from spec_builders import deployment, example
+
+from omni_operator.api.spec import OmniDeployment
 from omni_operator.plan import Role, Stage, Target, plan_deployment, worker_revision
 from omni_operator.plan.graph import pipeline_edges
 
@@ -26,8 +29,10 @@ def test_local_tiny_ports_and_router() -> None:
     )  # fmt: skip
 
 
-def test_local_gpu_workers_get_host_gpus_after_the_offset() -> None:
-    dep = on_this_machine(example("minicpm-o-duplex.yaml"))
+def test_local_gpu_workers_get_host_gpus_after_the_offset(
+    local_checkpoint: Callable[[OmniDeployment], OmniDeployment],
+) -> None:
+    dep = local_checkpoint(example("minicpm-o-duplex.yaml"))
     dep = dep.model_copy(update={"spec": dep.spec.model_copy(update={"workers": 2})})
     plan = plan_deployment(dep, target=Target.local, gpu_offset=2, base_port=7000, workers_file="/run/w.json")
     env = [
