@@ -14,6 +14,7 @@ import argparse
 import torch
 import triton
 import triton.language as tl
+from cuda_graphs import capture  # tests/gpu, beside this script
 
 
 @triton.jit
@@ -28,17 +29,8 @@ def _read(x_ptr, out_ptr, n, BLOCK: tl.constexpr, PER: tl.constexpr):
 
 
 def _timed(fn, buffers: list[torch.Tensor], reps: int = 5) -> float:
-    """µs a read: ``fn`` over every buffer, captured once, replayed ``reps`` times."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for b in buffers:
-            fn(b)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for b in buffers:
-            fn(b)
+    """µs a read: ``fn`` over every buffer, captured once, replayed ``reps`` times (the mean)."""
+    graph = capture(lambda: [fn(b) for b in buffers])
     graph.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

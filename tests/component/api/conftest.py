@@ -9,10 +9,8 @@ the talker with ``stage_params.talker.max_tokens`` so the random talker stays qu
 from __future__ import annotations
 
 import socket
-import sys
 import threading
 import time
-import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,18 +115,7 @@ def start_worker(
         yield Worker(url=url, engine=engine, media_dir=media_dir)
     finally:
         server.should_exit = True
-        thread.join(timeout=5)
-        if thread.is_alive():  # say what it still serves
-            state = server.server_state
-            frame = sys._current_frames().get(thread.ident or -1)
-            print(
-                f"\nthe worker on {url} is still stopping after 5 s: {len(state.connections)} connections "
-                f"{[repr(c) for c in state.connections]}, {len(state.tasks)} tasks, "
-                f"{engine.stats().active_requests} active requests, at:\n"
-                + ("".join(traceback.format_stack(frame)) if frame is not None else "(no frame)"),
-                file=sys.__stderr__,
-            )
-            thread.join(timeout=25)
+        thread.join(timeout=30)
 
 
 @pytest.fixture(scope="session")

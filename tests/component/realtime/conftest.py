@@ -22,7 +22,6 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,17 +173,7 @@ def _live(family: str) -> Iterator[LiveWorker]:
         # worker was gone; what ended the loop afterwards is worth a trace, not a failed run.
         print(f"\nthe live {family} worker's loop had ended: {holder.get('error')!r}", file=sys.__stderr__)
         return
-    thread.join(timeout=5)
-    if thread.is_alive():  # say where it waits
-        frame = sys._current_frames().get(thread.ident or -1)
-        where = "".join(traceback.format_stack(frame)) if frame is not None else "(no frame)"
-        try:  # and what its loop still runs (read from another thread: a diagnostic only)
-            tasks = [repr(t) for t in asyncio.all_tasks(holder["live"].loop)]
-        except RuntimeError as exc:
-            tasks = [f"(tasks unreadable: {exc})"]
-        where += "tasks:\n  " + "\n  ".join(tasks)
-        print(f"\nthe live {family} worker is still stopping after 5 s, at:\n{where}", file=sys.__stderr__)
-        thread.join(timeout=25)
+    thread.join(timeout=30)
 
 
 @pytest.fixture(scope="session")
