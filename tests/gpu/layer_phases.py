@@ -31,11 +31,16 @@ from omni_runtime.models.qwen3_omni_moe.config import released_30b_a3b_config
 from omni_runtime.models.qwen3_omni_moe.decode_layer import fused_decode_layers
 
 KERNELS = ("qkv", "attention", "o", "router", "gate_up", "down")
+ROW_KERNELS = ("qkv", "attention", "o", "moe")  # one row with moe_experts.cu: its marks in the router's slot
 # Own phases: (name, from mark, to mark, over programs "all" or the "last" one to finish)
 PHASES = {
     "attention": (("q/k norms, rotary, new key stored", 1, 2), ("split's keys", 2, 3), ("counter", 3, 4)),
     "router": (("norm and logits", 1, 3), ("counter", 3, 4)),
-}
+    "moe": (
+        ("norm and logits", 1, 2), ("all logits and routing", 2, 3), ("gate-up stream", 3, 4),
+        ("every activation read", 4, 6), ("down rows' wait", 6, 7), ("down", 7, 5),
+    ),
+}  # fmt: skip
 CALLS = 8
 
 
@@ -89,15 +94,18 @@ def measure(text, layers, rotary, rows: int, cached: int) -> list[str]:
             layer.trace.zero_()
         graph.replay()
         torch.cuda.synchronize()
-    return analyse([layer.trace.cpu() for layer in chain], rows, cached)  # type: ignore[union-attr]
+    kernels = ROW_KERNELS if rows == 1 and chain[0].row is not None else KERNELS
+    return analyse([layer.trace.cpu() for layer in chain], rows, cached, kernels)  # type: ignore[union-attr]
 
 
-def analyse(marks: list[torch.Tensor], rows: int, cached: int) -> list[str]:
+def analyse(
+    marks: list[torch.Tensor], rows: int, cached: int, kernels: tuple[str, ...] = KERNELS
+) -> list[str]:
     """The table of ``measure`` from each chained call's marks ([kernels, programs, 8], ns)."""
     rows_out: dict[str, list[list[float]]] = {}
     previous_end: int | None = None
     for trace in marks:
-        for k, name in enumerate(KERNELS):
+        for k, name in enumerate(kernels):
             t = trace[k]
             used = t[:, 0] > 0
             t = t[used]
@@ -122,7 +130,7 @@ def analyse(marks: list[torch.Tensor], rows: int, cached: int) -> list[str]:
         f"{'kernel':10} {'programs':>8} {'entry first/last':>17} {'released first/median/last':>27} {'done':>6}",
     ]
     added = 0.0
-    for name in KERNELS:
+    for name in kernels:
         table = rows_out[name]
         med = [statistics.median(col) for col in zip(*table, strict=True)]
         added += med[5]

@@ -15,24 +15,33 @@ from typing import Any
 
 from omni_runtime.bench.decode import bench_runtime
 from omni_runtime.bench.decode_moe import build
-from omni_runtime.executor import moe_layer
+from omni_runtime.executor import moe_experts, moe_layer
 
 # Each shape: overrides of executor.moe_layer's launch values (the first and last: as served). The
 # attention's keys a loop step (tests/gpu/layer_phases.py: a split's 64 keys took 2.5 µs in two steps
 # of 32 after 128 cached tokens, with HBM idle).
 SHAPES: list[dict[str, Any]] = [
+    {"ROW_KERNEL": False},
     {},
-    {"BLOCK_N": 64},
-    {"BLOCK_N": 64, "KEYS_PER_SPLIT": 128},
-    {"BLOCK_N": 16},
-    {},
+    {"MIN_BLOCKS": 2},
+    {"DEPTH": 1},
+    {"DEPTH": 1, "TRIGGER": 0},
+    {"MIN_BLOCKS": 2, "TRIGGER": 0},
+    {"DEPTH": 1, "TRIGGER": 2},
+    {"ROW_KERNEL": False},
 ]
-SERVED = {name: getattr(moe_layer, name) for shape in SHAPES for name in shape}
+
+
+def _module(name: str) -> Any:
+    return moe_layer if hasattr(moe_layer, name) else moe_experts
+
+
+SERVED = {name: getattr(_module(name), name) for shape in SHAPES for name in shape}
 
 
 def apply(shape: dict[str, Any]) -> None:
     for name, value in (SERVED | shape).items():
-        setattr(moe_layer, name, value)
+        setattr(_module(name), name, value)
 
 
 def main() -> int:

@@ -118,3 +118,53 @@ def test_fused_layer_replays_from_a_cuda_graph(stack, mode) -> None:
         torch.cuda.synchronize()
         eager = fused[0](fresh, attention_mask=mask, position_embeddings=cos_sin, past_key_values=cache)
     torch.testing.assert_close(static_out, eager, rtol=0, atol=0)
+
+
+def _run(layer, hidden, cos_sin, mask, cache):
+    with torch.no_grad():
+        return layer(hidden, attention_mask=mask, position_embeddings=cos_sin, past_key_values=cache)
+
+
+@pytest.mark.parametrize(("write", "view"), [([100], 256), ([0], 256), ([700], 1024)])
+def test_one_row_moe_kernel_equals_the_triton_kernels(stack, write, view) -> None:
+    text, layers, rotary = stack
+    at, hidden, cos_sin, mask = _inputs(text, rotary, write, view)
+    fused = fused_decode_layers(layers, list(layers), "pdl")
+    assert fused is not None
+    assert fused[0].row is not None, "an H100/H200 takes the one-kernel MoE block at this shape"
+    got = _run(fused[0], hidden, cos_sin, mask, _cache(text, at, view))
+    row = fused[0].row
+    fused[0].row = None  # the router, gate-up and down Triton kernels
+    expected = _run(fused[0], hidden, cos_sin, mask, _cache(text, at, view))
+    torch.cuda.synchronize()
+    scale = expected.float().abs().max().item()
+    assert (got.float() - expected.float()).abs().max().item() <= 1e-2 * scale
+    assert sorted(row.route_index.tolist()) == sorted(set(row.route_index.tolist()))  # 8 distinct experts
+    # Run again: the grid barrier's counter carries over between calls.
+    fused[0].row = row
+    again = _run(fused[0], hidden, cos_sin, mask, _cache(text, at, view))
+    torch.testing.assert_close(again, got, rtol=0, atol=0)
+
+
+def test_one_row_moe_kernel_replays_from_a_cuda_graph(stack) -> None:
+    text, layers, rotary = stack
+    at, hidden, cos_sin, mask = _inputs(text, rotary, [17], 512)
+    fused = fused_decode_layers(layers, list(layers), "pdl")
+    assert fused is not None and fused[0].row is not None
+    cache = _cache(text, at, 512)
+    with torch.no_grad():
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            _run(fused[0], hidden, cos_sin, mask, cache)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = _run(fused[0], hidden, cos_sin, mask, cache)
+        fresh = torch.randn_like(hidden)
+        hidden.copy_(fresh)
+        for _ in range(3):
+            graph.replay()
+        torch.cuda.synchronize()
+        eager = _run(fused[0], fresh, cos_sin, mask, cache)
+    torch.testing.assert_close(static_out, eager, rtol=0, atol=0)

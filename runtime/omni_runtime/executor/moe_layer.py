@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from omni_runtime.executor import decode_attention, moe_decode
+from omni_runtime.executor import decode_attention, moe_decode, moe_experts
 from omni_runtime.executor.triton_support import triton_runs_on
 
 MAX_ROWS = 4  # decode rows the fused layer takes; above, the wrapped (compiled) layer
@@ -59,6 +59,7 @@ ROUTER_EXPERTS = 2  # router rows per router program
 KEYS_PER_SPLIT = 64  # least cached keys one attention program walks
 ATTENTION_PROGRAMS = 128  # attention programs wanted in all (rows x key/value heads x splits)
 MAX_SPLITS = 16  # splits a (row, key/value head) pair at most: the last one merges them in turn
+ROW_KERNEL = True  # one-row steps: the MoE block as one CUDA kernel (moe_experts) where it runs
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,12 @@ class FusedMoeDecodeLayer:
         self.router_count = torch.zeros(1, dtype=torch.int32, device=device)
         # Each program's global-timer marks when set (trace_buffer; tests/gpu/layer_phases.py)
         self.trace: torch.Tensor | None = None
+        self.row: moe_experts.RowExperts | None = None
+        if ROW_KERNEL:
+            self.row = moe_experts.row_experts(
+                router=weights.router, gate_up=weights.gate_up, down=weights.down,
+                top_k=weights.top_k, normalize=weights.normalize,
+            )  # fmt: skip
 
     def takes(self, hidden: torch.Tensor, cache: Any) -> bool:
         return (
@@ -235,6 +242,11 @@ def decode_step(
         K=w.o_proj.shape[1], K_PAD=_pow2(w.o_proj.shape[1]), N=size, ROWS=padded, BLOCK_N=GEMV_ROWS,
         HAS_NORM=False, HAS_RES=True, PDL=layer.pdl, num_warps=GEMV_WARPS, **pdl, **marks(2),
     )  # fmt: skip
+    if rows == 1 and layer.row is not None:
+        return layer.row(
+            mid, w.post_norm, w.router, w.gate_up, w.down, w.eps, pdl=layer.pdl,
+            trace=None if trace is None else trace[3],
+        )  # fmt: skip
     experts = w.router.shape[0]
     e_pad = _pow2(experts)
     block_e = min(ROUTER_EXPERTS, e_pad)

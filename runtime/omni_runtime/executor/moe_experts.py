@@ -1,0 +1,258 @@
+"""A decode row's MoE block as one CUDA kernel (``moe_experts.cu``; issue 17: decode at batch 1).
+
+The fused decode layer (executor.moe_layer) ends each layer with three Triton kernels: the router,
+the experts' gate-up, the experts' down. At one row they add about 33 µs a layer on an H200 for
+75 MB of expert weights that one read takes 18 µs to stream, because the down rows can only be
+read after gate-up ends, and holding them until then needs shared memory that Triton's pipeliner
+keeps for itself. ``moe_experts.cu`` does the router and both halves in one kernel of one block a
+multiprocessor, the down rows copied into shared memory by the copy engine while the gate and up
+rows stream through registers (its header says how).
+
+This module is the kernel's edge: :func:`plan` (pure: the kernel's compile-time sizes for a
+layer's shape, or why it does not apply), NVRTC compilation for the GPU at hand (cached per
+sizes), and launches through the driver API on PyTorch's current stream, as a programmatic
+dependent launch when asked, so it joins the Triton kernels' PDL chain and CUDA graph captures.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import functools
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import torch
+
+THREADS_VALUES = 8  # values of the hidden row each thread holds
+# Launch values (tests/gpu/sweep_moe_layer.py overrides them): TRIGGER says when the next kernel
+# may launch (0 past the wait, 1 after gate-up, 2 at the end); DEPTH, gate-up units a warp has
+# in flight.
+TRIGGER = 1
+DEPTH = 2
+MIN_BLOCKS = 1  # blocks a multiprocessor must fit by registers (2: at most 128 a thread)
+SHARED_LIMIT = 227 * 1024  # a Hopper block's dynamic shared memory at most
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """The kernel's compile-time sizes (``-D`` defines) and launch shape for one layer shape."""
+
+    hidden: int
+    inter: int
+    experts: int
+    top_k: int
+    blocks: int
+    threads: int
+    normalize: bool
+    trigger: int
+    depth: int
+    min_blocks: int = 1
+    trace: bool = False
+
+    @property
+    def shared_bytes(self) -> int:
+        down = self.top_k * (self.hidden // self.blocks) * self.inter * 2
+        return down + self.top_k * self.inter * 4 + self.hidden * 2 + 32 * 4 * 3 + 8
+
+    def defines(self) -> dict[str, int]:
+        return {
+            "HIDDEN": self.hidden,
+            "INTER": self.inter,
+            "EXPERTS": self.experts,
+            "TOP_K": self.top_k,
+            "NCTA": self.blocks,
+            "THREADS": self.threads,
+            "NORMALIZE": int(self.normalize),
+            "TRIGGER": self.trigger,
+            "DEPTH": self.depth,
+            "MIN_BLOCKS": self.min_blocks,
+            "TRACE": int(self.trace),
+        }
+
+
+def plan(
+    *, hidden: int, inter: int, experts: int, top_k: int, normalize: bool, multiprocessors: int
+) -> RowPlan | str:
+    """The kernel's sizes for a MoE block of this shape on a GPU of ``multiprocessors``, or a
+    sentence saying why it does not take it (the caller keeps the Triton kernels)."""
+    if hidden % (32 * THREADS_VALUES):
+        return f"hidden size {hidden} is not a multiple of 256"
+    threads = hidden // THREADS_VALUES
+    if threads > 1024:
+        return f"hidden size {hidden} needs {threads} threads a block (1024 at most)"
+    if inter % 256:
+        return f"expert width {inter} is not a multiple of 256"
+    if experts % 32 or top_k > 32:
+        return f"{experts} experts, top {top_k}: experts must be a multiple of 32 and k at most 32"
+    warps = threads // 32
+    for blocks in sorted(range(top_k, multiprocessors + 1, top_k), reverse=True):
+        units = inter // (blocks // top_k) if inter % (blocks // top_k) == 0 else 0
+        rows = hidden // blocks if hidden % blocks == 0 else 0
+        if not units or not rows or units % warps or rows % warps or experts % blocks:
+            continue
+        candidate = RowPlan(hidden, inter, experts, top_k, blocks, threads, normalize, TRIGGER, DEPTH, MIN_BLOCKS)
+        if candidate.shared_bytes > SHARED_LIMIT:
+            return f"a block's down rows need {candidate.shared_bytes} bytes of shared memory"
+        return candidate
+    return f"no block count up to {multiprocessors} splits {hidden} rows, {inter} units and {experts} experts"
+
+
+def source() -> str:
+    return resources.files("omni_runtime.executor").joinpath("moe_experts.cu").read_text(encoding="utf-8")
+
+
+def compile_cubin(row_plan: RowPlan, arch: str) -> tuple[bytes, str]:
+    """(cubin, ptxas log) of ``moe_experts.cu`` at ``row_plan``'s sizes for ``arch`` (e.g.
+    ``sm_90``), by NVRTC; a RuntimeError with NVRTC's log if it does not compile."""
+    from cuda.bindings import nvrtc
+
+    options = [f"-arch={arch}", "-std=c++17", "--ptxas-options=-v"]
+    options += [f"-D{name}={value}" for name, value in row_plan.defines().items()]
+    err, program = nvrtc.nvrtcCreateProgram(source().encode(), b"moe_experts.cu", 0, [], [])
+    _check(err, "nvrtcCreateProgram")
+    try:
+        (status,) = nvrtc.nvrtcCompileProgram(program, len(options), [o.encode() for o in options])
+        err, size = nvrtc.nvrtcGetProgramLogSize(program)
+        log = b" " * size
+        nvrtc.nvrtcGetProgramLog(program, log)
+        text = log.decode(errors="replace").rstrip("\x00 \n")
+        if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise RuntimeError(f"moe_experts.cu does not compile for {arch}:\n{text}")
+        err, size = nvrtc.nvrtcGetCUBINSize(program)
+        _check(err, "nvrtcGetCUBINSize")
+        cubin = b" " * size
+        (err,) = nvrtc.nvrtcGetCUBIN(program, cubin)
+        _check(err, "nvrtcGetCUBIN")
+        return cubin, text
+    finally:
+        nvrtc.nvrtcDestroyProgram(program)
+
+
+def _check(err: Any, what: str) -> None:
+    if int(err) != 0:
+        raise RuntimeError(f"{what} failed: {err!r}")
+
+
+@functools.cache
+def _function(row_plan: RowPlan, device_index: int) -> Any:
+    """The loaded kernel for ``row_plan`` on GPU ``device_index`` (its primary context)."""
+    from cuda.bindings import driver
+
+    major, minor = torch.cuda.get_device_capability(device_index)
+    cubin, _log = compile_cubin(row_plan, f"sm_{major}{minor}")
+    _current_context(device_index)
+    err, module = driver.cuModuleLoadData(cubin)
+    _check(err, "cuModuleLoadData")
+    err, function = driver.cuModuleGetFunction(module, b"moe_experts_row")
+    _check(err, "cuModuleGetFunction")
+    attribute = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    (err,) = driver.cuFuncSetAttribute(function, attribute, row_plan.shared_bytes)
+    _check(err, "cuFuncSetAttribute")
+    return module, function
+
+
+def _current_context(device_index: int) -> None:
+    """Make the device's primary context (the one PyTorch uses) current on this thread."""
+    from cuda.bindings import driver
+
+    torch.cuda.init()
+    (err,) = driver.cuInit(0)
+    _check(err, "cuInit")
+    err, context = driver.cuCtxGetCurrent()
+    _check(err, "cuCtxGetCurrent")
+    if int(context) == 0:
+        err, device = driver.cuDeviceGet(device_index)
+        _check(err, "cuDeviceGet")
+        err, context = driver.cuDevicePrimaryCtxRetain(device)
+        _check(err, "cuDevicePrimaryCtxRetain")
+        (err,) = driver.cuCtxSetCurrent(context)
+        _check(err, "cuCtxSetCurrent")
+
+
+class RowExperts:
+    """One layer's MoE block for one decode row: the kernel, its scratch and barrier counter."""
+
+    def __init__(self, row_plan: RowPlan, device: torch.device) -> None:
+        self.plan, self.device = row_plan, device
+        # Published values with their launch's tag (zero: none yet), and the launch count.
+        self.logits = torch.zeros(row_plan.experts, dtype=torch.int64, device=device)
+        self.act = torch.zeros(row_plan.top_k * row_plan.inter, dtype=torch.int32, device=device)
+        self.launches = torch.zeros(1, dtype=torch.int32, device=device)
+        self.route_weights = torch.empty(row_plan.top_k, dtype=torch.bfloat16, device=device)
+        self.route_index = torch.empty(row_plan.top_k, dtype=torch.int64, device=device)
+
+    def __call__(
+        self,
+        mid: torch.Tensor,
+        post_norm: torch.Tensor,
+        router: torch.Tensor,
+        gate_up: torch.Tensor,
+        down: torch.Tensor,
+        eps: float,
+        *,
+        pdl: bool,
+        trace: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``mid`` [1, H] (the attention block's output plus residual) through the MoE block and
+        its residual: the layer's output [1, H]. ``trace`` (int64, at least [blocks, 8]): each
+        block's phase marks (the kernel compiled with them)."""
+        from cuda.bindings import driver
+
+        out = torch.empty_like(mid)
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        row_plan = self.plan if trace is None else dataclasses.replace(self.plan, trace=True)
+        _module, function = _function(row_plan, index)
+        values = [
+            ctypes.c_uint64(t.data_ptr())
+            for t in (
+                mid, post_norm, router, gate_up, down, self.logits, self.act,
+                self.route_weights, self.route_index, self.launches, out,
+            )
+        ]  # fmt: skip
+        values.append(ctypes.c_float(eps))  # type: ignore[arg-type]
+        values.append(ctypes.c_uint64(0 if trace is None else trace.data_ptr()))
+        pointers = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+        config = driver.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = self.plan.blocks, 1, 1
+        config.blockDimX, config.blockDimY, config.blockDimZ = self.plan.threads, 1, 1
+        config.sharedMemBytes = self.plan.shared_bytes
+        config.hStream = driver.CUstream(torch.cuda.current_stream(self.device).cuda_stream)
+        attributes = []
+        if pdl:
+            attribute = driver.CUlaunchAttribute()
+            attribute.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attribute.value.programmaticStreamSerializationAllowed = 1
+            attributes.append(attribute)
+        config.attrs = attributes
+        config.numAttrs = len(attributes)
+        (err,) = driver.cuLaunchKernelEx(config, function, ctypes.addressof(pointers), 0)
+        _check(err, "cuLaunchKernelEx")
+        return out
+
+
+def row_experts(
+    *, router: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, top_k: int, normalize: bool
+) -> RowExperts | None:
+    """The kernel for a MoE block with these weights (``router`` [E, H], ``gate_up`` [E, 2I, H],
+    ``down`` [E, H, I]), or None where it does not run: not contiguous bfloat16 weights on a CUDA
+    GPU of compute capability 9.0 or later, no ``cuda.bindings``, or a shape it does not take."""
+    device = down.device
+    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:
+        return None
+    if any(t.dtype != torch.bfloat16 or not t.is_contiguous() for t in (router, gate_up, down)):
+        return None
+    try:
+        import cuda.bindings.driver
+        import cuda.bindings.nvrtc  # noqa: F401
+    except ImportError:
+        return None
+    experts, hidden, inter = down.shape
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    row_plan = plan(
+        hidden=hidden, inter=inter, experts=experts, top_k=top_k, normalize=normalize, multiprocessors=sms
+    )
+    if isinstance(row_plan, str):
+        return None
+    return RowExperts(row_plan, device)
