@@ -122,20 +122,31 @@ static __device__ __forceinline__ float block_sum(float v, float* scratch) {
     return s;
 }
 
-static __device__ __forceinline__ u64 ld_l2_u64(const u64* p) {
+// Published values are strong (relaxed, gpu scope) stores, polled by strong loads: weak ones to
+// other addresses may be held back behind a polling loop (seen: a warp's last activation never
+// reached the readers).
+static __device__ __forceinline__ u64 ld_poll_u64(const u64* p) {
     u64 r;
-    asm volatile("ld.global.cg.u64 %0, [%1];" : "=l"(r) : "l"(p) : "memory");
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(r) : "l"(p) : "memory");
     return r;
 }
 
-static __device__ __forceinline__ uint4 ld_l2_v4(const void* p) {
+static __device__ __forceinline__ uint4 ld_poll_v4(const void* p) {
     uint4 r;
-    asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];"
+    asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p) : "memory");
     return r;
 }
 
 static __device__ __forceinline__ bool tagged(u32 w, u32 tag) { return (w >> 16) == tag; }
+
+// Traced, a wait gives up after this many polls and says what it saw at trace[NCTA + block]
+// (tests/gpu/layer_phases.py reads the marks; a wait that never ends is then a report, not a hang).
+#if TRACE
+#define GIVE_UP(spins) (++(spins) > (1 << 22))
+#else
+#define GIVE_UP(spins) false
+#endif
 
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_row(
     const bf16* __restrict__ mid,       // [HIDDEN] the attention block's output + residual
@@ -204,7 +215,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
         const float logit = rbf(block_sum(dot8(wrow[j], normed), s_sum));  // transformers' linear rounds
         if (tid == 0) {
             const u64 value = ((u64)tag << 32) | __float_as_uint(logit);
-            asm volatile("st.global.cg.u64 [%0], %1;" ::"l"(logits + block * LOGITS_PER_BLOCK + j), "l"(value)
+            asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(logits + block * LOGITS_PER_BLOCK + j), "l"(value)
                          : "memory");
         }
     }
@@ -216,12 +227,23 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
         float v[E_LANES], m = __int_as_float(0xff800000);
         u64 slot[E_LANES];
         bool ready;
+        int spins = 0;
         do {  // every block's logits, published with this launch's tag
             ready = true;
 #pragma unroll
             for (int j = 0; j < E_LANES; ++j) {
-                slot[j] = ld_l2_u64(logits + j * 32 + lane);
+                slot[j] = ld_poll_u64(logits + j * 32 + lane);
                 ready = ready && (u32)(slot[j] >> 32) == tag;
+            }
+            if (GIVE_UP(spins)) {
+                const int seen = __popc(__ballot_sync(0xffffffffu, ready));
+                if (lane == 0) {
+                    trace[(NCTA + block) * 8 + 0] = 1000 + tag;
+                    trace[(NCTA + block) * 8 + 1] = seen;
+                    trace[(NCTA + block) * 8 + 2] = (long long)slot[0];
+                    trace[(NCTA + block) * 8 + 3] = launch;
+                }
+                break;
             }
         } while (!__all_sync(0xffffffffu, ready));
 #pragma unroll
@@ -320,10 +342,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
             if (lane == 0) {
                 const int unit = first_unit + done * WARPS + warp;
                 const u32 value = (tag << 16) | bf16_bits(g / (1.f + __expf(-g)) * p);  // silu(gate) * up
-                asm volatile("st.global.cg.u32 [%0], %1;" ::"l"(act + pair * INTER + unit), "r"(value) : "memory");
+                asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(act + pair * INTER + unit), "r"(value) : "memory");
             }
         }
     }
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");  // this thread's activations go out before it polls
     mark(trace, 4);
 #if TRIGGER == 1
     asm volatile("griddepcontrol.launch_dependents;");
@@ -334,13 +357,23 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
 #define ACT_LOADS (TOP_K * INTER / 4 / THREADS)
     uint4 got[ACT_LOADS];
     bool ready;
+    int spins = 0;
     do {
         ready = true;
+        int missing = -1;
 #pragma unroll
         for (int j = 0; j < ACT_LOADS; ++j) {
-            got[j] = ld_l2_v4(act + (j * THREADS + tid) * 4);
-            ready = ready && tagged(got[j].x, tag) && tagged(got[j].y, tag) && tagged(got[j].z, tag) &&
-                    tagged(got[j].w, tag);
+            got[j] = ld_poll_v4(act + (j * THREADS + tid) * 4);
+            const bool all = tagged(got[j].x, tag) && tagged(got[j].y, tag) && tagged(got[j].z, tag) &&
+                             tagged(got[j].w, tag);
+            if (!all && missing < 0) missing = (j * THREADS + tid) * 4;
+            ready = ready && all;
+        }
+        if (GIVE_UP(spins)) {
+            trace[(NCTA + block) * 8 + 4] = 2000 + tag;
+            trace[(NCTA + block) * 8 + 5] = missing;
+            trace[(NCTA + block) * 8 + 6] = got[0].x;
+            break;
         }
     } while (!ready);
 #pragma unroll
@@ -355,12 +388,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
     if (tid == 0) {
         const u32 bar = smem_addr(s_bar);
         u32 ready = 0;
-        while (!ready)
+        int spins = 0;
+        while (!ready && !GIVE_UP(spins))
             asm volatile(
                 "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
                 : "=r"(ready)
                 : "r"(bar)
                 : "memory");
+        if (!ready) trace[(NCTA + block) * 8 + 7] = 3000;
     }
     __syncthreads();
     mark(trace, 7);
