@@ -43,6 +43,8 @@ def main() -> int:
                 f"{len(bad)} blocks reported: {bad[:6]}",
                 flush=True,
             )
+            failed += len(bad)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
