@@ -23,11 +23,10 @@ from omni_runtime.executor import moe_experts, moe_layer
 SHAPES: list[dict[str, Any]] = [
     {"ROW_KERNEL": False},
     {},
-    {"MIN_BLOCKS": 2},
+    {"TRIGGER": 1},
     {"DEPTH": 1},
-    {"DEPTH": 1, "TRIGGER": 0},
-    {"MIN_BLOCKS": 2, "TRIGGER": 0},
-    {"DEPTH": 1, "TRIGGER": 2},
+    {"MIN_BLOCKS": 1},
+    {},
     {"ROW_KERNEL": False},
 ]
 

@@ -48,12 +48,12 @@ static_assert(HIDDEN == THREADS * 8, "each thread holds 8 of the row's HIDDEN va
 static_assert(HIDDEN % 256 == 0 && INTER % 256 == 0, "rows are read in 256-value chunks a warp");
 static_assert(HIDDEN % NCTA == 0 && NCTA % TOP_K == 0, "blocks split the hidden units and the pairs");
 static_assert(INTER % BLOCKS_PER_PAIR == 0 && UNITS % WARPS == 0, "blocks and warps split the units");
-static_assert(DOWN_ROWS % WARPS == 0, "warps split a block's down rows");
 static_assert(EXPERTS % 32 == 0 && EXPERTS % NCTA == 0 && TOP_K <= 32, "experts per lane and block");
 
 #define S_DOWN_BYTES (TOP_K * DOWN_ROWS * INTER * 2)
 #define S_ACT_BYTES (TOP_K * INTER * 4)
 #define S_X_BYTES (HIDDEN * 2)
+static_assert(DOWN_ROWS <= THREADS && TOP_K * DOWN_ROWS * 4 <= S_X_BYTES, "a thread a down row; the parts fit");
 
 // The global timer at trace[block][at] when traced: 0 entry, 1 past the wait, 2 logits stored,
 // 3 routed, 4 gate-up done, 5 end, 6 every activation read, 7 down rows arrived.
@@ -227,7 +227,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
         float v[E_LANES], m = __int_as_float(0xff800000);
         u64 slot[E_LANES];
         bool ready;
-        int spins = 0;
+        [[maybe_unused]] int spins = 0;
         do {  // every block's logits, published with this launch's tag
             ready = true;
 #pragma unroll
@@ -357,7 +357,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
 #define ACT_LOADS (TOP_K * INTER / 4 / THREADS)
     uint4 got[ACT_LOADS];
     bool ready;
-    int spins = 0;
+    [[maybe_unused]] int spins = 0;
     do {
         ready = true;
         int missing = -1;
@@ -388,7 +388,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
     if (tid == 0) {
         const u32 bar = smem_addr(s_bar);
         u32 ready = 0;
-        int spins = 0;
+        [[maybe_unused]] int spins = 0;
         while (!ready && !GIVE_UP(spins))
             asm volatile(
                 "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
@@ -399,29 +399,45 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
     }
     __syncthreads();
     mark(trace, 7);
+    // Warp w takes experts w, w + WARPS, ..: its activations in registers, each of the block's
+    // down rows of that expert from shared memory once; then a thread a row sums the experts'
+    // routing-weighted parts in expert order.
+    float* s_part = (float*)s_x;  // [TOP_K][DOWN_ROWS]: the normed row is no longer read
+    for (int k = warp; k < TOP_K; k += WARPS) {
+        float a[I_CHUNKS][8];
 #pragma unroll
-    for (int r = 0; r < DOWN_ROWS / WARPS; ++r) {
-        const int row = warp * (DOWN_ROWS / WARPS) + r;
-        float sum = 0.f;
+        for (int c = 0; c < I_CHUNKS; ++c) {
+            const float4 a0 = *(const float4*)(s_act + k * INTER + c * 256 + lane * 8);
+            const float4 a1 = *(const float4*)(s_act + k * INTER + c * 256 + lane * 8 + 4);
+            a[c][0] = a0.x, a[c][1] = a0.y, a[c][2] = a0.z, a[c][3] = a0.w;
+            a[c][4] = a1.x, a[c][5] = a1.y, a[c][6] = a1.z, a[c][7] = a1.w;
+        }
+        float part[DOWN_ROWS];
 #pragma unroll
-        for (int k = 0; k < TOP_K; ++k) {
-            float part = 0.f;
+        for (int row = 0; row < DOWN_ROWS; ++row) {
+            float p = 0.f;
 #pragma unroll
             for (int c = 0; c < I_CHUNKS; ++c) {
                 const uint4 w = *(const uint4*)(s_down + (k * DOWN_ROWS + row) * INTER + c * 256 + lane * 8);
-                const float4 a0 = *(const float4*)(s_act + k * INTER + c * 256 + lane * 8);
-                const float4 a1 = *(const float4*)(s_act + k * INTER + c * 256 + lane * 8 + 4);
-                part += lo(w.x) * a0.x + hi(w.x) * a0.y + lo(w.y) * a0.z + hi(w.y) * a0.w +
-                        lo(w.z) * a1.x + hi(w.z) * a1.y + lo(w.w) * a1.z + hi(w.w) * a1.w;
+                p += lo(w.x) * a[c][0] + hi(w.x) * a[c][1] + lo(w.y) * a[c][2] + hi(w.y) * a[c][3] +
+                     lo(w.z) * a[c][4] + hi(w.z) * a[c][5] + lo(w.w) * a[c][6] + hi(w.w) * a[c][7];
             }
-            sum += part * s_weight[k];
+            part[row] = p;
         }
-        sum = warp_sum(sum);
-        if (lane == 0) {
-            const int unit = block * DOWN_ROWS + row;
-            const float res = __uint_as_float((u32)mid[unit] << 16);
-            out[unit] = (bf16)bf16_bits(res + rbf(sum));  // transformers' residual + moe
+#pragma unroll
+        for (int row = 0; row < DOWN_ROWS; ++row) {
+            const float total = warp_sum(part[row]);
+            if (lane == 0) s_part[k * DOWN_ROWS + row] = total;
         }
+    }
+    __syncthreads();
+    if (tid < DOWN_ROWS) {
+        float sum = 0.f;
+#pragma unroll
+        for (int k = 0; k < TOP_K; ++k) sum += s_part[k * DOWN_ROWS + tid] * s_weight[k];
+        const int unit = block * DOWN_ROWS + tid;
+        const float res = __uint_as_float((u32)mid[unit] << 16);
+        out[unit] = (bf16)bf16_bits(res + rbf(sum));  // transformers' residual + moe
     }
     mark(trace, 5);
 #if TRIGGER == 2

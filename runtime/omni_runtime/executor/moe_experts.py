@@ -29,9 +29,9 @@ THREADS_VALUES = 8  # values of the hidden row each thread holds
 # Launch values (tests/gpu/sweep_moe_layer.py overrides them): TRIGGER says when the next kernel
 # may launch (0 past the wait, 1 after gate-up, 2 at the end); DEPTH, gate-up units a warp has
 # in flight.
-TRIGGER = 1
+TRIGGER = 0
 DEPTH = 2
-MIN_BLOCKS = 1  # blocks a multiprocessor must fit by registers (2: at most 128 a thread)
+MIN_BLOCKS = 2  # blocks a multiprocessor must fit by registers (2: at most 128 a thread)
 SHARED_LIMIT = 227 * 1024  # a Hopper block's dynamic shared memory at most
 
 
@@ -90,7 +90,7 @@ def plan(
     for blocks in sorted(range(top_k, multiprocessors + 1, top_k), reverse=True):
         units = inter // (blocks // top_k) if inter % (blocks // top_k) == 0 else 0
         rows = hidden // blocks if hidden % blocks == 0 else 0
-        if not units or not rows or units % warps or rows % warps or experts % blocks:
+        if not units or not rows or units % warps or 4 * top_k * rows > 2 * hidden or experts % blocks:
             continue
         candidate = RowPlan(hidden, inter, experts, top_k, blocks, threads, normalize, TRIGGER, DEPTH, MIN_BLOCKS)
         if candidate.shared_bytes > SHARED_LIMIT:
