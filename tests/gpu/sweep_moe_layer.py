@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 from typing import Any
 
 from omni_runtime.bench.decode import bench_runtime
@@ -21,13 +22,13 @@ from omni_runtime.executor import moe_experts, moe_layer
 # attention's keys a loop step (tests/gpu/layer_phases.py: a split's 64 keys took 2.5 µs in two steps
 # of 32 after 128 cached tokens, with HBM idle).
 SHAPES: list[dict[str, Any]] = [
-    {"ROW_KERNEL": False},
+    {"OMNI_MOE_ROW_KERNEL": "0"},
     {},
+    {"TRIGGER": 3},
     {"TRIGGER": 1},
-    {"DEPTH": 1},
-    {"MIN_BLOCKS": 1},
+    {"TRIGGER": 3, "DEPTH": 1},
     {},
-    {"ROW_KERNEL": False},
+    {"OMNI_MOE_ROW_KERNEL": "0"},
 ]
 
 
@@ -35,12 +36,22 @@ def _module(name: str) -> Any:
     return moe_layer if hasattr(moe_layer, name) else moe_experts
 
 
-SERVED = {name: getattr(_module(name), name) for shape in SHAPES for name in shape}
+# Each value a module attribute of moe_layer or moe_experts, or an OMNI_ switch (the environment).
+SERVED = {
+    name: os.environ.get(name) if name.startswith("OMNI_") else getattr(_module(name), name)
+    for shape in SHAPES
+    for name in shape
+}
 
 
 def apply(shape: dict[str, Any]) -> None:
     for name, value in (SERVED | shape).items():
-        setattr(_module(name), name, value)
+        if not name.startswith("OMNI_"):
+            setattr(_module(name), name, value)
+        elif value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def main() -> int:

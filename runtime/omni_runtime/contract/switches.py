@@ -209,6 +209,13 @@ SWITCHES: tuple[Switch, ...] = (
         "transformers layer (off).",
         choices=("pdl", "fused", "off"),
     ),
+    Switch(
+        "OMNI_MOE_ROW_KERNEL",
+        "flag",
+        "1",
+        "Qwen3-Omni thinker decode steps of one row on Hopper or later: the MoE block (router, experts, "
+        "residual) as one CUDA kernel compiled at start by NVRTC; 0: the three Triton kernels.",
+    ),
 )
 BY_NAME = {switch.name: switch for switch in SWITCHES}
 

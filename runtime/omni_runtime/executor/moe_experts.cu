@@ -25,7 +25,8 @@
 // the o projection: the router rows and the norm's weights are read before the wait.
 //
 // Compile-time sizes (NVRTC -D): HIDDEN, INTER, EXPERTS, TOP_K, NCTA, THREADS, NORMALIZE,
-// TRIGGER (when the next kernel may launch: 0 past the wait, 1 after gate-up, 2 at the end),
+// TRIGGER (when the next kernel may launch: 0 past the wait, 3 once routed, 1 after gate-up, 2 at
+// the end),
 // DEPTH (gate-up units a warp has in flight), MIN_BLOCKS (launch bounds: blocks a
 // multiprocessor must fit by registers, so the next kernel's programs find room), TRACE (1: each block's thread 0 stores the GPU's
 // global timer at its phase points, tests/gpu/layer_phases.py).
@@ -294,6 +295,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
     }
     __syncthreads();
     mark(trace, 3);
+#if TRIGGER == 3
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
 
     // 2. This block's down rows of every routed expert, by the copy engine, into shared memory.
     if (tid == 0) {

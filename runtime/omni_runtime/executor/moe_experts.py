@@ -27,8 +27,9 @@ import torch
 
 THREADS_VALUES = 8  # values of the hidden row each thread holds
 # Launch values (tests/gpu/sweep_moe_layer.py overrides them): TRIGGER says when the next kernel
-# may launch (0 past the wait, 1 after gate-up, 2 at the end); DEPTH, gate-up units a warp has
-# in flight.
+# may launch (0 past the wait, 3 once routed, 1 after gate-up, 2 at the end); DEPTH, gate-up units
+# a warp has in flight. On an H200, ms a decode step at batch 1 with TRIGGER 0 / 1, DEPTH 1 and
+# MIN_BLOCKS 1 were 2.502-2.545, level (docs/benchmarks.md).
 TRIGGER = 0
 DEPTH = 2
 MIN_BLOCKS = 2  # blocks a multiprocessor must fit by registers (2: at most 128 a thread)
@@ -92,7 +93,9 @@ def plan(
         rows = hidden // blocks if hidden % blocks == 0 else 0
         if not units or not rows or units % warps or 4 * top_k * rows > 2 * hidden or experts % blocks:
             continue
-        candidate = RowPlan(hidden, inter, experts, top_k, blocks, threads, normalize, TRIGGER, DEPTH, MIN_BLOCKS)
+        candidate = RowPlan(
+            hidden, inter, experts, top_k, blocks, threads, normalize, TRIGGER, DEPTH, MIN_BLOCKS
+        )
         if candidate.shared_bytes > SHARED_LIMIT:
             return f"a block's down rows need {candidate.shared_bytes} bytes of shared memory"
         return candidate

@@ -18,6 +18,10 @@ norm, the router's GEMM and top-k, the experts' two kernels, the residual). Here
 6. ``experts_down``: each program reads its row's experts' down rows, then the gate-up
    activations, and adds the routing-weighted sum to the residual.
 
+A step of one row on Hopper or later ends with one CUDA kernel instead of the last three
+(``moe_experts``: the router and both halves of the experts, the down rows copied into shared
+memory while the gate and up rows stream, no kernel boundary between them; ``OMNI_MOE_ROW_KERNEL``).
+
 Each kernel reads what does not depend on the kernel just before it (weights, the routing two
 kernels back, the residual) before it waits for that kernel, so with programmatic dependent
 launch (``PDL``, Hopper; ``OMNI_MOE_LAYER=pdl``) those loads stream while the previous kernel
@@ -37,6 +41,7 @@ from typing import Any
 
 import torch
 
+from omni_runtime.contract import switches
 from omni_runtime.executor import decode_attention, moe_decode, moe_experts
 from omni_runtime.executor.triton_support import triton_runs_on
 
@@ -59,7 +64,6 @@ ROUTER_EXPERTS = 2  # router rows per router program
 KEYS_PER_SPLIT = 64  # least cached keys one attention program walks
 ATTENTION_PROGRAMS = 128  # attention programs wanted in all (rows x key/value heads x splits)
 MAX_SPLITS = 16  # splits a (row, key/value head) pair at most: the last one merges them in turn
-ROW_KERNEL = True  # one-row steps: the MoE block as one CUDA kernel (moe_experts) where it runs
 
 
 @dataclass(frozen=True)
@@ -121,7 +125,7 @@ class FusedMoeDecodeLayer:
         # Each program's global-timer marks when set (trace_buffer; tests/gpu/layer_phases.py)
         self.trace: torch.Tensor | None = None
         self.row: moe_experts.RowExperts | None = None
-        if ROW_KERNEL:
+        if switches.flag("OMNI_MOE_ROW_KERNEL"):
             self.row = moe_experts.row_experts(
                 router=weights.router, gate_up=weights.gate_up, down=weights.down,
                 top_k=weights.top_k, normalize=weights.normalize,

@@ -54,7 +54,9 @@ def test_the_released_shape_compiles_for_hopper_without_spills(depth, min_blocks
 
 
 def test_a_source_error_names_the_file_and_nvrtc_says_why(monkeypatch) -> None:
-    monkeypatch.setattr(moe_experts, "source", lambda: "extern \"C\" __global__ void moe_experts_row() { oops; }")
+    monkeypatch.setattr(
+        moe_experts, "source", lambda: 'extern "C" __global__ void moe_experts_row() { oops; }'
+    )
     row_plan = plan(**RELEASED, multiprocessors=132)
     assert isinstance(row_plan, RowPlan)
     with pytest.raises(RuntimeError, match=r"moe_experts.cu does not compile for sm_90:[\s\S]*oops"):
