@@ -41,6 +41,7 @@ PHASES = {
         ("every activation read", 4, 6), ("down rows' wait", 6, 7), ("down", 7, 5),
     ),
 }  # fmt: skip
+COUNTED = ("attention", "router")  # kernels whose last program to count itself done merges or routes
 CALLS = 8
 
 
@@ -119,7 +120,7 @@ def analyse(
                 ]  # fmt: skip
                 for _label, a, b in PHASES.get(name, ()):
                     row.append(float(((t[:, b] - t[:, a]).double() / 1000.0).median()))
-                if name in PHASES:  # the last program's finish after its counter
+                if name in COUNTED:  # the last program's finish after its counter
                     last = int(t[:, 5].argmax())
                     row.append(float((t[last, 5] - t[last, 4]) / 1000.0))
                 rows_out.setdefault(name, []).append(row)
@@ -139,7 +140,7 @@ def analyse(
         )
         for (label, _a, _b), value in zip(PHASES.get(name, ()), med[7:], strict=False):
             lines.append(f"{'':10} own phase, median program: {label}: {value:.2f}")
-        if name in PHASES:
+        if name in COUNTED:
             lines.append(
                 f"{'':10} the last program, counter to end (the merge or the routing): {med[-1]:.2f}"
             )
