@@ -156,20 +156,30 @@ def _function(row_plan: RowPlan, device_index: int) -> Any:
     return module, function
 
 
-def _current_context(device_index: int) -> None:
-    """Make the device's primary context (the one PyTorch uses) current on this thread."""
+@functools.cache
+def _primary_context(device_index: int) -> Any:
+    """GPU ``device_index``'s primary context: the one PyTorch's runtime calls use."""
     from cuda.bindings import driver
 
     torch.cuda.init()
     (err,) = driver.cuInit(0)
     _check(err, "cuInit")
-    err, context = driver.cuCtxGetCurrent()
+    err, device = driver.cuDeviceGet(device_index)
+    _check(err, "cuDeviceGet")
+    err, context = driver.cuDevicePrimaryCtxRetain(device)
+    _check(err, "cuDevicePrimaryCtxRetain")
+    return context
+
+
+def _current_context(device_index: int) -> None:
+    """Make GPU ``device_index``'s primary context current on this thread (a thread that only used
+    PyTorch's allocator may have none, or another GPU's)."""
+    from cuda.bindings import driver
+
+    context = _primary_context(device_index)
+    err, current = driver.cuCtxGetCurrent()
     _check(err, "cuCtxGetCurrent")
-    if int(context) == 0:
-        err, device = driver.cuDeviceGet(device_index)
-        _check(err, "cuDeviceGet")
-        err, context = driver.cuDevicePrimaryCtxRetain(device)
-        _check(err, "cuDevicePrimaryCtxRetain")
+    if int(current) != int(context):
         (err,) = driver.cuCtxSetCurrent(context)
         _check(err, "cuCtxSetCurrent")
 
@@ -207,6 +217,7 @@ class RowExperts:
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
         row_plan = self.plan if trace is None else dataclasses.replace(self.plan, trace=True)
         _module, function = _function(row_plan, index)
+        _current_context(index)
         values = [
             ctypes.c_uint64(t.data_ptr())
             for t in (
@@ -236,15 +247,23 @@ class RowExperts:
 
 
 def row_experts(
-    *, router: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, top_k: int, normalize: bool
+    *,
+    post_norm: torch.Tensor,
+    router: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    top_k: int,
+    normalize: bool,
 ) -> RowExperts | None:
-    """The kernel for a MoE block with these weights (``router`` [E, H], ``gate_up`` [E, 2I, H],
-    ``down`` [E, H, I]), or None where it does not run: not contiguous bfloat16 weights on a CUDA
-    GPU of compute capability 9.0 or later, no ``cuda.bindings``, or a shape it does not take."""
+    """The kernel for a MoE block with these weights (``post_norm`` [H], ``router`` [E, H],
+    ``gate_up`` [E, 2I, H], ``down`` [E, H, I]), or None where it does not run: not contiguous
+    bfloat16 weights on a CUDA GPU of compute capability 9.0 or later, no ``cuda.bindings``, or a
+    shape it does not take."""
     device = down.device
     if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:
         return None
-    if any(t.dtype != torch.bfloat16 or not t.is_contiguous() for t in (router, gate_up, down)):
+    weights = (post_norm, router, gate_up, down)
+    if any(t.dtype != torch.bfloat16 or not t.is_contiguous() or t.device != device for t in weights):
         return None
     try:
         import cuda.bindings.driver

@@ -127,7 +127,7 @@ class FusedMoeDecodeLayer:
         self.row: moe_experts.RowExperts | None = None
         if switches.flag("OMNI_MOE_ROW_KERNEL"):
             self.row = moe_experts.row_experts(
-                router=weights.router, gate_up=weights.gate_up, down=weights.down,
+                post_norm=weights.post_norm, router=weights.router, gate_up=weights.gate_up, down=weights.down,
                 top_k=weights.top_k, normalize=weights.normalize,
             )  # fmt: skip
 
