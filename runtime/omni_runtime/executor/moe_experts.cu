@@ -24,12 +24,14 @@
 // weights and the residual in bfloat16; sums in float32). Launched as a programmatic dependent of
 // the o projection: the router rows and the norm's weights are read before the wait.
 //
-// Compile-time sizes (NVRTC -D): HIDDEN, INTER, EXPERTS, TOP_K, NCTA, THREADS, NORMALIZE,
-// TRIGGER (when the next kernel may launch: 0 past the wait, 3 once routed, 1 after gate-up, 2 at
-// the end),
-// DEPTH (gate-up units a warp has in flight), MIN_BLOCKS (launch bounds: blocks a
-// multiprocessor must fit by registers, so the next kernel's programs find room), TRACE (1: each block's thread 0 stores the GPU's
-// global timer at its phase points, tests/gpu/layer_phases.py).
+// Compile-time sizes (NVRTC -D): HIDDEN, INTER, EXPERTS, TOP_K, NCTA, THREADS, NORMALIZE;
+// TRIGGER (when the next kernel may launch: 0 past the wait, 3 once routed, 1 after gate-up,
+// 2 at the end); DEPTH (gate-up units a warp has in flight); MIN_BLOCKS (launch bounds: blocks a
+// multiprocessor must fit by registers, so the next kernel's programs find room); TRACE (1: each
+// block's thread 0 stores the GPU's global timer at its phase points, tests/gpu/layer_phases.py).
+//
+// Every block must be resident at once (a block waits for values every other block publishes):
+// one a multiprocessor, NCTA at most the GPU's multiprocessors (moe_experts.plan).
 
 typedef unsigned int u32;
 typedef unsigned long long u64;

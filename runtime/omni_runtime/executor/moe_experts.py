@@ -185,7 +185,7 @@ def _current_context(device_index: int) -> None:
 
 
 class RowExperts:
-    """One layer's MoE block for one decode row: the kernel, its scratch and barrier counter."""
+    """One layer's MoE block for one decode row: the kernel, its published values and launch count."""
 
     def __init__(self, row_plan: RowPlan, device: torch.device) -> None:
         self.plan, self.device = row_plan, device
