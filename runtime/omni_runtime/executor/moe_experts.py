@@ -246,6 +246,17 @@ class RowExperts:
         return out
 
 
+def usable(weight: torch.Tensor, device: torch.device) -> bool:
+    """Whether the kernel can read ``weight`` as it does: contiguous bfloat16 on ``device``, its
+    first element 16-byte aligned (16-byte loads and the copy engine's bulk copies)."""
+    return (
+        weight.dtype == torch.bfloat16
+        and weight.is_contiguous()
+        and weight.device == device
+        and weight.data_ptr() % 16 == 0
+    )
+
+
 def row_experts(
     *,
     post_norm: torch.Tensor,
@@ -256,14 +267,14 @@ def row_experts(
     normalize: bool,
 ) -> RowExperts | None:
     """The kernel for a MoE block with these weights (``post_norm`` [H], ``router`` [E, H],
-    ``gate_up`` [E, 2I, H], ``down`` [E, H, I]), or None where it does not run: not contiguous
-    bfloat16 weights on a CUDA GPU of compute capability 9.0 or later, no ``cuda.bindings``, or a
+    ``gate_up`` [E, 2I, H], ``down`` [E, H, I]), or None where it does not run: weights it cannot
+    read (``usable``), not a CUDA GPU of compute capability 9.0 or later, no ``cuda.bindings``, or a
     shape it does not take."""
     device = down.device
     if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:
         return None
     weights = (post_norm, router, gate_up, down)
-    if any(t.dtype != torch.bfloat16 or not t.is_contiguous() or t.device != device for t in weights):
+    if not all(usable(t, device) for t in weights):
         return None
     try:
         import cuda.bindings.driver

@@ -9,9 +9,10 @@ import dataclasses
 import re
 
 import pytest
+import torch
 
 from omni_runtime.executor import moe_experts
-from omni_runtime.executor.moe_experts import RowPlan, plan
+from omni_runtime.executor.moe_experts import RowPlan, plan, row_experts, usable
 
 RELEASED = {"hidden": 2048, "inter": 768, "experts": 128, "top_k": 8, "normalize": True}
 
@@ -61,3 +62,23 @@ def test_a_source_error_names_the_file_and_nvrtc_says_why(monkeypatch) -> None:
     assert isinstance(row_plan, RowPlan)
     with pytest.raises(RuntimeError, match=r"moe_experts.cu does not compile for sm_90:[\s\S]*oops"):
         moe_experts.compile_cubin(row_plan, "sm_90")
+
+
+def test_weights_the_kernel_cannot_read_are_named() -> None:
+    cpu = torch.device("cpu")
+    flat = torch.zeros(64, dtype=torch.bfloat16)
+    assert usable(flat[:16], cpu)
+    assert not usable(flat[1:17], cpu)  # 2 bytes past an aligned start
+    assert not usable(flat[:16].float(), cpu)
+    assert not usable(flat.view(8, 8).t(), cpu)  # not contiguous
+    assert not usable(flat, torch.device("meta"))
+
+
+def test_a_cpu_layer_keeps_the_triton_kernels() -> None:
+    weights = {
+        "post_norm": torch.ones(256, dtype=torch.bfloat16),
+        "router": torch.zeros(32, 256, dtype=torch.bfloat16),
+        "gate_up": torch.zeros(32, 512, 256, dtype=torch.bfloat16),
+        "down": torch.zeros(32, 256, 256, dtype=torch.bfloat16),
+    }
+    assert row_experts(**weights, top_k=4, normalize=True) is None
