@@ -1,4 +1,5 @@
-"""Host values to the device without waiting for the device.
+"""Host values to the device without waiting for the device, and device values to the host
+read later.
 
 ``torch.tensor(values, device="cuda")`` and ``cpu_tensor.to("cuda")`` copy from pageable memory,
 which makes the calling thread wait until its stream has run everything queued before the copy.
@@ -29,3 +30,28 @@ def to_device(
     # pin_memory refuses a view whose elements share memory (an expanded row of positions), and
     # would pin a whole base tensor for a slice of it: stage a compact copy.
     return host.contiguous().pin_memory().to(device, non_blocking=True)
+
+
+class HostLater:
+    """A device tensor's values, copied to the host behind the work queued so far, read later.
+
+    On CUDA the copy goes to pinned memory on the current stream with an event after it, so the
+    caller can queue more work (the next decode step) before it waits for these values; ``get``
+    waits for the event only. Elsewhere the values are read at once (there is nothing to overlap).
+    """
+
+    def __init__(self, values: torch.Tensor) -> None:
+        self._event: torch.cuda.Event | None = None
+        if values.device.type == "cuda":
+            self._host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+            self._host.copy_(values, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host = values.to("cpu", copy=True)
+
+    def get(self) -> list[Any]:
+        """The values as a list, once the copy has run."""
+        if self._event is not None:
+            self._event.synchronize()
+        return self._host.tolist()  # type: ignore[no-any-return]

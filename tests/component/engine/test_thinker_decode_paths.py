@@ -93,3 +93,24 @@ def test_sampling_stays_inside_the_tokenizer_vocabulary(thinker) -> None:
     drawn = first + [t for step in tokens for t in step]
     assert max(drawn) < 100
     assert len(set(drawn)) > 10  # still sampling, not stuck on one id
+
+
+def test_steps_queued_ahead_give_the_steps_taken_one_at_a_time(thinker) -> None:
+    """``launch`` queues a step and its tokens' copy; queuing the next before reading this one's
+    tokens (what an overlapped loop does, bench.decode --overlap) changes no token or vector: a
+    step reads only device state the step before wrote."""
+    one, ahead = _runner(thinker), _runner(thinker)
+    lengths = [7, 12]
+    assert _admit(one, lengths, temperature=0.8) == _admit(ahead, lengths, temperature=0.8)
+    want = [one.step(2, vector_slots=[1], max_length=13 + i) for i in range(5)]
+    pending = ahead.launch(2, vector_slots=[1], max_length=13)
+    got = []
+    for i in range(1, 5):
+        following = ahead.launch(2, vector_slots=[1], max_length=13 + i)
+        got.append(pending.get())
+        pending = following
+    got.append(pending.get())
+    assert [s.tokens for s in got] == [s.tokens for s in want]
+    for g, w in zip(got, want, strict=True):
+        assert list(g.vectors) == [1]
+        torch.testing.assert_close(g.vectors[1], w.vectors[1], rtol=0, atol=0)

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from omni_runtime.contract.adapter import TalkerAdmission, ThinkerAdmission, ThinkerPrompt, ThinkerStep
-from omni_runtime.executor.host_copy import to_device
+from omni_runtime.executor.host_copy import HostLater, to_device
 from omni_runtime.executor.kept_kv import KeptKV, media_agreement, suffix_groups
 from omni_runtime.executor.sampling import BatchSampler
 from omni_runtime.executor.slot_cache import SlotDecoder, prefill_after_kept, right_padded
@@ -29,6 +29,16 @@ from omni_runtime.models.common import audio_in_video
 
 def _head_dim(config: Any) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+class PendingStep:
+    """A queued decode step (``launch``): its talker vectors now, its tokens once copied."""
+
+    def __init__(self, tokens: HostLater, vectors: dict[int, Any]) -> None:
+        self.tokens, self.vectors = tokens, vectors
+
+    def get(self) -> ThinkerStep:
+        return ThinkerStep(tokens=self.tokens.get(), vectors=self.vectors)
 
 
 class QwenThinkerRunner:
@@ -247,16 +257,23 @@ class QwenThinkerRunner:
 
     @torch.inference_mode()
     def step(self, n: int, *, vector_slots: list[int], max_length: int) -> ThinkerStep:
+        return self.launch(n, vector_slots=vector_slots, max_length=max_length).get()
+
+    @torch.inference_mode()
+    def launch(self, n: int, *, vector_slots: list[int], max_length: int) -> PendingStep:
+        """Queue one decode step (the graph, sampling, the rows' next input ids and lengths) and
+        its tokens' copy to the host; the next step may be queued before this one's tokens are
+        read (``PendingStep.get``): everything it reads stays on the device."""
         out = self.decoder.decode(n, max_length=max_length)
         tokens = self.sampler.sample(out.logits)
         vectors: dict[int, Any] = {}
         if vector_slots:
-            index = torch.tensor(vector_slots, device=self.device)
+            index = to_device(vector_slots, self.device)
             stacked = self.reply_vectors(out, index)
             vectors = {slot: stacked[i] for i, slot in enumerate(vector_slots)}
         self.decoder.last_ids[:n] = tokens
         self.decoder.lengths[:n] += 1
-        return ThinkerStep(tokens=tokens.tolist(), vectors=vectors)
+        return PendingStep(HostLater(tokens), vectors)
 
     @torch.inference_mode()  # the sampler's tables are inference tensors
     def move(self, src: int, dst: int, length: int) -> None:
