@@ -28,8 +28,9 @@ import torch
 THREADS_VALUES = 8  # values of the hidden row each thread holds
 # Launch values (tests/gpu/sweep_moe_layer.py overrides them): TRIGGER says when the next kernel
 # may launch (0 past the wait, 3 once routed, 1 after gate-up, 2 at the end); DEPTH, gate-up units
-# a warp has in flight. On an H200, ms a decode step at batch 1 with TRIGGER 0 / 1, DEPTH 1 and
-# MIN_BLOCKS 1 were 2.502-2.545, level (docs/benchmarks.md).
+# a warp has in flight. On an H200, ms a decode step at batch 1: TRIGGER 0 2.460-2.467 and 1 2.459
+# in one call, 3 2.504-2.509; DEPTH 1 2.519 and MIN_BLOCKS 1 2.545 in the call before, beside
+# 2.502-2.539 for these values (docs/benchmarks.md).
 TRIGGER = 0
 DEPTH = 2
 MIN_BLOCKS = 2  # blocks a multiprocessor must fit by registers (2: at most 128 a thread)
