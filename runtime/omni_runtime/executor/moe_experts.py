@@ -19,11 +19,16 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
+import logging
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
 import torch
+
+from omni_runtime.executor.triton_support import hopper_or_later
+
+log = logging.getLogger(__name__)
 
 THREADS_VALUES = 8  # values of the hidden row each thread holds
 # Launch values (tests/gpu/sweep_moe_layer.py overrides them): TRIGGER says when the next kernel
@@ -50,7 +55,7 @@ class RowPlan:
     normalize: bool
     trigger: int
     depth: int
-    min_blocks: int = 1
+    min_blocks: int
     trace: bool = False
 
     @property
@@ -186,10 +191,12 @@ def _current_context(device_index: int) -> None:
 
 
 class RowExperts:
-    """One layer's MoE block for one decode row: the kernel, its published values and launch count."""
+    """One layer's MoE block for one decode row: its weights, the kernel, its published values and
+    launch count."""
 
-    def __init__(self, row_plan: RowPlan, device: torch.device) -> None:
-        self.plan, self.device = row_plan, device
+    def __init__(self, row_plan: RowPlan, weights: tuple[torch.Tensor, ...], eps: float) -> None:
+        self.plan, self.weights, self.eps = row_plan, weights, eps  # post_norm, router, gate_up, down
+        device = self.device = weights[-1].device
         # Published values with their launch's tag (zero: none yet), and the launch count.
         self.logits = torch.zeros(row_plan.experts, dtype=torch.int64, device=device)
         self.act = torch.zeros(row_plan.top_k * row_plan.inter, dtype=torch.int32, device=device)
@@ -197,36 +204,25 @@ class RowExperts:
         self.route_weights = torch.empty(row_plan.top_k, dtype=torch.bfloat16, device=device)
         self.route_index = torch.empty(row_plan.top_k, dtype=torch.int64, device=device)
 
-    def __call__(
-        self,
-        mid: torch.Tensor,
-        post_norm: torch.Tensor,
-        router: torch.Tensor,
-        gate_up: torch.Tensor,
-        down: torch.Tensor,
-        eps: float,
-        *,
-        pdl: bool,
-        trace: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def __call__(self, mid: torch.Tensor, *, pdl: bool, trace: torch.Tensor | None = None) -> torch.Tensor:
         """``mid`` [1, H] (the attention block's output plus residual) through the MoE block and
         its residual: the layer's output [1, H]. ``trace`` (int64, at least [blocks, 8]): each
         block's phase marks (the kernel compiled with them)."""
         from cuda.bindings import driver
 
         out = torch.empty_like(mid)
-        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        index = _index(self.device)
         row_plan = self.plan if trace is None else dataclasses.replace(self.plan, trace=True)
         _module, function = _function(row_plan, index)
         _current_context(index)
         values = [
             ctypes.c_uint64(t.data_ptr())
             for t in (
-                mid, post_norm, router, gate_up, down, self.logits, self.act,
-                self.route_weights, self.route_index, self.launches, out,
+                mid, *self.weights, self.logits, self.act, self.route_weights, self.route_index,
+                self.launches, out,
             )
         ]  # fmt: skip
-        values.append(ctypes.c_float(eps))  # type: ignore[arg-type]
+        values.append(ctypes.c_float(self.eps))  # type: ignore[arg-type]
         values.append(ctypes.c_uint64(0 if trace is None else trace.data_ptr()))
         pointers = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
         config = driver.CUlaunchConfig()
@@ -266,13 +262,15 @@ def row_experts(
     down: torch.Tensor,
     top_k: int,
     normalize: bool,
+    eps: float,
 ) -> RowExperts | None:
     """The kernel for a MoE block with these weights (``post_norm`` [H], ``router`` [E, H],
-    ``gate_up`` [E, 2I, H], ``down`` [E, H, I]), or None where it does not run: weights it cannot
-    read (``usable``), not a CUDA GPU of compute capability 9.0 or later, no ``cuda.bindings``, or a
-    shape it does not take."""
+    ``gate_up`` [E, 2I, H], ``down`` [E, H, I]), compiled and loaded now, or None where it does not
+    run: weights it cannot read (``usable``), not a GPU of compute capability 9.0 or later, no
+    ``cuda.bindings``, a shape it does not take, or a kernel that does not compile or load here
+    (logged: the layer keeps its Triton kernels rather than fail every decode step)."""
     device = down.device
-    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:
+    if not hopper_or_later(device):
         return None
     weights = (post_norm, router, gate_up, down)
     if not all(usable(t, device) for t in weights):
@@ -287,6 +285,25 @@ def row_experts(
     row_plan = plan(
         hidden=hidden, inter=inter, experts=experts, top_k=top_k, normalize=normalize, multiprocessors=sms
     )
-    if isinstance(row_plan, str):
+    if isinstance(row_plan, str) or not loads(row_plan, _index(device)):
         return None
-    return RowExperts(row_plan, device)
+    return RowExperts(row_plan, weights, eps)
+
+
+def loads(row_plan: RowPlan, device_index: int) -> bool:
+    """Whether the kernel compiles and loads on GPU ``device_index`` (once per sizes; cached); a
+    warning naming the switch that turns it off where it does not."""
+    try:
+        _function(row_plan, device_index)
+    except RuntimeError as exc:
+        log.warning(
+            "the one-row MoE kernel does not run on this GPU (%s); one-row decode steps keep the Triton "
+            "kernels (OMNI_MOE_ROW_KERNEL=0 skips this check)",
+            exc,
+        )
+        return False
+    return True
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()

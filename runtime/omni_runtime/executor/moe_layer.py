@@ -128,7 +128,7 @@ class FusedMoeDecodeLayer:
         if switches.flag("OMNI_MOE_ROW_KERNEL"):
             self.row = moe_experts.row_experts(
                 post_norm=weights.post_norm, router=weights.router, gate_up=weights.gate_up, down=weights.down,
-                top_k=weights.top_k, normalize=weights.normalize,
+                top_k=weights.top_k, normalize=weights.normalize, eps=weights.eps,
             )  # fmt: skip
 
     def takes(self, hidden: torch.Tensor, cache: Any) -> bool:
@@ -247,10 +247,7 @@ def decode_step(
         HAS_NORM=False, HAS_RES=True, PDL=layer.pdl, num_warps=GEMV_WARPS, **pdl, **marks(2),
     )  # fmt: skip
     if rows == 1 and layer.row is not None:
-        return layer.row(
-            mid, w.post_norm, w.router, w.gate_up, w.down, w.eps, pdl=layer.pdl,
-            trace=None if trace is None else trace[3],
-        )  # fmt: skip
+        return layer.row(mid, pdl=layer.pdl, trace=None if trace is None else trace[3])
     experts = w.router.shape[0]
     e_pad = _pow2(experts)
     block_e = min(ROUTER_EXPERTS, e_pad)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from omni_runtime.executor import moe_experts
-from omni_runtime.executor.moe_experts import RowPlan, plan, row_experts, usable
+from omni_runtime.executor.moe_experts import RowPlan, loads, plan, row_experts, usable
 
 RELEASED = {"hidden": 2048, "inter": 768, "experts": 128, "top_k": 8, "normalize": True}
 
@@ -81,4 +81,24 @@ def test_a_cpu_layer_keeps_the_triton_kernels() -> None:
         "gate_up": torch.zeros(32, 512, 256, dtype=torch.bfloat16),
         "down": torch.zeros(32, 256, 256, dtype=torch.bfloat16),
     }
-    assert row_experts(**weights, top_k=4, normalize=True) is None
+    assert row_experts(**weights, top_k=4, normalize=True, eps=1e-6) is None
+
+
+def test_a_kernel_that_does_not_compile_or_load_leaves_the_triton_kernels_and_says_so(
+    monkeypatch, caplog
+) -> None:
+    """Checked when the layer is built, not at its first decode step: a GPU whose driver cannot
+    load the cubin would otherwise fail every request."""
+    row_plan = plan(**RELEASED, multiprocessors=132)
+    assert isinstance(row_plan, RowPlan)
+
+    def refuse(plan: RowPlan, device_index: int) -> None:
+        raise RuntimeError("cuModuleLoadData failed: CUDA_ERROR_UNSUPPORTED_PTX_VERSION")
+
+    monkeypatch.setattr(moe_experts, "_function", refuse)
+    with caplog.at_level("WARNING", logger="omni_runtime.executor.moe_experts"):
+        assert loads(row_plan, 0) is False
+    assert "CUDA_ERROR_UNSUPPORTED_PTX_VERSION" in caplog.text
+    assert "keep the Triton kernels" in caplog.text and "OMNI_MOE_ROW_KERNEL=0" in caplog.text
+    monkeypatch.setattr(moe_experts, "_function", lambda plan, device_index: (None, None))
+    assert loads(row_plan, 0) is True
