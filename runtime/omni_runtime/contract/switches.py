@@ -210,6 +210,14 @@ SWITCHES: tuple[Switch, ...] = (
         choices=("pdl", "fused", "off"),
     ),
     Switch(
+        "OMNI_THINKER_AHEAD",
+        "choice",
+        "auto",
+        "Queue each thinker decode step before the previous one's tokens are read while the batch stays "
+        "as it is (auto: on a GPU; on: on a CPU too, where it only delays each token by a step; off).",
+        choices=("auto", "on", "off"),
+    ),
+    Switch(
         "OMNI_MOE_ROW_KERNEL",
         "flag",
         "1",

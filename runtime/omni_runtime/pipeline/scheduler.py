@@ -6,6 +6,13 @@ waiting requests into the next free slots, sending each one's first token at onc
 one decode step for all rows. The model work of an iteration runs on the thinker's thread; all
 bookkeeping stays on the event loop, so a cancel (a client closing its stream) needs no locks
 and frees its slot at the next step boundary.
+
+While the batch stays as it is (``queue_ahead``), each decode step is queued on the GPU before the
+previous step's tokens are read (a runner with ``launch``; ``OMNI_THINKER_AHEAD``): the host's
+work between steps (the tokens' copy and wait, the hand-over to the event loop and back, the
+tokens' dispatch) then runs while the GPU computes, instead of between its steps. A row that
+samples its end token has one more step computed that nobody reads; any change (a row ending or
+cancelled, an admission due, a hold) first collects the step in flight, then goes on as above.
 """
 
 from __future__ import annotations
@@ -102,6 +109,20 @@ def plan_compaction(
     return moves, table[:survivors]
 
 
+def queue_ahead(
+    *, lengths: list[int], left: list[int], max_len: int, ended: bool, admissions_due: bool, held: bool
+) -> bool:
+    """Whether the thinker may queue a decode step while one step's tokens are still unread: the
+    batch stays as it is (no row ``ended``, no admission due, no hold asked for), and the queued
+    step is one every row needs and has room for. ``lengths`` and ``left`` (tokens still wanted,
+    ``max_tokens - generated``) are each row's as the event loop knows them, one step before the
+    queued one: that step takes each row's token ``left - 1`` to go, so the queued one is needed if
+    ``left >= 2``, and it writes position ``length + 1``, so the cache must hold ``length + 2``."""
+    if ended or admissions_due or held or not lengths:
+        return False
+    return all(n >= 2 for n in left) and all(length + 2 <= max_len for length in lengths)
+
+
 def gather_wait(
     *, running: int, waiting: int, incoming: int, free: int, waited_s: float, gather_s: float
 ) -> float:
@@ -133,8 +154,15 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
         gather_s: float = 0.0,
         incoming: Callable[[], int] = lambda: 0,
         shared_prefixes: bool = False,
+        ahead: bool = False,
     ) -> None:
         super().__init__()
+        # Steps queued before the previous one's tokens are read (queue_ahead): the step in flight,
+        # its view length, and whether this runner can (a runner without ``launch``: never).
+        self.ahead = ahead and callable(getattr(runner, "launch", None))
+        self._pending: Any = None
+        self._pending_length = 0
+        self.steps_ahead = 0  # decode steps queued while another's tokens were unread
         # A burst's prompts prefilled together (gather_wait): ``incoming`` counts the requests
         # still in their prompt phase (the engine's), ``gather_s`` bounds the hold (0: none).
         self.gather_s = gather_s
@@ -219,6 +247,9 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
 
     # -- the loop ---------------------------------------------------------------------------------
     async def _iteration(self) -> None:
+        if self._pending is not None:  # a step in flight: queue the next one, or collect it first
+            await self._next_pending()
+            return
         await self._resume.wait()
         loop = asyncio.get_running_loop()
         ended = [j for j in self.running if j.finish is not None]
@@ -253,17 +284,58 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
         self.max_running_batch = max(self.max_running_batch, n)
         vector_slots = [j.slot for j in self.running if j.want_vectors]
         max_length = max((j.length if j not in admit else len(j.prompt.input_ids)) for j in self.running) + 1
+        # The first step queued ahead comes from a step with nothing admitted or moved (the rows'
+        # lengths and counts are known here only once their admission is dispatched).
+        ahead = not moves and not admit and self._may_queue_ahead()
         try:
-            step = await self.thread.run(self._iterate, loop, moves, admit, n, vector_slots, max_length)
+            step, pending = await self.thread.run(
+                self._iterate, loop, moves, admit, n, vector_slots, max_length, ahead
+            )
         except Exception as exc:
-            log.exception("thinker step failed; failing the running batch")
-            for job in list(self.running):
-                self._end(job, "error", error=f"thinker failed: {exc}")
-            self.running.clear()
+            self._fail(exc)
             return
+        if pending is not None:
+            self._pending, self._pending_length = pending, max_length + 1
+            self.steps_ahead += 1
         self.steps += 1
         self.rows_stepped += n
         self._dispatch_step(step)
+
+    def _may_queue_ahead(self) -> bool:
+        return self.ahead and queue_ahead(
+            lengths=[j.length for j in self.running],
+            left=[j.max_tokens - j.generated for j in self.running],
+            max_len=self.max_len,
+            ended=any(j.finish is not None for j in self.running),
+            admissions_due=bool(self.waiting) and len(self.running) < self.max_batch,
+            held=not self._resume.is_set(),
+        )
+
+    async def _next_pending(self) -> None:
+        """With a step in flight: queue the next one and read this one's tokens, or (the batch
+        changes, a hold is asked for) read its tokens only, so the next iteration starts clean."""
+        pending, n = self._pending, len(self.running)
+        self._pending = None
+        vector_slots = [j.slot for j in self.running if j.want_vectors]
+        length = self._pending_length + 1 if self._may_queue_ahead() else 0  # the next step's view
+        try:
+            step, queued = await self.thread.run(self._collect, pending, n, vector_slots, length)
+        except Exception as exc:
+            self._fail(exc)
+            return
+        if queued is not None:
+            self._pending, self._pending_length = queued, length
+            self.steps_ahead += 1
+        self.steps += 1
+        self.rows_stepped += n
+        self._dispatch_step(step)
+
+    def _fail(self, exc: Exception) -> None:
+        log.exception("thinker step failed; failing the running batch", exc_info=exc)
+        for job in list(self.running):
+            self._end(job, "error", error=f"thinker failed: {exc}")
+        self.running.clear()
+        self._pending = None
 
     def _drop_finished(self, ended: set[int]) -> list[tuple[int, int, int]]:
         slots: list[int | None] = [None if id(j) in ended else id(j) for j in self.running]
@@ -395,8 +467,10 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
         n: int,
         vector_slots: list[int],
         max_length: int,
-    ) -> ThinkerStep:
-        """Thinker thread: compaction moves, prefill, one decode step."""
+        ahead: bool = False,
+    ) -> tuple[ThinkerStep, Any]:
+        """Thinker thread: compaction moves, prefill, one decode step; with ``ahead`` the step
+        after it queued too (returned pending, its tokens unread)."""
         for src, dst, length in moves:
             self.runner.move(src, dst, length)
         if admit:
@@ -414,7 +488,19 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
             firsts = self.runner.admit(rows)
             reused = [r.reused for r in rows]
             loop.call_soon_threadsafe(self._dispatch_admitted, admit, firsts, reused)
-        return self.runner.step(n, vector_slots=vector_slots, max_length=max_length)
+        if not ahead:
+            return self.runner.step(n, vector_slots=vector_slots, max_length=max_length), None
+        runner: Any = self.runner
+        first = runner.launch(n, vector_slots=vector_slots, max_length=max_length)
+        pending = runner.launch(n, vector_slots=vector_slots, max_length=max_length + 1)
+        return first.get(), pending
+
+    def _collect(self, pending: Any, n: int, vector_slots: list[int], length: int) -> tuple[ThinkerStep, Any]:
+        """Thinker thread: with ``length`` the next decode step queued (view ``length``), then the
+        step in flight's tokens read."""
+        runner: Any = self.runner
+        queued = runner.launch(n, vector_slots=vector_slots, max_length=length) if length else None
+        return pending.get(), queued
 
     # -- results (event loop) ---------------------------------------------------------------------
     def _dispatch_admitted(

@@ -86,6 +86,11 @@ class LocalStages:
             runner = await thread.run(
                 lambda: adapter.thinker_runner(slots=options.max_batch_size, max_len=options.max_model_len)
             )
+            try:
+                ahead = switches.choice("OMNI_THINKER_AHEAD")
+            except ValueError as exc:
+                raise EngineError(str(exc), param="OMNI_THINKER_AHEAD") from None
+            on_gpu = str(getattr(runner, "device", "cpu")).startswith("cuda")
             self.thinker = ThinkerScheduler(
                 runner,
                 thread=thread,
@@ -96,6 +101,7 @@ class LocalStages:
                 gather_s=gather_ms / 1000,
                 incoming=lambda: self.prompting,
                 shared_prefixes=switches.flag("OMNI_SHARED_PREFIX"),
+                ahead=ahead == "on" or (ahead == "auto" and on_gpu),
             )
             self.thinker.start()
         if "talker" in self.hosted:

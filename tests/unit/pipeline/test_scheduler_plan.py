@@ -7,7 +7,7 @@ import pytest
 from omni_runtime.contract.engine import EngineError
 from omni_runtime.contract.options import EngineOptions
 from omni_runtime.pipeline.graph import local_stages, pipeline_variant
-from omni_runtime.pipeline.scheduler import gather_wait, plan_compaction
+from omni_runtime.pipeline.scheduler import gather_wait, plan_compaction, queue_ahead
 
 
 def test_compaction_fills_holes_from_the_top() -> None:
@@ -68,3 +68,30 @@ def test_gather_wait_table(running, waiting, incoming, free, waited_s, gather_s,
         running=running, waiting=waiting, incoming=incoming, free=free, waited_s=waited_s, gather_s=gather_s
     )
     assert got == pytest.approx(hold)
+
+
+STEADY = {"ended": False, "admissions_due": False, "held": False}
+
+
+@pytest.mark.parametrize(
+    ("lengths", "left", "max_len", "changes", "expected"),
+    [
+        # rows that each want two more tokens, with room for two more positions: queue ahead
+        ([10, 20], [5, 2], 1024, {}, True),
+        # a row whose next token is its last: the step after it is not needed by every row
+        ([10, 20], [5, 1], 1024, {}, False),
+        # the queued step writes position length + 1: the cache must hold length + 2
+        ([10, 1022], [5, 5], 1024, {}, True),
+        ([10, 1023], [5, 5], 1024, {}, False),
+        # the batch is about to change: a row ended (EOS, stop string, cancel), an admission due, a hold
+        ([10], [5], 1024, {"ended": True}, False),
+        ([10], [5], 1024, {"admissions_due": True}, False),
+        ([10], [5], 1024, {"held": True}, False),
+        # no rows
+        ([], [], 1024, {}, False),
+    ],
+)  # fmt: skip
+def test_a_step_is_queued_ahead_only_while_the_batch_stays_and_every_row_needs_it(
+    lengths, left, max_len, changes, expected
+) -> None:
+    assert queue_ahead(lengths=lengths, left=left, max_len=max_len, **(STEADY | changes)) is expected
