@@ -18,17 +18,16 @@ from omni_runtime.bench.decode import bench_runtime
 from omni_runtime.bench.decode_moe import build
 from omni_runtime.executor import moe_experts, moe_layer
 
-# Each shape: overrides of executor.moe_layer's launch values (the first and last: as served). The
-# attention's keys a loop step (tests/gpu/layer_phases.py: a split's 64 keys took 2.5 µs in two steps
-# of 32 after 128 cached tokens, with HBM idle).
+# Each shape: overrides of executor.moe_layer's or moe_experts' launch values (the first and last:
+# as served). KEYS_PER_SPLIT and ATTENTION_WARPS: the attention kernel's split of the cached keys
+# (a split's 64 keys took 2.5 µs in two loop steps of 32 after 128 cached tokens, HBM idle) and
+# its programs' warps.
 SHAPES: list[dict[str, Any]] = [
-    {"OMNI_MOE_ROW_KERNEL": "0"},
     {},
-    {"TRIGGER": 3},
-    {"TRIGGER": 1},
-    {"TRIGGER": 3, "DEPTH": 1},
+    {"KEYS_PER_SPLIT": 32},
+    {"ATTENTION_WARPS": 4},
+    {"KEYS_PER_SPLIT": 32, "ATTENTION_WARPS": 4},
     {},
-    {"OMNI_MOE_ROW_KERNEL": "0"},
 ]
 
 
