@@ -115,6 +115,14 @@ class _EngineCollector(Collector):
             "Largest thinker batch seen since the worker started.",
             value=stats.max_running_batch,
         )
+        yield CounterMetricFamily(
+            "omni_thinker_steps", "Thinker decode steps since the worker started.", value=stats.thinker_steps
+        )
+        yield CounterMetricFamily(
+            "omni_thinker_steps_ahead",
+            "Thinker decode steps queued before the previous step's tokens were read (OMNI_THINKER_AHEAD).",
+            value=stats.thinker_steps_ahead,
+        )
         yield GaugeMetricFamily(
             "omni_speech_replies",
             "Streaming speech replies in flight now (from their acceptance to their end): the load "

@@ -181,6 +181,8 @@ class ProcessStats:
     queue_depth: int = 0  # requests waiting for its encoders or a thinker slot
     running_batch: int = 0  # the thinker's running rows, where the thinker runs in it
     max_running_batch: int = 0  # ... and the largest batch it ran since its start
+    thinker_steps: int = 0  # ... its decode steps since its start
+    thinker_steps_ahead: int = 0  # ... of them queued before the previous one's tokens were read
     stages: tuple[StageLoad, ...] = ()
     gpus: tuple[GpuMemory, ...] = ()
     session_kv: dict[str, int] = field(default_factory=dict)  # EngineStats' session_kv_* by suffix
@@ -192,6 +194,10 @@ class EngineStats:
     queue_depth: int = 0
     running_batch: int = 0
     max_running_batch: int = 0  # largest batch seen since start (observability and tests)
+    # The thinker's decode steps since start, and those queued before the previous step's tokens
+    # were read (OMNI_THINKER_AHEAD).
+    thinker_steps: int = 0
+    thinker_steps_ahead: int = 0
     active_requests: int = 0
     stages: tuple[StageLoad, ...] = ()  # the stage threads of this process
     # Encoder outputs kept by content (pipeline/encoder_cache.py): units served without encoding,

@@ -226,6 +226,8 @@ class PipelineEngine:
             queue_depth=sum(p.queue_depth for p in processes),
             running_batch=sum(p.running_batch for p in processes),
             max_running_batch=max((p.max_running_batch for p in processes), default=0),
+            thinker_steps=sum(p.thinker_steps for p in processes),
+            thinker_steps_ahead=sum(p.thinker_steps_ahead for p in processes),
             active_requests=self._active,
             stages=tuple(load for p in processes for load in p.stages),
             encoder_cache_hits=cache.hits if cache else 0,

@@ -238,6 +238,8 @@ class LocalStages:
             queue_depth=self.queue_depth(),
             running_batch=0 if self.thinker is None else self.thinker.running_count,
             max_running_batch=0 if self.thinker is None else self.thinker.max_running_batch,
+            thinker_steps=0 if self.thinker is None else self.thinker.steps,
+            thinker_steps_ahead=0 if self.thinker is None else self.thinker.steps_ahead,
             stages=self.load(),
             gpus=gpu_memory(),
             session_kv=kv,

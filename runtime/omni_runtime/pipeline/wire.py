@@ -199,6 +199,8 @@ def unpack_process_stats(payload: dict[str, Any]) -> ProcessStats:
         queue_depth=int(payload["queue_depth"]),
         running_batch=int(payload.get("running_batch", 0)),
         max_running_batch=int(payload.get("max_running_batch", 0)),
+        thinker_steps=int(payload.get("thinker_steps", 0)),
+        thinker_steps_ahead=int(payload.get("thinker_steps_ahead", 0)),
         stages=stages,
         gpus=tuple(GpuMemory(**gpu) for gpu in payload["gpus"]),
         session_kv={str(k): int(v) for k, v in payload["session_kv"].items()},

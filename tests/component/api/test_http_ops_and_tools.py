@@ -65,6 +65,8 @@ def test_metrics_count_requests_latencies_and_audio(worker: Worker) -> None:
         "omni_running_batch_size",
         "omni_speech_replies",
         "omni_busy_first_windows_total",
+        "omni_thinker_steps_total",
+        "omni_thinker_steps_ahead_total",
         "omni_lingered_first_windows_total",
         "omni_first_window_linger_seconds_total",
         "omni_active_sessions",

@@ -17,6 +17,10 @@ from omni_runtime.pipeline.link.server import StageLinkServer
 REPORT = ProcessStats(
     process="audio_encoder,image_encoder,mm_aggregate,thinker",
     queue_depth=3,
+    running_batch=2,
+    max_running_batch=5,
+    thinker_steps=700,
+    thinker_steps_ahead=650,
     stages=(
         StageLoad(
             stage="thinker", busy_s=1.5, calls=40, items=90, cancelled=2, after_cancel_s=0.25, working=True,
