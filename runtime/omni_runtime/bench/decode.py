@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
             set_experts(thinker, experts[1])
         runtime_ms = bench_runtime(runner, batch=batch, prompt=args.prompt, steps=args.steps, vocab=vocab)
         overlap_ms = None
-        if args.overlap and not hasattr(runner, "launch"):
+        if args.overlap and not callable(getattr(type(runner), "launch", None)):
             print(
                 "bench_decode: --overlap: this runner (thinker TP) has no launch; not timed", file=sys.stderr
             )

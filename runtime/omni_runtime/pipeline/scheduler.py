@@ -123,6 +123,14 @@ def queue_ahead(
     return all(n >= 2 for n in left) and all(length + 2 <= max_len for length in lengths)
 
 
+def launches(runner: object) -> bool:
+    """Whether ``runner``'s class has ``launch`` (a step queued, its tokens read later). Read off the
+    class: the thinker TP runner passes unknown attributes through to its rank-0 runner, and steps
+    queued ahead across a TP group (the followers' headers and broadcasts) are not checked yet, so it
+    takes one step at a time."""
+    return callable(getattr(type(runner), "launch", None))
+
+
 def gather_wait(
     *, running: int, waiting: int, incoming: int, free: int, waited_s: float, gather_s: float
 ) -> float:
@@ -159,7 +167,7 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
         super().__init__()
         # Steps queued before the previous one's tokens are read (queue_ahead): the step in flight,
         # its view length, and whether this runner can (a runner without ``launch``: never).
-        self.ahead = ahead and callable(getattr(runner, "launch", None))
+        self.ahead = ahead and launches(runner)
         self._pending: Any = None
         self._pending_length = 0
         self.steps_ahead = 0  # decode steps queued while another's tokens were unread

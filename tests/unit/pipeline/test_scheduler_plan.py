@@ -7,7 +7,7 @@ import pytest
 from omni_runtime.contract.engine import EngineError
 from omni_runtime.contract.options import EngineOptions
 from omni_runtime.pipeline.graph import local_stages, pipeline_variant
-from omni_runtime.pipeline.scheduler import gather_wait, plan_compaction, queue_ahead
+from omni_runtime.pipeline.scheduler import gather_wait, launches, plan_compaction, queue_ahead
 
 
 def test_compaction_fills_holes_from_the_top() -> None:
@@ -95,3 +95,22 @@ def test_a_step_is_queued_ahead_only_while_the_batch_stays_and_every_row_needs_i
     lengths, left, max_len, changes, expected
 ) -> None:
     assert queue_ahead(lengths=lengths, left=left, max_len=max_len, **(STEADY | changes)) is expected
+
+
+def test_only_a_runner_whose_class_launches_queues_ahead() -> None:
+    """The thinker TP runner passes unknown attributes through to its rank-0 runner: its inner
+    ``launch`` must not count (steps queued ahead across a TP group are not checked)."""
+
+    class Launching:
+        def launch(self, n: int, *, vector_slots: list[int], max_length: int) -> object: ...
+
+    class PassingThrough:
+        def __init__(self) -> None:
+            self.runner = Launching()
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.runner, name)
+
+    assert launches(Launching())
+    assert callable(PassingThrough().launch) and not launches(PassingThrough())
+    assert not launches(object())
