@@ -214,7 +214,8 @@ SWITCHES: tuple[Switch, ...] = (
         "choice",
         "auto",
         "Queue each thinker decode step before the previous one's tokens are read while the batch stays "
-        "as it is (auto: on a GPU; on: on a CPU too, where it only delays each token by a step; off).",
+        "as it is and no row feeds a talker (auto: on a GPU; on: on a CPU too, where it only delays each "
+        "token by a step; off).",
         choices=("auto", "on", "off"),
     ),
     Switch(

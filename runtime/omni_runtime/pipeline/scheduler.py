@@ -7,12 +7,14 @@ one decode step for all rows. The model work of an iteration runs on the thinker
 bookkeeping stays on the event loop, so a cancel (a client closing its stream) needs no locks
 and frees its slot at the next step boundary.
 
-While the batch stays as it is (``queue_ahead``), each decode step is queued on the GPU before the
-previous step's tokens are read (a runner with ``launch``; ``OMNI_THINKER_AHEAD``): the host's
-work between steps (the tokens' copy and wait, the hand-over to the event loop and back, the
-tokens' dispatch) then runs while the GPU computes, instead of between its steps. A row that
-samples its end token has one more step computed that nobody reads; any change (a row ending or
-cancelled, an admission due, a hold) first collects the step in flight, then goes on as above.
+While the batch stays as it is and no row feeds a talker (``queue_ahead``), each decode step is
+queued on the GPU before the previous step's tokens are read (a runner with ``launch``;
+``OMNI_THINKER_AHEAD``): the host's work between steps (the tokens' copy and wait, the hand-over to
+the event loop and back, the tokens' dispatch) then runs while the GPU computes, instead of between
+its steps. A row that samples its end token has one more step computed that nobody reads; any
+change (a row ending or cancelled, an admission due, a hold) first collects the step in flight,
+then goes on as above. Speech rows keep one step at a time: their audio windows pause the thinker
+(``hold``), and a step queued ahead would run into the window it pauses for.
 """
 
 from __future__ import annotations
@@ -110,15 +112,23 @@ def plan_compaction(
 
 
 def queue_ahead(
-    *, lengths: list[int], left: list[int], max_len: int, ended: bool, admissions_due: bool, held: bool
+    *,
+    lengths: list[int],
+    left: list[int],
+    max_len: int,
+    ended: bool,
+    admissions_due: bool,
+    held: bool,
+    feeds_talker: bool,
 ) -> bool:
     """Whether the thinker may queue a decode step while one step's tokens are still unread: the
-    batch stays as it is (no row ``ended``, no admission due, no hold asked for), and the queued
-    step is one every row needs and has room for. ``lengths`` and ``left`` (tokens still wanted,
+    batch stays as it is (no row ``ended``, no admission due, no hold asked for), no row feeds a
+    talker (speech: its audio windows pause the thinker, and a step queued ahead would still run
+    in the pause), and the queued step is one every row needs and has room for. ``lengths`` and ``left`` (tokens still wanted,
     ``max_tokens - generated``) are each row's as the event loop knows them, one step before the
     queued one: that step takes each row's token ``left - 1`` to go, so the queued one is needed if
     ``left >= 2``, and it writes position ``length + 1``, so the cache must hold ``length + 2``."""
-    if ended or admissions_due or held or not lengths:
+    if ended or admissions_due or held or feeds_talker or not lengths:
         return False
     return all(n >= 2 for n in left) and all(length + 2 <= max_len for length in lengths)
 
@@ -317,6 +327,7 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
             ended=any(j.finish is not None for j in self.running),
             admissions_due=bool(self.waiting) and len(self.running) < self.max_batch,
             held=not self._resume.is_set(),
+            feeds_talker=any(j.want_vectors for j in self.running),
         )
 
     async def _next_pending(self) -> None:

@@ -70,7 +70,7 @@ def test_gather_wait_table(running, waiting, incoming, free, waited_s, gather_s,
     assert got == pytest.approx(hold)
 
 
-STEADY = {"ended": False, "admissions_due": False, "held": False}
+STEADY = {"ended": False, "admissions_due": False, "held": False, "feeds_talker": False}
 
 
 @pytest.mark.parametrize(
@@ -87,6 +87,8 @@ STEADY = {"ended": False, "admissions_due": False, "held": False}
         ([10], [5], 1024, {"ended": True}, False),
         ([10], [5], 1024, {"admissions_due": True}, False),
         ([10], [5], 1024, {"held": True}, False),
+        # a row whose reply vectors feed a talker (speech): its audio windows pause the thinker
+        ([10, 20], [5, 5], 1024, {"feeds_talker": True}, False),
         # no rows
         ([], [], 1024, {}, False),
     ],
