@@ -90,7 +90,7 @@ def request_body(spec: LoadSpec) -> dict[str, object]:
 
 async def _one_streaming(client: httpx.AsyncClient, spec: LoadSpec) -> RequestSample:
     began = time.perf_counter()
-    ttft = ttfa = None
+    ttft = ttfa = last_text = None
     deltas = chunks = tokens = 0
     audio: list[Chunk] = []
     async with client.stream("POST", "/v1/chat/completions", json=request_body(spec)) as response:
@@ -119,6 +119,7 @@ async def _one_streaming(client: httpx.AsyncClient, spec: LoadSpec) -> RequestSa
                 if delta.get("content"):
                     deltas += 1
                     ttft = now if ttft is None else ttft
+                    last_text = now
                 if payload := (delta.get("audio") or {}).get("data"):
                     chunks += 1
                     ttfa = now if ttfa is None else ttfa
@@ -129,6 +130,7 @@ async def _one_streaming(client: httpx.AsyncClient, spec: LoadSpec) -> RequestSa
         ok=True,
         latency_s=time.perf_counter() - began,
         ttft_s=ttft,
+        last_text_s=last_text,
         ttfa_s=ttfa,
         output_tokens=tokens or deltas,
         text_deltas=deltas,

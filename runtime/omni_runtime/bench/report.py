@@ -27,6 +27,8 @@ _COLUMNS = (
     ("lat p50", "latency_p50_s", "{:.3f}"),
     ("lat p95", "latency_p95_s", "{:.3f}"),
     ("ttft p50", "ttft_p50_s", "{:.3f}"),
+    ("tpot p50", "tpot_p50_s", "{:.4f}"),  # seconds a token after the first, streamed
+    ("tpot p95", "tpot_p95_s", "{:.4f}"),
     ("ttfa p50", "ttfa_p50_s", "{:.3f}"),
 )
 _SPEECH_COLUMNS = (

@@ -23,6 +23,7 @@ class RequestSample:
     ok: bool
     latency_s: float
     ttft_s: float | None = None  # first text token
+    last_text_s: float | None = None  # last text delta (streaming)
     ttfa_s: float | None = None  # first audio bytes
     output_tokens: int = 0
     text_deltas: int = 0
@@ -53,6 +54,7 @@ def request_rows(samples: list[RequestSample], *, level: str) -> list[dict[str, 
                 "status": sample.status,
                 "latency_s": sec(sample.latency_s),
                 "ttft_s": sec(sample.ttft_s),
+                "tpot_s": None if (t := tpot(sample)) is None else round(t, 6),
                 "ttfa_s": sec(sample.ttfa_s),
                 "audio_s": sec(heard.audio_s) if heard else None,
                 "stall_s": sec(heard.stall_s) if heard else None,
@@ -83,6 +85,11 @@ class LevelSummary:
     ttfa_mean_s: float | None
     ttfa_p50_s: float | None
     first_error: str | None = None
+    # Streamed text: each request's time per output token after its first (from its first text
+    # delta to its last, over its tokens but one), p50 and p95 over the requests; None for
+    # non-streaming levels and rows from tools that do not measure it.
+    tpot_p50_s: float | None = None
+    tpot_p95_s: float | None = None
     refused: int = 0  # failed requests the worker refused with 429 (at its speech stream limit)
     # Open loop: Poisson arrivals per second (concurrency is then the most requests seen in flight).
     rate_per_s: float | None = None
@@ -160,6 +167,14 @@ class LevelSummary:
         return cls(**values)
 
 
+def tpot(sample: RequestSample) -> float | None:
+    """A streamed request's seconds per output token after its first: from its first text delta to
+    its last, over its tokens but one; None without two tokens streamed."""
+    if sample.ttft_s is None or sample.last_text_s is None or sample.output_tokens < 2:
+        return None
+    return (sample.last_text_s - sample.ttft_s) / (sample.output_tokens - 1)
+
+
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
@@ -183,6 +198,7 @@ def summarize(
     ttfts = [s.ttft_s for s in ok if s.ttft_s is not None]
     ttfas = [s.ttfa_s for s in ok if s.ttfa_s is not None]
     tokens = sum(s.output_tokens for s in ok)
+    tpots = [t for s in ok if (t := tpot(s)) is not None]
     errors = [s.error for s in samples if not s.ok and s.error]
     return LevelSummary(
         label=label,
@@ -200,6 +216,8 @@ def summarize(
         ttfa_mean_s=_mean(ttfas),
         ttfa_p50_s=_p(ttfas, 50),
         first_error=errors[0] if errors else None,
+        tpot_p50_s=_p(tpots, 50),
+        tpot_p95_s=_p(tpots, 95),
         refused=sum(1 for s in samples if not s.ok and s.status == 429),
         rate_per_s=rate_per_s,
         **_speech_fields(ok, wall_s=wall_s),

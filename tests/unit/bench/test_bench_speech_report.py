@@ -46,12 +46,12 @@ def test_speech_table_is_exact() -> None:
     lines = format_table(rows).splitlines()
     assert lines[0].split() == [
         "label", "load", "ok/all", "req/s", "tok/s", "lat", "mean", "lat", "p50", "lat", "p95", "ttft",
-        "p50", "ttfa", "p50", "ttfa", "p95", "ttfa", "p99", "stall/str", "stall", "max", "closest", "rtf", "p50",
+        "p50", "tpot", "p50", "tpot", "p95", "ttfa", "p50", "ttfa", "p95", "ttfa", "p99", "stall/str", "stall", "max", "closest", "rtf", "p50",
         "rt/str", "audio", "s/s", "audio/str", "min", "audio/str", "p50", "ttfa", "1st", "wave", "ttfa",
         "later",
     ]  # fmt: skip
     assert lines[2].split() == [
-        "omni", "4", "4/4", "2.00", "64.0", "-", "-", "-", "-", "0.250", "0.500", "0.750", "0.125",
+        "omni", "4", "4/4", "2.00", "64.0", "-", "-", "-", "-", "-", "-", "0.250", "0.500", "0.750", "0.125",
         "0.500", "-0.050", "0.250", "3/4", "12.50", "1.50", "9.75", "0.600", "0.400",
     ]  # fmt: skip
     assert lines[3].split()[:2] == ["omni", "1.5/s"]

@@ -27,9 +27,10 @@ def test_percentile_matches_linear_interpolation() -> None:
 
 def test_summarize_exact() -> None:
     samples = [
-        RequestSample(ok=True, latency_s=1.0, ttft_s=0.1, ttfa_s=0.3, output_tokens=10),
-        RequestSample(ok=True, latency_s=2.0, ttft_s=0.2, ttfa_s=None, output_tokens=10),
-        RequestSample(ok=True, latency_s=3.0, ttft_s=0.3, ttfa_s=0.5, output_tokens=10),
+        # tokens after the first: 0.1, 0.1 and 0.2 s each
+        RequestSample(ok=True, latency_s=1.0, ttft_s=0.1, last_text_s=1.0, ttfa_s=0.3, output_tokens=10),
+        RequestSample(ok=True, latency_s=2.0, ttft_s=0.2, last_text_s=1.1, ttfa_s=None, output_tokens=10),
+        RequestSample(ok=True, latency_s=3.0, ttft_s=0.3, last_text_s=2.1, ttfa_s=0.5, output_tokens=10),
         RequestSample(ok=False, latency_s=9.0, error="HTTP 500: boom"),
     ]
     assert summarize(samples, concurrency=4, wall_s=3.0) == LevelSummary(
@@ -48,6 +49,8 @@ def test_summarize_exact() -> None:
         ttfa_mean_s=0.4,
         ttfa_p50_s=0.4,
         first_error="HTTP 500: boom",
+        tpot_p50_s=pytest.approx(0.1),  # type: ignore[arg-type]
+        tpot_p95_s=pytest.approx(0.19),  # type: ignore[arg-type]
     )
 
 
@@ -73,12 +76,17 @@ def _row(label: str, concurrency: int, tokens: float, **extra: float | None) -> 
 
 
 def test_table_is_exact() -> None:
-    rows = [_row("omni", 1, 123.456, latency_p50_s=0.25, ttft_p50_s=0.0123), _row("hf-generate", 16, 5.0)]
+    rows = [
+        _row(
+            "omni", 1, 123.456, latency_p50_s=0.25, ttft_p50_s=0.0123, tpot_p50_s=0.00241, tpot_p95_s=0.0031
+        ),
+        _row("hf-generate", 16, 5.0),
+    ]
     assert format_table(rows).splitlines() == [
-        "label        load  ok/all  req/s  tok/s  lat mean  lat p50  lat p95  ttft p50  ttfa p50",
-        "-----------  ----  ------  -----  -----  --------  -------  -------  --------  --------",
-        "omni            1     8/8   4.00  123.5         -    0.250        -     0.012         -",
-        "hf-generate    16     8/8   4.00    5.0         -        -        -         -         -",
+        "label        load  ok/all  req/s  tok/s  lat mean  lat p50  lat p95  ttft p50  tpot p50  tpot p95  ttfa p50",
+        "-----------  ----  ------  -----  -----  --------  -------  -------  --------  --------  --------  --------",
+        "omni            1     8/8   4.00  123.5         -    0.250        -     0.012    0.0024    0.0031         -",
+        "hf-generate    16     8/8   4.00    5.0         -        -        -         -         -         -         -",
     ]
 
 
@@ -186,20 +194,21 @@ def test_request_rows_are_exact_and_in_send_order() -> None:
         sent_s=1.5,
     )
     refused = RequestSample(ok=False, latency_s=0.01, error="full", status=429, sent_s=0.25)
-    text = RequestSample(ok=True, latency_s=0.8, ttft_s=0.05, sent_s=0.0)
+    # 11 tokens streamed from 0.05 s to 0.55 s: 0.05 s a token after the first
+    text = RequestSample(ok=True, latency_s=0.8, ttft_s=0.05, last_text_s=0.55, output_tokens=11, sent_s=0.0)
     rows = request_rows([speech, refused, text], level="c=2")
     assert rows == [
         {
             "level": "c=2", "sent_s": 0.0, "ok": True, "status": None, "latency_s": 0.8, "ttft_s": 0.05,
-            "ttfa_s": None, "audio_s": None, "stall_s": None, "stalls": None, "min_slack_s": None, "error": None, "chunks": None,
+            "tpot_s": 0.05, "ttfa_s": None, "audio_s": None, "stall_s": None, "stalls": None, "min_slack_s": None, "error": None, "chunks": None,
         },
         {
             "level": "c=2", "sent_s": 0.25, "ok": False, "status": 429, "latency_s": 0.01, "ttft_s": None,
-            "ttfa_s": None, "audio_s": None, "stall_s": None, "stalls": None, "min_slack_s": None, "error": "full", "chunks": None,
+            "tpot_s": None, "ttfa_s": None, "audio_s": None, "stall_s": None, "stalls": None, "min_slack_s": None, "error": "full", "chunks": None,
         },
         {
             "level": "c=2", "sent_s": 1.5, "ok": True, "status": None, "latency_s": 2.0, "ttft_s": 0.1,
-            "ttfa_s": 0.3, "audio_s": 1.7, "stall_s": 0.1, "stalls": 1, "min_slack_s": -0.1, "error": None,
+            "tpot_s": None, "ttfa_s": 0.3, "audio_s": 1.7, "stall_s": 0.1, "stalls": 1, "min_slack_s": -0.1, "error": None,
             "chunks": [[0.3, 0.2], [0.6, 1.0], [1.0, 0.5]],
         },
     ]  # fmt: skip
