@@ -165,7 +165,9 @@ def test_a_stream_behind_its_talker_catches_up_in_larger_windows(family_speech_e
     from omni_runtime.pipeline.segmenter import SegmenterConfig
 
     harness = family_speech_engine
-    spy = SlowVocoder(harness.engine.stages.local.vocoder, delay_s=0.4)
+    # 0.8 s a call: slower than the tiny talker's codes even on a loaded machine (at 0.4 s Qwen3's
+    # talker kept pace with it once, in a CI run at half its usual speed, and no window caught up)
+    spy = SlowVocoder(harness.engine.stages.local.vocoder, delay_s=0.8)
     harness.engine.stages.local.vocoder = spy
     ahead, harness.engine.windows_ahead = harness.engine.windows_ahead, 1
     try:
