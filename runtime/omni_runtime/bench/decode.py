@@ -195,6 +195,8 @@ def bench_generate(thinker: Any, *, batch: int, prompt: int, steps: int, vocab: 
 
 
 def main(argv: list[str] | None = None) -> int:
+    from omni_runtime.pipeline.scheduler import launches  # the runners the serving loop queues ahead
+
     parser = argparse.ArgumentParser(
         prog="python -m omni_runtime.bench.decode", description=__doc__.split("\n")[0]
     )
@@ -308,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
             set_experts(thinker, experts[1])
         runtime_ms = bench_runtime(runner, batch=batch, prompt=args.prompt, steps=args.steps, vocab=vocab)
         overlap_ms = None
-        if args.overlap and not callable(getattr(type(runner), "launch", None)):
+        if args.overlap and not launches(runner):
             print(
                 "bench_decode: --overlap: this runner (thinker TP) has no launch; not timed", file=sys.stderr
             )

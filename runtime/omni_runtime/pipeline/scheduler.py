@@ -124,10 +124,11 @@ def queue_ahead(
     """Whether the thinker may queue a decode step while one step's tokens are still unread: the
     batch stays as it is (no row ``ended``, no admission due, no hold asked for), no row feeds a
     talker (speech: its audio windows pause the thinker, and a step queued ahead would still run
-    in the pause), and the queued step is one every row needs and has room for. ``lengths`` and ``left`` (tokens still wanted,
-    ``max_tokens - generated``) are each row's as the event loop knows them, one step before the
-    queued one: that step takes each row's token ``left - 1`` to go, so the queued one is needed if
-    ``left >= 2``, and it writes position ``length + 1``, so the cache must hold ``length + 2``."""
+    in the pause), and the queued step is one every row needs and has room for. ``lengths`` and
+    ``left`` (tokens still wanted, ``max_tokens - generated``) are each row's as the event loop
+    knows them, one step before the queued one: that step takes each row's token ``left - 1`` to
+    go, so the queued one is needed if ``left >= 2``, and it writes position ``length + 1``, so the
+    cache must hold ``length + 2`` (its view)."""
     if ended or admissions_due or held or feeds_talker or not lengths:
         return False
     return all(n >= 2 for n in left) and all(length + 2 <= max_len for length in lengths)
@@ -175,11 +176,10 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
         ahead: bool = False,
     ) -> None:
         super().__init__()
-        # Steps queued before the previous one's tokens are read (queue_ahead): the step in flight,
-        # its view length, and whether this runner can (a runner without ``launch``: never).
+        # Steps queued before the previous one's tokens are read (queue_ahead): whether this runner
+        # may (a runner without ``launch``: never), and the step in flight.
         self.ahead = ahead and launches(runner)
         self._pending: Any = None
-        self._pending_length = 0
         self.steps_ahead = 0  # decode steps queued while another's tokens were unread
         # A burst's prompts prefilled together (gather_wait): ``incoming`` counts the requests
         # still in their prompt phase (the engine's), ``gather_s`` bounds the hold (0: none).
@@ -313,7 +313,7 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
             self._fail(exc)
             return
         if pending is not None:
-            self._pending, self._pending_length = pending, max_length + 1
+            self._pending = pending
             self.steps_ahead += 1
         self.steps += 1
         self.rows_stepped += n
@@ -336,14 +336,15 @@ class ThinkerScheduler(SchedulerLoop[ThinkerJob]):
         pending, n = self._pending, len(self.running)
         self._pending = None
         vector_slots = [j.slot for j in self.running if j.want_vectors]
-        length = self._pending_length + 1 if self._may_queue_ahead() else 0  # the next step's view
+        # The rows' lengths count the step just read, not the one in flight: the next one's view.
+        length = max(j.length for j in self.running) + 2 if self._may_queue_ahead() else 0
         try:
             step, queued = await self.thread.run(self._collect, pending, n, vector_slots, length)
         except Exception as exc:
             self._fail(exc)
             return
         if queued is not None:
-            self._pending, self._pending_length = queued, length
+            self._pending = queued
             self.steps_ahead += 1
         self.steps += 1
         self.rows_stepped += n

@@ -82,14 +82,14 @@ class LocalStages:
                 gather_ms = switches.read("OMNI_GATHER_MS") or 0.0
             except ValueError as exc:
                 raise EngineError(str(exc), param="OMNI_GATHER_MS") from None
+            try:  # read before the thinker loads: a wrong value costs no model load
+                ahead = switches.choice("OMNI_THINKER_AHEAD")
+            except ValueError as exc:
+                raise EngineError(str(exc), param="OMNI_THINKER_AHEAD") from None
             thread = self._thread("thinker")
             runner = await thread.run(
                 lambda: adapter.thinker_runner(slots=options.max_batch_size, max_len=options.max_model_len)
             )
-            try:
-                ahead = switches.choice("OMNI_THINKER_AHEAD")
-            except ValueError as exc:
-                raise EngineError(str(exc), param="OMNI_THINKER_AHEAD") from None
             on_gpu = str(getattr(runner, "device", "cpu")).startswith("cuda")
             self.thinker = ThinkerScheduler(
                 runner,
