@@ -78,6 +78,7 @@ def build(
             cuda_graphs=True,
             accept_layer=int(config.talker_config.accept_hidden_layer),
             decode_layer=decode_layer_mode(kernel),
+            decode_step="step" in build_suffixes(kernel)[1],
         )
 
     expert_params = 0
@@ -100,13 +101,14 @@ def build(
     return thinker, make_runner, int(text_cfg.vocab_size), bytes_for, default_kernel
 
 
-SUFFIXES = ("qkv", "layer", "pdl")
+SUFFIXES = ("qkv", "layer", "pdl", "step")
 
 
 def build_suffixes(kernel: str) -> tuple[str, set[str]]:
     """A build's experts kernel and its suffixes: ``omni_fused+qkv`` (the fused q/k/v projection),
     ``+layer`` (the fused decode layer, executor.moe_layer: six kernels a layer at up to 4 rows; it
-    implies +qkv) and ``+pdl`` (the same as programmatic dependent launches)."""
+    implies +qkv), ``+pdl`` (the same as programmatic dependent launches) and ``+step`` (one-row
+    steps with every layer in one kernel, executor.moe_step, beside +layer or +pdl)."""
     name, *extras = kernel.split("+")
     unknown = [extra for extra in extras if extra not in SUFFIXES]
     if unknown:

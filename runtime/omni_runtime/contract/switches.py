@@ -225,6 +225,14 @@ SWITCHES: tuple[Switch, ...] = (
         "Qwen3-Omni thinker decode steps of one row on Hopper or later: the MoE block (router, experts, "
         "residual) as one CUDA kernel compiled at start by NVRTC; 0: the three Triton kernels.",
     ),
+    Switch(
+        "OMNI_MOE_STEP_KERNEL",
+        "flag",
+        "1",
+        "Qwen3-Omni thinker decode steps of one row on Hopper or later: every layer in one CUDA kernel "
+        "compiled at start by NVRTC, each phase's weights copied into shared memory while the phase before "
+        "works; 0: four kernels a layer.",
+    ),
 )
 BY_NAME = {switch.name: switch for switch in SWITCHES}
 

@@ -115,26 +115,32 @@ def source() -> str:
 def compile_cubin(row_plan: RowPlan, arch: str) -> tuple[bytes, str]:
     """(cubin, ptxas log) of ``moe_experts.cu`` at ``row_plan``'s sizes for ``arch`` (e.g.
     ``sm_90``), by NVRTC; a RuntimeError with NVRTC's log if it does not compile."""
+    return compile_source(source(), "moe_experts.cu", row_plan.defines(), arch)
+
+
+def compile_source(text: str, name: str, defines: dict[str, int], arch: str) -> tuple[bytes, str]:
+    """(cubin, ptxas log) of CUDA C++ ``text`` (file ``name``) with ``defines`` for ``arch``, by
+    NVRTC; a RuntimeError naming the file with NVRTC's log if it does not compile."""
     from cuda.bindings import nvrtc
 
     options = [f"-arch={arch}", "-std=c++17", "--ptxas-options=-v"]
-    options += [f"-D{name}={value}" for name, value in row_plan.defines().items()]
-    err, program = nvrtc.nvrtcCreateProgram(source().encode(), b"moe_experts.cu", 0, [], [])
+    options += [f"-D{key}={value}" for key, value in defines.items()]
+    err, program = nvrtc.nvrtcCreateProgram(text.encode(), name.encode(), 0, [], [])
     _check(err, "nvrtcCreateProgram")
     try:
         (status,) = nvrtc.nvrtcCompileProgram(program, len(options), [o.encode() for o in options])
         err, size = nvrtc.nvrtcGetProgramLogSize(program)
         log = b" " * size
         nvrtc.nvrtcGetProgramLog(program, log)
-        text = log.decode(errors="replace").rstrip("\x00 \n")
+        message = log.decode(errors="replace").rstrip("\x00 \n")
         if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            raise RuntimeError(f"moe_experts.cu does not compile for {arch}:\n{text}")
+            raise RuntimeError(f"{name} does not compile for {arch}:\n{message}")
         err, size = nvrtc.nvrtcGetCUBINSize(program)
         _check(err, "nvrtcGetCUBINSize")
         cubin = b" " * size
         (err,) = nvrtc.nvrtcGetCUBIN(program, cubin)
         _check(err, "nvrtcGetCUBIN")
-        return cubin, text
+        return cubin, message
     finally:
         nvrtc.nvrtcDestroyProgram(program)
 
@@ -147,19 +153,58 @@ def _check(err: Any, what: str) -> None:
 @functools.cache
 def _function(row_plan: RowPlan, device_index: int) -> Any:
     """The loaded kernel for ``row_plan`` on GPU ``device_index`` (its primary context)."""
-    from cuda.bindings import driver
-
     major, minor = torch.cuda.get_device_capability(device_index)
     cubin, _log = compile_cubin(row_plan, f"sm_{major}{minor}")
+    return load_function(cubin, "moe_experts_row", row_plan.shared_bytes, device_index)
+
+
+def load_function(cubin: bytes, kernel: str, shared_bytes: int, device_index: int) -> tuple[Any, Any]:
+    """(module, function) of ``kernel`` in ``cubin`` loaded on GPU ``device_index``, allowed
+    ``shared_bytes`` of dynamic shared memory."""
+    from cuda.bindings import driver
+
     _current_context(device_index)
     err, module = driver.cuModuleLoadData(cubin)
     _check(err, "cuModuleLoadData")
-    err, function = driver.cuModuleGetFunction(module, b"moe_experts_row")
+    err, function = driver.cuModuleGetFunction(module, kernel.encode())
     _check(err, "cuModuleGetFunction")
     attribute = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    (err,) = driver.cuFuncSetAttribute(function, attribute, row_plan.shared_bytes)
+    (err,) = driver.cuFuncSetAttribute(function, attribute, shared_bytes)
     _check(err, "cuFuncSetAttribute")
     return module, function
+
+
+def launch(
+    function: Any,
+    values: list[Any],
+    *,
+    blocks: int,
+    threads: int,
+    shared_bytes: int,
+    device: torch.device,
+    pdl: bool,
+) -> None:
+    """Launch ``function`` with argument ``values`` (ctypes) on PyTorch's current stream of
+    ``device``, as a programmatic dependent launch when ``pdl``."""
+    from cuda.bindings import driver
+
+    _current_context(device_index(device))
+    pointers = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+    config = driver.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = blocks, 1, 1
+    config.blockDimX, config.blockDimY, config.blockDimZ = threads, 1, 1
+    config.sharedMemBytes = shared_bytes
+    config.hStream = driver.CUstream(torch.cuda.current_stream(device).cuda_stream)
+    attributes = []
+    if pdl:
+        attribute = driver.CUlaunchAttribute()
+        attribute.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attribute.value.programmaticStreamSerializationAllowed = 1
+        attributes.append(attribute)
+    config.attrs = attributes
+    config.numAttrs = len(attributes)
+    (err,) = driver.cuLaunchKernelEx(config, function, ctypes.addressof(pointers), 0)
+    _check(err, "cuLaunchKernelEx")
 
 
 @functools.cache
@@ -208,13 +253,9 @@ class RowExperts:
         """``mid`` [1, H] (the attention block's output plus residual) through the MoE block and
         its residual: the layer's output [1, H]. ``trace`` (int64, at least [blocks, 8]): each
         block's phase marks (the kernel compiled with them)."""
-        from cuda.bindings import driver
-
         out = torch.empty_like(mid)
-        index = _index(self.device)
         row_plan = self.plan if trace is None else dataclasses.replace(self.plan, trace=True)
-        _module, function = _function(row_plan, index)
-        _current_context(index)
+        _module, function = _function(row_plan, device_index(self.device))
         values = [
             ctypes.c_uint64(t.data_ptr())
             for t in (
@@ -224,22 +265,10 @@ class RowExperts:
         ]  # fmt: skip
         values.append(ctypes.c_float(self.eps))  # type: ignore[arg-type]
         values.append(ctypes.c_uint64(0 if trace is None else trace.data_ptr()))
-        pointers = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
-        config = driver.CUlaunchConfig()
-        config.gridDimX, config.gridDimY, config.gridDimZ = self.plan.blocks, 1, 1
-        config.blockDimX, config.blockDimY, config.blockDimZ = self.plan.threads, 1, 1
-        config.sharedMemBytes = self.plan.shared_bytes
-        config.hStream = driver.CUstream(torch.cuda.current_stream(self.device).cuda_stream)
-        attributes = []
-        if pdl:
-            attribute = driver.CUlaunchAttribute()
-            attribute.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-            attribute.value.programmaticStreamSerializationAllowed = 1
-            attributes.append(attribute)
-        config.attrs = attributes
-        config.numAttrs = len(attributes)
-        (err,) = driver.cuLaunchKernelEx(config, function, ctypes.addressof(pointers), 0)
-        _check(err, "cuLaunchKernelEx")
+        launch(
+            function, values, blocks=self.plan.blocks, threads=self.plan.threads,
+            shared_bytes=self.plan.shared_bytes, device=self.device, pdl=pdl,
+        )  # fmt: skip
         return out
 
 
@@ -285,7 +314,7 @@ def row_experts(
     row_plan = plan(
         hidden=hidden, inter=inter, experts=experts, top_k=top_k, normalize=normalize, multiprocessors=sms
     )
-    if isinstance(row_plan, str) or not loads(row_plan, _index(device)):
+    if isinstance(row_plan, str) or not loads(row_plan, device_index(device)):
         return None
     return RowExperts(row_plan, weights, eps)
 
@@ -305,5 +334,5 @@ def loads(row_plan: RowPlan, device_index: int) -> bool:
     return True
 
 
-def _index(device: torch.device) -> int:
+def device_index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()

@@ -335,6 +335,9 @@ class SlotDecoder:
         # What a decode step calls per layer: the step layers, or a family's fused decode layers
         # that fall back to them (executor.moe_layer).
         self.decode_layers: list[Callable[..., Any]] | None = None  # None: the step layers
+        # Or a family's whole stack in one call where it takes the step: ``(hidden, position
+        # embeddings, cache)`` gives the last layer's output, or None (the layers run one by one).
+        self.decode_stack: Callable[..., torch.Tensor | None] | None = None
         self.embed_fn, self.head_fn = embed_fn, head_fn
         self.slots, self.max_len, self.device, self.dtype = slots, max_len, device, dtype
         self.cache = SlotKVCache(
@@ -797,8 +800,9 @@ class SlotDecoder:
         cache = self.cache
         cache.write_pos = write
         cache.view_len = view
+        stacked = None if self.decode_stack is None else self.decode_stack(hidden, cos_sin, cache)
         try:
-            for i, layer in enumerate(self.decode_layers or self.step_layers):
+            for i, layer in enumerate([] if stacked is not None else self.decode_layers or self.step_layers):
                 cache.layer_keys, cache.layer_values = cache.keys[i], cache.values[i]
                 hidden = layer(
                     hidden, attention_mask=mask, position_embeddings=cos_sin, past_key_values=cache
@@ -807,6 +811,8 @@ class SlotDecoder:
                     hidden = hidden[0]
         finally:
             cache.layer_keys = cache.layer_values = None
+        if stacked is not None:
+            hidden = stacked
         normed = self.norm(hidden[:, 0])
         self.out_logits[:batch].copy_(self.head_fn(normed))
         self.out_hidden[:batch].copy_(normed)

@@ -16,7 +16,7 @@ from torch import nn
 from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as hf
 
 from omni_runtime.contract import switches
-from omni_runtime.executor import moe_decode
+from omni_runtime.executor import moe_decode, moe_step
 from omni_runtime.executor.moe_layer import FusedMoeDecodeLayer, MoeLayerWeights
 from omni_runtime.models.qwen3_omni_moe.attention import FusedQKVAttention
 
@@ -82,3 +82,12 @@ def fused_decode_layers(
             return None
         fused.append(FusedMoeDecodeLayer(weights, step, pdl=mode == "pdl"))
     return fused
+
+
+def fused_decode_stack(fused: list[Callable[..., Any]], *, pdl: bool) -> moe_step.RowStep | None:
+    """Every fused layer of a one-row decode step in one kernel (executor.moe_step), or None where
+    it does not run here (then the fused layers run one by one)."""
+    weights = [layer.weights for layer in fused if isinstance(layer, FusedMoeDecodeLayer)]
+    if len(weights) != len(fused):
+        return None
+    return moe_step.row_step(weights, pdl=pdl)

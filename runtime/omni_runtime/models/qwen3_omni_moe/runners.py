@@ -27,13 +27,20 @@ from omni_runtime.executor.host_copy import to_device
 from omni_runtime.executor.slot_cache import add_after_layers
 from omni_runtime.executor.triton_support import hopper_or_later, triton_runs_on
 from omni_runtime.models.qwen2_5_omni.runners import QwenThinkerRunner
-from omni_runtime.models.qwen3_omni_moe.decode_layer import fused_decode_layers
+from omni_runtime.models.qwen3_omni_moe.decode_layer import fused_decode_layers, fused_decode_stack
 
 DEEPSTACK = "deepstack"
 
 
 class Qwen3ThinkerRunner(QwenThinkerRunner):
-    def __init__(self, *args: Any, accept_layer: int, decode_layer: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        accept_layer: int,
+        decode_layer: str | None = None,
+        decode_step: bool | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         # Decode steps of a few rows in six fused kernels a layer where Triton runs
         # (decode_layer.py); ``decode_layer`` (else OMNI_MOE_LAYER): pdl, fused or off.
@@ -44,6 +51,12 @@ class Qwen3ThinkerRunner(QwenThinkerRunner):
             self.decoder.decode_layers = fused_decode_layers(
                 self.decoder.layers, self.decoder.step_layers, mode
             )
+        # One-row steps with every layer in one kernel on Hopper (``decode_step``, else
+        # OMNI_MOE_STEP_KERNEL), where the fused layers run.
+        if decode_step is None:
+            decode_step = switches.flag("OMNI_MOE_STEP_KERNEL")
+        if decode_step and self.decoder.decode_layers is not None:
+            self.decoder.decode_stack = fused_decode_stack(self.decoder.decode_layers, pdl=mode == "pdl")
         self.accept_layer = accept_layer
         self.layer_count = len(self.decoder.layers)
         # Every prefill keeps the accept layer's output (before the DeepStack add, as transformers

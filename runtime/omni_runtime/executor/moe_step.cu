@@ -1,0 +1,746 @@
+// A Qwen3-MoE thinker's decode step for one row, every layer in one kernel (executor/moe_step.py).
+//
+// At one row the fused decode layer runs four kernels a layer (q/k/v, attention, o, the MoE
+// block); between them the GPU drains and ramps, and while the attention and the router wait on
+// their short dependency chains HBM idles. Here NCTA blocks, one a multiprocessor, run LAYERS
+// layers in turn without leaving the kernel, and each phase's weights are copied into shared
+// memory by the copy engine (cp.async.bulk) while the phase before still works or waits:
+//
+//   A. q/k/v: the layer's input (every block's 2048 values) normalised (input RMSNorm), this
+//      block's QKV_PER_BLOCK rows of the fused q/k/v weight (in shared memory since the last
+//      layer's down phase) against it, published;
+//   B. attention: block b < KV_HEADS x splits takes (key/value head b % KV_HEADS, split of the
+//      cached keys b / KV_HEADS): the q and k norms and the rotary embedding of its head group,
+//      the new key and value written to the cache (split 0), an online softmax over the split's
+//      cached keys (a warp a query head, a lane a key, then a lane four dimensions); the last
+//      split of a head to finish (a counter it resets) adds the new key's term, merges the
+//      splits and publishes the group's output. Meanwhile the copy engine brings this block's
+//      o rows;
+//   C. o: every attention output against this block's O_ROWS rows, the residual added, published;
+//   D. the MoE block as moe_experts.cu does it: the post-attention norm and a router logit a
+//      block, published; routing; the down rows of the 8 routed experts copied in while the gate
+//      and up rows stream through registers; the activations published; the down rows against
+//      them, the residual added: the layer's output, published for the next layer (the last
+//      layer stores it to ``out``). Then the next layer's q/k/v rows are asked for.
+//
+// Exchanges: a published value carries the launch's tag in the same store (a bfloat16 value's
+// 32-bit word: tag << 16 | bits; a logit in 64 bits), every layer has its own words (the
+// workspace), and a reader loads until every value it needs has this launch's tag (1 + the parity
+// of a launch count that block 0 advances once every block has published a value of layer 0,
+// so every block read the count before). Published values are relaxed gpu-scope stores polled by
+// volatile or relaxed loads (a weak store may be held back behind a polling loop).
+//
+// The arithmetic rounds where the Triton kernels of moe_layer_kernels and transformers round
+// (each norm, projection, activation, routing weight and residual in bfloat16; sums in float32).
+//
+// Compile-time sizes (NVRTC -D): HIDDEN, HEADS, KV_HEADS, HEAD_DIM (128), INTER, EXPERTS, TOP_K,
+// NCTA, THREADS (HIDDEN / 8), NORMALIZE, DEPTH (gate-up units a warp has in flight), TRACE (1:
+// block thread 0 stores the global timer at phase points of layer TRACE_LAYER, and a wait gives
+// up after 4M polls and says so; tests/gpu/step_phases.py).
+//
+// Every block must be resident at once: one a multiprocessor, NCTA at most the multiprocessors.
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef unsigned short bf16;
+
+#define WARPS (THREADS / 32)
+#define GROUPS (HEADS / KV_HEADS)
+#define Q_ROWS (HEADS * HEAD_DIM)
+#define QKV_ROWS ((HEADS + 2 * KV_HEADS) * HEAD_DIM)
+#define QKV_PER_BLOCK (QKV_ROWS / NCTA)
+#define O_ROWS (HIDDEN / NCTA)
+#define BLOCKS_PER_PAIR (NCTA / TOP_K)
+#define UNITS (INTER / BLOCKS_PER_PAIR)
+#define UNITS_PER_WARP (UNITS / WARPS)
+#define H_CHUNKS (HIDDEN / 256)
+#define O_CHUNKS (Q_ROWS / 256)
+#define I_CHUNKS (INTER / 256)
+#define E_LANES (EXPERTS / 32)
+#define LOGITS_PER_BLOCK (EXPERTS / NCTA)
+#define SPLITS_MAX (NCTA / KV_HEADS)
+#define KEY_CHUNK 32
+#define MIN_KEYS 64
+
+static_assert(HIDDEN == THREADS * 8, "each thread holds 8 of the row's HIDDEN values");
+static_assert(HEAD_DIM == 128 && GROUPS == WARPS, "a warp a query head of a group, a lane 4 dimensions");
+static_assert(QKV_ROWS % NCTA == 0 && QKV_PER_BLOCK % WARPS == 0, "blocks and warps split the q/k/v rows");
+static_assert(O_ROWS % WARPS == 0 && O_ROWS <= 32, "warps split the o rows");
+static_assert(HIDDEN % 256 == 0 && INTER % 256 == 0 && Q_ROWS % 256 == 0, "rows are read in 256-value chunks");
+static_assert(HIDDEN % NCTA == 0 && NCTA % TOP_K == 0 && NCTA % KV_HEADS == 0, "blocks split the work");
+static_assert(INTER % BLOCKS_PER_PAIR == 0 && UNITS % WARPS == 0, "blocks and warps split the units");
+static_assert(EXPERTS % 32 == 0 && EXPERTS % NCTA == 0 && TOP_K <= 32, "experts per lane and block");
+static_assert(Q_ROWS % (THREADS * 4) == 0, "threads split the attention output in fours");
+
+// A layer's words in the workspace (u32 each; every region 16-byte aligned).
+#define WS_X 0                                   // [HIDDEN] the layer's input (tagged), after layer 0
+#define WS_QKV (WS_X + HIDDEN)                   // [QKV_ROWS]
+#define WS_ATT (WS_QKV + QKV_ROWS)               // [Q_ROWS]
+#define WS_MID (WS_ATT + Q_ROWS)                 // [HIDDEN] attention output + residual
+#define WS_LOGITS (WS_MID + HIDDEN)              // [EXPERTS] u64
+#define WS_ACT (WS_LOGITS + 2 * EXPERTS)         // [TOP_K * INTER]
+#define WS_COUNT (WS_ACT + TOP_K * INTER)        // [KV_HEADS] splits done (padded to 32 words)
+#define WS_ROUTE (WS_COUNT + 32)                 // [TOP_K] expert index, [TOP_K] weight bits
+#define WS_M (WS_ROUTE + 2 * 32)                 // float [KV_HEADS * SPLITS_MAX * GROUPS]
+#define WS_L (WS_M + KV_HEADS * SPLITS_MAX * GROUPS)
+#define WS_ACC (WS_L + KV_HEADS * SPLITS_MAX * GROUPS)  // float [KV_HEADS * SPLITS_MAX * GROUPS * HEAD_DIM]
+#define WS_WORDS (WS_ACC + KV_HEADS * SPLITS_MAX * GROUPS * HEAD_DIM)
+
+// A layer's entry in the table: pointers, in this order.
+enum { T_INPUT_NORM, T_QKV, T_Q_NORM, T_K_NORM, T_O, T_POST_NORM, T_ROUTER, T_GATE_UP, T_DOWN, T_KEYS,
+       T_VALUES, T_WS, T_FIELDS };
+
+#define MAX3(a, b, c) ((a) > (b) ? ((a) > (c) ? (a) : (c)) : ((b) > (c) ? (b) : (c)))
+#define S_QKV_BYTES (QKV_PER_BLOCK * HIDDEN * 2)
+#define S_O_BYTES (O_ROWS * Q_ROWS * 2)
+#define S_DOWN_BYTES (TOP_K * O_ROWS * INTER * 2)
+#define S_W_BYTES MAX3(S_QKV_BYTES, S_O_BYTES, S_DOWN_BYTES)
+#define S_ACT_FLOATS MAX3(TOP_K * INTER, Q_ROWS + GROUPS * HEAD_DIM, 0)
+#define S_X_BYTES (HIDDEN * 2)
+
+#if TRACE
+#define MARKS 16
+static __device__ __forceinline__ void mark(long long* trace, int layer, int at) {
+    if (layer == TRACE_LAYER && threadIdx.x == 0) {
+        long long now;
+        asm volatile("mov.u64 %0, %globaltimer;" : "=l"(now));
+        trace[blockIdx.x * MARKS + at] = now;
+    }
+}
+#define GIVE_UP(spins) (++(spins) > (1 << 22))
+// A wait that gave up: what it waited for, at trace[NCTA + block].
+#define REPORT(trace, code, seen)                                      \
+    do {                                                               \
+        trace[(NCTA + blockIdx.x) * MARKS + 0] = (code);               \
+        trace[(NCTA + blockIdx.x) * MARKS + 1] = (long long)(seen);    \
+    } while (0)
+#else
+#define mark(trace, layer, at) ((void)0)
+#define GIVE_UP(spins) false
+#define REPORT(trace, code, seen) ((void)0)
+#endif
+
+static __device__ __forceinline__ float lo(u32 w) { return __uint_as_float(w << 16); }
+static __device__ __forceinline__ float hi(u32 w) { return __uint_as_float(w & 0xffff0000u); }
+
+static __device__ __forceinline__ u32 bf16_bits(float f) {  // round to nearest even
+    u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return u >> 16;
+}
+
+static __device__ __forceinline__ float rbf(float f) { return __uint_as_float(bf16_bits(f) << 16); }
+
+static __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
+    float s = lo(a.x) * lo(b.x);
+    s += hi(a.x) * hi(b.x);
+    s += lo(a.y) * lo(b.y);
+    s += hi(a.y) * hi(b.y);
+    s += lo(a.z) * lo(b.z);
+    s += hi(a.z) * hi(b.z);
+    s += lo(a.w) * lo(b.w);
+    s += hi(a.w) * hi(b.w);
+    return s;
+}
+
+static __device__ __forceinline__ uint4 ld_stream(const bf16* p) {  // weights: read once
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    return r;
+}
+
+static __device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+static __device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+static __device__ __forceinline__ u32 smem_addr(const void* p) {
+    u64 a;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+    return (u32)a;
+}
+
+static __device__ __forceinline__ float block_sum(float v, float* scratch) {
+    v = warp_sum(v);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __syncthreads();  // scratch may still be read from the last sum
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float s = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) s += scratch[w];
+    return s;
+}
+
+static __device__ __forceinline__ u64 ld_poll_u64(const u64* p) {
+    u64 r;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(r) : "l"(p) : "memory");
+    return r;
+}
+
+static __device__ __forceinline__ uint4 ld_poll_v4(const u32* p) {
+    uint4 r;
+    asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p) : "memory");
+    return r;
+}
+
+static __device__ __forceinline__ void publish(u32* p, u32 tag, float value) {
+    const u32 word = (tag << 16) | bf16_bits(value);
+    asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(word) : "memory");
+}
+
+static __device__ __forceinline__ bool tagged4(uint4 w, u32 tag) {
+    return (w.x >> 16) == tag && (w.y >> 16) == tag && (w.z >> 16) == tag && (w.w >> 16) == tag;
+}
+
+// Four published values at p (16-byte aligned), once all have this launch's tag.
+static __device__ __forceinline__ uint4 wait4(const u32* p, u32 tag, long long* trace, int code) {
+    uint4 got;
+    [[maybe_unused]] int spins = 0;
+    do {
+        got = ld_poll_v4(p);
+        if (GIVE_UP(spins)) {
+            REPORT(trace, code, got.x);
+            break;
+        }
+    } while (!tagged4(got, tag));
+    return got;
+}
+
+// The copy engine's bulk copies into shared memory, counted on one mbarrier (thread 0 asks).
+static __device__ __forceinline__ void expect(u64* bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
+                 : "memory");
+}
+
+static __device__ __forceinline__ void bulk_copy(void* dst, const void* src, u32 bytes, u64* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     smem_addr(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_addr(bar))
+                 : "memory");
+}
+
+// ``bytes`` from ``src`` into the weights' shared memory in pieces of at most 32 KB (thread 0);
+// every thread must be done reading what was there (a __syncthreads before).
+static __device__ __forceinline__ void fetch_rows(bf16* dst, const bf16* src, u32 bytes, u64* bar) {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    expect(bar, bytes);
+    for (u32 at = 0; at < bytes; at += 32768u) {
+        const u32 n = bytes - at < 32768u ? bytes - at : 32768u;
+        bulk_copy((unsigned char*)dst + at, (const unsigned char*)src + at, n, bar);
+    }
+}
+
+// Every thread waits for the copies of this phase (parity: the barrier's phase count so far).
+static __device__ __forceinline__ void wait_rows(u64* bar, u32 parity, long long* trace) {
+    u32 ready = 0;
+    [[maybe_unused]] int spins = 0;
+    while (!ready) {
+        asm volatile(
+            "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+            : "=r"(ready)
+            : "r"(smem_addr(bar)), "r"(parity)
+            : "memory");
+        if (!ready && GIVE_UP(spins)) {
+            REPORT(trace, 9000 + parity, 0);
+            break;
+        }
+    }
+}
+
+static __device__ __forceinline__ const bf16* field(const u64* table, int layer, int f) {
+    return (const bf16*)__ldg(table + layer * T_FIELDS + f);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
+    const u64* __restrict__ table,       // [LAYERS][T_FIELDS] each layer's weights, cache and workspace
+    int layers,
+    const bf16* __restrict__ hidden_in,  // [HIDDEN] the first layer's input
+    const bf16* __restrict__ cos,        // [HEAD_DIM] the row's rotary tables
+    const bf16* __restrict__ sin,
+    const long long* __restrict__ write_pos,  // [1] the row's position: cached keys are before it
+    long long stride_head,               // the cache's element strides (slot 0): key/value head,
+    long long stride_pos,                //   position
+    u32* launches,                       // this kernel's launch count
+    bf16* __restrict__ out,              // [HIDDEN] the last layer's output
+    float eps, float qk_eps, float scale,
+    long long* trace) {                  // [2 NCTA, MARKS] when TRACE
+    extern __shared__ __align__(128) unsigned char smem[];
+    bf16* s_w = (bf16*)smem;                                    // q/k/v rows, then o rows, then down rows
+    float* s_act = (float*)(smem + S_W_BYTES);                  // activations; the attention's input and queries
+    bf16* s_x = (bf16*)(smem + S_W_BYTES + S_ACT_FLOATS * 4);   // [HIDDEN] a normed row
+    float* s_sum = (float*)(s_x + HIDDEN);                      // [32]
+    float* s_weight = s_sum + 32;                               // [32] routing weights
+    int* s_expert = (int*)(s_weight + 32);                      // [32] routed experts
+    float* s_res = (float*)(s_expert + 32);                     // [32] the layer input of this block's rows
+    float* s_mid = s_res + 32;                                  // [32] the attention block's output of them
+    int* s_flag = (int*)(s_mid + 32);                           // [32]
+    u64* s_bar = (u64*)(s_flag + 32);                           // the copies' arrival
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, block = blockIdx.x;
+    u32 parity = 0;  // the copy barrier's phase
+
+    // Before the wait: the launch's tag and the first layer's q/k/v rows.
+    const u32 launch = __ldcg(launches);
+    const u32 tag = 1u + (launch & 1u);
+    if (tid == 0) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(s_bar)));
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        fetch_rows(s_w, field(table, 0, T_QKV) + (size_t)block * QKV_PER_BLOCK * HIDDEN, S_QKV_BYTES, s_bar);
+    }
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    __syncthreads();  // the barrier is initialised before anyone waits on it
+    const int pos = (int)__ldg(write_pos);
+    // Cached keys split among the blocks: SPLITS_MAX a head at most, at least MIN_KEYS each.
+    int per = (pos + SPLITS_MAX - 1) / SPLITS_MAX;
+    per = per < MIN_KEYS ? MIN_KEYS : (per + KEY_CHUNK - 1) / KEY_CHUNK * KEY_CHUNK;
+    const int splits = pos > 0 ? (pos + per - 1) / per : 1;
+    const int d0 = lane * 4;  // a lane's dimensions in the attention
+
+#pragma unroll 1
+    for (int layer = 0; layer < layers; ++layer) {
+        u32* ws = (u32*)__ldg(table + layer * T_FIELDS + T_WS);
+        mark(trace, layer, 0);
+
+        // A. The layer's input, normalised; this block's q/k/v rows against it.
+        float hv[8];
+        if (layer == 0) {  // plain bfloat16, from the kernel before
+            const uint4 x = __ldcg((const uint4*)(hidden_in + tid * 8));
+            hv[0] = lo(x.x), hv[1] = hi(x.x), hv[2] = lo(x.y), hv[3] = hi(x.y);
+            hv[4] = lo(x.z), hv[5] = hi(x.z), hv[6] = lo(x.w), hv[7] = hi(x.w);
+        } else {  // published by the layer before
+            const uint4 x0 = wait4(ws + WS_X + tid * 8, tag, trace, 100);
+            const uint4 x1 = wait4(ws + WS_X + tid * 8 + 4, tag, trace, 101);
+            hv[0] = lo(x0.x), hv[1] = lo(x0.y), hv[2] = lo(x0.z), hv[3] = lo(x0.w);
+            hv[4] = lo(x1.x), hv[5] = lo(x1.y), hv[6] = lo(x1.z), hv[7] = lo(x1.w);
+        }
+        mark(trace, layer, 1);
+        if (tid / (O_ROWS / 8) == block) {  // the residual of this block's o rows
+#pragma unroll
+            for (int i = 0; i < 8; ++i) s_res[(tid % (O_ROWS / 8)) * 8 + i] = hv[i];
+        }
+        {
+            const uint4 gain = __ldg((const uint4*)(field(table, layer, T_INPUT_NORM) + tid * 8));
+            const float gv[8] = {lo(gain.x), hi(gain.x), lo(gain.y), hi(gain.y),
+                                 lo(gain.z), hi(gain.z), lo(gain.w), hi(gain.w)};
+            float ss = 0.f;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) ss += hv[i] * hv[i];
+            const float rstd = rsqrtf(block_sum(ss, s_sum) / HIDDEN + eps);
+            u32 nb[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) nb[i] = bf16_bits(rbf(hv[i] * rstd) * gv[i]);
+            *(uint4*)(s_x + tid * 8) = make_uint4(nb[0] | (nb[1] << 16), nb[2] | (nb[3] << 16),
+                                                  nb[4] | (nb[5] << 16), nb[6] | (nb[7] << 16));
+        }
+        __syncthreads();
+        wait_rows(s_bar, parity, trace);
+        parity ^= 1u;
+        mark(trace, layer, 2);
+#pragma unroll
+        for (int i = 0; i < QKV_PER_BLOCK / WARPS; ++i) {
+            const int r = i * WARPS + warp;
+            float s = 0.f;
+#pragma unroll
+            for (int c = 0; c < H_CHUNKS; ++c)
+                s += dot8(*(const uint4*)(s_w + r * HIDDEN + c * 256 + lane * 8),
+                          *(const uint4*)(s_x + c * 256 + lane * 8));
+            s = warp_sum(s);
+            if (lane == 0) publish(ws + WS_QKV + block * QKV_PER_BLOCK + r, tag, s);
+        }
+        asm volatile("fence.acq_rel.gpu;" ::: "memory");
+        __syncthreads();  // the q/k/v rows are read: the o rows may come
+        if (tid == 0)
+            fetch_rows(s_w, field(table, layer, T_O) + (size_t)block * O_ROWS * Q_ROWS, S_O_BYTES, s_bar);
+        mark(trace, layer, 3);
+
+        // B. Attention, in the blocks that have a (head, split) of it.
+        float* s_in = s_act;                 // [Q_ROWS] the attention's output, for the o rows
+        float* s_q = s_act + Q_ROWS;         // [GROUPS][HEAD_DIM] the group's queries
+        if (block < KV_HEADS * splits) {
+            const int head = block % KV_HEADS, split = block / KV_HEADS;
+            const u32* group = ws + WS_QKV + (head * GROUPS + warp) * HEAD_DIM;
+            const uint4 qw = wait4(group + d0, tag, trace, 200);
+            const uint4 kw = wait4(ws + WS_QKV + (HEADS + head) * HEAD_DIM + d0, tag, trace, 201);
+            const uint4 vw = wait4(ws + WS_QKV + (HEADS + KV_HEADS + head) * HEAD_DIM + d0, tag, trace, 202);
+            mark(trace, layer, 4);
+            const float q[4] = {lo(qw.x), lo(qw.y), lo(qw.z), lo(qw.w)};
+            const float k[4] = {lo(kw.x), lo(kw.y), lo(kw.z), lo(kw.w)};
+            const float v_new[4] = {lo(vw.x), lo(vw.y), lo(vw.z), lo(vw.w)};
+            const uint2 wq2 = __ldg((const uint2*)(field(table, layer, T_Q_NORM) + d0));
+            const uint2 wk2 = __ldg((const uint2*)(field(table, layer, T_K_NORM) + d0));
+            const uint2 c2 = __ldg((const uint2*)(cos + d0));
+            const uint2 s2 = __ldg((const uint2*)(sin + d0));
+            const float wq[4] = {lo(wq2.x), hi(wq2.x), lo(wq2.y), hi(wq2.y)};
+            const float wk[4] = {lo(wk2.x), hi(wk2.x), lo(wk2.y), hi(wk2.y)};
+            const float cs[4] = {lo(c2.x), hi(c2.x), lo(c2.y), hi(c2.y)};
+            const float sn[4] = {lo(s2.x), hi(s2.x), lo(s2.y), hi(s2.y)};
+            const float sign = lane < 16 ? -1.f : 1.f;  // rotate_half: (-x2, x1)
+            float qss = 0.f, kss = 0.f;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) qss += q[i] * q[i], kss += k[i] * k[i];
+            const float q_rstd = rsqrtf(warp_sum(qss) / HEAD_DIM + qk_eps);
+            const float k_rstd = rsqrtf(warp_sum(kss) / HEAD_DIM + qk_eps);
+            float query[4], key_new[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const float qn = rbf(rbf(q[i] * q_rstd) * wq[i]);
+                const float kn = rbf(rbf(k[i] * k_rstd) * wk[i]);
+                const float qn_rot = __shfl_xor_sync(0xffffffffu, qn, 16);
+                const float kn_rot = __shfl_xor_sync(0xffffffffu, kn, 16);
+                query[i] = rbf(qn * cs[i] + sign * qn_rot * sn[i]);
+                key_new[i] = rbf(kn * cs[i] + sign * kn_rot * sn[i]);
+            }
+            *(float4*)(s_q + warp * HEAD_DIM + d0) = make_float4(query[0], query[1], query[2], query[3]);
+            bf16* keys = (bf16*)field(table, layer, T_KEYS) + head * stride_head;
+            bf16* values = (bf16*)field(table, layer, T_VALUES) + head * stride_head;
+            if (split == 0 && warp == 0) {
+                *(uint2*)(keys + pos * stride_pos + d0) =
+                    make_uint2(bf16_bits(key_new[0]) | (bf16_bits(key_new[1]) << 16),
+                               bf16_bits(key_new[2]) | (bf16_bits(key_new[3]) << 16));
+                *(uint2*)(values + pos * stride_pos + d0) = make_uint2((vw.x & 0xffffu) | (vw.y << 16), (vw.z & 0xffffu) | (vw.w << 16));
+            }
+            __syncthreads();  // the group's queries in shared memory
+            // This split's cached keys: a lane a key for the scores, then a lane 4 dimensions.
+            const int start = split * per;
+            const int end = start + per < pos ? start + per : pos;
+            float m = __int_as_float(0xff800000), l = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
+            const float* qrow = s_q + warp * HEAD_DIM;
+#pragma unroll 1
+            for (int first = start; first < end; first += KEY_CHUNK) {
+                const int n = end - first < KEY_CHUNK ? end - first : KEY_CHUNK;
+                float s = __int_as_float(0xff800000);
+                if (lane < n) {
+                    const bf16* key = keys + (size_t)(first + lane) * stride_pos;
+                    float dot = 0.f;
+#pragma unroll
+                    for (int c = 0; c < HEAD_DIM / 8; ++c) {
+                        const uint4 kv = __ldg((const uint4*)(key + c * 8));
+                        const float4 qa = *(const float4*)(qrow + c * 8);
+                        const float4 qb = *(const float4*)(qrow + c * 8 + 4);
+                        dot += lo(kv.x) * qa.x + hi(kv.x) * qa.y + lo(kv.y) * qa.z + hi(kv.y) * qa.w +
+                               lo(kv.z) * qb.x + hi(kv.z) * qb.y + lo(kv.w) * qb.z + hi(kv.w) * qb.w;
+                    }
+                    s = dot * scale;
+                }
+                const float m_new = fmaxf(m, warp_max(s));
+                const float m_safe = m_new == __int_as_float(0xff800000) ? 0.f : m_new;
+                const float alpha = __expf(m - m_safe);
+                const float p = __expf(s - m_safe);
+                l = l * alpha + warp_sum(p);
+                const float pb = rbf(p);  // the Triton kernel's p @ v takes p in bfloat16
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[i] *= alpha;
+                for (int j = 0; j < n; ++j) {
+                    const float pj = __shfl_sync(0xffffffffu, pb, j);
+                    const uint2 vv = __ldg((const uint2*)(values + (size_t)(first + j) * stride_pos + d0));
+                    acc[0] += pj * lo(vv.x), acc[1] += pj * hi(vv.x), acc[2] += pj * lo(vv.y), acc[3] += pj * hi(vv.y);
+                }
+                m = m_new;
+            }
+            const int at = (head * SPLITS_MAX + split) * GROUPS + warp;
+            float* ws_m = (float*)(ws + WS_M);
+            float* ws_l = (float*)(ws + WS_L);
+            float* ws_acc = (float*)(ws + WS_ACC);
+            if (lane == 0) ws_m[at] = m, ws_l[at] = l;
+            *(float4*)(ws_acc + at * HEAD_DIM + d0) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+            __threadfence();
+            __syncthreads();
+            mark(trace, layer, 5);
+            if (tid == 0) s_flag[0] = atomicAdd(ws + WS_COUNT + head, 1u) == (u32)(splits - 1);
+            __syncthreads();
+            if (s_flag[0]) {  // the last split of this head: the new key's term, then every split
+                __threadfence();
+                float mm = warp_sum(query[0] * key_new[0] + query[1] * key_new[1] + query[2] * key_new[2] +
+                                    query[3] * key_new[3]) * scale;
+                float total = 1.f, o[4] = {v_new[0], v_new[1], v_new[2], v_new[3]};
+#pragma unroll 1
+                for (int s = 0; s < splits; ++s) {
+                    const int sat = (head * SPLITS_MAX + s) * GROUPS + warp;
+                    const float m_s = __ldcg(ws_m + sat), l_s = __ldcg(ws_l + sat);
+                    const float4 part = __ldcg((const float4*)(ws_acc + sat * HEAD_DIM + d0));
+                    const float m_new = fmaxf(mm, m_s);
+                    const float m_safe = m_new == __int_as_float(0xff800000) ? 0.f : m_new;
+                    const float old = __expf(mm - m_safe), fresh = __expf(m_s - m_safe);
+                    total = total * old + l_s * fresh;
+                    o[0] = o[0] * old + part.x * fresh, o[1] = o[1] * old + part.y * fresh;
+                    o[2] = o[2] * old + part.z * fresh, o[3] = o[3] * old + part.w * fresh;
+                    mm = m_new;
+                }
+                if (tid == 0) atomicExch(ws + WS_COUNT + head, 0u);  // before anyone can see the output
+                __threadfence();
+                __syncthreads();
+                u32* dst = ws + WS_ATT + (head * GROUPS + warp) * HEAD_DIM + d0;
+#pragma unroll
+                for (int i = 0; i < 4; ++i) publish(dst + i, tag, o[i] / total);
+                asm volatile("fence.acq_rel.gpu;" ::: "memory");
+                mark(trace, layer, 6);
+            }
+            __syncthreads();  // the queries in shared memory are read
+        }
+
+        // C. Every attention output against this block's o rows, the residual added.
+#pragma unroll
+        for (int j = 0; j < Q_ROWS / (THREADS * 4); ++j) {
+            const int at = (j * THREADS + tid) * 4;
+            const uint4 a = wait4(ws + WS_ATT + at, tag, trace, 300);
+            *(float4*)(s_in + at) = make_float4(lo(a.x), lo(a.y), lo(a.z), lo(a.w));
+        }
+        // Router row(s) of this block, for the MoE phase: they do not depend on anything.
+        uint4 wrow[LOGITS_PER_BLOCK];
+#pragma unroll
+        for (int j = 0; j < LOGITS_PER_BLOCK; ++j)
+            wrow[j] = ld_stream(field(table, layer, T_ROUTER) + (size_t)(block * LOGITS_PER_BLOCK + j) * HIDDEN + tid * 8);
+        const uint4 post_gain = __ldg((const uint4*)(field(table, layer, T_POST_NORM) + tid * 8));
+        __syncthreads();
+        mark(trace, layer, 7);
+        wait_rows(s_bar, parity, trace);
+        parity ^= 1u;
+#pragma unroll
+        for (int i = 0; i < O_ROWS / WARPS; ++i) {
+            const int r = i * WARPS + warp;
+            float s = 0.f;
+#pragma unroll
+            for (int c = 0; c < O_CHUNKS; ++c) {
+                const uint4 w = *(const uint4*)(s_w + r * Q_ROWS + c * 256 + lane * 8);
+                const float4 a0 = *(const float4*)(s_in + c * 256 + lane * 8);
+                const float4 a1 = *(const float4*)(s_in + c * 256 + lane * 8 + 4);
+                s += lo(w.x) * a0.x + hi(w.x) * a0.y + lo(w.y) * a0.z + hi(w.y) * a0.w + lo(w.z) * a1.x +
+                     hi(w.z) * a1.y + lo(w.w) * a1.z + hi(w.w) * a1.w;
+            }
+            s = warp_sum(s);
+            if (lane == 0) {
+                const float mid = rbf(s_res[r] + rbf(s));  // transformers: residual + o_proj(attention)
+                s_mid[r] = mid;
+                publish(ws + WS_MID + block * O_ROWS + r, tag, mid);
+            }
+        }
+        asm volatile("fence.acq_rel.gpu;" ::: "memory");
+        mark(trace, layer, 8);
+
+        // D. The MoE block. The post-attention norm of the row and this block's router logits.
+        const uint4 h0 = wait4(ws + WS_MID + tid * 8, tag, trace, 400);
+        const uint4 h1 = wait4(ws + WS_MID + tid * 8 + 4, tag, trace, 401);
+        if (layer == 0 && block == 0) {  // every block has published: every block read the count
+            __syncthreads();
+            if (tid == 0) __stcg(launches, launch + 1u);
+        }
+        mark(trace, layer, 9);
+        {
+            const float hv2[8] = {lo(h0.x), lo(h0.y), lo(h0.z), lo(h0.w), lo(h1.x), lo(h1.y), lo(h1.z), lo(h1.w)};
+            const float gv[8] = {lo(post_gain.x), hi(post_gain.x), lo(post_gain.y), hi(post_gain.y),
+                                 lo(post_gain.z), hi(post_gain.z), lo(post_gain.w), hi(post_gain.w)};
+            float ss = 0.f;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) ss += hv2[i] * hv2[i];
+            const float rstd = rsqrtf(block_sum(ss, s_sum) / HIDDEN + eps);
+            u32 nb[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) nb[i] = bf16_bits(rbf(hv2[i] * rstd) * gv[i]);
+            const uint4 normed = make_uint4(nb[0] | (nb[1] << 16), nb[2] | (nb[3] << 16),
+                                            nb[4] | (nb[5] << 16), nb[6] | (nb[7] << 16));
+            *(uint4*)(s_x + tid * 8) = normed;
+            u64* logits = (u64*)(ws + WS_LOGITS);
+#pragma unroll
+            for (int j = 0; j < LOGITS_PER_BLOCK; ++j) {
+                const float logit = rbf(block_sum(dot8(wrow[j], normed), s_sum));  // transformers' linear rounds
+                if (tid == 0) {
+                    const u64 value = ((u64)tag << 32) | __float_as_uint(logit);
+                    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(logits + block * LOGITS_PER_BLOCK + j),
+                                 "l"(value)
+                                 : "memory");
+                }
+            }
+        }
+        mark(trace, layer, 10);
+        // Routing (every block, warp 0): softmax, the top k (the lowest index on a tie), their
+        // weights renormalised when asked, rounded to bfloat16.
+        if (warp == 0) {
+            const u64* logits = (const u64*)(ws + WS_LOGITS);
+            float v[E_LANES], m = __int_as_float(0xff800000);
+            u64 slot[E_LANES];
+            bool ready;
+            [[maybe_unused]] int spins = 0;
+            do {
+                ready = true;
+#pragma unroll
+                for (int j = 0; j < E_LANES; ++j) {
+                    slot[j] = ld_poll_u64(logits + j * 32 + lane);
+                    ready = ready && (u32)(slot[j] >> 32) == tag;
+                }
+                if (GIVE_UP(spins)) {
+                    REPORT(trace, 500, __popc(__ballot_sync(0xffffffffu, ready)));
+                    break;
+                }
+            } while (!__all_sync(0xffffffffu, ready));
+#pragma unroll
+            for (int j = 0; j < E_LANES; ++j) {
+                v[j] = __uint_as_float((u32)slot[j]);
+                m = fmaxf(m, v[j]);
+            }
+            m = warp_max(m);
+            float total = 0.f;
+#pragma unroll
+            for (int j = 0; j < E_LANES; ++j) {
+                v[j] = __expf(v[j] - m);
+                total += v[j];
+            }
+            total = warp_sum(total);
+#pragma unroll
+            for (int j = 0; j < E_LANES; ++j) v[j] = v[j] / total;
+            float picked = 0.f, mine = 0.f;
+            int mine_expert = 0;
+            for (int k = 0; k < TOP_K; ++k) {
+                float best = -1.f;
+                int at = 0x7fffffff;
+#pragma unroll
+                for (int j = 0; j < E_LANES; ++j)
+                    if (v[j] > best) best = v[j], at = j * 32 + lane;
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) {
+                    const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+                    const int oa = __shfl_xor_sync(0xffffffffu, at, o);
+                    if (ob > best || (ob == best && oa < at)) best = ob, at = oa;
+                }
+                picked += best;
+                if (lane == k) mine = best, mine_expert = at;
+#pragma unroll
+                for (int j = 0; j < E_LANES; ++j)
+                    if (j * 32 + lane == at) v[j] = -2.f;
+            }
+            if (lane < TOP_K) {
+                const float weight = rbf(NORMALIZE ? mine / picked : mine);
+                s_weight[lane] = weight;
+                s_expert[lane] = mine_expert;
+                if (block == 0) {
+                    ws[WS_ROUTE + lane] = (u32)mine_expert;
+                    ws[WS_ROUTE + 32 + lane] = bf16_bits(weight);
+                }
+            }
+        }
+        __syncthreads();  // routed; the o rows are read
+        mark(trace, layer, 11);
+
+        // This block's down rows of every routed expert, by the copy engine; meanwhile the gate
+        // and up rows of this block's units of its pair's expert, DEPTH units a warp in flight.
+        const bf16* down = field(table, layer, T_DOWN);
+        if (tid == 0) {
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            expect(s_bar, S_DOWN_BYTES);
+#pragma unroll 1
+            for (int k = 0; k < TOP_K; ++k)
+                bulk_copy(s_w + k * O_ROWS * INTER, down + ((size_t)s_expert[k] * HIDDEN + (size_t)block * O_ROWS) * INTER,
+                          O_ROWS * INTER * 2, s_bar);
+        }
+        {
+            const int pair = block / BLOCKS_PER_PAIR;
+            const int first_unit = (block % BLOCKS_PER_PAIR) * UNITS;
+            const bf16* expert_rows = field(table, layer, T_GATE_UP) + (size_t)s_expert[pair] * 2 * INTER * HIDDEN;
+            u32* act = ws + WS_ACT;
+            uint4 buf[DEPTH][2 * H_CHUNKS];
+#pragma unroll
+            for (int u = 0; u < UNITS_PER_WARP + DEPTH - 1; ++u) {
+                if (u < UNITS_PER_WARP) {
+                    const int unit = first_unit + u * WARPS + warp;
+                    const bf16* gate = expert_rows + (size_t)unit * HIDDEN + lane * 8;
+                    const bf16* up = gate + (size_t)INTER * HIDDEN;
+#pragma unroll
+                    for (int c = 0; c < H_CHUNKS; ++c) {
+                        buf[u % DEPTH][c] = ld_stream(gate + c * 256);
+                        buf[u % DEPTH][H_CHUNKS + c] = ld_stream(up + c * 256);
+                    }
+                }
+                const int done = u - (DEPTH - 1);
+                if (done >= 0) {
+                    float g = 0.f, p = 0.f;
+#pragma unroll
+                    for (int c = 0; c < H_CHUNKS; ++c) {
+                        const uint4 x = *(const uint4*)(s_x + c * 256 + lane * 8);
+                        g += dot8(buf[done % DEPTH][c], x);
+                        p += dot8(buf[done % DEPTH][H_CHUNKS + c], x);
+                    }
+                    g = warp_sum(g);
+                    p = warp_sum(p);
+                    if (lane == 0) {
+                        const int unit = first_unit + done * WARPS + warp;
+                        publish(act + pair * INTER + unit, tag, g / (1.f + __expf(-g)) * p);  // silu(gate) * up
+                    }
+                }
+            }
+        }
+        asm volatile("fence.acq_rel.gpu;" ::: "memory");
+        mark(trace, layer, 12);
+
+        // Every block's activations, as float.
+#pragma unroll
+        for (int j = 0; j < TOP_K * INTER / 4 / THREADS; ++j) {
+            const int at = (j * THREADS + tid) * 4;
+            const uint4 a = wait4(ws + WS_ACT + at, tag, trace, 600);
+            *(float4*)(s_act + at) = make_float4(lo(a.x), lo(a.y), lo(a.z), lo(a.w));
+        }
+        mark(trace, layer, 13);
+        wait_rows(s_bar, parity, trace);
+        parity ^= 1u;
+        __syncthreads();
+        mark(trace, layer, 14);
+        // Warp w takes experts w, w + WARPS, ..; then a thread a row sums the routing-weighted parts.
+        float* s_part = (float*)s_x;  // [TOP_K][O_ROWS]: the normed row is no longer read
+        for (int k = warp; k < TOP_K; k += WARPS) {
+            float a[I_CHUNKS][8];
+#pragma unroll
+            for (int c = 0; c < I_CHUNKS; ++c) {
+                const float4 a0 = *(const float4*)(s_act + k * INTER + c * 256 + lane * 8);
+                const float4 a1 = *(const float4*)(s_act + k * INTER + c * 256 + lane * 8 + 4);
+                a[c][0] = a0.x, a[c][1] = a0.y, a[c][2] = a0.z, a[c][3] = a0.w;
+                a[c][4] = a1.x, a[c][5] = a1.y, a[c][6] = a1.z, a[c][7] = a1.w;
+            }
+            float part[O_ROWS];
+#pragma unroll
+            for (int row = 0; row < O_ROWS; ++row) {
+                float p = 0.f;
+#pragma unroll
+                for (int c = 0; c < I_CHUNKS; ++c) {
+                    const uint4 w = *(const uint4*)(s_w + (k * O_ROWS + row) * INTER + c * 256 + lane * 8);
+                    p += lo(w.x) * a[c][0] + hi(w.x) * a[c][1] + lo(w.y) * a[c][2] + hi(w.y) * a[c][3] +
+                         lo(w.z) * a[c][4] + hi(w.z) * a[c][5] + lo(w.w) * a[c][6] + hi(w.w) * a[c][7];
+                }
+                part[row] = p;
+            }
+#pragma unroll
+            for (int row = 0; row < O_ROWS; ++row) {
+                const float total = warp_sum(part[row]);
+                if (lane == 0) s_part[k * O_ROWS + row] = total;
+            }
+        }
+        __syncthreads();  // the down rows are read: the next layer's q/k/v rows may come
+        if (tid == 0 && layer + 1 < layers)
+            fetch_rows(s_w, field(table, layer + 1, T_QKV) + (size_t)block * QKV_PER_BLOCK * HIDDEN, S_QKV_BYTES,
+                       s_bar);
+        if (tid < O_ROWS) {
+            float sum = 0.f;
+#pragma unroll
+            for (int k = 0; k < TOP_K; ++k) sum += s_part[k * O_ROWS + tid] * s_weight[k];
+            const int unit = block * O_ROWS + tid;
+            const float value = rbf(s_mid[tid] + rbf(sum));  // transformers' residual + moe
+            if (layer + 1 < layers) {
+                u32* next = (u32*)__ldg(table + (layer + 1) * T_FIELDS + T_WS);
+                publish(next + WS_X + unit, tag, value);
+            } else {
+                out[unit] = (bf16)bf16_bits(value);
+            }
+        }
+        asm volatile("fence.acq_rel.gpu;" ::: "memory");
+        __syncthreads();  // s_part, s_res and s_mid are read before the next layer writes them
+        mark(trace, layer, 15);
+    }
+}
