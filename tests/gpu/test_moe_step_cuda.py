@@ -31,6 +31,11 @@ LAYERS = 3
 
 @pytest.fixture(scope="module")
 def stack():
+    return build_stack()
+
+
+def build_stack():
+    """(text config, transformers' layers, rotary embedding, fused layers, the step kernel)."""
     text = released_30b_a3b_config().thinker_config.text_config
     text._experts_implementation = "grouped_mm"
     text._attn_implementation = "sdpa"
@@ -54,13 +59,13 @@ def stack():
     return text, layers, rotary, fused, step
 
 
-def _cache(text, write: int) -> SlotKVCache:
+def _cache(text, write: int, layers: int = LAYERS) -> SlotKVCache:
     cache = SlotKVCache(
-        layers=LAYERS, slots=2, kv_heads=text.num_key_value_heads, max_len=MAX_LEN, head_dim=text.head_dim,
+        layers=layers, slots=2, kv_heads=text.num_key_value_heads, max_len=MAX_LEN, head_dim=text.head_dim,
         dtype=torch.bfloat16, device="cuda",
     )  # fmt: skip
     generator = torch.Generator(device="cuda").manual_seed(1)
-    for i in range(LAYERS):
+    for i in range(layers):
         cache.keys[i].copy_(torch.randn(cache.keys[i].shape, generator=generator, device="cuda"))
         cache.values[i].copy_(torch.randn(cache.values[i].shape, generator=generator, device="cuda"))
     cache.write_pos = torch.tensor([write], device="cuda")
@@ -88,36 +93,46 @@ def _layers(callables, hidden, cos_sin, mask, cache):
     return hidden
 
 
-def _close(got, expected, tolerance):
-    scale = expected.float().abs().max().item()
-    worst = (got.float() - expected.float()).abs().max().item()
-    assert worst <= tolerance * scale, f"largest difference {worst} against {scale}"
+def _worst(got, expected) -> float:
+    return (got.float() - expected.float()).abs().max().item() / expected.float().abs().max().item()
 
 
 @pytest.mark.parametrize("write", [0, 1, 100, 700, 3000])
-def test_step_kernel_equals_the_layers(stack, write) -> None:
-    text, layers, rotary, fused, step = stack
+@pytest.mark.parametrize("depth", [1, LAYERS])
+def test_step_kernel_equals_the_layers(stack, write, depth) -> None:
+    text, layers, rotary, fused, whole = stack
+    step = whole if depth == LAYERS else fused_decode_stack(fused[:depth], pdl=True)
     hidden, cos_sin, mask = _inputs(text, rotary, write)
-    hf_cache, fused_cache, step_cache = _cache(text, write), _cache(text, write), _cache(text, write)
-    expected = _layers(layers, hidden, cos_sin, mask, hf_cache)
-    layered = _layers(fused, hidden, cos_sin, mask, fused_cache)
+    hf_cache, fused_cache, step_cache = (_cache(text, write, depth) for _ in range(3))
+    expected = _layers(layers[:depth], hidden, cos_sin, mask, hf_cache)
+    layered = _layers(fused[:depth], hidden, cos_sin, mask, fused_cache)
     with torch.no_grad():
         got = step(hidden, cos_sin, step_cache)
     torch.cuda.synchronize()
     assert got is not None and got.shape == hidden.shape
-    _close(got, expected, 3e-2)
-    _close(got, layered, 2e-2)
-    for i in range(LAYERS):
+    # Relative to the largest value: against transformers, and against the layer kernels, which
+    # round where this kernel rounds (their own distance from transformers beside it).
+    against_hf, against_layers, layers_hf = (
+        _worst(got, expected),
+        _worst(got, layered),
+        _worst(layered, expected),
+    )
+    print(
+        f"write {write} depth {depth}: step-hf {against_hf:.4f} step-layers {against_layers:.4f} layers-hf {layers_hf:.4f}"
+    )
+    assert against_layers <= 2e-2
+    assert against_hf <= max(3e-2, 1.5 * layers_hf)
+    for i in range(depth):
         for name in ("keys", "values"):
             mine, theirs = getattr(step_cache, name)[i], getattr(hf_cache, name)[i]
-            _close(mine[0, :, write], theirs[0, :, write], 3e-2)
+            assert _worst(mine[0, :, write], theirs[0, :, write]) <= 3e-2
             assert torch.equal(mine[0, :, :write], theirs[0, :, :write])  # the cached keys before stay
     at = step.plan.counts_at
     assert not step.workspace[:, at : at + step.plan.kv_heads].any()  # reset by each head's merging split
-    for i in range(LAYERS):
+    for i in range(depth):
         experts = step.workspace[i, at + 32 : at + 32 + step.plan.top_k].tolist()
         assert len(set(experts)) == step.plan.top_k and all(0 <= e < step.plan.experts for e in experts)
-    again_cache = _cache(text, write)
+    again_cache = _cache(text, write, depth)
     with torch.no_grad():
         again = step(hidden, cos_sin, again_cache)
     torch.cuda.synchronize()

@@ -419,6 +419,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
 #pragma unroll 1
             for (int first = start; first < end; first += KEY_CHUNK) {
                 const int n = end - first < KEY_CHUNK ? end - first : KEY_CHUNK;
+                uint2 vv[KEY_CHUNK];  // every value row of the chunk asked for with the keys
+#pragma unroll
+                for (int j = 0; j < KEY_CHUNK; ++j)
+                    vv[j] = j < n ? __ldg((const uint2*)(values + (size_t)(first + j) * stride_pos + d0)) : make_uint2(0, 0);
                 float s = __int_as_float(0xff800000);
                 if (lane < n) {
                     const bf16* key = keys + (size_t)(first + lane) * stride_pos;
@@ -441,10 +445,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
                 const float pb = rbf(p);  // the Triton kernel's p @ v takes p in bfloat16
 #pragma unroll
                 for (int i = 0; i < 4; ++i) acc[i] *= alpha;
-                for (int j = 0; j < n; ++j) {
-                    const float pj = __shfl_sync(0xffffffffu, pb, j);
-                    const uint2 vv = __ldg((const uint2*)(values + (size_t)(first + j) * stride_pos + d0));
-                    acc[0] += pj * lo(vv.x), acc[1] += pj * hi(vv.x), acc[2] += pj * lo(vv.y), acc[3] += pj * hi(vv.y);
+#pragma unroll
+                for (int j = 0; j < KEY_CHUNK; ++j) {
+                    const float pj = __shfl_sync(0xffffffffu, pb, j);  // zero past the split's end
+                    acc[0] += pj * lo(vv[j].x), acc[1] += pj * hi(vv[j].x);
+                    acc[2] += pj * lo(vv[j].y), acc[3] += pj * hi(vv[j].y);
                 }
                 m = m_new;
             }
