@@ -20,49 +20,72 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-import test_moe_step_cuda as case  # noqa: E402
+import test_moe_step_cuda as case
 
-from omni_runtime.models.qwen3_omni_moe.decode_layer import fused_decode_stack  # noqa: E402
+from omni_runtime.models.qwen3_omni_moe.decode_layer import fused_decode_stack
 
 MARKS = (
     "layer start", "input read", "q/k/v rows here", "q/k/v published", "attention inputs read",
     "split done", "merged, published", "attention output read", "o published", "mid read",
     "logit published", "routed", "gate-up done", "activations read", "down rows here", "layer end",
+    "attention keys done", "-", "q/k/v computed", "q/k/v fenced", "down computed", "next q/k/v asked",
+    "output published", "output fenced", "o computed",
 )  # fmt: skip
 
 
 def timed(fn, repeats: int = 50) -> float:
+    """µs a replay of a CUDA graph of ``fn`` (so the layer kernels' launches cost no host time)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad():
+        with torch.cuda.stream(stream):
+            fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
     for _ in range(3):
-        fn()
+        graph.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(repeats):
-        fn()
+        graph.replay()
     end.record()
     torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / repeats  # µs
+    return start.elapsed_time(end) * 1000 / repeats
+
+
+def per_layer(make, depth: int) -> tuple[float, float]:
+    """(µs a layer: LAYERS layers less one, over the layers between; µs for one layer)."""
+    one, many = timed(make(1)), timed(make(depth))
+    return (many - one) / (depth - 1), one
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cached", default="128,2048")
     args = parser.parse_args()
-    text, layers, rotary, fused, whole = case.build_stack()
+    text, _, rotary, fused, whole = case.build_stack()
     one = fused_decode_stack(fused[:1], pdl=True)
     depth = case.LAYERS
     for write in [int(c) for c in args.cached.split(",")]:
         hidden, cos_sin, mask = case._inputs(text, rotary, write)
         caches = {n: case._cache(text, write, n) for n in (1, depth)}
-        with torch.no_grad():
-            step_us = {n: timed(lambda n=n: (whole if n == depth else one)(hidden, cos_sin, caches[n])) for n in (1, depth)}
-            layer_us = {n: timed(lambda n=n: case._layers(fused[:n], hidden, cos_sin, mask, caches[n])) for n in (1, depth)}
-        per_step = (step_us[depth] - step_us[1]) / (depth - 1)
-        per_layer = (layer_us[depth] - layer_us[1]) / (depth - 1)
-        print(f"cached {write}: step kernel {per_step:.1f} µs a layer ({step_us[1]:.1f} for one layer); "
-              f"layer kernels {per_layer:.1f} µs a layer ({layer_us[1]:.1f} for one)")  # fmt: skip
+
+        def step_of(n, hidden=hidden, cos_sin=cos_sin, caches=caches):
+            kernel = whole if n == depth else one
+            return lambda: kernel(hidden, cos_sin, caches[n])
+
+        def layers_of(n, hidden=hidden, cos_sin=cos_sin, mask=mask, caches=caches):
+            return lambda: case._layers(fused[:n], hidden, cos_sin, mask, caches[n])
+
+        per_step, step_one = per_layer(step_of, depth)
+        per_fused, fused_one = per_layer(layers_of, depth)
+        print(f"cached {write}: step kernel {per_step:.1f} µs a layer ({step_one:.1f} for one layer); "
+              f"layer kernels {per_fused:.1f} µs a layer ({fused_one:.1f} for one)")  # fmt: skip
         blocks = whole.plan.blocks
-        trace = torch.zeros(2 * blocks, 16, dtype=torch.int64, device="cuda")
+        trace = torch.zeros(2 * blocks, 32, dtype=torch.int64, device="cuda")
         whole.trace = trace
         try:
             with torch.no_grad():
@@ -74,13 +97,17 @@ def main() -> None:
         gave_up = trace[blocks:].cpu()
         for block in range(blocks):
             if gave_up[block, 0]:
-                print(f"  block {block} gave up waiting: code {int(gave_up[block, 0])}, saw {int(gave_up[block, 1])}")
+                print(
+                    f"  block {block} gave up waiting: code {int(gave_up[block, 0])}, saw {int(gave_up[block, 1])}"
+                )
         origin = int(marks[:, 0].min())
         print(f"  {'phase (layer 1)':<24} {'median µs':>10} {'slowest µs':>11} {'blocks':>7}")
         for at, name in enumerate(MARKS):
             seen = [int(v) - origin for v in marks[:, at].tolist() if v]
             if seen:
-                print(f"  {name:<24} {statistics.median(seen) / 1000:>10.2f} {max(seen) / 1000:>11.2f} {len(seen):>7}")
+                print(
+                    f"  {name:<24} {statistics.median(seen) / 1000:>10.2f} {max(seen) / 1000:>11.2f} {len(seen):>7}"
+                )
 
 
 if __name__ == "__main__":

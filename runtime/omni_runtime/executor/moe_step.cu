@@ -65,7 +65,7 @@ typedef unsigned short bf16;
 static_assert(HIDDEN == THREADS * 8, "each thread holds 8 of the row's HIDDEN values");
 static_assert(HEAD_DIM == 128 && GROUPS == WARPS, "a warp a query head of a group, a lane 4 dimensions");
 static_assert(QKV_ROWS % NCTA == 0 && QKV_PER_BLOCK % WARPS == 0, "blocks and warps split the q/k/v rows");
-static_assert(O_ROWS % WARPS == 0 && O_ROWS <= 32, "warps split the o rows");
+static_assert(O_ROWS % (2 * WARPS) == 0 && O_ROWS <= 32, "warps split the o rows, two at a time");
 static_assert(HIDDEN % 256 == 0 && INTER % 256 == 0 && Q_ROWS % 256 == 0, "rows are read in 256-value chunks");
 static_assert(HIDDEN % NCTA == 0 && NCTA % TOP_K == 0 && NCTA % KV_HEADS == 0, "blocks split the work");
 static_assert(INTER % BLOCKS_PER_PAIR == 0 && UNITS % WARPS == 0, "blocks and warps split the units");
@@ -99,7 +99,7 @@ enum { T_INPUT_NORM, T_QKV, T_Q_NORM, T_K_NORM, T_O, T_POST_NORM, T_ROUTER, T_GA
 #define S_X_BYTES (HIDDEN * 2)
 
 #if TRACE
-#define MARKS 16
+#define MARKS 32
 static __device__ __forceinline__ void mark(long long* trace, int layer, int at) {
     if (layer == TRACE_LAYER && threadIdx.x == 0) {
         long long now;
@@ -258,6 +258,20 @@ static __device__ __forceinline__ void wait_rows(u64* bar, u32 parity, long long
     }
 }
 
+// Sums each of 2 O values across the warp, halving: every lane keeps the half of its values its
+// bit O selects, adding its partner's; lane j ends with the total of value j in part[0].
+template <int O>
+static __device__ __forceinline__ void halve(float* part, int lane) {
+    const bool upper = lane & O;
+#pragma unroll
+    for (int i = 0; i < O; ++i) {
+        const float send = upper ? part[i] : part[i + O];
+        const float keep = upper ? part[i + O] : part[i];
+        part[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+    }
+    if constexpr (O > 1) halve<O / 2>(part, lane);
+}
+
 static __device__ __forceinline__ const bf16* field(const u64* table, int layer, int f) {
     return (const bf16*)__ldg(table + layer * T_FIELDS + f);
 }
@@ -358,7 +372,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
             s = warp_sum(s);
             if (lane == 0) publish(ws + WS_QKV + block * QKV_PER_BLOCK + r, tag, s);
         }
+        mark(trace, layer, 18);
         asm volatile("fence.acq_rel.gpu;" ::: "memory");
+        mark(trace, layer, 19);
         __syncthreads();  // the q/k/v rows are read: the o rows may come
         if (tid == 0)
             fetch_rows(s_w, field(table, layer, T_O) + (size_t)block * O_ROWS * Q_ROWS, S_O_BYTES, s_bar);
@@ -366,7 +382,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
 
         // B. Attention, in the blocks that have a (head, split) of it.
         float* s_in = s_act;                 // [Q_ROWS] the attention's output, for the o rows
-        float* s_q = s_act + Q_ROWS;         // [GROUPS][HEAD_DIM] the group's queries
         if (block < KV_HEADS * splits) {
             const int head = block % KV_HEADS, split = block / KV_HEADS;
             const u32* group = ws + WS_QKV + (head * GROUPS + warp) * HEAD_DIM;
@@ -401,7 +416,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
                 query[i] = rbf(qn * cs[i] + sign * qn_rot * sn[i]);
                 key_new[i] = rbf(kn * cs[i] + sign * kn_rot * sn[i]);
             }
-            *(float4*)(s_q + warp * HEAD_DIM + d0) = make_float4(query[0], query[1], query[2], query[3]);
             bf16* keys = (bf16*)field(table, layer, T_KEYS) + head * stride_head;
             bf16* values = (bf16*)field(table, layer, T_VALUES) + head * stride_head;
             if (split == 0 && warp == 0) {
@@ -410,33 +424,28 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
                                bf16_bits(key_new[2]) | (bf16_bits(key_new[3]) << 16));
                 *(uint2*)(values + pos * stride_pos + d0) = make_uint2((vw.x & 0xffffu) | (vw.y << 16), (vw.z & 0xffffu) | (vw.w << 16));
             }
-            __syncthreads();  // the group's queries in shared memory
-            // This split's cached keys: a lane a key for the scores, then a lane 4 dimensions.
+            // This split's cached keys, a warp a query head and a lane 4 dimensions: each key's
+            // partial dot products summed across the warp by halving (lane j ends with key j's).
             const int start = split * per;
             const int end = start + per < pos ? start + per : pos;
             float m = __int_as_float(0xff800000), l = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
-            const float* qrow = s_q + warp * HEAD_DIM;
 #pragma unroll 1
             for (int first = start; first < end; first += KEY_CHUNK) {
                 const int n = end - first < KEY_CHUNK ? end - first : KEY_CHUNK;
-                uint2 vv[KEY_CHUNK];  // every value row of the chunk asked for with the keys
+                uint2 kk[KEY_CHUNK], vv[KEY_CHUNK];  // the chunk's key and value rows, asked for at once
+#pragma unroll
+                for (int j = 0; j < KEY_CHUNK; ++j) {
+                    const size_t row = (size_t)(first + (j < n ? j : 0)) * stride_pos + d0;
+                    kk[j] = __ldg((const uint2*)(keys + row));
+                    vv[j] = __ldg((const uint2*)(values + row));
+                }
+                float part[KEY_CHUNK];
 #pragma unroll
                 for (int j = 0; j < KEY_CHUNK; ++j)
-                    vv[j] = j < n ? __ldg((const uint2*)(values + (size_t)(first + j) * stride_pos + d0)) : make_uint2(0, 0);
-                float s = __int_as_float(0xff800000);
-                if (lane < n) {
-                    const bf16* key = keys + (size_t)(first + lane) * stride_pos;
-                    float dot = 0.f;
-#pragma unroll
-                    for (int c = 0; c < HEAD_DIM / 8; ++c) {
-                        const uint4 kv = __ldg((const uint4*)(key + c * 8));
-                        const float4 qa = *(const float4*)(qrow + c * 8);
-                        const float4 qb = *(const float4*)(qrow + c * 8 + 4);
-                        dot += lo(kv.x) * qa.x + hi(kv.x) * qa.y + lo(kv.y) * qa.z + hi(kv.y) * qa.w +
-                               lo(kv.z) * qb.x + hi(kv.z) * qb.y + lo(kv.w) * qb.z + hi(kv.w) * qb.w;
-                    }
-                    s = dot * scale;
-                }
+                    part[j] = query[0] * lo(kk[j].x) + query[1] * hi(kk[j].x) + query[2] * lo(kk[j].y) +
+                              query[3] * hi(kk[j].y);
+                halve<KEY_CHUNK / 2>(part, lane);
+                const float s = lane < n ? part[0] * scale : __int_as_float(0xff800000);
                 const float m_new = fmaxf(m, warp_max(s));
                 const float m_safe = m_new == __int_as_float(0xff800000) ? 0.f : m_new;
                 const float alpha = __expf(m - m_safe);
@@ -453,6 +462,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
                 }
                 m = m_new;
             }
+            mark(trace, layer, 16);
             const int at = (head * SPLITS_MAX + split) * GROUPS + warp;
             float* ws_m = (float*)(ws + WS_M);
             float* ws_l = (float*)(ws + WS_L);
@@ -466,21 +476,33 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
             __syncthreads();
             if (s_flag[0]) {  // the last split of this head: the new key's term, then every split
                 __threadfence();
-                float mm = warp_sum(query[0] * key_new[0] + query[1] * key_new[1] + query[2] * key_new[2] +
-                                    query[3] * key_new[3]) * scale;
-                float total = 1.f, o[4] = {v_new[0], v_new[1], v_new[2], v_new[3]};
-#pragma unroll 1
-                for (int s = 0; s < splits; ++s) {
-                    const int sat = (head * SPLITS_MAX + s) * GROUPS + warp;
-                    const float m_s = __ldcg(ws_m + sat), l_s = __ldcg(ws_l + sat);
-                    const float4 part = __ldcg((const float4*)(ws_acc + sat * HEAD_DIM + d0));
-                    const float m_new = fmaxf(mm, m_s);
-                    const float m_safe = m_new == __int_as_float(0xff800000) ? 0.f : m_new;
-                    const float old = __expf(mm - m_safe), fresh = __expf(m_s - m_safe);
-                    total = total * old + l_s * fresh;
-                    o[0] = o[0] * old + part.x * fresh, o[1] = o[1] * old + part.y * fresh;
-                    o[2] = o[2] * old + part.z * fresh, o[3] = o[3] * old + part.w * fresh;
-                    mm = m_new;
+                // Lane s holds split s's maximum and denominator; every split's value sums are
+                // asked for at once (16 at a time).
+                const float mine = warp_sum(query[0] * key_new[0] + query[1] * key_new[1] + query[2] * key_new[2] +
+                                            query[3] * key_new[3]) * scale;
+                float m_s = __int_as_float(0xff800000), l_s = 0.f;
+                if (lane < splits) {
+                    m_s = __ldcg(ws_m + (head * SPLITS_MAX + lane) * GROUPS + warp);
+                    l_s = __ldcg(ws_l + (head * SPLITS_MAX + lane) * GROUPS + warp);
+                }
+                const float top = fmaxf(mine, warp_max(m_s));
+                const float w_s = __expf(m_s - top);  // zero for a split with no key
+                const float w_new = __expf(mine - top);
+                const float total = w_new + warp_sum(l_s * w_s);
+                float o[4] = {v_new[0] * w_new, v_new[1] * w_new, v_new[2] * w_new, v_new[3] * w_new};
+#pragma unroll
+                for (int half = 0; half < SPLITS_MAX; half += 16) {
+                    float4 parts[16];
+#pragma unroll
+                    for (int j = 0; j < 16; ++j) {
+                        const int sp = half + j < splits ? half + j : 0;
+                        parts[j] = __ldcg((const float4*)(ws_acc + ((head * SPLITS_MAX + sp) * GROUPS + warp) * HEAD_DIM + d0));
+                    }
+#pragma unroll
+                    for (int j = 0; j < 16; ++j) {
+                        const float w = __shfl_sync(0xffffffffu, w_s, half + j);  // zero past the last split
+                        o[0] += parts[j].x * w, o[1] += parts[j].y * w, o[2] += parts[j].z * w, o[3] += parts[j].w * w;
+                    }
                 }
                 if (tid == 0) atomicExch(ws + WS_COUNT + head, 0u);  // before anyone can see the output
                 __threadfence();
@@ -512,24 +534,31 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
         wait_rows(s_bar, parity, trace);
         parity ^= 1u;
 #pragma unroll
-        for (int i = 0; i < O_ROWS / WARPS; ++i) {
-            const int r = i * WARPS + warp;
-            float s = 0.f;
+        for (int i = 0; i < O_ROWS / WARPS; i += 2) {  // two rows a warp: each input chunk read once
+            const int r0 = i * WARPS + warp, r1 = r0 + WARPS;
+            float s0 = 0.f, s1 = 0.f;
 #pragma unroll
             for (int c = 0; c < O_CHUNKS; ++c) {
-                const uint4 w = *(const uint4*)(s_w + r * Q_ROWS + c * 256 + lane * 8);
+                const uint4 w0 = *(const uint4*)(s_w + r0 * Q_ROWS + c * 256 + lane * 8);
+                const uint4 w1 = *(const uint4*)(s_w + r1 * Q_ROWS + c * 256 + lane * 8);
                 const float4 a0 = *(const float4*)(s_in + c * 256 + lane * 8);
                 const float4 a1 = *(const float4*)(s_in + c * 256 + lane * 8 + 4);
-                s += lo(w.x) * a0.x + hi(w.x) * a0.y + lo(w.y) * a0.z + hi(w.y) * a0.w + lo(w.z) * a1.x +
-                     hi(w.z) * a1.y + lo(w.w) * a1.z + hi(w.w) * a1.w;
+                s0 += lo(w0.x) * a0.x + hi(w0.x) * a0.y + lo(w0.y) * a0.z + hi(w0.y) * a0.w + lo(w0.z) * a1.x +
+                      hi(w0.z) * a1.y + lo(w0.w) * a1.z + hi(w0.w) * a1.w;
+                s1 += lo(w1.x) * a0.x + hi(w1.x) * a0.y + lo(w1.y) * a0.z + hi(w1.y) * a0.w + lo(w1.z) * a1.x +
+                      hi(w1.z) * a1.y + lo(w1.w) * a1.z + hi(w1.w) * a1.w;
             }
-            s = warp_sum(s);
+            s0 = warp_sum(s0);
+            s1 = warp_sum(s1);
             if (lane == 0) {
-                const float mid = rbf(s_res[r] + rbf(s));  // transformers: residual + o_proj(attention)
-                s_mid[r] = mid;
-                publish(ws + WS_MID + block * O_ROWS + r, tag, mid);
+                const float mid0 = rbf(s_res[r0] + rbf(s0));  // transformers: residual + o_proj(attention)
+                const float mid1 = rbf(s_res[r1] + rbf(s1));
+                s_mid[r0] = mid0, s_mid[r1] = mid1;
+                publish(ws + WS_MID + block * O_ROWS + r0, tag, mid0);
+                publish(ws + WS_MID + block * O_ROWS + r1, tag, mid1);
             }
         }
+        mark(trace, layer, 24);
         asm volatile("fence.acq_rel.gpu;" ::: "memory");
         mark(trace, layer, 8);
 
@@ -727,10 +756,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
                 if (lane == 0) s_part[k * O_ROWS + row] = total;
             }
         }
+        mark(trace, layer, 20);
         __syncthreads();  // the down rows are read: the next layer's q/k/v rows may come
         if (tid == 0 && layer + 1 < layers)
             fetch_rows(s_w, field(table, layer + 1, T_QKV) + (size_t)block * QKV_PER_BLOCK * HIDDEN, S_QKV_BYTES,
                        s_bar);
+        mark(trace, layer, 21);
         if (tid < O_ROWS) {
             float sum = 0.f;
 #pragma unroll
@@ -744,7 +775,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
                 out[unit] = (bf16)bf16_bits(value);
             }
         }
+        mark(trace, layer, 22);
         asm volatile("fence.acq_rel.gpu;" ::: "memory");
+        mark(trace, layer, 23);
         __syncthreads();  // s_part, s_res and s_mid are read before the next layer writes them
         mark(trace, layer, 15);
     }

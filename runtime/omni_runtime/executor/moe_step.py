@@ -190,7 +190,7 @@ class RowStep:
         self.workspace = torch.zeros(len(layers), step_plan.workspace_words, dtype=torch.int32, device=device)
         self.launches = torch.zeros(1, dtype=torch.int32, device=device)
         self._tables: dict[tuple[int, ...], torch.Tensor] = {}
-        self.trace: torch.Tensor | None = None  # [2 blocks, 16] int64: phase marks of one layer when set
+        self.trace: torch.Tensor | None = None  # [2 blocks, 32] int64: phase marks of one layer when set
 
     def table(self, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> torch.Tensor:
         """The kernel's [layers, FIELDS] pointers for these cache buffers (built once for each)."""
