@@ -60,6 +60,9 @@ typedef unsigned short bf16;
 #define LOGITS_PER_BLOCK (EXPERTS / NCTA)
 #define SPLITS_MAX (NCTA / KV_HEADS)
 #define KEY_CHUNK 32
+#ifndef POLL_NS
+#define POLL_NS 64  // a waiting thread's pause between polls
+#endif
 #define MIN_KEYS 64
 
 static_assert(HIDDEN == THREADS * 8, "each thread holds 8 of the row's HIDDEN values");
@@ -205,15 +208,16 @@ static __device__ __forceinline__ bool tagged4(uint4 w, u32 tag) {
 
 // Four published values at p (16-byte aligned), once all have this launch's tag.
 static __device__ __forceinline__ uint4 wait4(const u32* p, u32 tag, long long* trace, int code) {
-    uint4 got;
+    uint4 got = ld_poll_v4(p);
     [[maybe_unused]] int spins = 0;
-    do {
+    while (!tagged4(got, tag)) {  // back off: a block's 256 pollers otherwise crowd L2 for the others
+        __nanosleep(POLL_NS);
         got = ld_poll_v4(p);
         if (GIVE_UP(spins)) {
             REPORT(trace, code, got.x);
             break;
         }
-    } while (!tagged4(got, tag));
+    }
     return got;
 }
 
@@ -616,6 +620,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
                     REPORT(trace, 500, __popc(__ballot_sync(0xffffffffu, ready)));
                     break;
                 }
+                if (!__all_sync(0xffffffffu, ready)) __nanosleep(POLL_NS);
             } while (!__all_sync(0xffffffffu, ready));
 #pragma unroll
             for (int j = 0; j < E_LANES; ++j) {
