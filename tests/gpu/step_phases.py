@@ -13,6 +13,7 @@ polls) is printed with what it saw.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import test_moe_step_cuda as case
 
+from omni_runtime.executor import moe_step
 from omni_runtime.models.qwen3_omni_moe.decode_layer import fused_decode_stack
 
 MARKS = (
@@ -65,9 +67,20 @@ def per_layer(make, depth: int) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cached", default="128,2048")
+    parser.add_argument("--poll", default="", help="pauses between polls (ns) to time beside the served one")
     args = parser.parse_args()
     text, _, rotary, fused, whole = case.build_stack()
     one = fused_decode_stack(fused[:1], pdl=True)
+    for poll in [int(p) for p in args.poll.split(",") if p]:
+        plan = dataclasses.replace(whole.plan, poll_ns=poll)
+        hidden, cos_sin, _mask = case._inputs(text, rotary, 128)
+        caches = {n: case._cache(text, 128, n) for n in (1, case.LAYERS)}
+        steps = {n: moe_step.RowStep(plan, whole.layers[:n]) for n in (1, case.LAYERS)}
+
+        def of(n, steps=steps, hidden=hidden, cos_sin=cos_sin, caches=caches):
+            return lambda: steps[n](hidden, cos_sin, caches[n])
+
+        print(f"poll {poll} ns: step kernel {per_layer(of, case.LAYERS)[0]:.1f} µs a layer (128 cached)")
     depth = case.LAYERS
     for write in [int(c) for c in args.cached.split(",")]:
         hidden, cos_sin, mask = case._inputs(text, rotary, write)

@@ -36,6 +36,7 @@ from omni_runtime.executor.triton_support import hopper_or_later
 log = logging.getLogger(__name__)
 
 DEPTH = 2  # gate-up units a warp has in flight (as moe_experts)
+POLL_NS = 64  # a waiting thread's pause between polls of a published value
 KERNEL = "moe_step_row"
 FIELDS = 12  # pointers a layer in the table (moe_step.cu's T_FIELDS)
 
@@ -55,6 +56,7 @@ class StepPlan:
     threads: int
     normalize: bool
     depth: int = DEPTH
+    poll_ns: int = POLL_NS
     trace: bool = False
     trace_layer: int = 1
 
@@ -109,6 +111,7 @@ class StepPlan:
             "THREADS": self.threads,
             "NORMALIZE": int(self.normalize),
             "DEPTH": self.depth,
+            "POLL_NS": self.poll_ns,
             "TRACE": int(self.trace),
             "TRACE_LAYER": self.trace_layer,
         }
