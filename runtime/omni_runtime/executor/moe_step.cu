@@ -34,7 +34,7 @@
 // (each norm, projection, activation, routing weight and residual in bfloat16; sums in float32).
 //
 // Compile-time sizes (NVRTC -D): HIDDEN, HEADS, KV_HEADS, HEAD_DIM (128), INTER, EXPERTS, TOP_K,
-// NCTA, THREADS (HIDDEN / 8), NORMALIZE, DEPTH (gate-up units a warp has in flight), TRACE (1:
+// NCTA, THREADS (HIDDEN / 8), NORMALIZE, POLL_NS (a waiting thread's pause between polls), TRACE (1:
 // block thread 0 stores the global timer at phase points of layer TRACE_LAYER, and a wait gives
 // up after 4M polls and says so; tests/gpu/step_phases.py).
 //
@@ -276,6 +276,30 @@ static __device__ __forceinline__ void halve(float* part, int lane) {
     if constexpr (O > 1) halve<O / 2>(part, lane);
 }
 
+// One unit's gate and up rows (the up rows INTER rows after), a lane's 8 values of each chunk.
+static __device__ __forceinline__ void gate_up_load(uint4* buf, const bf16* gate) {
+    const bf16* up = gate + (size_t)INTER * HIDDEN;
+#pragma unroll
+    for (int c = 0; c < H_CHUNKS; ++c) {
+        buf[c] = ld_stream(gate + c * 256);
+        buf[H_CHUNKS + c] = ld_stream(up + c * 256);
+    }
+}
+
+// silu(gate) * up of one unit against the normed row, published by lane 0.
+static __device__ __forceinline__ void gate_up_publish(const uint4* buf, const bf16* s_x, u32* dst, u32 tag, int lane) {
+    float g = 0.f, p = 0.f;
+#pragma unroll
+    for (int c = 0; c < H_CHUNKS; ++c) {
+        const uint4 x = *(const uint4*)(s_x + c * 256 + lane * 8);
+        g += dot8(buf[c], x);
+        p += dot8(buf[H_CHUNKS + c], x);
+    }
+    g = warp_sum(g);
+    p = warp_sum(p);
+    if (lane == 0) publish(dst, tag, g / (1.f + __expf(-g)) * p);
+}
+
 static __device__ __forceinline__ const bf16* field(const u64* table, int layer, int f) {
     return (const bf16*)__ldg(table + layer * T_FIELDS + f);
 }
@@ -365,8 +389,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
         wait_rows(s_bar, parity, trace);
         parity ^= 1u;
         mark(trace, layer, 2);
-#pragma unroll
-        for (int i = 0; i < QKV_PER_BLOCK / WARPS; ++i) {
+#pragma unroll 1
+        for (int i = 0; i < QKV_PER_BLOCK / WARPS; ++i) {  // (loops kept rolled: the code runs once a layer)
             const int r = i * WARPS + warp;
             float s = 0.f;
 #pragma unroll
@@ -541,7 +565,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
         for (int i = 0; i < O_ROWS / WARPS; i += 2) {  // two rows a warp: each input chunk read once
             const int r0 = i * WARPS + warp, r1 = r0 + WARPS;
             float s0 = 0.f, s1 = 0.f;
-#pragma unroll
+#pragma unroll 4
             for (int c = 0; c < O_CHUNKS; ++c) {
                 const uint4 w0 = *(const uint4*)(s_w + r0 * Q_ROWS + c * 256 + lane * 8);
                 const uint4 w1 = *(const uint4*)(s_w + r1 * Q_ROWS + c * 256 + lane * 8);
@@ -671,7 +695,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
         mark(trace, layer, 11);
 
         // This block's down rows of every routed expert, by the copy engine; meanwhile the gate
-        // and up rows of this block's units of its pair's expert, DEPTH units a warp in flight.
+        // and up rows of this block's units of its pair's expert, two units a warp in flight.
         const bf16* down = field(table, layer, T_DOWN);
         if (tid == 0) {
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -686,35 +710,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
             const int first_unit = (block % BLOCKS_PER_PAIR) * UNITS;
             const bf16* expert_rows = field(table, layer, T_GATE_UP) + (size_t)s_expert[pair] * 2 * INTER * HIDDEN;
             u32* act = ws + WS_ACT;
-            uint4 buf[DEPTH][2 * H_CHUNKS];
-#pragma unroll
-            for (int u = 0; u < UNITS_PER_WARP + DEPTH - 1; ++u) {
-                if (u < UNITS_PER_WARP) {
-                    const int unit = first_unit + u * WARPS + warp;
-                    const bf16* gate = expert_rows + (size_t)unit * HIDDEN + lane * 8;
-                    const bf16* up = gate + (size_t)INTER * HIDDEN;
-#pragma unroll
-                    for (int c = 0; c < H_CHUNKS; ++c) {
-                        buf[u % DEPTH][c] = ld_stream(gate + c * 256);
-                        buf[u % DEPTH][H_CHUNKS + c] = ld_stream(up + c * 256);
-                    }
-                }
-                const int done = u - (DEPTH - 1);
-                if (done >= 0) {
-                    float g = 0.f, p = 0.f;
-#pragma unroll
-                    for (int c = 0; c < H_CHUNKS; ++c) {
-                        const uint4 x = *(const uint4*)(s_x + c * 256 + lane * 8);
-                        g += dot8(buf[done % DEPTH][c], x);
-                        p += dot8(buf[done % DEPTH][H_CHUNKS + c], x);
-                    }
-                    g = warp_sum(g);
-                    p = warp_sum(p);
-                    if (lane == 0) {
-                        const int unit = first_unit + done * WARPS + warp;
-                        publish(act + pair * INTER + unit, tag, g / (1.f + __expf(-g)) * p);  // silu(gate) * up
-                    }
-                }
+            static_assert(UNITS_PER_WARP % 2 == 0, "units go through two buffers in turn");
+            uint4 buf0[2 * H_CHUNKS], buf1[2 * H_CHUNKS];
+            const bf16* row0 = expert_rows + (size_t)(first_unit + warp) * HIDDEN + lane * 8;
+            gate_up_load(buf0, row0);
+#pragma unroll 1
+            for (int u = 0; u < UNITS_PER_WARP; u += 2) {  // unit u in buf0, u + 1 in buf1
+                const int unit = first_unit + u * WARPS + warp;
+                gate_up_load(buf1, expert_rows + (size_t)(unit + WARPS) * HIDDEN + lane * 8);
+                gate_up_publish(buf0, s_x, act + pair * INTER + unit, tag, lane);
+                if (u + 2 < UNITS_PER_WARP) gate_up_load(buf0, expert_rows + (size_t)(unit + 2 * WARPS) * HIDDEN + lane * 8);
+                gate_up_publish(buf1, s_x, act + pair * INTER + unit + WARPS, tag, lane);
             }
         }
         asm volatile("fence.acq_rel.gpu;" ::: "memory");
@@ -743,8 +749,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
                 a[c][0] = a0.x, a[c][1] = a0.y, a[c][2] = a0.z, a[c][3] = a0.w;
                 a[c][4] = a1.x, a[c][5] = a1.y, a[c][6] = a1.z, a[c][7] = a1.w;
             }
-            float part[O_ROWS];
-#pragma unroll
+#pragma unroll 2
             for (int row = 0; row < O_ROWS; ++row) {
                 float p = 0.f;
 #pragma unroll
@@ -753,12 +758,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
                     p += lo(w.x) * a[c][0] + hi(w.x) * a[c][1] + lo(w.y) * a[c][2] + hi(w.y) * a[c][3] +
                          lo(w.z) * a[c][4] + hi(w.z) * a[c][5] + lo(w.w) * a[c][6] + hi(w.w) * a[c][7];
                 }
-                part[row] = p;
-            }
-#pragma unroll
-            for (int row = 0; row < O_ROWS; ++row) {
-                const float total = warp_sum(part[row]);
-                if (lane == 0) s_part[k * O_ROWS + row] = total;
+                p = warp_sum(p);
+                if (lane == 0) s_part[k * O_ROWS + row] = p;
             }
         }
         mark(trace, layer, 20);
