@@ -67,20 +67,27 @@ def per_layer(make, depth: int) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cached", default="128,2048")
-    parser.add_argument("--poll", default="", help="pauses between polls (ns) to time beside the served one")
+    parser.add_argument(
+        "--vary", action="append", default=[], help="NAME=V1,V2: a StepPlan field's values to time"
+    )
     args = parser.parse_args()
     text, _, rotary, fused, whole = case.build_stack()
     one = fused_decode_stack(fused[:1], pdl=True)
-    for poll in [int(p) for p in args.poll.split(",") if p]:
-        plan = dataclasses.replace(whole.plan, poll_ns=poll)
-        hidden, cos_sin, _mask = case._inputs(text, rotary, 128)
-        caches = {n: case._cache(text, 128, n) for n in (1, case.LAYERS)}
-        steps = {n: moe_step.RowStep(plan, whole.layers[:n]) for n in (1, case.LAYERS)}
+    for vary in args.vary:
+        name, values = vary.split("=")
+        for value in [int(v) for v in values.split(",")]:
+            plan = dataclasses.replace(whole.plan, **{name: value})
+            for write in [int(c) for c in args.cached.split(",")]:
+                hidden, cos_sin, _mask = case._inputs(text, rotary, write)
+                caches = {n: case._cache(text, write, n) for n in (1, case.LAYERS)}
+                steps = {n: moe_step.RowStep(plan, whole.layers[:n]) for n in (1, case.LAYERS)}
 
-        def of(n, steps=steps, hidden=hidden, cos_sin=cos_sin, caches=caches):
-            return lambda: steps[n](hidden, cos_sin, caches[n])
+                def of(n, steps=steps, hidden=hidden, cos_sin=cos_sin, caches=caches):
+                    return lambda: steps[n](hidden, cos_sin, caches[n])
 
-        print(f"poll {poll} ns: step kernel {per_layer(of, case.LAYERS)[0]:.1f} µs a layer (128 cached)")
+                print(
+                    f"{name}={value}, {write} cached: step kernel {per_layer(of, case.LAYERS)[0]:.1f} µs a layer"
+                )
     depth = case.LAYERS
     for write in [int(c) for c in args.cached.split(",")]:
         hidden, cos_sin, mask = case._inputs(text, rotary, write)

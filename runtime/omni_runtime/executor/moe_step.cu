@@ -63,7 +63,9 @@ typedef unsigned short bf16;
 #ifndef POLL_NS
 #define POLL_NS 64  // a waiting thread's pause between polls
 #endif
-#define MIN_KEYS 64
+#ifndef MIN_KEYS
+#define MIN_KEYS 64  // least cached keys a split
+#endif
 
 static_assert(HIDDEN == THREADS * 8, "each thread holds 8 of the row's HIDDEN values");
 static_assert(HEAD_DIM == 128 && GROUPS == WARPS, "a warp a query head of a group, a lane 4 dimensions");

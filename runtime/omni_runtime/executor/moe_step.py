@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 DEPTH = 2  # gate-up units a warp has in flight (as moe_experts)
 POLL_NS = 64  # a waiting thread's pause between polls of a published value
+MIN_KEYS = 64  # least cached keys an attention split takes (a multiple of 32)
 KERNEL = "moe_step_row"
 FIELDS = 12  # pointers a layer in the table (moe_step.cu's T_FIELDS)
 
@@ -57,6 +58,7 @@ class StepPlan:
     normalize: bool
     depth: int = DEPTH
     poll_ns: int = POLL_NS
+    min_keys: int = MIN_KEYS
     trace: bool = False
     trace_layer: int = 1
 
@@ -112,6 +114,7 @@ class StepPlan:
             "NORMALIZE": int(self.normalize),
             "DEPTH": self.depth,
             "POLL_NS": self.poll_ns,
+            "MIN_KEYS": self.min_keys,
             "TRACE": int(self.trace),
             "TRACE_LAYER": self.trace_layer,
         }
