@@ -60,6 +60,9 @@ typedef unsigned short bf16;
 #define LOGITS_PER_BLOCK (EXPERTS / NCTA)
 #define SPLITS_MAX (NCTA / KV_HEADS)
 #define KEY_CHUNK 32
+#ifndef FENCE
+#define FENCE 1
+#endif
 #ifndef POLL_NS
 #define POLL_NS 64  // a waiting thread's pause between polls
 #endif
@@ -202,6 +205,14 @@ static __device__ __forceinline__ uint4 ld_poll_v4(const u32* p) {
 static __device__ __forceinline__ void publish(u32* p, u32 tag, float value) {
     const u32 word = (tag << 16) | bf16_bits(value);
     asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(word) : "memory");
+}
+
+// After a thread's publishing stores: with FENCE, a gpu-scope fence so they go out before the
+// thread polls (moe_experts.cu's needs one after weak stores; these are relaxed gpu-scope stores).
+static __device__ __forceinline__ void published() {
+#if FENCE
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+#endif
 }
 
 static __device__ __forceinline__ bool tagged4(uint4 w, u32 tag) {
@@ -403,7 +414,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
             if (lane == 0) publish(ws + WS_QKV + block * QKV_PER_BLOCK + r, tag, s);
         }
         mark(trace, layer, 18);
-        asm volatile("fence.acq_rel.gpu;" ::: "memory");
+        published();
         mark(trace, layer, 19);
         __syncthreads();  // the q/k/v rows are read: the o rows may come
         if (tid == 0)
@@ -499,13 +510,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
             float* ws_acc = (float*)(ws + WS_ACC);
             if (lane == 0) ws_m[at] = m, ws_l[at] = l;
             *(float4*)(ws_acc + at * HEAD_DIM + d0) = make_float4(acc[0], acc[1], acc[2], acc[3]);
-            __threadfence();
+            asm volatile("fence.acq_rel.gpu;" ::: "memory");  // the partials before the count
             __syncthreads();
             mark(trace, layer, 5);
             if (tid == 0) s_flag[0] = atomicAdd(ws + WS_COUNT + head, 1u) == (u32)(splits - 1);
             __syncthreads();
             if (s_flag[0]) {  // the last split of this head: the new key's term, then every split
-                __threadfence();
+                asm volatile("fence.acq_rel.gpu;" ::: "memory");  // every split's partials after it
                 // Lane s holds split s's maximum and denominator; every split's value sums are
                 // asked for at once (16 at a time).
                 const float mine = warp_sum(query[0] * key_new[0] + query[1] * key_new[1] + query[2] * key_new[2] +
@@ -534,13 +545,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
                         o[0] += parts[j].x * w, o[1] += parts[j].y * w, o[2] += parts[j].z * w, o[3] += parts[j].w * w;
                     }
                 }
-                if (tid == 0) atomicExch(ws + WS_COUNT + head, 0u);  // before anyone can see the output
-                __threadfence();
+                if (tid == 0) atomicExch(ws + WS_COUNT + head, 0u);  // (next used by the next launch)
+
                 __syncthreads();
                 u32* dst = ws + WS_ATT + (head * GROUPS + warp) * HEAD_DIM + d0;
 #pragma unroll
                 for (int i = 0; i < 4; ++i) publish(dst + i, tag, o[i] / total);
-                asm volatile("fence.acq_rel.gpu;" ::: "memory");
+                published();
                 mark(trace, layer, 6);
             }
             __syncthreads();  // the queries in shared memory are read
@@ -589,7 +600,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
             }
         }
         mark(trace, layer, 24);
-        asm volatile("fence.acq_rel.gpu;" ::: "memory");
+        published();
         mark(trace, layer, 8);
 
         // D. The MoE block. The post-attention norm of the row and this block's router logits.
@@ -725,7 +736,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
                 gate_up_publish(buf1, s_x, act + pair * INTER + unit + WARPS, tag, lane);
             }
         }
-        asm volatile("fence.acq_rel.gpu;" ::: "memory");
+        published();
         mark(trace, layer, 12);
 
         // Every block's activations, as float.
@@ -766,10 +777,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
         }
         mark(trace, layer, 20);
         __syncthreads();  // the down rows are read: the next layer's q/k/v rows may come
-        if (tid == 0 && layer + 1 < layers)
-            fetch_rows(s_w, field(table, layer + 1, T_QKV) + (size_t)block * QKV_PER_BLOCK * HIDDEN, S_QKV_BYTES,
-                       s_bar);
-        mark(trace, layer, 21);
         if (tid < O_ROWS) {
             float sum = 0.f;
 #pragma unroll
@@ -784,7 +791,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
             }
         }
         mark(trace, layer, 22);
-        asm volatile("fence.acq_rel.gpu;" ::: "memory");
+        if (tid == 0 && layer + 1 < layers)
+            fetch_rows(s_w, field(table, layer + 1, T_QKV) + (size_t)block * QKV_PER_BLOCK * HIDDEN, S_QKV_BYTES,
+                       s_bar);
+        mark(trace, layer, 21);
+        published();
         mark(trace, layer, 23);
         __syncthreads();  // s_part, s_res and s_mid are read before the next layer writes them
         mark(trace, layer, 15);

@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 DEPTH = 2  # gate-up units a warp has in flight (as moe_experts)
 POLL_NS = 64  # a waiting thread's pause between polls of a published value
 MIN_KEYS = 64  # least cached keys an attention split takes (a multiple of 32)
+FENCE = 1  # a gpu-scope fence after each thread's publishing stores
 KERNEL = "moe_step_row"
 FIELDS = 12  # pointers a layer in the table (moe_step.cu's T_FIELDS)
 
@@ -59,6 +60,7 @@ class StepPlan:
     depth: int = DEPTH
     poll_ns: int = POLL_NS
     min_keys: int = MIN_KEYS
+    fence: int = FENCE
     trace: bool = False
     trace_layer: int = 1
 
@@ -115,6 +117,7 @@ class StepPlan:
             "DEPTH": self.depth,
             "POLL_NS": self.poll_ns,
             "MIN_KEYS": self.min_keys,
+            "FENCE": self.fence,
             "TRACE": int(self.trace),
             "TRACE_LAYER": self.trace_layer,
         }
