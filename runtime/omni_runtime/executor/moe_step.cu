@@ -762,7 +762,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
                 a[c][0] = a0.x, a[c][1] = a0.y, a[c][2] = a0.z, a[c][3] = a0.w;
                 a[c][4] = a1.x, a[c][5] = a1.y, a[c][6] = a1.z, a[c][7] = a1.w;
             }
-#pragma unroll 2
+            float part[O_ROWS];  // every row's dot product first, so the warp sums overlap
+#pragma unroll
             for (int row = 0; row < O_ROWS; ++row) {
                 float p = 0.f;
 #pragma unroll
@@ -771,8 +772,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
                     p += lo(w.x) * a[c][0] + hi(w.x) * a[c][1] + lo(w.y) * a[c][2] + hi(w.y) * a[c][3] +
                          lo(w.z) * a[c][4] + hi(w.z) * a[c][5] + lo(w.w) * a[c][6] + hi(w.w) * a[c][7];
                 }
-                p = warp_sum(p);
-                if (lane == 0) s_part[k * O_ROWS + row] = p;
+                part[row] = p;
+            }
+#pragma unroll
+            for (int row = 0; row < O_ROWS; ++row) {
+                const float total = warp_sum(part[row]);
+                if (lane == 0) s_part[k * O_ROWS + row] = total;
             }
         }
         mark(trace, layer, 20);
