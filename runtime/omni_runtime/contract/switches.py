@@ -228,10 +228,10 @@ SWITCHES: tuple[Switch, ...] = (
     Switch(
         "OMNI_MOE_STEP_KERNEL",
         "flag",
-        "1",
+        "0",
         "Qwen3-Omni thinker decode steps of one row on Hopper or later: every layer in one CUDA kernel "
-        "compiled at start by NVRTC, each phase's weights copied into shared memory while the phase before "
-        "works; 0: four kernels a layer.",
+        "compiled at start by NVRTC (1; measured slower than the four kernels a layer on an H200, kept for "
+        "development); 0: four kernels a layer.",
     ),
 )
 BY_NAME = {switch.name: switch for switch in SWITCHES}

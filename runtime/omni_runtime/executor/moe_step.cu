@@ -93,6 +93,8 @@ static_assert(Q_ROWS % (THREADS * 4) == 0, "threads split the attention output i
 #define WS_L (WS_M + KV_HEADS * SPLITS_MAX * GROUPS)
 #define WS_ACC (WS_L + KV_HEADS * SPLITS_MAX * GROUPS)  // float [KV_HEADS * SPLITS_MAX * GROUPS * HEAD_DIM]
 #define WS_WORDS (WS_ACC + KV_HEADS * SPLITS_MAX * GROUPS * HEAD_DIM)
+// moe_step.py sizes the workspace and reads the counters and routing: its layout is this one.
+static_assert(WS_WORDS == WORKSPACE_WORDS && WS_COUNT == COUNTS_AT, "moe_step.py's workspace layout differs");
 
 // A layer's entry in the table: pointers, in this order.
 enum { T_INPUT_NORM, T_QKV, T_Q_NORM, T_K_NORM, T_O, T_POST_NORM, T_ROUTER, T_GATE_UP, T_DOWN, T_KEYS,

@@ -120,6 +120,8 @@ class StepPlan:
             "FENCE": self.fence,
             "TRACE": int(self.trace),
             "TRACE_LAYER": self.trace_layer,
+            "WORKSPACE_WORDS": self.workspace_words,
+            "COUNTS_AT": self.counts_at,
         }
 
 
@@ -155,7 +157,7 @@ def plan(
     for blocks in sorted(range(top_k, multiprocessors + 1, top_k), reverse=True):
         rows = hidden // blocks if hidden % blocks == 0 else 0
         units = inter // (blocks // top_k) if inter % (blocks // top_k) == 0 else 0
-        if not rows or rows % warps or rows > 32 or not units or units % warps or experts % blocks:
+        if not rows or rows % (2 * warps) or rows > 32 or not units or units % warps or experts % blocks:
             continue
         if qkv_rows % blocks or (qkv_rows // blocks) % warps or blocks % kv_heads:
             continue

@@ -56,6 +56,7 @@ def test_experts_shape_is_the_layers_unless_a_sweep_sets_one(monkeypatch: pytest
         ("omni_fused+qkv+layer", "omni_fused", {"qkv", "layer"}, "fused"),
         ("omni_fused+layer", "omni_fused", {"layer"}, "fused"),
         ("omni_fused+qkv+pdl", "omni_fused", {"qkv", "pdl"}, "pdl"),
+        ("omni_fused+qkv+pdl+step", "omni_fused", {"qkv", "pdl", "step"}, "pdl"),
         ("grouped_mm", "grouped_mm", set(), "off"),
     ],
 )
@@ -66,7 +67,7 @@ def test_bench_build_names(build, experts, suffixes, mode) -> None:
 
 def test_a_wrong_build_suffix_names_the_ones_there_are() -> None:
     with pytest.raises(
-        ValueError, match=r"unknown suffix \+fast in 'omni_fused\+fast': use \+qkv, \+layer, \+pdl"
+        ValueError, match=r"unknown suffix \+fast in 'omni_fused\+fast': use \+qkv, \+layer, \+pdl, \+step"
     ):
         build_suffixes("omni_fused+fast")
 
