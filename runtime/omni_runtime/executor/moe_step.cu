@@ -63,6 +63,12 @@ typedef unsigned short bf16;
 #ifndef FENCE
 #define FENCE 1
 #endif
+#ifndef O_EARLY
+#define O_EARLY 1  // the o rows asked for as the attention starts (0: once it is done)
+#endif
+#ifndef QKV_EARLY
+#define QKV_EARLY 1  // the next layer's q/k/v rows asked for as the down phase ends (0: once its input is read)
+#endif
 #ifndef POLL_NS
 #define POLL_NS 64  // a waiting thread's pause between polls
 #endif
@@ -382,6 +388,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
             hv[4] = lo(x1.x), hv[5] = lo(x1.y), hv[6] = lo(x1.z), hv[7] = lo(x1.w);
         }
         mark(trace, layer, 1);
+        if (!QKV_EARLY && layer > 0 && tid == 0)  // only now: the hand-over had HBM to itself
+            fetch_rows(s_w, field(table, layer, T_QKV) + (size_t)block * QKV_PER_BLOCK * HIDDEN, S_QKV_BYTES, s_bar);
         if (tid / (O_ROWS / 8) == block) {  // the residual of this block's o rows
 #pragma unroll
             for (int i = 0; i < 8; ++i) s_res[(tid % (O_ROWS / 8)) * 8 + i] = hv[i];
@@ -404,22 +412,28 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
         wait_rows(s_bar, parity, trace);
         parity ^= 1u;
         mark(trace, layer, 2);
-#pragma unroll 1
-        for (int i = 0; i < QKV_PER_BLOCK / WARPS; ++i) {  // (loops kept rolled: the code runs once a layer)
-            const int r = i * WARPS + warp;
-            float s = 0.f;
+        {
+            float qs[QKV_PER_BLOCK / WARPS];  // every row's dot product first, so the warp sums overlap
 #pragma unroll
-            for (int c = 0; c < H_CHUNKS; ++c)
-                s += dot8(*(const uint4*)(s_w + r * HIDDEN + c * 256 + lane * 8),
-                          *(const uint4*)(s_x + c * 256 + lane * 8));
-            s = warp_sum(s);
-            if (lane == 0) publish(ws + WS_QKV + block * QKV_PER_BLOCK + r, tag, s);
+            for (int i = 0; i < QKV_PER_BLOCK / WARPS; ++i) qs[i] = 0.f;
+#pragma unroll
+            for (int c = 0; c < H_CHUNKS; ++c) {
+                const uint4 x = *(const uint4*)(s_x + c * 256 + lane * 8);
+#pragma unroll
+                for (int i = 0; i < QKV_PER_BLOCK / WARPS; ++i)
+                    qs[i] += dot8(*(const uint4*)(s_w + (i * WARPS + warp) * HIDDEN + c * 256 + lane * 8), x);
+            }
+#pragma unroll
+            for (int i = 0; i < QKV_PER_BLOCK / WARPS; ++i) {
+                const float total = warp_sum(qs[i]);
+                if (lane == 0) publish(ws + WS_QKV + block * QKV_PER_BLOCK + i * WARPS + warp, tag, total);
+            }
         }
         mark(trace, layer, 18);
         published();
         mark(trace, layer, 19);
         __syncthreads();  // the q/k/v rows are read: the o rows may come
-        if (tid == 0)
+        if (O_EARLY && tid == 0)  // during the attention
             fetch_rows(s_w, field(table, layer, T_O) + (size_t)block * O_ROWS * Q_ROWS, S_O_BYTES, s_bar);
         mark(trace, layer, 3);
 
@@ -560,6 +574,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
         }
 
         // C. Every attention output against this block's o rows, the residual added.
+        if (!O_EARLY && tid == 0)  // only now: the attention's reads had HBM to themselves
+            fetch_rows(s_w, field(table, layer, T_O) + (size_t)block * O_ROWS * Q_ROWS, S_O_BYTES, s_bar);
 #pragma unroll
         for (int j = 0; j < Q_ROWS / (THREADS * 4); ++j) {
             const int at = (j * THREADS + tid) * 4;
@@ -798,7 +814,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
             }
         }
         mark(trace, layer, 22);
-        if (tid == 0 && layer + 1 < layers)
+        if (QKV_EARLY && tid == 0 && layer + 1 < layers)  // during the hand-over to the next layer
             fetch_rows(s_w, field(table, layer + 1, T_QKV) + (size_t)block * QKV_PER_BLOCK * HIDDEN, S_QKV_BYTES,
                        s_bar);
         mark(trace, layer, 21);

@@ -61,6 +61,8 @@ class StepPlan:
     poll_ns: int = POLL_NS
     min_keys: int = MIN_KEYS
     fence: int = FENCE
+    o_early: int = 1
+    qkv_early: int = 1
     trace: bool = False
     trace_layer: int = 1
 
@@ -118,6 +120,8 @@ class StepPlan:
             "POLL_NS": self.poll_ns,
             "MIN_KEYS": self.min_keys,
             "FENCE": self.fence,
+            "O_EARLY": self.o_early,
+            "QKV_EARLY": self.qkv_early,
             "TRACE": int(self.trace),
             "TRACE_LAYER": self.trace_layer,
             "WORKSPACE_WORDS": self.workspace_words,
