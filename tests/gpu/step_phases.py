@@ -121,12 +121,21 @@ def main() -> None:
                     f"  block {block} gave up waiting: code {int(gave_up[block, 0])}, saw {int(gave_up[block, 1])}"
                 )
         origin = int(marks[:, 0].min())
-        print(f"  {'phase (layer 1)':<24} {'median µs':>10} {'slowest µs':>11} {'blocks':>7}")
+        picked = (0, 1, 4, 25, 102, 115, 127)  # attention blocks, and q, k and v rows' blocks of head 0
+        header = "".join(f" {'block ' + str(b):>9}" for b in picked)
+        print(
+            f"  {'phase (layer 1)':<24} {'first µs':>9} {'median µs':>10} {'slowest µs':>11} {'blocks':>7}{header}"
+        )
         for at, name in enumerate(MARKS):
             seen = [int(v) - origin for v in marks[:, at].tolist() if v]
             if seen:
+                each = "".join(
+                    f" {(int(marks[b, at]) - origin) / 1000 if marks[b, at] else float('nan'):>9.2f}"
+                    for b in picked
+                )
                 print(
-                    f"  {name:<24} {statistics.median(seen) / 1000:>10.2f} {max(seen) / 1000:>11.2f} {len(seen):>7}"
+                    f"  {name:<24} {min(seen) / 1000:>9.2f} {statistics.median(seen) / 1000:>10.2f} "
+                    f"{max(seen) / 1000:>11.2f} {len(seen):>7}{each}"
                 )
 
 
