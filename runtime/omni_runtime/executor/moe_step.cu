@@ -63,6 +63,9 @@ typedef unsigned short bf16;
 #ifndef FENCE
 #define FENCE 1
 #endif
+#ifndef POLL_RELAXED
+#define POLL_RELAXED 0  // polls as relaxed gpu-scope loads (0: volatile)
+#endif
 #ifndef O_EARLY
 #define O_EARLY 1  // the o rows asked for as the attention starts (0: once it is done)
 #endif
@@ -205,8 +208,13 @@ static __device__ __forceinline__ u64 ld_poll_u64(const u64* p) {
 
 static __device__ __forceinline__ uint4 ld_poll_v4(const u32* p) {
     uint4 r;
+#if POLL_RELAXED
+    asm volatile("ld.relaxed.gpu.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p) : "memory");
+#else
     asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p) : "memory");
+#endif
     return r;
 }
 
