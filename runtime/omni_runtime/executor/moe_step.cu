@@ -338,8 +338,7 @@ static __device__ __forceinline__ const bf16* field(const u64* table, int layer,
 }
 
 static __device__ __forceinline__ void wait_go(volatile u32* go, u32 k) {
-    while (*go < k) {
-    }
+    while (*go < k) __nanosleep(32);
     __threadfence_block();
 }
 
