@@ -66,6 +66,12 @@ typedef unsigned short bf16;
 #ifndef POLL_RELAXED
 #define POLL_RELAXED 0  // polls as relaxed gpu-scope loads (0: volatile)
 #endif
+#ifndef O_EARLY
+#define O_EARLY 1  // the o rows asked for as the attention starts (0: once it is done)
+#endif
+#ifndef QKV_EARLY
+#define QKV_EARLY 1  // the next layer's q/k/v rows asked for as the down phase ends (0: once its input is read)
+#endif
 #ifndef POLL_NS
 #define POLL_NS 64  // a waiting thread's pause between polls
 #endif
@@ -182,22 +188,12 @@ static __device__ __forceinline__ u32 smem_addr(const void* p) {
     return (u32)a;
 }
 
-// The block's THREADS compute threads meet (named barrier 1); the copy warp does not take part.
-static __device__ __forceinline__ void sync_consumers() { asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory"); }
-
-// Thread 0 lets the copy warp go on to its copy ``k`` (after a sync_consumers: what the copy
-// overwrites is read, what it needs is written).
-static __device__ __forceinline__ void allow_copy(volatile u32* go, u32 k) {
-    __threadfence_block();
-    *go = k;
-}
-
 static __device__ __forceinline__ float block_sum(float v, float* scratch) {
     v = warp_sum(v);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    sync_consumers();  // scratch may still be read from the last sum
+    __syncthreads();  // scratch may still be read from the last sum
     if (lane == 0) scratch[warp] = v;
-    sync_consumers();
+    __syncthreads();
     float s = 0.f;
 #pragma unroll
     for (int w = 0; w < WARPS; ++w) s += scratch[w];
@@ -268,7 +264,7 @@ static __device__ __forceinline__ void bulk_copy(void* dst, const void* src, u32
 }
 
 // ``bytes`` from ``src`` into the weights' shared memory in pieces of at most 32 KB (thread 0);
-// every thread must be done reading what was there (copy_rows waits for allow_copy).
+// every thread must be done reading what was there (a __syncthreads before).
 static __device__ __forceinline__ void fetch_rows(bf16* dst, const bf16* src, u32 bytes, u64* bar) {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     expect(bar, bytes);
@@ -337,36 +333,7 @@ static __device__ __forceinline__ const bf16* field(const u64* table, int layer,
     return (const bf16*)__ldg(table + layer * T_FIELDS + f);
 }
 
-static __device__ __forceinline__ void wait_go(volatile u32* go, u32 k) {
-    while (*go < k) __nanosleep(32);
-    __threadfence_block();
-}
-
-// The copy warp's lane 0: copy 3 l is layer l's q/k/v rows, 3 l + 1 its o rows, 3 l + 2 its
-// routed experts' down rows, each once the compute threads allow it (allow_copy). Its own thread
-// issues them, so no compute thread waits behind a bulk copy it issued.
-static __device__ void copy_rows(const u64* table, int layers, bf16* s_w, const int* s_expert, volatile u32* go,
-                                 u64* bar, int block) {
-#pragma unroll 1
-    for (int layer = 0; layer < layers; ++layer) {
-        wait_go(go, 3 * layer);
-        fetch_rows(s_w, field(table, layer, T_QKV) + (size_t)block * QKV_PER_BLOCK * HIDDEN, S_QKV_BYTES, bar);
-        wait_go(go, 3 * layer + 1);
-        fetch_rows(s_w, field(table, layer, T_O) + (size_t)block * O_ROWS * Q_ROWS, S_O_BYTES, bar);
-        wait_go(go, 3 * layer + 2);
-        const bf16* down = field(table, layer, T_DOWN);
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        expect(bar, S_DOWN_BYTES);
-#pragma unroll 1
-        for (int k = 0; k < TOP_K; ++k) {
-            const int expert = ((const volatile int*)s_expert)[k];
-            bulk_copy(s_w + k * O_ROWS * INTER, down + ((size_t)expert * HIDDEN + (size_t)block * O_ROWS) * INTER,
-                      O_ROWS * INTER * 2, bar);
-        }
-    }
-}
-
-extern "C" __global__ void __launch_bounds__(THREADS + 32, 1) moe_step_row(
+extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
     const u64* __restrict__ table,       // [LAYERS][T_FIELDS] each layer's weights, cache and workspace
     int layers,
     const bf16* __restrict__ hidden_in,  // [HIDDEN] the first layer's input
@@ -394,21 +361,16 @@ extern "C" __global__ void __launch_bounds__(THREADS + 32, 1) moe_step_row(
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, block = blockIdx.x;
     u32 parity = 0;  // the copy barrier's phase
 
-    // The launch's tag; the copy barrier, and the copy warp's go-ahead, before anyone uses them.
+    // Before the wait: the launch's tag and the first layer's q/k/v rows.
     const u32 launch = __ldcg(launches);
     const u32 tag = 1u + (launch & 1u);
-    volatile u32* s_go = (volatile u32*)(s_bar + 1);
     if (tid == 0) {
         asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(s_bar)));
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        *s_go = 0;
-    }
-    __syncthreads();  // all THREADS + 32
-    if (warp == WARPS) {  // the copy warp: each phase's rows into shared memory once allowed
-        if (lane == 0) copy_rows(table, layers, s_w, s_expert, s_go, s_bar, block);
-        return;
+        fetch_rows(s_w, field(table, 0, T_QKV) + (size_t)block * QKV_PER_BLOCK * HIDDEN, S_QKV_BYTES, s_bar);
     }
     asm volatile("griddepcontrol.wait;" ::: "memory");
+    __syncthreads();  // the barrier is initialised before anyone waits on it
     const int pos = (int)__ldg(write_pos);
     // Cached keys split among the blocks: SPLITS_MAX a head at most, at least MIN_KEYS each.
     int per = (pos + SPLITS_MAX - 1) / SPLITS_MAX;
@@ -434,6 +396,8 @@ extern "C" __global__ void __launch_bounds__(THREADS + 32, 1) moe_step_row(
             hv[4] = lo(x1.x), hv[5] = lo(x1.y), hv[6] = lo(x1.z), hv[7] = lo(x1.w);
         }
         mark(trace, layer, 1);
+        if (!QKV_EARLY && layer > 0 && tid == 0)  // only now: the hand-over had HBM to itself
+            fetch_rows(s_w, field(table, layer, T_QKV) + (size_t)block * QKV_PER_BLOCK * HIDDEN, S_QKV_BYTES, s_bar);
         if (tid / (O_ROWS / 8) == block) {  // the residual of this block's o rows
 #pragma unroll
             for (int i = 0; i < 8; ++i) s_res[(tid % (O_ROWS / 8)) * 8 + i] = hv[i];
@@ -452,7 +416,7 @@ extern "C" __global__ void __launch_bounds__(THREADS + 32, 1) moe_step_row(
             *(uint4*)(s_x + tid * 8) = make_uint4(nb[0] | (nb[1] << 16), nb[2] | (nb[3] << 16),
                                                   nb[4] | (nb[5] << 16), nb[6] | (nb[7] << 16));
         }
-        sync_consumers();
+        __syncthreads();
         wait_rows(s_bar, parity, trace);
         parity ^= 1u;
         mark(trace, layer, 2);
@@ -476,8 +440,9 @@ extern "C" __global__ void __launch_bounds__(THREADS + 32, 1) moe_step_row(
         mark(trace, layer, 18);
         published();
         mark(trace, layer, 19);
-        sync_consumers();  // the q/k/v rows are read: the o rows may come, during the attention
-        if (tid == 0) allow_copy(s_go, 3 * layer + 1);
+        __syncthreads();  // the q/k/v rows are read: the o rows may come
+        if (O_EARLY && tid == 0)  // during the attention
+            fetch_rows(s_w, field(table, layer, T_O) + (size_t)block * O_ROWS * Q_ROWS, S_O_BYTES, s_bar);
         mark(trace, layer, 3);
 
         // B. Attention, in the blocks that have a (head, split) of it.
@@ -570,10 +535,10 @@ extern "C" __global__ void __launch_bounds__(THREADS + 32, 1) moe_step_row(
             if (lane == 0) ws_m[at] = m, ws_l[at] = l;
             *(float4*)(ws_acc + at * HEAD_DIM + d0) = make_float4(acc[0], acc[1], acc[2], acc[3]);
             asm volatile("fence.acq_rel.gpu;" ::: "memory");  // the partials before the count
-            sync_consumers();
+            __syncthreads();
             mark(trace, layer, 5);
             if (tid == 0) s_flag[0] = atomicAdd(ws + WS_COUNT + head, 1u) == (u32)(splits - 1);
-            sync_consumers();
+            __syncthreads();
             if (s_flag[0]) {  // the last split of this head: the new key's term, then every split
                 asm volatile("fence.acq_rel.gpu;" ::: "memory");  // every split's partials after it
                 // Lane s holds split s's maximum and denominator; every split's value sums are
@@ -606,17 +571,19 @@ extern "C" __global__ void __launch_bounds__(THREADS + 32, 1) moe_step_row(
                 }
                 if (tid == 0) atomicExch(ws + WS_COUNT + head, 0u);  // (next used by the next launch)
 
-                sync_consumers();
+                __syncthreads();
                 u32* dst = ws + WS_ATT + (head * GROUPS + warp) * HEAD_DIM + d0;
 #pragma unroll
                 for (int i = 0; i < 4; ++i) publish(dst + i, tag, o[i] / total);
                 published();
                 mark(trace, layer, 6);
             }
-            sync_consumers();  // the queries in shared memory are read
+            __syncthreads();  // the queries in shared memory are read
         }
 
         // C. Every attention output against this block's o rows, the residual added.
+        if (!O_EARLY && tid == 0)  // only now: the attention's reads had HBM to themselves
+            fetch_rows(s_w, field(table, layer, T_O) + (size_t)block * O_ROWS * Q_ROWS, S_O_BYTES, s_bar);
 #pragma unroll
         for (int j = 0; j < Q_ROWS / (THREADS * 4); ++j) {
             const int at = (j * THREADS + tid) * 4;
@@ -629,7 +596,7 @@ extern "C" __global__ void __launch_bounds__(THREADS + 32, 1) moe_step_row(
         for (int j = 0; j < LOGITS_PER_BLOCK; ++j)
             wrow[j] = ld_stream(field(table, layer, T_ROUTER) + (size_t)(block * LOGITS_PER_BLOCK + j) * HIDDEN + tid * 8);
         const uint4 post_gain = __ldg((const uint4*)(field(table, layer, T_POST_NORM) + tid * 8));
-        sync_consumers();
+        __syncthreads();
         mark(trace, layer, 7);
         wait_rows(s_bar, parity, trace);
         parity ^= 1u;
@@ -666,7 +633,7 @@ extern "C" __global__ void __launch_bounds__(THREADS + 32, 1) moe_step_row(
         const uint4 h0 = wait4(ws + WS_MID + tid * 8, tag, trace, 400);
         const uint4 h1 = wait4(ws + WS_MID + tid * 8 + 4, tag, trace, 401);
         if (layer == 0 && block == 0) {  // every block has published: every block read the count
-            sync_consumers();
+            __syncthreads();
             if (tid == 0) __stcg(launches, launch + 1u);
         }
         mark(trace, layer, 9);
@@ -763,12 +730,20 @@ extern "C" __global__ void __launch_bounds__(THREADS + 32, 1) moe_step_row(
                 }
             }
         }
-        sync_consumers();  // routed; the o rows are read: the routed experts' down rows may come
-        if (tid == 0) allow_copy(s_go, 3 * layer + 2);
+        __syncthreads();  // routed; the o rows are read
         mark(trace, layer, 11);
 
-        // Meanwhile the gate and up rows of this block's units of its pair's expert, two units a
-        // warp in flight.
+        // This block's down rows of every routed expert, by the copy engine; meanwhile the gate
+        // and up rows of this block's units of its pair's expert, two units a warp in flight.
+        const bf16* down = field(table, layer, T_DOWN);
+        if (tid == 0) {
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            expect(s_bar, S_DOWN_BYTES);
+#pragma unroll 1
+            for (int k = 0; k < TOP_K; ++k)
+                bulk_copy(s_w + k * O_ROWS * INTER, down + ((size_t)s_expert[k] * HIDDEN + (size_t)block * O_ROWS) * INTER,
+                          O_ROWS * INTER * 2, s_bar);
+        }
         {
             const int pair = block / BLOCKS_PER_PAIR;
             const int first_unit = (block % BLOCKS_PER_PAIR) * UNITS;
@@ -800,7 +775,7 @@ extern "C" __global__ void __launch_bounds__(THREADS + 32, 1) moe_step_row(
         mark(trace, layer, 13);
         wait_rows(s_bar, parity, trace);
         parity ^= 1u;
-        sync_consumers();
+        __syncthreads();
         mark(trace, layer, 14);
         // Warp w takes experts w, w + WARPS, ..; then a thread a row sums the routing-weighted parts.
         float* s_part = (float*)s_x;  // [TOP_K][O_ROWS]: the normed row is no longer read
@@ -832,8 +807,7 @@ extern "C" __global__ void __launch_bounds__(THREADS + 32, 1) moe_step_row(
             }
         }
         mark(trace, layer, 20);
-        sync_consumers();  // the down rows are read: the next layer's q/k/v rows may come
-        if (tid == 0) allow_copy(s_go, 3 * (layer + 1));
+        __syncthreads();  // the down rows are read: the next layer's q/k/v rows may come
         if (tid < O_ROWS) {
             float sum = 0.f;
 #pragma unroll
@@ -848,10 +822,13 @@ extern "C" __global__ void __launch_bounds__(THREADS + 32, 1) moe_step_row(
             }
         }
         mark(trace, layer, 22);
+        if (QKV_EARLY && tid == 0 && layer + 1 < layers)  // during the hand-over to the next layer
+            fetch_rows(s_w, field(table, layer + 1, T_QKV) + (size_t)block * QKV_PER_BLOCK * HIDDEN, S_QKV_BYTES,
+                       s_bar);
         mark(trace, layer, 21);
         published();
         mark(trace, layer, 23);
-        sync_consumers();  // s_part, s_res and s_mid are read before the next layer writes them
+        __syncthreads();  // s_part, s_res and s_mid are read before the next layer writes them
         mark(trace, layer, 15);
     }
 }

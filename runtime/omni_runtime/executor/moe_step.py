@@ -62,6 +62,8 @@ class StepPlan:
     min_keys: int = MIN_KEYS
     fence: int = FENCE
     poll_relaxed: int = 0
+    o_early: int = 1
+    qkv_early: int = 1
     trace: bool = False
     trace_layer: int = 1
 
@@ -80,7 +82,7 @@ class StepPlan:
             self.top_k * rows * self.inter * 2,
         )
         floats = max(self.top_k * self.inter, (self.heads + self.heads // self.kv_heads) * self.head_dim)
-        return weights + floats * 4 + self.hidden * 2 + 32 * 4 * 6 + 16
+        return weights + floats * 4 + self.hidden * 2 + 32 * 4 * 6 + 8
 
     @property
     def counts_at(self) -> int:
@@ -120,6 +122,8 @@ class StepPlan:
             "MIN_KEYS": self.min_keys,
             "FENCE": self.fence,
             "POLL_RELAXED": self.poll_relaxed,
+            "O_EARLY": self.o_early,
+            "QKV_EARLY": self.qkv_early,
             "TRACE": int(self.trace),
             "TRACE_LAYER": self.trace_layer,
             "WORKSPACE_WORDS": self.workspace_words,
@@ -268,7 +272,7 @@ class RowStep:
         args += [ctypes.c_float(self.eps), ctypes.c_float(self.qk_eps), ctypes.c_float(self.scale)]
         args.append(ctypes.c_uint64(0 if self.trace is None else self.trace.data_ptr()))
         moe_experts.launch(
-            function, args, blocks=self.plan.blocks, threads=self.plan.threads + 32,
+            function, args, blocks=self.plan.blocks, threads=self.plan.threads,
             shared_bytes=self.plan.shared_bytes, device=self.device, pdl=self.pdl,
         )  # fmt: skip
         return out
