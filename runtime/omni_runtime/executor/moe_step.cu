@@ -34,9 +34,12 @@
 // (each norm, projection, activation, routing weight and residual in bfloat16; sums in float32).
 //
 // Compile-time sizes (NVRTC -D): HIDDEN, HEADS, KV_HEADS, HEAD_DIM (128), INTER, EXPERTS, TOP_K,
-// NCTA, THREADS (HIDDEN / 8), NORMALIZE, POLL_NS (a waiting thread's pause between polls), TRACE (1:
-// block thread 0 stores the global timer at phase points of layer TRACE_LAYER, and a wait gives
-// up after 4M polls and says so; tests/gpu/step_phases.py).
+// NCTA, THREADS (HIDDEN / 8), NORMALIZE; launch values a sweep may change (tests/gpu/step_phases.py
+// --vary): POLL_NS (a waiting thread's pause between polls), POLL_RELAXED, MIN_KEYS (least cached
+// keys a split), FENCE (a fence after each thread's published values), O_EARLY and QKV_EARLY (when
+// the o rows and the next layer's q/k/v rows are asked for); TRACE (1: block thread 0 stores the
+// global timer at phase points of layer TRACE_LAYER, and a wait gives up after 4M polls and says
+// so); WORKSPACE_WORDS and COUNTS_AT (moe_step.py's layout, checked here).
 //
 // Every block must be resident at once: one a multiprocessor, NCTA at most the multiprocessors.
 
