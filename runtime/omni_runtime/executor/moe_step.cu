@@ -35,7 +35,7 @@
 //
 // Compile-time sizes (NVRTC -D): HIDDEN, HEADS, KV_HEADS, HEAD_DIM (128), INTER, EXPERTS, TOP_K,
 // NCTA, THREADS (HIDDEN / 8), NORMALIZE; launch values a sweep may change (tests/gpu/step_phases.py
-// --vary): POLL_NS (a waiting thread's pause between polls), POLL_RELAXED, MIN_KEYS (least cached
+// --vary): POLL_NS (a waiting thread's pause between polls), POLL_WARP, POLL_RELAXED, MIN_KEYS (least cached
 // keys a split), FENCE (a fence after each thread's published values), O_EARLY and QKV_EARLY (when
 // the o rows and the next layer's q/k/v rows are asked for); TRACE (1: block thread 0 stores the
 // global timer at phase points of layer TRACE_LAYER, and a wait gives up after 4M polls and says
@@ -65,6 +65,9 @@ typedef unsigned short bf16;
 #define KEY_CHUNK 32
 #ifndef FENCE
 #define FENCE 1
+#endif
+#ifndef POLL_WARP
+#define POLL_WARP 0  // one lane of a warp polls while the warp's values are missing (0: every lane)
 #endif
 #ifndef POLL_RELAXED
 #define POLL_RELAXED 0  // polls as relaxed gpu-scope loads (0: volatile)
@@ -242,6 +245,27 @@ static __device__ __forceinline__ bool tagged4(uint4 w, u32 tag) {
 static __device__ __forceinline__ uint4 wait4(const u32* p, u32 tag, long long* trace, int code) {
     uint4 got = ld_poll_v4(p);
     [[maybe_unused]] int spins = 0;
+#if POLL_WARP
+    // Every lane of the warp calls it. While some lane's values are missing, only the first such
+    // lane polls (its values come from the same block as its neighbours', at about the same
+    // time), then the warp reads again: a 32nd of the polling that crowds L2 for everyone.
+    unsigned missing;
+    while ((missing = __ballot_sync(0xffffffffu, !tagged4(got, tag))) != 0) {
+        if ((int)(threadIdx.x % 32) == __ffs(missing) - 1) {
+            while (!tagged4(got, tag)) {
+                __nanosleep(POLL_NS);
+                got = ld_poll_v4(p);
+                if (GIVE_UP(spins)) break;
+            }
+        }
+        __syncwarp();
+        if (!tagged4(got, tag)) got = ld_poll_v4(p);
+        if (GIVE_UP(spins)) {
+            REPORT(trace, code, got.x);
+            break;
+        }
+    }
+#else
     while (!tagged4(got, tag)) {  // back off: a block's 256 pollers otherwise crowd L2 for the others
         __nanosleep(POLL_NS);
         got = ld_poll_v4(p);
@@ -250,6 +274,7 @@ static __device__ __forceinline__ uint4 wait4(const u32* p, u32 tag, long long* 
             break;
         }
     }
+#endif
     return got;
 }
 

@@ -61,6 +61,7 @@ class StepPlan:
     poll_ns: int = POLL_NS
     min_keys: int = MIN_KEYS
     fence: int = FENCE
+    poll_warp: int = 0
     poll_relaxed: int = 0
     o_early: int = 1
     qkv_early: int = 1
@@ -121,6 +122,7 @@ class StepPlan:
             "POLL_NS": self.poll_ns,
             "MIN_KEYS": self.min_keys,
             "FENCE": self.fence,
+            "POLL_WARP": self.poll_warp,
             "POLL_RELAXED": self.poll_relaxed,
             "O_EARLY": self.o_early,
             "QKV_EARLY": self.qkv_early,
