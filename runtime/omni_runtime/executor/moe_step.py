@@ -61,7 +61,7 @@ class StepPlan:
     poll_ns: int = POLL_NS
     min_keys: int = MIN_KEYS
     fence: int = FENCE
-    poll_warp: int = 0
+    poll_warp: int = 1
     poll_relaxed: int = 0
     o_early: int = 1
     qkv_early: int = 1
