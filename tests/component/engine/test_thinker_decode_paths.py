@@ -114,3 +114,37 @@ def test_steps_queued_ahead_give_the_steps_taken_one_at_a_time(thinker) -> None:
     for g, w in zip(got, want, strict=True):
         assert list(g.vectors) == [1]
         torch.testing.assert_close(g.vectors[1], w.vectors[1], rtol=0, atol=0)
+
+
+def test_a_decode_stack_takes_the_steps_it_accepts(thinker) -> None:
+    """A family's ``decode_stack`` (executor.moe_step's one-kernel step on a GPU) gets a step's
+    input, rotary tables and cache with its write positions set, and its output goes to the final
+    norm and the LM head; where it returns None the layers run one by one. Here the stack runs the
+    same layers itself, for one-row steps only: every token and logit equals the plain runner's,
+    and it took exactly the one-row steps."""
+    plain, stacked = _runner(thinker), _runner(thinker)
+    layers = stacked.decoder.step_layers
+    took = []
+
+    def stack(hidden, position_embeddings, cache):
+        if hidden.shape[0] != 1:
+            return None
+        took.append(int(cache.write_pos[0]))
+        mask = (torch.arange(cache.view_len)[None, :] <= cache.write_pos[:, None])[:, None, None, :]
+        for i, layer in enumerate(layers):
+            cache.layer_keys, cache.layer_values = cache.keys[i], cache.values[i]
+            out = layer(
+                hidden, attention_mask=mask, position_embeddings=position_embeddings, past_key_values=cache
+            )
+            hidden = out[0] if isinstance(out, tuple) else out
+        return hidden
+
+    stacked.decoder.decode_stack = stack
+    for rows in ([9], [7, 12]):
+        assert _admit(plain, rows, temperature=0.0) == _admit(stacked, rows, temperature=0.0)
+        want_tokens, want_logits = _decode(plain, rows, steps=4)
+        got_tokens, got_logits = _decode(stacked, rows, steps=4)
+        assert got_tokens == want_tokens
+        for got, want in zip(got_logits, want_logits, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert took == [9, 10, 11, 12]  # the one-row steps, at the row's positions; not the two-row ones
