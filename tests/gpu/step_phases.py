@@ -22,6 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import test_moe_step_cuda as case
+from cuda_graphs import capture
 
 from omni_runtime.executor import moe_step
 from omni_runtime.models.qwen3_omni_moe.decode_layer import fused_decode_stack
@@ -37,15 +38,8 @@ MARKS = (
 
 def timed(fn, repeats: int = 50) -> float:
     """µs a replay of a CUDA graph of ``fn`` (so the layer kernels' launches cost no host time)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
     with torch.no_grad():
-        with torch.cuda.stream(stream):
-            fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
+        graph = capture(fn)
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()

@@ -33,10 +33,6 @@
 // Every block must be resident at once (a block waits for values every other block publishes):
 // one a multiprocessor, NCTA at most the GPU's multiprocessors (moe_experts.plan).
 
-typedef unsigned int u32;
-typedef unsigned long long u64;
-typedef unsigned short bf16;
-
 #define WARPS (THREADS / 32)
 #define DOWN_ROWS (HIDDEN / NCTA)
 #define BLOCKS_PER_PAIR (NCTA / TOP_K)
@@ -44,8 +40,9 @@ typedef unsigned short bf16;
 #define UNITS_PER_WARP (UNITS / WARPS)
 #define H_CHUNKS (HIDDEN / 256)
 #define I_CHUNKS (INTER / 256)
-#define E_LANES (EXPERTS / 32)
 #define LOGITS_PER_BLOCK (EXPERTS / NCTA)
+
+#include "moe_kernel_common.cuh"
 
 static_assert(HIDDEN == THREADS * 8, "each thread holds 8 of the row's HIDDEN values");
 static_assert(HIDDEN % 256 == 0 && INTER % 256 == 0, "rows are read in 256-value chunks a warp");
@@ -68,77 +65,6 @@ static __device__ __forceinline__ void mark(long long* trace, int at) {
         trace[blockIdx.x * 8 + at] = now;
     }
 #endif
-}
-
-static __device__ __forceinline__ float lo(u32 w) { return __uint_as_float(w << 16); }
-static __device__ __forceinline__ float hi(u32 w) { return __uint_as_float(w & 0xffff0000u); }
-
-static __device__ __forceinline__ u32 bf16_bits(float f) {  // round to nearest even
-    u32 u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return u >> 16;
-}
-
-static __device__ __forceinline__ float rbf(float f) { return __uint_as_float(bf16_bits(f) << 16); }
-
-static __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
-    float s = lo(a.x) * lo(b.x);
-    s += hi(a.x) * hi(b.x);
-    s += lo(a.y) * lo(b.y);
-    s += hi(a.y) * hi(b.y);
-    s += lo(a.z) * lo(b.z);
-    s += hi(a.z) * hi(b.z);
-    s += lo(a.w) * lo(b.w);
-    s += hi(a.w) * hi(b.w);
-    return s;
-}
-
-static __device__ __forceinline__ uint4 ld_stream(const bf16* p) {  // weights: read once
-    uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-    return r;
-}
-
-static __device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-static __device__ __forceinline__ u32 smem_addr(const void* p) {
-    u64 a;
-    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
-    return (u32)a;
-}
-
-static __device__ __forceinline__ float block_sum(float v, float* scratch) {
-    v = warp_sum(v);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    __syncthreads();  // scratch may still be read from the last sum
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    float s = 0.f;
-#pragma unroll
-    for (int w = 0; w < WARPS; ++w) s += scratch[w];
-    return s;
-}
-
-// Published values are strong (relaxed, gpu scope) stores, polled by strong loads: weak ones to
-// other addresses may be held back behind a polling loop (seen: a warp's last activation never
-// reached the readers).
-static __device__ __forceinline__ u64 ld_poll_u64(const u64* p) {
-    u64 r;
-    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(r) : "l"(p) : "memory");
-    return r;
-}
-
-static __device__ __forceinline__ uint4 ld_poll_v4(const void* p) {
-    uint4 r;
-    asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p) : "memory");
-    return r;
 }
 
 static __device__ __forceinline__ bool tagged(u32 w, u32 tag) { return (w >> 16) == tag; }
@@ -197,21 +123,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
 
     // 1. The post-attention norm of the row, as transformers' RMSNorm rounds it, and the logits.
     const uint4 h = __ldcg((const uint4*)(mid + tid * 8));
-    float hv[8] = {lo(h.x), hi(h.x), lo(h.y), hi(h.y), lo(h.z), hi(h.z), lo(h.w), hi(h.w)};
-    const float gv[8] = {lo(gain.x), hi(gain.x), lo(gain.y), hi(gain.y),
-                         lo(gain.z), hi(gain.z), lo(gain.w), hi(gain.w)};
-    float ss = 0.f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) ss += hv[i] * hv[i];
-    const float rstd = rsqrtf(block_sum(ss, s_sum) / HIDDEN + eps);
-    u32 nb[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) nb[i] = bf16_bits(rbf(hv[i] * rstd) * gv[i]);
-    uint4 normed;
-    normed.x = nb[0] | (nb[1] << 16);
-    normed.y = nb[2] | (nb[3] << 16);
-    normed.z = nb[4] | (nb[5] << 16);
-    normed.w = nb[6] | (nb[7] << 16);
+    const float hv[8] = {lo(h.x), hi(h.x), lo(h.y), hi(h.y), lo(h.z), hi(h.z), lo(h.w), hi(h.w)};
+    const uint4 normed = normed_row(hv, gain, eps, s_sum);
     *(uint4*)(s_x + tid * 8) = normed;
 #pragma unroll
     for (int j = 0; j < LOGITS_PER_BLOCK; ++j) {
@@ -227,7 +140,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
     // Routing (every block, warp 0): softmax over the experts, the top k (the lowest index on a
     // tie, as a stable sort), their weights renormalised when asked, rounded to bfloat16.
     if (warp == 0) {
-        float v[E_LANES], m = __int_as_float(0xff800000);
         u64 slot[E_LANES];
         bool ready;
         [[maybe_unused]] int spins = 0;
@@ -249,44 +161,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
                 break;
             }
         } while (!__all_sync(0xffffffffu, ready));
-#pragma unroll
-        for (int j = 0; j < E_LANES; ++j) {
-            v[j] = __uint_as_float((u32)slot[j]);
-            m = fmaxf(m, v[j]);
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        float total = 0.f;
-#pragma unroll
-        for (int j = 0; j < E_LANES; ++j) {
-            v[j] = __expf(v[j] - m);
-            total += v[j];
-        }
-        total = warp_sum(total);
-#pragma unroll
-        for (int j = 0; j < E_LANES; ++j) v[j] = v[j] / total;
-        float picked = 0.f, mine = 0.f;
-        int mine_expert = 0;
-        for (int k = 0; k < TOP_K; ++k) {
-            float best = -1.f;
-            int at = 0x7fffffff;
-#pragma unroll
-            for (int j = 0; j < E_LANES; ++j)
-                if (v[j] > best) best = v[j], at = j * 32 + lane;
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) {
-                const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-                const int oa = __shfl_xor_sync(0xffffffffu, at, o);
-                if (ob > best || (ob == best && oa < at)) best = ob, at = oa;
-            }
-            picked += best;
-            if (lane == k) mine = best, mine_expert = at;
-#pragma unroll
-            for (int j = 0; j < E_LANES; ++j)
-                if (j * 32 + lane == at) v[j] = -2.f;
-        }
+        float mine, picked;
+        int mine_expert;
+        route_top_k(slot, lane, mine, picked, mine_expert);
         if (lane < TOP_K) {
-            const float weight = rbf(NORMALIZE ? mine / picked : mine);
+            const float weight = route_weight(mine, picked);
             s_weight[lane] = weight;
             s_expert[lane] = mine_expert;
             if (block == 0) {

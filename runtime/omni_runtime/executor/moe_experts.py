@@ -40,6 +40,7 @@ TRIGGER = 0
 DEPTH = 2
 MIN_BLOCKS = 2  # blocks a multiprocessor must fit by registers (2: at most 128 a thread)
 SHARED_LIMIT = 227 * 1024  # a Hopper block's dynamic shared memory at most
+COMMON_HEADER = "moe_kernel_common.cuh"  # what the one-row kernels share, given to NVRTC as a header
 
 
 @dataclass(frozen=True)
@@ -119,13 +120,17 @@ def compile_cubin(row_plan: RowPlan, arch: str) -> tuple[bytes, str]:
 
 
 def compile_source(text: str, name: str, defines: dict[str, int], arch: str) -> tuple[bytes, str]:
-    """(cubin, ptxas log) of CUDA C++ ``text`` (file ``name``) with ``defines`` for ``arch``, by
-    NVRTC; a RuntimeError naming the file with NVRTC's log if it does not compile."""
+    """(cubin, ptxas log) of CUDA C++ ``text`` (file ``name``, which may include
+    ``COMMON_HEADER``) with ``defines`` for ``arch``, by NVRTC; a RuntimeError naming the file with
+    NVRTC's log if it does not compile."""
     from cuda.bindings import nvrtc
 
     options = [f"-arch={arch}", "-std=c++17", "--ptxas-options=-v"]
     options += [f"-D{key}={value}" for key, value in defines.items()]
-    err, program = nvrtc.nvrtcCreateProgram(text.encode(), name.encode(), 0, [], [])
+    header = resources.files("omni_runtime.executor").joinpath(COMMON_HEADER).read_text(encoding="utf-8")
+    err, program = nvrtc.nvrtcCreateProgram(
+        text.encode(), name.encode(), 1, [header.encode()], [COMMON_HEADER.encode()]
+    )
     _check(err, "nvrtcCreateProgram")
     try:
         (status,) = nvrtc.nvrtcCompileProgram(program, len(options), [o.encode() for o in options])

@@ -35,17 +35,12 @@
 //
 // Compile-time sizes (NVRTC -D): HIDDEN, HEADS, KV_HEADS, HEAD_DIM (128), INTER, EXPERTS, TOP_K,
 // NCTA, THREADS (HIDDEN / 8), NORMALIZE; launch values a sweep may change (tests/gpu/step_phases.py
-// --vary): POLL_NS (a waiting thread's pause between polls), POLL_WARP, POLL_RELAXED, MIN_KEYS (least cached
-// keys a split), FENCE (a fence after each thread's published values), O_EARLY and QKV_EARLY (when
-// the o rows and the next layer's q/k/v rows are asked for); TRACE (1: block thread 0 stores the
+// --vary): POLL_NS (a waiting thread's pause between polls), MIN_KEYS (least cached keys a split);
+// TRACE (1: block thread 0 stores the
 // global timer at phase points of layer TRACE_LAYER, and a wait gives up after 4M polls and says
-// so); WORKSPACE_WORDS and COUNTS_AT (moe_step.py's layout, checked here).
+// so); WORKSPACE_WORDS, COUNTS_AT, FIELDS and SHARED_BYTES (moe_step.py's layout, checked here).
 //
 // Every block must be resident at once: one a multiprocessor, NCTA at most the multiprocessors.
-
-typedef unsigned int u32;
-typedef unsigned long long u64;
-typedef unsigned short bf16;
 
 #define WARPS (THREADS / 32)
 #define GROUPS (HEADS / KV_HEADS)
@@ -59,25 +54,11 @@ typedef unsigned short bf16;
 #define H_CHUNKS (HIDDEN / 256)
 #define O_CHUNKS (Q_ROWS / 256)
 #define I_CHUNKS (INTER / 256)
-#define E_LANES (EXPERTS / 32)
 #define LOGITS_PER_BLOCK (EXPERTS / NCTA)
 #define SPLITS_MAX (NCTA / KV_HEADS)
 #define KEY_CHUNK 32
-#ifndef FENCE
-#define FENCE 1
-#endif
-#ifndef POLL_WARP
-#define POLL_WARP 0  // one lane of a warp polls while the warp's values are missing (0: every lane)
-#endif
-#ifndef POLL_RELAXED
-#define POLL_RELAXED 0  // polls as relaxed gpu-scope loads (0: volatile)
-#endif
-#ifndef O_EARLY
-#define O_EARLY 1  // the o rows asked for as the attention starts (0: once it is done)
-#endif
-#ifndef QKV_EARLY
-#define QKV_EARLY 1  // the next layer's q/k/v rows asked for as the down phase ends (0: once its input is read)
-#endif
+
+#include "moe_kernel_common.cuh"
 #ifndef POLL_NS
 #define POLL_NS 64  // a waiting thread's pause between polls
 #endif
@@ -114,14 +95,18 @@ static_assert(WS_WORDS == WORKSPACE_WORDS && WS_COUNT == COUNTS_AT, "moe_step.py
 // A layer's entry in the table: pointers, in this order.
 enum { T_INPUT_NORM, T_QKV, T_Q_NORM, T_K_NORM, T_O, T_POST_NORM, T_ROUTER, T_GATE_UP, T_DOWN, T_KEYS,
        T_VALUES, T_WS, T_FIELDS };
+static_assert(T_FIELDS == FIELDS, "moe_step.py's table has other fields");
 
 #define MAX3(a, b, c) ((a) > (b) ? ((a) > (c) ? (a) : (c)) : ((b) > (c) ? (b) : (c)))
 #define S_QKV_BYTES (QKV_PER_BLOCK * HIDDEN * 2)
 #define S_O_BYTES (O_ROWS * Q_ROWS * 2)
 #define S_DOWN_BYTES (TOP_K * O_ROWS * INTER * 2)
 #define S_W_BYTES MAX3(S_QKV_BYTES, S_O_BYTES, S_DOWN_BYTES)
-#define S_ACT_FLOATS MAX3(TOP_K * INTER, Q_ROWS + GROUPS * HEAD_DIM, 0)
+#define S_ACT_FLOATS (TOP_K * INTER > Q_ROWS ? TOP_K * INTER : Q_ROWS)  // activations, or the attention's output
 #define S_X_BYTES (HIDDEN * 2)
+// The weights, activations, a normed row, six arrays of 32 and the barrier (the kernel's layout).
+static_assert(S_W_BYTES + S_ACT_FLOATS * 4 + S_X_BYTES + 32 * 4 * 6 + 8 <= SHARED_BYTES,
+              "moe_step.py asks for less shared memory than the kernel lays out");
 
 #if TRACE
 #define MARKS 32
@@ -145,110 +130,25 @@ static __device__ __forceinline__ void mark(long long* trace, int layer, int at)
 #define REPORT(trace, code, seen) ((void)0)
 #endif
 
-static __device__ __forceinline__ float lo(u32 w) { return __uint_as_float(w << 16); }
-static __device__ __forceinline__ float hi(u32 w) { return __uint_as_float(w & 0xffff0000u); }
-
-static __device__ __forceinline__ u32 bf16_bits(float f) {  // round to nearest even
-    u32 u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return u >> 16;
-}
-
-static __device__ __forceinline__ float rbf(float f) { return __uint_as_float(bf16_bits(f) << 16); }
-
-static __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
-    float s = lo(a.x) * lo(b.x);
-    s += hi(a.x) * hi(b.x);
-    s += lo(a.y) * lo(b.y);
-    s += hi(a.y) * hi(b.y);
-    s += lo(a.z) * lo(b.z);
-    s += hi(a.z) * hi(b.z);
-    s += lo(a.w) * lo(b.w);
-    s += hi(a.w) * hi(b.w);
-    return s;
-}
-
-static __device__ __forceinline__ uint4 ld_stream(const bf16* p) {  // weights: read once
-    uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-    return r;
-}
-
-static __device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-static __device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
-static __device__ __forceinline__ u32 smem_addr(const void* p) {
-    u64 a;
-    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
-    return (u32)a;
-}
-
-static __device__ __forceinline__ float block_sum(float v, float* scratch) {
-    v = warp_sum(v);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    __syncthreads();  // scratch may still be read from the last sum
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    float s = 0.f;
-#pragma unroll
-    for (int w = 0; w < WARPS; ++w) s += scratch[w];
-    return s;
-}
-
-static __device__ __forceinline__ u64 ld_poll_u64(const u64* p) {
-    u64 r;
-    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(r) : "l"(p) : "memory");
-    return r;
-}
-
-static __device__ __forceinline__ uint4 ld_poll_v4(const u32* p) {
-    uint4 r;
-#if POLL_RELAXED
-    asm volatile("ld.relaxed.gpu.global.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p) : "memory");
-#else
-    asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p) : "memory");
-#endif
-    return r;
-}
-
 static __device__ __forceinline__ void publish(u32* p, u32 tag, float value) {
     const u32 word = (tag << 16) | bf16_bits(value);
     asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(word) : "memory");
 }
 
-// After a thread's publishing stores: with FENCE, a gpu-scope fence so they go out before the
-// thread polls (moe_experts.cu's needs one after weak stores; these are relaxed gpu-scope stores).
-static __device__ __forceinline__ void published() {
-#if FENCE
-    asm volatile("fence.acq_rel.gpu;" ::: "memory");
-#endif
-}
+// After a thread's publishing stores: a gpu-scope fence, so they go out before the thread polls.
+static __device__ __forceinline__ void published() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 
 static __device__ __forceinline__ bool tagged4(uint4 w, u32 tag) {
     return (w.x >> 16) == tag && (w.y >> 16) == tag && (w.z >> 16) == tag && (w.w >> 16) == tag;
 }
 
-// Four published values at p (16-byte aligned), once all have this launch's tag.
+// Four published values at p (16-byte aligned), once all have this launch's tag. Every lane of the
+// warp calls it. While some lane's values are missing, only the first such lane polls (its values
+// come from the same block as its neighbours', at about the same time), then the warp reads again:
+// with every lane polling, the 30,000 polling threads crowded L2 for everyone.
 static __device__ __forceinline__ uint4 wait4(const u32* p, u32 tag, long long* trace, int code) {
     uint4 got = ld_poll_v4(p);
     [[maybe_unused]] int spins = 0;
-#if POLL_WARP
-    // Every lane of the warp calls it. While some lane's values are missing, only the first such
-    // lane polls (its values come from the same block as its neighbours', at about the same
-    // time), then the warp reads again: a 32nd of the polling that crowds L2 for everyone.
     unsigned missing;
     while ((missing = __ballot_sync(0xffffffffu, !tagged4(got, tag))) != 0) {
         if ((int)(threadIdx.x % 32) == __ffs(missing) - 1) {
@@ -265,16 +165,6 @@ static __device__ __forceinline__ uint4 wait4(const u32* p, u32 tag, long long* 
             break;
         }
     }
-#else
-    while (!tagged4(got, tag)) {  // back off: a block's 256 pollers otherwise crowd L2 for the others
-        __nanosleep(POLL_NS);
-        got = ld_poll_v4(p);
-        if (GIVE_UP(spins)) {
-            REPORT(trace, code, got.x);
-            break;
-        }
-    }
-#endif
     return got;
 }
 
@@ -376,7 +266,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
     long long* trace) {                  // [2 NCTA, MARKS] when TRACE
     extern __shared__ __align__(128) unsigned char smem[];
     bf16* s_w = (bf16*)smem;                                    // q/k/v rows, then o rows, then down rows
-    float* s_act = (float*)(smem + S_W_BYTES);                  // activations; the attention's input and queries
+    float* s_act = (float*)(smem + S_W_BYTES);                  // activations, or the attention's output
     bf16* s_x = (bf16*)(smem + S_W_BYTES + S_ACT_FLOATS * 4);   // [HIDDEN] a normed row
     float* s_sum = (float*)(s_x + HIDDEN);                      // [32]
     float* s_weight = s_sum + 32;                               // [32] routing weights
@@ -424,25 +314,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
             hv[4] = lo(x1.x), hv[5] = lo(x1.y), hv[6] = lo(x1.z), hv[7] = lo(x1.w);
         }
         mark(trace, layer, 1);
-        if (!QKV_EARLY && layer > 0 && tid == 0)  // only now: the hand-over had HBM to itself
-            fetch_rows(s_w, field(table, layer, T_QKV) + (size_t)block * QKV_PER_BLOCK * HIDDEN, S_QKV_BYTES, s_bar);
         if (tid / (O_ROWS / 8) == block) {  // the residual of this block's o rows
 #pragma unroll
             for (int i = 0; i < 8; ++i) s_res[(tid % (O_ROWS / 8)) * 8 + i] = hv[i];
         }
         {
             const uint4 gain = __ldg((const uint4*)(field(table, layer, T_INPUT_NORM) + tid * 8));
-            const float gv[8] = {lo(gain.x), hi(gain.x), lo(gain.y), hi(gain.y),
-                                 lo(gain.z), hi(gain.z), lo(gain.w), hi(gain.w)};
-            float ss = 0.f;
-#pragma unroll
-            for (int i = 0; i < 8; ++i) ss += hv[i] * hv[i];
-            const float rstd = rsqrtf(block_sum(ss, s_sum) / HIDDEN + eps);
-            u32 nb[8];
-#pragma unroll
-            for (int i = 0; i < 8; ++i) nb[i] = bf16_bits(rbf(hv[i] * rstd) * gv[i]);
-            *(uint4*)(s_x + tid * 8) = make_uint4(nb[0] | (nb[1] << 16), nb[2] | (nb[3] << 16),
-                                                  nb[4] | (nb[5] << 16), nb[6] | (nb[7] << 16));
+            *(uint4*)(s_x + tid * 8) = normed_row(hv, gain, eps, s_sum);
         }
         __syncthreads();
         wait_rows(s_bar, parity, trace);
@@ -469,7 +347,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
         published();
         mark(trace, layer, 19);
         __syncthreads();  // the q/k/v rows are read: the o rows may come
-        if (O_EARLY && tid == 0)  // during the attention
+        if (tid == 0)  // during the attention
             fetch_rows(s_w, field(table, layer, T_O) + (size_t)block * O_ROWS * Q_ROWS, S_O_BYTES, s_bar);
         mark(trace, layer, 3);
 
@@ -610,8 +488,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
         }
 
         // C. Every attention output against this block's o rows, the residual added.
-        if (!O_EARLY && tid == 0)  // only now: the attention's reads had HBM to themselves
-            fetch_rows(s_w, field(table, layer, T_O) + (size_t)block * O_ROWS * Q_ROWS, S_O_BYTES, s_bar);
 #pragma unroll
         for (int j = 0; j < Q_ROWS / (THREADS * 4); ++j) {
             const int at = (j * THREADS + tid) * 4;
@@ -667,17 +543,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
         mark(trace, layer, 9);
         {
             const float hv2[8] = {lo(h0.x), lo(h0.y), lo(h0.z), lo(h0.w), lo(h1.x), lo(h1.y), lo(h1.z), lo(h1.w)};
-            const float gv[8] = {lo(post_gain.x), hi(post_gain.x), lo(post_gain.y), hi(post_gain.y),
-                                 lo(post_gain.z), hi(post_gain.z), lo(post_gain.w), hi(post_gain.w)};
-            float ss = 0.f;
-#pragma unroll
-            for (int i = 0; i < 8; ++i) ss += hv2[i] * hv2[i];
-            const float rstd = rsqrtf(block_sum(ss, s_sum) / HIDDEN + eps);
-            u32 nb[8];
-#pragma unroll
-            for (int i = 0; i < 8; ++i) nb[i] = bf16_bits(rbf(hv2[i] * rstd) * gv[i]);
-            const uint4 normed = make_uint4(nb[0] | (nb[1] << 16), nb[2] | (nb[3] << 16),
-                                            nb[4] | (nb[5] << 16), nb[6] | (nb[7] << 16));
+            const uint4 normed = normed_row(hv2, post_gain, eps, s_sum);
             *(uint4*)(s_x + tid * 8) = normed;
             u64* logits = (u64*)(ws + WS_LOGITS);
 #pragma unroll
@@ -692,11 +558,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
             }
         }
         mark(trace, layer, 10);
-        // Routing (every block, warp 0): softmax, the top k (the lowest index on a tie), their
-        // weights renormalised when asked, rounded to bfloat16.
+        // Routing (every block, warp 0, once every block's logit is out: route_top_k).
         if (warp == 0) {
             const u64* logits = (const u64*)(ws + WS_LOGITS);
-            float v[E_LANES], m = __int_as_float(0xff800000);
             u64 slot[E_LANES];
             bool ready;
             [[maybe_unused]] int spins = 0;
@@ -713,43 +577,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
                 }
                 if (!__all_sync(0xffffffffu, ready)) __nanosleep(POLL_NS);
             } while (!__all_sync(0xffffffffu, ready));
-#pragma unroll
-            for (int j = 0; j < E_LANES; ++j) {
-                v[j] = __uint_as_float((u32)slot[j]);
-                m = fmaxf(m, v[j]);
-            }
-            m = warp_max(m);
-            float total = 0.f;
-#pragma unroll
-            for (int j = 0; j < E_LANES; ++j) {
-                v[j] = __expf(v[j] - m);
-                total += v[j];
-            }
-            total = warp_sum(total);
-#pragma unroll
-            for (int j = 0; j < E_LANES; ++j) v[j] = v[j] / total;
-            float picked = 0.f, mine = 0.f;
-            int mine_expert = 0;
-            for (int k = 0; k < TOP_K; ++k) {
-                float best = -1.f;
-                int at = 0x7fffffff;
-#pragma unroll
-                for (int j = 0; j < E_LANES; ++j)
-                    if (v[j] > best) best = v[j], at = j * 32 + lane;
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1) {
-                    const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-                    const int oa = __shfl_xor_sync(0xffffffffu, at, o);
-                    if (ob > best || (ob == best && oa < at)) best = ob, at = oa;
-                }
-                picked += best;
-                if (lane == k) mine = best, mine_expert = at;
-#pragma unroll
-                for (int j = 0; j < E_LANES; ++j)
-                    if (j * 32 + lane == at) v[j] = -2.f;
-            }
+            float mine, picked;
+            int mine_expert;
+            route_top_k(slot, lane, mine, picked, mine_expert);
             if (lane < TOP_K) {
-                const float weight = rbf(NORMALIZE ? mine / picked : mine);
+                const float weight = route_weight(mine, picked);
                 s_weight[lane] = weight;
                 s_expert[lane] = mine_expert;
                 if (block == 0) {
@@ -850,7 +682,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_step_row(
             }
         }
         mark(trace, layer, 22);
-        if (QKV_EARLY && tid == 0 && layer + 1 < layers)  // during the hand-over to the next layer
+        if (tid == 0 && layer + 1 < layers)  // during the hand-over to the next layer
             fetch_rows(s_w, field(table, layer + 1, T_QKV) + (size_t)block * QKV_PER_BLOCK * HIDDEN, S_QKV_BYTES,
                        s_bar);
         mark(trace, layer, 21);

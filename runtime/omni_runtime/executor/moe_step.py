@@ -35,10 +35,8 @@ from omni_runtime.executor.triton_support import hopper_or_later
 
 log = logging.getLogger(__name__)
 
-DEPTH = 2  # gate-up units a warp has in flight (as moe_experts)
 POLL_NS = 64  # a waiting thread's pause between polls of a published value
 MIN_KEYS = 64  # least cached keys an attention split takes (a multiple of 32)
-FENCE = 1  # a gpu-scope fence after each thread's publishing stores
 KERNEL = "moe_step_row"
 FIELDS = 12  # pointers a layer in the table (moe_step.cu's T_FIELDS)
 
@@ -57,14 +55,8 @@ class StepPlan:
     blocks: int
     threads: int
     normalize: bool
-    depth: int = DEPTH
     poll_ns: int = POLL_NS
     min_keys: int = MIN_KEYS
-    fence: int = FENCE
-    poll_warp: int = 1
-    poll_relaxed: int = 0
-    o_early: int = 1
-    qkv_early: int = 1
     trace: bool = False
     trace_layer: int = 1
 
@@ -82,7 +74,7 @@ class StepPlan:
             rows * self.heads * self.head_dim * 2,
             self.top_k * rows * self.inter * 2,
         )
-        floats = max(self.top_k * self.inter, (self.heads + self.heads // self.kv_heads) * self.head_dim)
+        floats = max(self.top_k * self.inter, self.heads * self.head_dim)
         return weights + floats * 4 + self.hidden * 2 + 32 * 4 * 6 + 8
 
     @property
@@ -118,18 +110,14 @@ class StepPlan:
             "NCTA": self.blocks,
             "THREADS": self.threads,
             "NORMALIZE": int(self.normalize),
-            "DEPTH": self.depth,
             "POLL_NS": self.poll_ns,
             "MIN_KEYS": self.min_keys,
-            "FENCE": self.fence,
-            "POLL_WARP": self.poll_warp,
-            "POLL_RELAXED": self.poll_relaxed,
-            "O_EARLY": self.o_early,
-            "QKV_EARLY": self.qkv_early,
             "TRACE": int(self.trace),
             "TRACE_LAYER": self.trace_layer,
             "WORKSPACE_WORDS": self.workspace_words,
             "COUNTS_AT": self.counts_at,
+            "FIELDS": FIELDS,
+            "SHARED_BYTES": self.shared_bytes,
         }
 
 

@@ -801,18 +801,19 @@ class SlotDecoder:
         cache.write_pos = write
         cache.view_len = view
         stacked = None if self.decode_stack is None else self.decode_stack(hidden, cos_sin, cache)
-        try:
-            for i, layer in enumerate([] if stacked is not None else self.decode_layers or self.step_layers):
-                cache.layer_keys, cache.layer_values = cache.keys[i], cache.values[i]
-                hidden = layer(
-                    hidden, attention_mask=mask, position_embeddings=cos_sin, past_key_values=cache
-                )
-                if isinstance(hidden, tuple):
-                    hidden = hidden[0]
-        finally:
-            cache.layer_keys = cache.layer_values = None
         if stacked is not None:
             hidden = stacked
+        else:
+            try:
+                for i, layer in enumerate(self.decode_layers or self.step_layers):
+                    cache.layer_keys, cache.layer_values = cache.keys[i], cache.values[i]
+                    hidden = layer(
+                        hidden, attention_mask=mask, position_embeddings=cos_sin, past_key_values=cache
+                    )
+                    if isinstance(hidden, tuple):
+                        hidden = hidden[0]
+            finally:
+                cache.layer_keys = cache.layer_values = None
         normed = self.norm(hidden[:, 0])
         self.out_logits[:batch].copy_(self.head_fn(normed))
         self.out_hidden[:batch].copy_(normed)

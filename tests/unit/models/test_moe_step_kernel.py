@@ -65,18 +65,17 @@ def test_kernel_compiles_for_hopper_without_spills(trace) -> None:
     assert registers * step_plan.threads <= 65536  # one block a multiprocessor fits
 
 
-def test_a_workspace_that_differs_does_not_compile() -> None:
+@pytest.mark.parametrize(
+    ("field", "shift", "says"),
+    [("counts_at", 4, "workspace layout differs"), ("shared_bytes", -1024, "less shared memory")],
+)
+def test_a_layout_that_differs_does_not_compile(field, shift, says) -> None:
+    """The kernel checks moe_step.py's workspace layout and shared memory at compile time."""
     step_plan = plan(**RELEASED, multiprocessors=132)
     assert isinstance(step_plan, StepPlan)
-
-    class Shifted(StepPlan):
-        @property
-        def counts_at(self) -> int:
-            return super().counts_at + 4
-
-    shifted = Shifted(**dataclasses.asdict(step_plan))
-    with pytest.raises(RuntimeError, match=r"moe_step.cu does not compile for sm_90:[\s\S]*workspace layout"):
-        moe_step.compile_cubin(shifted, "sm_90")
+    shifted = type("Shifted", (StepPlan,), {field: property(lambda self: getattr(step_plan, field) + shift)})
+    with pytest.raises(RuntimeError, match=rf"moe_step.cu does not compile for sm_90:[\s\S]*{says}"):
+        moe_step.compile_cubin(shifted(**dataclasses.asdict(step_plan)), "sm_90")
 
 
 def test_no_step_kernel_off_a_gpu() -> None:

@@ -1,0 +1,163 @@
+// What the one-row decode kernels share (moe_experts.cu, moe_step.cu): bfloat16 unpacking and
+// rounding, dot products, warp and block sums, the loads they stream weights and poll published
+// values with, a row's RMSNorm and the router's top-k. The including file defines WARPS (and for
+// the norm and routing HIDDEN, EXPERTS, TOP_K, NORMALIZE) first. Passed to NVRTC as a header by
+// moe_experts.compile_source.
+#pragma once
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef unsigned short bf16;
+
+static __device__ __forceinline__ float lo(u32 w) { return __uint_as_float(w << 16); }
+static __device__ __forceinline__ float hi(u32 w) { return __uint_as_float(w & 0xffff0000u); }
+
+static __device__ __forceinline__ u32 bf16_bits(float f) {  // round to nearest even
+    u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return u >> 16;
+}
+
+static __device__ __forceinline__ float rbf(float f) { return __uint_as_float(bf16_bits(f) << 16); }
+
+static __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
+    float s = lo(a.x) * lo(b.x);
+    s += hi(a.x) * hi(b.x);
+    s += lo(a.y) * lo(b.y);
+    s += hi(a.y) * hi(b.y);
+    s += lo(a.z) * lo(b.z);
+    s += hi(a.z) * hi(b.z);
+    s += lo(a.w) * lo(b.w);
+    s += hi(a.w) * hi(b.w);
+    return s;
+}
+
+static __device__ __forceinline__ uint4 ld_stream(const bf16* p) {  // weights: read once
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    return r;
+}
+
+static __device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+static __device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+static __device__ __forceinline__ u32 smem_addr(const void* p) {
+    u64 a;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+    return (u32)a;
+}
+
+static __device__ __forceinline__ float block_sum(float v, float* scratch) {
+    v = warp_sum(v);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __syncthreads();  // scratch may still be read from the last sum
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float s = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) s += scratch[w];
+    return s;
+}
+
+// Published values are strong (relaxed, gpu scope) stores, polled by strong loads: weak ones to
+// other addresses may be held back behind a polling loop (seen: a warp's last activation never
+// reached the readers).
+static __device__ __forceinline__ u64 ld_poll_u64(const u64* p) {
+    u64 r;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(r) : "l"(p) : "memory");
+    return r;
+}
+
+static __device__ __forceinline__ uint4 ld_poll_v4(const void* p) {
+    uint4 r;
+    asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p) : "memory");
+    return r;
+}
+
+#ifdef HIDDEN
+// A thread's 8 values of the row (HIDDEN = 8 a thread) through transformers' RMSNorm: bfloat16
+// of x / rms, times the weights, rounded; packed as the matrix-vector products read them.
+static __device__ __forceinline__ uint4 normed_row(const float hv[8], uint4 gain, float eps, float* scratch) {
+    const float gv[8] = {lo(gain.x), hi(gain.x), lo(gain.y), hi(gain.y),
+                         lo(gain.z), hi(gain.z), lo(gain.w), hi(gain.w)};
+    float ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) ss += hv[i] * hv[i];
+    const float rstd = rsqrtf(block_sum(ss, scratch) / HIDDEN + eps);
+    u32 nb[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) nb[i] = bf16_bits(rbf(hv[i] * rstd) * gv[i]);
+    uint4 normed;
+    normed.x = nb[0] | (nb[1] << 16);
+    normed.y = nb[2] | (nb[3] << 16);
+    normed.z = nb[4] | (nb[5] << 16);
+    normed.w = nb[6] | (nb[7] << 16);
+    return normed;
+}
+#endif
+
+#ifdef EXPERTS
+#define E_LANES (EXPERTS / 32)
+// One warp's routing of the EXPERTS router logits, as published (tag << 32 | float bits; lane l
+// holds logits j * 32 + l): softmax and the
+// top TOP_K (the lowest index on a tie, as a stable sort). Lane k < TOP_K gets the k-th expert and
+// its probability; every lane the top k's sum. route_weight gives the weight to apply.
+static __device__ __forceinline__ void route_top_k(const u64 slot[E_LANES], int lane, float& mine, float& picked,
+                                                   int& expert) {
+    float v[E_LANES], m = __int_as_float(0xff800000);
+#pragma unroll
+    for (int j = 0; j < E_LANES; ++j) {
+        v[j] = __uint_as_float((u32)slot[j]);
+        m = fmaxf(m, v[j]);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    float total = 0.f;
+#pragma unroll
+    for (int j = 0; j < E_LANES; ++j) {
+        v[j] = __expf(v[j] - m);
+        total += v[j];
+    }
+    total = warp_sum(total);
+#pragma unroll
+    for (int j = 0; j < E_LANES; ++j) v[j] = v[j] / total;
+    picked = 0.f, mine = 0.f;
+    int mine_expert = 0;
+    for (int k = 0; k < TOP_K; ++k) {
+        float best = -1.f;
+        int at = 0x7fffffff;
+#pragma unroll
+        for (int j = 0; j < E_LANES; ++j)
+            if (v[j] > best) best = v[j], at = j * 32 + lane;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+            const int oa = __shfl_xor_sync(0xffffffffu, at, o);
+            if (ob > best || (ob == best && oa < at)) best = ob, at = oa;
+        }
+        picked += best;
+        if (lane == k) mine = best, mine_expert = at;
+#pragma unroll
+        for (int j = 0; j < E_LANES; ++j)
+            if (j * 32 + lane == at) v[j] = -2.f;
+    }
+    expert = mine_expert;
+}
+
+// A routed expert's weight: its probability, renormalised over the top k when NORMALIZE, rounded.
+static __device__ __forceinline__ float route_weight(float mine, float picked) {
+    return rbf(NORMALIZE ? mine / picked : mine);
+}
+#endif
