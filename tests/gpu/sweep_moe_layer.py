@@ -19,14 +19,13 @@ from omni_runtime.bench.decode_moe import build
 from omni_runtime.executor import moe_experts, moe_layer
 
 # Each shape: overrides of executor.moe_layer's or moe_experts' launch values (the first and last:
-# as served). KEYS_PER_SPLIT and ATTENTION_WARPS: the attention kernel's split of the cached keys
-# (a split's 64 keys took 2.5 µs in two loop steps of 32 after 128 cached tokens, HBM idle) and
-# its programs' warps.
+# as served). LOGITS_IN_O: the one-row MoE kernel's router logits summed by the o projection's
+# programs (served) or published by its own blocks and read back (the build before).
 SHAPES: list[dict[str, Any]] = [
     {},
-    {"KEYS_PER_SPLIT": 32},
-    {"ATTENTION_WARPS": 4},
-    {"KEYS_PER_SPLIT": 32, "ATTENTION_WARPS": 4},
+    {"LOGITS_IN_O": False},
+    {},
+    {"LOGITS_IN_O": False},
     {},
 ]
 

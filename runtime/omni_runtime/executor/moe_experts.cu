@@ -14,6 +14,15 @@
 //   3. each block reads every activation, applies its down rows from shared memory and adds the
 //      routing-weighted sum to the residual.
 //
+// With LOGITS_IN_O the logits come with the kernel before instead: each of the o projection's
+// programs adds its rows' share of every logit, W_e . (post_norm * h) over its rows of h, into
+// ``logits`` (EXPERTS sums LOGIT_STRIDE words apart, 64-bit fixed point at 2^32, so the sum is the
+// same in any order), and the kernel boundary this kernel waits at anyway is the exchange. A block
+// then scales the sums by the row's 1 / rms (the norm is linear in h but for it) and routes; block 0
+// zeroes the sums once every block has read them. The routing is transformers' up to where each
+// rounds: here the normed row's bfloat16 rounding is not inside the logits' sums (measured:
+// docs/benchmarks.md).
+//
 // No grid barrier: a published value carries the launch's tag beside it in one store (a logit in
 // 64 bits, an activation in 32), and a reader loads until every value it needs has this launch's
 // tag. The tag is 1 + the parity of a per-layer launch count that block 0 advances once every
@@ -25,6 +34,7 @@
 // the o projection: the router rows and the norm's weights are read before the wait.
 //
 // Compile-time sizes (NVRTC -D): HIDDEN, INTER, EXPERTS, TOP_K, NCTA, THREADS, NORMALIZE;
+// LOGITS_IN_O (the o projection adds the router's logits, above);
 // TRIGGER (when the next kernel may launch: 0 past the wait, 3 once routed, 1 after gate-up,
 // 2 at the end); DEPTH (gate-up units a warp has in flight); MIN_BLOCKS (launch bounds: blocks a
 // multiprocessor must fit by registers, so the next kernel's programs find room); TRACE (1: each
@@ -49,6 +59,8 @@ static_assert(HIDDEN % 256 == 0 && INTER % 256 == 0, "rows are read in 256-value
 static_assert(HIDDEN % NCTA == 0 && NCTA % TOP_K == 0, "blocks split the hidden units and the pairs");
 static_assert(INTER % BLOCKS_PER_PAIR == 0 && UNITS % WARPS == 0, "blocks and warps split the units");
 static_assert(EXPERTS % 32 == 0 && EXPERTS % NCTA == 0 && TOP_K <= 32, "experts per lane and block");
+static_assert(!LOGITS_IN_O || EXPERTS <= THREADS, "block 0 zeroes a logit's sum a thread");
+#define LOGIT_STRIDE 16  // 64-bit words between two logits' sums (LOGITS_IN_O): a cache line each
 
 #define S_DOWN_BYTES (TOP_K * DOWN_ROWS * INTER * 2)
 #define S_ACT_BYTES (TOP_K * INTER * 4)
@@ -83,7 +95,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
     const bf16* __restrict__ router,    // [EXPERTS, HIDDEN]
     const bf16* __restrict__ gate_up,   // [EXPERTS, 2 INTER, HIDDEN], gate rows first
     const bf16* __restrict__ down,      // [EXPERTS, HIDDEN, INTER]
-    u64* logits,                        // [EXPERTS] (tag << 32 | float bits), zeroed once
+    u64* logits,                        // [EXPERTS] (tag << 32 | float bits), zeroed once; LOGITS_IN_O:
+                                        // [EXPERTS * LOGIT_STRIDE] the o projection's fixed-point sums
     u32* act,                           // [TOP_K, INTER] (tag << 16 | bfloat16 bits), zeroed once
     bf16* route_weights,                // [TOP_K] the routing, for the record
     long long* route_index,             // [TOP_K]
@@ -105,10 +118,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
 
     // Before the wait: what does not come from the o projection.
     const uint4 gain = *(const uint4*)(post_norm + tid * 8);
+#if !LOGITS_IN_O
     uint4 wrow[LOGITS_PER_BLOCK];
 #pragma unroll
     for (int j = 0; j < LOGITS_PER_BLOCK; ++j)
         wrow[j] = ld_stream(router + (size_t)(block * LOGITS_PER_BLOCK + j) * HIDDEN + tid * 8);
+#endif
     const u32 launch = __ldcg(launches);  // advanced by block 0 once every block has read it
     const u32 tag = 1u + (launch & 1u);
     if (tid == 0) {
@@ -122,10 +137,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
 #endif
 
     // 1. The post-attention norm of the row, as transformers' RMSNorm rounds it, and the logits.
+#if LOGITS_IN_O
+    long long sums[E_LANES];  // warp 0: the o projection's sums of the logits lane + 32 j
+    if (warp == 0) {
+#pragma unroll
+        for (int j = 0; j < E_LANES; ++j) sums[j] = __ldcg((const long long*)logits + (j * 32 + lane) * LOGIT_STRIDE);
+    }
+#endif
     const uint4 h = __ldcg((const uint4*)(mid + tid * 8));
     const float hv[8] = {lo(h.x), hi(h.x), lo(h.y), hi(h.y), lo(h.z), hi(h.z), lo(h.w), hi(h.w)};
-    const uint4 normed = normed_row(hv, gain, eps, s_sum);
+    float rstd;
+    const uint4 normed = normed_row(hv, gain, eps, s_sum, &rstd);
     *(uint4*)(s_x + tid * 8) = normed;
+#if !LOGITS_IN_O
 #pragma unroll
     for (int j = 0; j < LOGITS_PER_BLOCK; ++j) {
         const float logit = rbf(block_sum(dot8(wrow[j], normed), s_sum));  // transformers' linear rounds
@@ -135,12 +159,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
                          : "memory");
         }
     }
+#endif
     mark(trace, 2);
 
     // Routing (every block, warp 0): softmax over the experts, the top k (the lowest index on a
     // tie, as a stable sort), their weights renormalised when asked, rounded to bfloat16.
     if (warp == 0) {
         u64 slot[E_LANES];
+#if LOGITS_IN_O
+#pragma unroll
+        for (int j = 0; j < E_LANES; ++j)  // transformers' linear rounds the logits
+            slot[j] = __float_as_uint(rbf(rstd * (__ll2float_rn(sums[j]) * 0x1p-32f)));
+#else
         bool ready;
         [[maybe_unused]] int spins = 0;
         do {  // every block's logits, published with this launch's tag
@@ -161,6 +191,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
                 break;
             }
         } while (!__all_sync(0xffffffffu, ready));
+#endif
         float mine, picked;
         int mine_expert;
         route_top_k(slot, lane, mine, picked, mine_expert);
@@ -268,6 +299,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
     if (block == 0) {  // every block has published, so every block has read the launch count
         __syncthreads();
         if (tid == 0) __stcg(launches, launch + 1u);
+#if LOGITS_IN_O
+        if (tid < EXPERTS) logits[tid * LOGIT_STRIDE] = 0;  // every block has read them: the next step adds anew
+#endif
     }
     mark(trace, 6);
     if (tid == 0) {

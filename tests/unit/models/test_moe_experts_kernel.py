@@ -42,11 +42,17 @@ def test_plan(shape, sms, expected) -> None:
         assert (got.blocks, got.threads, got.shared_bytes) == expected
 
 
-@pytest.mark.parametrize(("depth", "min_blocks", "trace"), [(2, 1, False), (1, 2, False), (2, 2, True)])
-def test_the_released_shape_compiles_for_hopper_without_spills(depth, min_blocks, trace) -> None:
+@pytest.mark.parametrize(
+    ("depth", "min_blocks", "trace", "logits_in_o"),
+    [(2, 1, False, True), (1, 2, False, True), (2, 2, True, True), (2, 2, False, False), (2, 2, True, False)],
+)
+def test_the_released_shape_compiles_for_hopper_without_spills(depth, min_blocks, trace, logits_in_o) -> None:
     row_plan = plan(**RELEASED, multiprocessors=132)
     assert isinstance(row_plan, RowPlan)
-    row_plan = dataclasses.replace(row_plan, depth=depth, min_blocks=min_blocks, trace=trace)
+    assert row_plan.logits_in_o, "served: the o projection sums the router's logits"
+    row_plan = dataclasses.replace(
+        row_plan, depth=depth, min_blocks=min_blocks, trace=trace, logits_in_o=logits_in_o
+    )
     cubin, log = moe_experts.compile_cubin(row_plan, "sm_90")
     assert cubin[:4] == b"\x7fELF"
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in log, log

@@ -163,3 +163,47 @@ def test_routing_equals_a_stable_sort_with_ties(seed: int) -> None:
     top, expected = (t[:, :4] for t in torch.sort(prob, dim=-1, descending=True, stable=True))
     assert torch.equal(index, expected)
     torch.testing.assert_close(weights, top / top.sum(-1, keepdim=True))
+
+
+@pytest.mark.parametrize("experts", [8, 12])
+def test_o_projection_sums_the_router_logits_in_fixed_point(experts: int) -> None:
+    """The o projection with ``ROUTE_E`` (one row, before the one-row MoE kernel): its output as
+    without, and its programs' fixed-point sums (2^-32 units, ``ROUTE_STRIDE`` apart, added onto
+    what is there) equal to ``router @ (post_norm * out)``, which times the row's 1 / rms is
+    transformers' logits up to the normed row's rounding. 12 experts: a width below the lanes."""
+    generator = torch.Generator().manual_seed(7)
+    width, hidden, stride = 64, HIDDEN, 4
+    attended = torch.randn(1, width, generator=generator).to(torch.bfloat16)
+    o_proj = (torch.randn(hidden, width, generator=generator) / width**0.5).to(torch.bfloat16)
+    residual = torch.randn(1, hidden, generator=generator).to(torch.bfloat16)
+    router = (torch.randn(experts, hidden, generator=generator) / hidden**0.5).to(torch.bfloat16)
+    gain = (1 + 0.1 * torch.randn(hidden, generator=generator)).to(torch.bfloat16)
+    start = torch.randint(-(2**40), 2**40, (experts * stride,), generator=generator)
+    sums = start.clone()
+
+    def o_projection(**route):
+        out = torch.empty_like(residual)
+        moe_layer._kernels().gemv_kernel[(hidden // 8,)](
+            attended, gain, o_proj, residual, out, 1, width, width, hidden, hidden, 1e-6,
+            K=width, K_PAD=width, N=hidden, ROWS=1, BLOCK_N=8, HAS_NORM=False, HAS_RES=True, PDL=False, **route,
+        )  # fmt: skip
+        return out
+
+    plain = o_projection()
+    routed = o_projection(
+        route_t_ptr=router.t().contiguous(), route_gain_ptr=gain, route_sums_ptr=sums,
+        ROUTE_E=experts, ROUTE_E_PAD=moe_layer._pow2(experts), ROUTE_STRIDE=stride,
+    )  # fmt: skip
+    assert torch.equal(routed, plain)
+    assert torch.equal(sums.view(experts, stride)[:, 1:], start.view(experts, stride)[:, 1:])  # only the sums
+    added = (sums - start).view(experts, stride)[:, 0].double() / 2**32
+    expected = router.double() @ (gain.double() * routed[0].double())
+    torch.testing.assert_close(added, expected, rtol=1e-5, atol=1e-6)
+    # Scaled by 1 / rms, within a bfloat16 step of transformers' norm and linear.
+    h = routed.float()
+    rstd = torch.rsqrt(h.pow(2).mean(-1) + 1e-6)
+    normed = (gain.float() * (h * rstd).to(torch.bfloat16).float()).to(torch.bfloat16)
+    logits = (normed.float() @ router.float().t())[0]
+    torch.testing.assert_close(
+        (added.float() * rstd).to(torch.bfloat16).float(), logits, rtol=2e-2, atol=2e-2
+    )
