@@ -24,7 +24,9 @@ from omni_runtime.executor import moe_experts, moe_layer
 SHAPES: list[dict[str, Any]] = [
     {},
     {"LOGITS_IN_O": False},
-    {},
+    {"LOGIT_BUCKETS": 1},
+    {"LOGIT_BUCKETS": 4},
+    {"LOGIT_BUCKETS": 64},
     {"LOGITS_IN_O": False},
     {},
 ]

@@ -16,10 +16,11 @@
 //
 // With LOGITS_IN_O the logits come with the kernel before instead: each of the o projection's
 // programs adds its rows' share of every logit, W_e . (post_norm * h) over its rows of h, into
-// ``logits`` (EXPERTS sums LOGIT_STRIDE words apart, 64-bit fixed point at 2^32, so the sum is the
-// same in any order), and the kernel boundary this kernel waits at anyway is the exchange. A block
-// then scales the sums by the row's 1 / rms (the norm is linear in h but for it) and routes; block 0
-// zeroes the sums once every block has read them. The routing is transformers' up to where each
+// ``logits`` (BUCKETS x EXPERTS sums LOGIT_STRIDE words apart, a program's bucket its index modulo
+// BUCKETS so that few programs add to one word; 64-bit fixed point at 2^32, so a sum is the same
+// in any order), and the kernel boundary this kernel waits at anyway is the exchange. A block then
+// adds each logit's buckets, scales by the row's 1 / rms (the norm is linear in h but for it) and
+// routes; block 0 zeroes the sums once every block has read them. The routing is transformers' up to where each
 // rounds: here the normed row's bfloat16 rounding is not inside the logits' sums (measured:
 // docs/benchmarks.md).
 //
@@ -34,7 +35,7 @@
 // the o projection: the router rows and the norm's weights are read before the wait.
 //
 // Compile-time sizes (NVRTC -D): HIDDEN, INTER, EXPERTS, TOP_K, NCTA, THREADS, NORMALIZE;
-// LOGITS_IN_O (the o projection adds the router's logits, above);
+// LOGITS_IN_O, BUCKETS (the o projection adds the router's logits, above);
 // TRIGGER (when the next kernel may launch: 0 past the wait, 3 once routed, 1 after gate-up,
 // 2 at the end); DEPTH (gate-up units a warp has in flight); MIN_BLOCKS (launch bounds: blocks a
 // multiprocessor must fit by registers, so the next kernel's programs find room); TRACE (1: each
@@ -59,7 +60,7 @@ static_assert(HIDDEN % 256 == 0 && INTER % 256 == 0, "rows are read in 256-value
 static_assert(HIDDEN % NCTA == 0 && NCTA % TOP_K == 0, "blocks split the hidden units and the pairs");
 static_assert(INTER % BLOCKS_PER_PAIR == 0 && UNITS % WARPS == 0, "blocks and warps split the units");
 static_assert(EXPERTS % 32 == 0 && EXPERTS % NCTA == 0 && TOP_K <= 32, "experts per lane and block");
-static_assert(!LOGITS_IN_O || EXPERTS <= THREADS, "block 0 zeroes a logit's sum a thread");
+static_assert(!LOGITS_IN_O || THREADS % EXPERTS == 0, "threads split the logits' buckets evenly");
 #define LOGIT_STRIDE 16  // 64-bit words between two logits' sums (LOGITS_IN_O): a cache line each
 
 #define S_DOWN_BYTES (TOP_K * DOWN_ROWS * INTER * 2)
@@ -96,7 +97,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
     const bf16* __restrict__ gate_up,   // [EXPERTS, 2 INTER, HIDDEN], gate rows first
     const bf16* __restrict__ down,      // [EXPERTS, HIDDEN, INTER]
     u64* logits,                        // [EXPERTS] (tag << 32 | float bits), zeroed once; LOGITS_IN_O:
-                                        // [EXPERTS * LOGIT_STRIDE] the o projection's fixed-point sums
+                                        // [BUCKETS * EXPERTS * LOGIT_STRIDE] the o projection's sums
     u32* act,                           // [TOP_K, INTER] (tag << 16 | bfloat16 bits), zeroed once
     bf16* route_weights,                // [TOP_K] the routing, for the record
     long long* route_index,             // [TOP_K]
@@ -138,10 +139,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
 
     // 1. The post-attention norm of the row, as transformers' RMSNorm rounds it, and the logits.
 #if LOGITS_IN_O
-    long long sums[E_LANES];  // warp 0: the o projection's sums of the logits lane + 32 j
-    if (warp == 0) {
+    // Thread t adds logit t % EXPERTS's buckets t / EXPERTS, + THREADS / EXPERTS, ..; the parts meet
+    // in shared memory the down rows have not reached yet (they are asked for after the routing).
+    long long* s_parts = (long long*)s_down;  // [THREADS / EXPERTS][EXPERTS]
+    {
+        long long part = 0;
 #pragma unroll
-        for (int j = 0; j < E_LANES; ++j) sums[j] = __ldcg((const long long*)logits + (j * 32 + lane) * LOGIT_STRIDE);
+        for (int b = tid / EXPERTS; b < BUCKETS; b += THREADS / EXPERTS)
+            part += __ldcg((const long long*)logits + (b * EXPERTS + tid % EXPERTS) * LOGIT_STRIDE);
+        s_parts[tid] = part;  // the norm's block sum below orders it before warp 0 reads it
     }
 #endif
     const uint4 h = __ldcg((const uint4*)(mid + tid * 8));
@@ -168,8 +174,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
         u64 slot[E_LANES];
 #if LOGITS_IN_O
 #pragma unroll
-        for (int j = 0; j < E_LANES; ++j)  // transformers' linear rounds the logits
-            slot[j] = __float_as_uint(rbf(rstd * (__ll2float_rn(sums[j]) * 0x1p-32f)));
+        for (int j = 0; j < E_LANES; ++j) {
+            long long sum = 0;
+#pragma unroll
+            for (int g = 0; g < THREADS / EXPERTS; ++g) sum += s_parts[g * EXPERTS + j * 32 + lane];
+            slot[j] = __float_as_uint(rbf(rstd * (__ll2float_rn(sum) * 0x1p-32f)));  // as transformers' linear rounds
+        }
 #else
         bool ready;
         [[maybe_unused]] int spins = 0;
@@ -300,7 +310,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
         __syncthreads();
         if (tid == 0) __stcg(launches, launch + 1u);
 #if LOGITS_IN_O
-        if (tid < EXPERTS) logits[tid * LOGIT_STRIDE] = 0;  // every block has read them: the next step adds anew
+        for (int i = tid; i < BUCKETS * EXPERTS; i += THREADS) logits[i * LOGIT_STRIDE] = 0;  // read by every block
 #endif
     }
     mark(trace, 6);

@@ -43,6 +43,7 @@ MIN_BLOCKS = 2  # blocks a multiprocessor must fit by registers (2: at most 128 
 # starts as the kernel passes its wait instead of after a round of published logits.
 LOGITS_IN_O = True
 LOGIT_STRIDE = 16  # 64-bit words between two logits' sums (the kernel's LOGIT_STRIDE)
+LOGIT_BUCKETS = 16  # sums of each logit: an o program adds to bucket (its index % LOGIT_BUCKETS)
 FIXED_ONE = 2.0**32  # a sum's fixed-point unit (the kernel scales by 2^-32)
 SHARED_LIMIT = 227 * 1024  # a Hopper block's dynamic shared memory at most
 COMMON_HEADER = "moe_kernel_common.cuh"  # what the one-row kernels share, given to NVRTC as a header
@@ -63,6 +64,7 @@ class RowPlan:
     depth: int
     min_blocks: int
     logits_in_o: bool = False
+    buckets: int = 1
     trace: bool = False
 
     @property
@@ -83,6 +85,7 @@ class RowPlan:
             "DEPTH": self.depth,
             "MIN_BLOCKS": self.min_blocks,
             "LOGITS_IN_O": int(self.logits_in_o),
+            "BUCKETS": self.buckets,
             "TRACE": int(self.trace),
         }
 
@@ -118,7 +121,7 @@ def plan(
             TRIGGER,
             DEPTH,
             MIN_BLOCKS,
-            LOGITS_IN_O and experts <= threads,
+            LOGITS_IN_O and threads % experts == 0, LOGIT_BUCKETS,
         )
         if candidate.shared_bytes > SHARED_LIMIT:
             return f"a block's down rows need {candidate.shared_bytes} bytes of shared memory"
@@ -266,7 +269,7 @@ class RowExperts:
         device = self.device = weights[-1].device
         # Published values with their launch's tag (zero: none yet), and the launch count. With
         # logits_in_o: the o projection's sums of the logits (``route_partials``), zeroed after use.
-        spread = LOGIT_STRIDE if row_plan.logits_in_o else 1
+        spread = LOGIT_STRIDE * row_plan.buckets if row_plan.logits_in_o else 1
         self.logits = torch.zeros(row_plan.experts * spread, dtype=torch.int64, device=device)
         # The router's rows as columns (post_norm times them is what an o program adds, its rows of h
         # contiguous): [H, E], a copy of 0.5 MB a layer at the released shape.

@@ -247,6 +247,7 @@ def decode_step(
         route = {
             "route_t_ptr": row.router_t, "route_gain_ptr": w.post_norm, "route_sums_ptr": row.logits,
             "ROUTE_E": experts, "ROUTE_E_PAD": _pow2(experts), "ROUTE_STRIDE": moe_experts.LOGIT_STRIDE,
+            "ROUTE_BUCKETS": row.plan.buckets,
         }  # fmt: skip
     k.gemv_kernel[(_cdiv(size, GEMV_ROWS),)](
         attended, w.input_norm, w.o_proj, x, mid,

@@ -86,13 +86,15 @@ def gemv_kernel(
     HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr, trace_ptr=None, TRACE: tl.constexpr = False,
     route_t_ptr=None, route_gain_ptr=None, route_sums_ptr=None,
     ROUTE_E: tl.constexpr = 0, ROUTE_E_PAD: tl.constexpr = 1, ROUTE_STRIDE: tl.constexpr = 1,
+    ROUTE_BUCKETS: tl.constexpr = 1,
 ):  # fmt: skip
     """``out[t] = (res[t] +) W @ (rmsnorm(x[t]) or x[t])`` for a block of ``BLOCK_N`` outputs.
 
     With ``ROUTE_E`` (one row: the o projection before the one-row MoE kernel, moe_experts'
     ``LOGITS_IN_O``) each program also adds its outputs' share of the ``ROUTE_E`` router logits,
-    ``sum_n route_t[n, e] * gain[n] * out[n]``, to ``route_sums[e * ROUTE_STRIDE]`` as 64-bit fixed
-    point (units of 2^-32: integer sums come out the same in any order)."""
+    ``sum_n route_t[n, e] * gain[n] * out[n]``, to ``route_sums[(bucket * ROUTE_E + e) * ROUTE_STRIDE]``
+    (``bucket``: the program's index modulo ``ROUTE_BUCKETS``, so that few programs add to one word)
+    as 64-bit fixed point (units of 2^-32: integer sums come out the same in any order)."""
     mark(trace_ptr, tl.program_id(0), 0, TRACE)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
@@ -134,7 +136,8 @@ def gemv_kernel(
         h = tl.sum(tl.where(ok, out.to(tl.float32), 0.0), axis=0)  # the one row's outputs
         part = tl.sum(route.to(tl.float32) * (route_gain * h)[:, None], axis=0)
         fixed = (part * 4294967296.0).to(tl.int64)
-        tl.atomic_add(route_sums_ptr + e * ROUTE_STRIDE, fixed, mask=e < ROUTE_E, sem="relaxed")
+        bucket = tl.program_id(0) % ROUTE_BUCKETS
+        tl.atomic_add(route_sums_ptr + (bucket * ROUTE_E + e) * ROUTE_STRIDE, fixed, mask=e < ROUTE_E, sem="relaxed")
     mark(trace_ptr, tl.program_id(0), 5, TRACE)
 
 

@@ -165,12 +165,13 @@ def test_routing_equals_a_stable_sort_with_ties(seed: int) -> None:
     torch.testing.assert_close(weights, top / top.sum(-1, keepdim=True))
 
 
-@pytest.mark.parametrize("experts", [8, 12])
-def test_o_projection_sums_the_router_logits_in_fixed_point(experts: int) -> None:
+@pytest.mark.parametrize(("experts", "buckets"), [(8, 1), (12, 1), (8, 4)])
+def test_o_projection_sums_the_router_logits_in_fixed_point(experts: int, buckets: int) -> None:
     """The o projection with ``ROUTE_E`` (one row, before the one-row MoE kernel): its output as
     without, and its programs' fixed-point sums (2^-32 units, ``ROUTE_STRIDE`` apart, added onto
-    what is there) equal to ``router @ (post_norm * out)``, which times the row's 1 / rms is
-    transformers' logits up to the normed row's rounding. 12 experts: a width below the lanes."""
+    what is there, a program's into its bucket) equal over the buckets to
+    ``router @ (post_norm * out)``, which times the row's 1 / rms is transformers' logits up to the
+    normed row's rounding. 12 experts: a width below the lanes."""
     generator = torch.Generator().manual_seed(7)
     width, hidden, stride = 64, HIDDEN, 4
     attended = torch.randn(1, width, generator=generator).to(torch.bfloat16)
@@ -178,7 +179,7 @@ def test_o_projection_sums_the_router_logits_in_fixed_point(experts: int) -> Non
     residual = torch.randn(1, hidden, generator=generator).to(torch.bfloat16)
     router = (torch.randn(experts, hidden, generator=generator) / hidden**0.5).to(torch.bfloat16)
     gain = (1 + 0.1 * torch.randn(hidden, generator=generator)).to(torch.bfloat16)
-    start = torch.randint(-(2**40), 2**40, (experts * stride,), generator=generator)
+    start = torch.randint(-(2**40), 2**40, (buckets * experts * stride,), generator=generator)
     sums = start.clone()
 
     def o_projection(**route):
@@ -192,11 +193,14 @@ def test_o_projection_sums_the_router_logits_in_fixed_point(experts: int) -> Non
     plain = o_projection()
     routed = o_projection(
         route_t_ptr=router.t().contiguous(), route_gain_ptr=gain, route_sums_ptr=sums,
-        ROUTE_E=experts, ROUTE_E_PAD=moe_layer._pow2(experts), ROUTE_STRIDE=stride,
+        ROUTE_E=experts, ROUTE_E_PAD=moe_layer._pow2(experts), ROUTE_STRIDE=stride, ROUTE_BUCKETS=buckets,
     )  # fmt: skip
     assert torch.equal(routed, plain)
-    assert torch.equal(sums.view(experts, stride)[:, 1:], start.view(experts, stride)[:, 1:])  # only the sums
-    added = (sums - start).view(experts, stride)[:, 0].double() / 2**32
+    shape = (buckets, experts, stride)
+    assert torch.equal(sums.view(shape)[..., 1:], start.view(shape)[..., 1:])  # only the sums
+    per_bucket = (sums - start).view(shape)[..., 0]
+    assert per_bucket.ne(0).all(), "each bucket has programs' shares"
+    added = per_bucket.sum(0).double() / 2**32
     expected = router.double() @ (gain.double() * routed[0].double())
     torch.testing.assert_close(added, expected, rtol=1e-5, atol=1e-6)
     # Scaled by 1 / rms, within a bfloat16 step of transformers' norm and linear.
