@@ -24,10 +24,10 @@ from omni_runtime.executor import moe_experts, moe_layer
 SHAPES: list[dict[str, Any]] = [
     {},
     {"LOGITS_IN_O": False},
+    {"LOGITS_IN_O": False, "ROUTE_KEYS": False},
     {"LOGIT_BUCKETS": 1},
-    {"LOGIT_BUCKETS": 4},
-    {"LOGIT_BUCKETS": 64},
     {"LOGITS_IN_O": False},
+    {"LOGITS_IN_O": False, "ROUTE_KEYS": False},
     {},
 ]
 

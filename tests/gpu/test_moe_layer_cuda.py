@@ -205,3 +205,27 @@ def test_logits_summed_by_the_o_projection_route_as_the_kernels_own(stack, monke
         scale = out[False].float().abs().max().item()
         assert (out[True].float() - out[False].float()).abs().max().item() <= 1e-2 * scale
     assert differ <= 3, f"{differ} of 64 rows routed differently"
+
+
+@pytest.mark.parametrize("route_keys", [True, False])
+def test_one_row_routing_is_softmax_and_a_stable_top_k_of_its_logits(stack, route_keys, monkeypatch) -> None:
+    """The kernel's routing of the logits its blocks published (bfloat16 values in the low 32 bits):
+    the experts of a stable descending sort of their softmax, and the weights renormalised over the
+    k and rounded to bfloat16, exactly; over 16 rows."""
+    monkeypatch.setattr(moe_experts, "LOGITS_IN_O", False)
+    monkeypatch.setattr(moe_experts, "ROUTE_KEYS", route_keys)
+    text, layers, rotary = stack
+    fused = fused_decode_layers(layers, list(layers), "pdl")
+    assert fused is not None and fused[0].row is not None and fused[0].row.plan.route_keys is route_keys
+    row = fused[0].row
+    for seed in range(16):
+        torch.manual_seed(200 + seed)
+        at, hidden, cos_sin, mask = _inputs(text, rotary, [seed * 11], 512)
+        _run(fused[0], hidden, cos_sin, mask, _cache(text, at, 512))
+        torch.cuda.synchronize()
+        logits = (row.logits & 0xFFFFFFFF).to(torch.int32).view(torch.float32)
+        prob = torch.softmax(logits, dim=-1)
+        top, index = (t[: text.num_experts_per_tok] for t in torch.sort(prob, descending=True, stable=True))
+        assert row.route_index.tolist() == index.tolist()
+        expected = (top / top.sum()).to(torch.bfloat16)  # within a bfloat16 step: __expf is not torch's exp
+        torch.testing.assert_close(row.route_weights.float(), expected.float(), rtol=8e-3, atol=0)

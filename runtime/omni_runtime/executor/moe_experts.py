@@ -44,6 +44,7 @@ MIN_BLOCKS = 2  # blocks a multiprocessor must fit by registers (2: at most 128 
 LOGITS_IN_O = True
 LOGIT_STRIDE = 16  # 64-bit words between two logits' sums (the kernel's LOGIT_STRIDE)
 LOGIT_BUCKETS = 16  # sums of each logit: an o program adds to bucket (its index % LOGIT_BUCKETS)
+ROUTE_KEYS = True  # the top k as rounds of one warp-wide max of packed keys (moe_kernel_common.cuh)
 FIXED_ONE = 2.0**32  # a sum's fixed-point unit (the kernel scales by 2^-32)
 SHARED_LIMIT = 227 * 1024  # a Hopper block's dynamic shared memory at most
 COMMON_HEADER = "moe_kernel_common.cuh"  # what the one-row kernels share, given to NVRTC as a header
@@ -65,6 +66,7 @@ class RowPlan:
     min_blocks: int
     logits_in_o: bool = False
     buckets: int = 1
+    route_keys: bool = True
     trace: bool = False
 
     @property
@@ -86,6 +88,7 @@ class RowPlan:
             "MIN_BLOCKS": self.min_blocks,
             "LOGITS_IN_O": int(self.logits_in_o),
             "BUCKETS": self.buckets,
+            "ROUTE_KEYS": int(self.route_keys),
             "TRACE": int(self.trace),
         }
 
@@ -121,7 +124,7 @@ def plan(
             TRIGGER,
             DEPTH,
             MIN_BLOCKS,
-            LOGITS_IN_O and threads % experts == 0, LOGIT_BUCKETS,
+            LOGITS_IN_O and threads % experts == 0, LOGIT_BUCKETS, ROUTE_KEYS,
         )
         if candidate.shared_bytes > SHARED_LIMIT:
             return f"a block's down rows need {candidate.shared_bytes} bytes of shared memory"

@@ -113,10 +113,76 @@ static __device__ __forceinline__ uint4 normed_row(const float hv[8], uint4 gain
 
 #ifdef EXPERTS
 #define E_LANES (EXPERTS / 32)
+#ifndef ROUTE_KEYS
+#define ROUTE_KEYS 1
+#endif
 // One warp's routing of the EXPERTS router logits, as published (tag << 32 | float bits; lane l
-// holds logits j * 32 + l): softmax and the
-// top TOP_K (the lowest index on a tie, as a stable sort). Lane k < TOP_K gets the k-th expert and
-// its probability; every lane the top k's sum. route_weight gives the weight to apply.
+// holds logits j * 32 + l): softmax and the top TOP_K (the lowest index on a tie, as a stable
+// sort). Lane k < TOP_K gets the k-th expert and its probability; every lane the top k's sum, in
+// rank order as transformers adds them. route_weight gives the weight to apply.
+//
+// ROUTE_KEYS (the default): a round of the top k is one warp-wide max of a 32-bit key per expert,
+// the logit's bfloat16 bits made order-preserving above 0xffff minus the expert's index (the logits
+// are bfloat16 values, as transformers' linear rounds them; a higher logit is a higher
+// probability, and the lower index wins a tie), so a round is four compares and one redux.sync;
+// the softmax runs beside the rounds, not before them. 0: rounds of argmax over the probabilities
+// (a value and an index shuffled at each of five steps).
+#if ROUTE_KEYS
+static __device__ __forceinline__ u32 route_key(u64 slot, int expert) {
+    u32 bits = ((u32)slot >> 16) & 0xffffu;  // the logit's bfloat16 bits (exact: it was rounded)
+    if (bits == 0x8000u) bits = 0u;                 // -0 ties with +0
+    const u32 ordered = (bits & 0x8000u) ? (~bits & 0xffffu) : (bits | 0x8000u);
+    return (ordered << 16) | (0xffffu - (u32)expert);
+}
+
+static __device__ __forceinline__ void route_top_k(const u64 slot[E_LANES], int lane, float& mine, float& picked,
+                                                   int& expert) {
+    u32 key[E_LANES];
+    float v[E_LANES], m = __int_as_float(0xff800000);
+#pragma unroll
+    for (int j = 0; j < E_LANES; ++j) {
+        key[j] = route_key(slot[j], j * 32 + lane);
+        v[j] = __uint_as_float((u32)slot[j]);
+        m = fmaxf(m, v[j]);
+    }
+    int mine_expert = 0;
+#pragma unroll
+    for (int k = 0; k < TOP_K; ++k) {
+        u32 local = key[0];
+#pragma unroll
+        for (int j = 1; j < E_LANES; ++j) local = max(local, key[j]);
+        const u32 best = __reduce_max_sync(0xffffffffu, local);
+        const int at = 0xffff - (int)(best & 0xffffu);
+        if (lane == k) mine_expert = at;
+#pragma unroll
+        for (int j = 0; j < E_LANES; ++j)
+            if (j * 32 + lane == at) key[j] = 0u;  // taken (no key is 0: its expert index would be 0xffff)
+    }
+    m = warp_max(m);
+    float total = 0.f;
+#pragma unroll
+    for (int j = 0; j < E_LANES; ++j) {
+        v[j] = __expf(v[j] - m);
+        total += v[j];
+    }
+    total = warp_sum(total);
+    float prob[E_LANES];
+#pragma unroll
+    for (int j = 0; j < E_LANES; ++j) prob[j] = v[j] / total;
+    // Lane k's expert's probability from the lane that holds it; then the k's sum in rank order.
+    mine = 0.f;
+#pragma unroll
+    for (int j = 0; j < E_LANES; ++j) {
+        const float there = __shfl_sync(0xffffffffu, prob[j], mine_expert & 31);
+        if ((mine_expert >> 5) == j) mine = there;
+    }
+    picked = 0.f;
+#pragma unroll
+    for (int k = 0; k < TOP_K; ++k) picked += __shfl_sync(0xffffffffu, mine, k);
+    if (lane >= TOP_K) mine = 0.f;
+    expert = mine_expert;
+}
+#else
 static __device__ __forceinline__ void route_top_k(const u64 slot[E_LANES], int lane, float& mine, float& picked,
                                                    int& expert) {
     float v[E_LANES], m = __int_as_float(0xff800000);
@@ -158,6 +224,7 @@ static __device__ __forceinline__ void route_top_k(const u64 slot[E_LANES], int 
     }
     expert = mine_expert;
 }
+#endif
 
 // A routed expert's weight: its probability, renormalised over the top k when NORMALIZE, rounded.
 static __device__ __forceinline__ float route_weight(float mine, float picked) {
