@@ -24,7 +24,7 @@ import torch
 from cuda_graphs import capture
 from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as hf
 
-from omni_runtime.executor import moe_experts, moe_layer
+from omni_runtime.executor import moe_layer
 from omni_runtime.executor.slot_cache import SlotKVCache
 from omni_runtime.models.qwen3_omni_moe.attention import fuse_qkv
 from omni_runtime.models.qwen3_omni_moe.config import released_30b_a3b_config
@@ -156,19 +156,12 @@ def main() -> int:
     parser.add_argument("--rows", default="1,4")
     parser.add_argument("--cached", default="128,2048")
     parser.add_argument("--out", default=None)
-    parser.add_argument(
-        "--buckets", default=str(moe_experts.LOGIT_BUCKETS),
-        help="one-row router logits summed by the o projection in this many buckets each, or 0: published "
-        "by the MoE kernel's blocks (moe_experts.LOGITS_IN_O off); e.g. 16,0",
-    )  # fmt: skip
     args = parser.parse_args()
     text, layers, rotary = layer_stack()
     lines: list[str] = [torch.cuda.get_device_name()]
     for rows in (int(r) for r in args.rows.split(",")):
         for cached in (int(c) for c in args.cached.split(",")):
-            for buckets in (int(v) for v in args.buckets.split(",")):
-                moe_experts.LOGITS_IN_O, moe_experts.LOGIT_BUCKETS = buckets > 0, max(1, buckets)
-                lines += [f"logit buckets {buckets}", *measure(text, layers, rotary, rows, cached), ""]
+            lines += [*measure(text, layers, rotary, rows, cached), ""]
             print("\n".join(lines[-len(KERNELS) - 12 :]), flush=True)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:

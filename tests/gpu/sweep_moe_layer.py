@@ -19,15 +19,13 @@ from omni_runtime.bench.decode_moe import build
 from omni_runtime.executor import moe_experts, moe_layer
 
 # Each shape: overrides of executor.moe_layer's or moe_experts' launch values (the first and last:
-# as served). LOGITS_IN_O: the one-row MoE kernel's router logits summed by the o projection's
-# programs (served) or published by its own blocks and read back (the build before).
+# as served). ROUTE_KEYS: the one-row MoE kernel's top k as rounds of one redux.sync over packed
+# keys (served) or of a shuffled argmax over the probabilities (the build before).
 SHAPES: list[dict[str, Any]] = [
     {},
-    {"LOGITS_IN_O": False},
-    {"LOGITS_IN_O": False, "ROUTE_KEYS": False},
-    {"LOGIT_BUCKETS": 1},
-    {"LOGITS_IN_O": False},
-    {"LOGITS_IN_O": False, "ROUTE_KEYS": False},
+    {"ROUTE_KEYS": False},
+    {},
+    {"ROUTE_KEYS": False},
     {},
 ]
 

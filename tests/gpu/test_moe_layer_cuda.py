@@ -126,22 +126,15 @@ def _run(layer, hidden, cos_sin, mask, cache):
         return layer(hidden, attention_mask=mask, position_embeddings=cos_sin, past_key_values=cache)
 
 
-@pytest.mark.parametrize("logits_in_o", [True, False])
 @pytest.mark.parametrize(("write", "view"), [([100], 256), ([0], 256), ([700], 1024)])
-def test_one_row_moe_kernel_equals_the_triton_kernels(stack, write, view, logits_in_o, monkeypatch) -> None:
-    """With the router's logits summed by the o projection (``LOGITS_IN_O``, as served) or
-    published by the kernel's own blocks."""
-    monkeypatch.setattr(moe_experts, "LOGITS_IN_O", logits_in_o)
+def test_one_row_moe_kernel_equals_the_triton_kernels(stack, write, view) -> None:
     text, layers, rotary = stack
     at, hidden, cos_sin, mask = _inputs(text, rotary, write, view)
     fused = fused_decode_layers(layers, list(layers), "pdl")
     assert fused is not None
     assert fused[0].row is not None, "an H100/H200 takes the one-kernel MoE block at this shape"
-    assert fused[0].row.plan.logits_in_o is logits_in_o
     got = _run(fused[0], hidden, cos_sin, mask, _cache(text, at, view))
     row = fused[0].row
-    if logits_in_o:
-        assert not row.logits.any(), "block 0 zeroes the o projection's sums once every block has read them"
     fused[0].row = None  # the router, gate-up and down Triton kernels
     expected = _run(fused[0], hidden, cos_sin, mask, _cache(text, at, view))
     torch.cuda.synchronize()
@@ -154,9 +147,7 @@ def test_one_row_moe_kernel_equals_the_triton_kernels(stack, write, view, logits
     torch.testing.assert_close(again, got, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("logits_in_o", [True, False])
-def test_one_row_moe_kernel_replays_from_a_cuda_graph(stack, logits_in_o, monkeypatch) -> None:
-    monkeypatch.setattr(moe_experts, "LOGITS_IN_O", logits_in_o)
+def test_one_row_moe_kernel_replays_from_a_cuda_graph(stack) -> None:
     text, layers, rotary = stack
     at, hidden, cos_sin, mask = _inputs(text, rotary, [17], 512)
     fused = fused_decode_layers(layers, list(layers), "pdl")
@@ -180,39 +171,11 @@ def test_one_row_moe_kernel_replays_from_a_cuda_graph(stack, logits_in_o, monkey
     torch.testing.assert_close(static_out, eager, rtol=0, atol=0)
 
 
-def test_logits_summed_by_the_o_projection_route_as_the_kernels_own(stack, monkeypatch) -> None:
-    """64 random rows through the layer with each way of getting the router's logits: the same
-    experts for nearly every row (the o projection's sums skip the normed row's bfloat16 rounding,
-    so a near tie at the k-th expert may go the other way), and the same output where they agree."""
-    text, layers, rotary = stack
-    builds = {}
-    for logits_in_o in (True, False):
-        monkeypatch.setattr(moe_experts, "LOGITS_IN_O", logits_in_o)
-        fused = fused_decode_layers(layers, list(layers), "pdl")
-        assert fused is not None and fused[0].row is not None
-        builds[logits_in_o] = fused[0]
-    differ = 0
-    for seed in range(64):
-        torch.manual_seed(100 + seed)
-        at, hidden, cos_sin, mask = _inputs(text, rotary, [seed * 7], 512)
-        out = {
-            key: _run(layer, hidden, cos_sin, mask, _cache(text, at, 512)) for key, layer in builds.items()
-        }
-        index = {key: set(layer.row.route_index.tolist()) for key, layer in builds.items()}
-        if index[True] != index[False]:
-            differ += 1
-            continue
-        scale = out[False].float().abs().max().item()
-        assert (out[True].float() - out[False].float()).abs().max().item() <= 1e-2 * scale
-    assert differ <= 3, f"{differ} of 64 rows routed differently"
-
-
 @pytest.mark.parametrize("route_keys", [True, False])
 def test_one_row_routing_is_softmax_and_a_stable_top_k_of_its_logits(stack, route_keys, monkeypatch) -> None:
     """The kernel's routing of the logits its blocks published (bfloat16 values in the low 32 bits):
     the experts of a stable descending sort of their softmax, and the weights renormalised over the
     k and rounded to bfloat16, exactly; over 16 rows."""
-    monkeypatch.setattr(moe_experts, "LOGITS_IN_O", False)
     monkeypatch.setattr(moe_experts, "ROUTE_KEYS", route_keys)
     text, layers, rotary = stack
     fused = fused_decode_layers(layers, list(layers), "pdl")

@@ -14,16 +14,6 @@
 //   3. each block reads every activation, applies its down rows from shared memory and adds the
 //      routing-weighted sum to the residual.
 //
-// With LOGITS_IN_O the logits come with the kernel before instead: each of the o projection's
-// programs adds its rows' share of every logit, W_e . (post_norm * h) over its rows of h, into
-// ``logits`` (BUCKETS x EXPERTS sums LOGIT_STRIDE words apart, a program's bucket its index modulo
-// BUCKETS so that few programs add to one word; 64-bit fixed point at 2^32, so a sum is the same
-// in any order), and the kernel boundary this kernel waits at anyway is the exchange. A block then
-// adds each logit's buckets, scales by the row's 1 / rms (the norm is linear in h but for it) and
-// routes; block 0 zeroes the sums once every block has read them. The routing is transformers' up to where each
-// rounds: here the normed row's bfloat16 rounding is not inside the logits' sums (measured:
-// docs/benchmarks.md).
-//
 // No grid barrier: a published value carries the launch's tag beside it in one store (a logit in
 // 64 bits, an activation in 32), and a reader loads until every value it needs has this launch's
 // tag. The tag is 1 + the parity of a per-layer launch count that block 0 advances once every
@@ -35,7 +25,6 @@
 // the o projection: the router rows and the norm's weights are read before the wait.
 //
 // Compile-time sizes (NVRTC -D): HIDDEN, INTER, EXPERTS, TOP_K, NCTA, THREADS, NORMALIZE;
-// LOGITS_IN_O, BUCKETS (the o projection adds the router's logits, above);
 // TRIGGER (when the next kernel may launch: 0 past the wait, 3 once routed, 1 after gate-up,
 // 2 at the end); DEPTH (gate-up units a warp has in flight); MIN_BLOCKS (launch bounds: blocks a
 // multiprocessor must fit by registers, so the next kernel's programs find room); TRACE (1: each
@@ -60,8 +49,6 @@ static_assert(HIDDEN % 256 == 0 && INTER % 256 == 0, "rows are read in 256-value
 static_assert(HIDDEN % NCTA == 0 && NCTA % TOP_K == 0, "blocks split the hidden units and the pairs");
 static_assert(INTER % BLOCKS_PER_PAIR == 0 && UNITS % WARPS == 0, "blocks and warps split the units");
 static_assert(EXPERTS % 32 == 0 && EXPERTS % NCTA == 0 && TOP_K <= 32, "experts per lane and block");
-static_assert(!LOGITS_IN_O || THREADS % EXPERTS == 0, "threads split the logits' buckets evenly");
-#define LOGIT_STRIDE 16  // 64-bit words between two logits' sums (LOGITS_IN_O): a cache line each
 
 #define S_DOWN_BYTES (TOP_K * DOWN_ROWS * INTER * 2)
 #define S_ACT_BYTES (TOP_K * INTER * 4)
@@ -96,8 +83,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
     const bf16* __restrict__ router,    // [EXPERTS, HIDDEN]
     const bf16* __restrict__ gate_up,   // [EXPERTS, 2 INTER, HIDDEN], gate rows first
     const bf16* __restrict__ down,      // [EXPERTS, HIDDEN, INTER]
-    u64* logits,                        // [EXPERTS] (tag << 32 | float bits), zeroed once; LOGITS_IN_O:
-                                        // [BUCKETS * EXPERTS * LOGIT_STRIDE] the o projection's sums
+    u64* logits,                        // [EXPERTS] (tag << 32 | float bits), zeroed once
     u32* act,                           // [TOP_K, INTER] (tag << 16 | bfloat16 bits), zeroed once
     bf16* route_weights,                // [TOP_K] the routing, for the record
     long long* route_index,             // [TOP_K]
@@ -119,12 +105,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
 
     // Before the wait: what does not come from the o projection.
     const uint4 gain = *(const uint4*)(post_norm + tid * 8);
-#if !LOGITS_IN_O
     uint4 wrow[LOGITS_PER_BLOCK];
 #pragma unroll
     for (int j = 0; j < LOGITS_PER_BLOCK; ++j)
         wrow[j] = ld_stream(router + (size_t)(block * LOGITS_PER_BLOCK + j) * HIDDEN + tid * 8);
-#endif
     const u32 launch = __ldcg(launches);  // advanced by block 0 once every block has read it
     const u32 tag = 1u + (launch & 1u);
     if (tid == 0) {
@@ -138,24 +122,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
 #endif
 
     // 1. The post-attention norm of the row, as transformers' RMSNorm rounds it, and the logits.
-#if LOGITS_IN_O
-    // Thread t adds logit t % EXPERTS's buckets t / EXPERTS, + THREADS / EXPERTS, ..; the parts meet
-    // in shared memory the down rows have not reached yet (they are asked for after the routing).
-    long long* s_parts = (long long*)s_down;  // [THREADS / EXPERTS][EXPERTS]
-    {
-        long long part = 0;
-#pragma unroll
-        for (int b = tid / EXPERTS; b < BUCKETS; b += THREADS / EXPERTS)
-            part += __ldcg((const long long*)logits + (b * EXPERTS + tid % EXPERTS) * LOGIT_STRIDE);
-        s_parts[tid] = part;  // the norm's block sum below orders it before warp 0 reads it
-    }
-#endif
     const uint4 h = __ldcg((const uint4*)(mid + tid * 8));
     const float hv[8] = {lo(h.x), hi(h.x), lo(h.y), hi(h.y), lo(h.z), hi(h.z), lo(h.w), hi(h.w)};
-    float rstd;
-    const uint4 normed = normed_row(hv, gain, eps, s_sum, &rstd);
+    const uint4 normed = normed_row(hv, gain, eps, s_sum);
     *(uint4*)(s_x + tid * 8) = normed;
-#if !LOGITS_IN_O
 #pragma unroll
     for (int j = 0; j < LOGITS_PER_BLOCK; ++j) {
         const float logit = rbf(block_sum(dot8(wrow[j], normed), s_sum));  // transformers' linear rounds
@@ -165,22 +135,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
                          : "memory");
         }
     }
-#endif
     mark(trace, 2);
 
     // Routing (every block, warp 0): softmax over the experts, the top k (the lowest index on a
     // tie, as a stable sort), their weights renormalised when asked, rounded to bfloat16.
     if (warp == 0) {
         u64 slot[E_LANES];
-#if LOGITS_IN_O
-#pragma unroll
-        for (int j = 0; j < E_LANES; ++j) {
-            long long sum = 0;
-#pragma unroll
-            for (int g = 0; g < THREADS / EXPERTS; ++g) sum += s_parts[g * EXPERTS + j * 32 + lane];
-            slot[j] = __float_as_uint(rbf(rstd * (__ll2float_rn(sum) * 0x1p-32f)));  // as transformers' linear rounds
-        }
-#else
         bool ready;
         [[maybe_unused]] int spins = 0;
         do {  // every block's logits, published with this launch's tag
@@ -201,7 +161,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
                 break;
             }
         } while (!__all_sync(0xffffffffu, ready));
-#endif
         float mine, picked;
         int mine_expert;
         route_top_k(slot, lane, mine, picked, mine_expert);
@@ -309,9 +268,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
     if (block == 0) {  // every block has published, so every block has read the launch count
         __syncthreads();
         if (tid == 0) __stcg(launches, launch + 1u);
-#if LOGITS_IN_O
-        for (int i = tid; i < BUCKETS * EXPERTS; i += THREADS) logits[i * LOGIT_STRIDE] = 0;  // read by every block
-#endif
     }
     mark(trace, 6);
     if (tid == 0) {

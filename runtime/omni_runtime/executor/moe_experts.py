@@ -39,13 +39,7 @@ THREADS_VALUES = 8  # values of the hidden row each thread holds
 TRIGGER = 0
 DEPTH = 2
 MIN_BLOCKS = 2  # blocks a multiprocessor must fit by registers (2: at most 128 a thread)
-# The router's logits summed by the o projection's programs (the kernel's LOGITS_IN_O): the routing
-# starts as the kernel passes its wait instead of after a round of published logits.
-LOGITS_IN_O = True
-LOGIT_STRIDE = 16  # 64-bit words between two logits' sums (the kernel's LOGIT_STRIDE)
-LOGIT_BUCKETS = 16  # sums of each logit: an o program adds to bucket (its index % LOGIT_BUCKETS)
 ROUTE_KEYS = True  # the top k as rounds of one warp-wide max of packed keys (moe_kernel_common.cuh)
-FIXED_ONE = 2.0**32  # a sum's fixed-point unit (the kernel scales by 2^-32)
 SHARED_LIMIT = 227 * 1024  # a Hopper block's dynamic shared memory at most
 COMMON_HEADER = "moe_kernel_common.cuh"  # what the one-row kernels share, given to NVRTC as a header
 
@@ -64,8 +58,6 @@ class RowPlan:
     trigger: int
     depth: int
     min_blocks: int
-    logits_in_o: bool = False
-    buckets: int = 1
     route_keys: bool = True
     trace: bool = False
 
@@ -86,8 +78,6 @@ class RowPlan:
             "TRIGGER": self.trigger,
             "DEPTH": self.depth,
             "MIN_BLOCKS": self.min_blocks,
-            "LOGITS_IN_O": int(self.logits_in_o),
-            "BUCKETS": self.buckets,
             "ROUTE_KEYS": int(self.route_keys),
             "TRACE": int(self.trace),
         }
@@ -114,17 +104,7 @@ def plan(
         if not units or not rows or units % warps or 4 * top_k * rows > 2 * hidden or experts % blocks:
             continue
         candidate = RowPlan(
-            hidden,
-            inter,
-            experts,
-            top_k,
-            blocks,
-            threads,
-            normalize,
-            TRIGGER,
-            DEPTH,
-            MIN_BLOCKS,
-            LOGITS_IN_O and threads % experts == 0, LOGIT_BUCKETS, ROUTE_KEYS,
+            hidden, inter, experts, top_k, blocks, threads, normalize, TRIGGER, DEPTH, MIN_BLOCKS, ROUTE_KEYS
         )
         if candidate.shared_bytes > SHARED_LIMIT:
             return f"a block's down rows need {candidate.shared_bytes} bytes of shared memory"
@@ -270,13 +250,8 @@ class RowExperts:
     def __init__(self, row_plan: RowPlan, weights: tuple[torch.Tensor, ...], eps: float) -> None:
         self.plan, self.weights, self.eps = row_plan, weights, eps  # post_norm, router, gate_up, down
         device = self.device = weights[-1].device
-        # Published values with their launch's tag (zero: none yet), and the launch count. With
-        # logits_in_o: the o projection's sums of the logits (``route_partials``), zeroed after use.
-        spread = LOGIT_STRIDE * row_plan.buckets if row_plan.logits_in_o else 1
-        self.logits = torch.zeros(row_plan.experts * spread, dtype=torch.int64, device=device)
-        # The router's rows as columns (post_norm times them is what an o program adds, its rows of h
-        # contiguous): [H, E], a copy of 0.5 MB a layer at the released shape.
-        self.router_t = weights[1].t().contiguous() if row_plan.logits_in_o else None
+        # Published values with their launch's tag (zero: none yet), and the launch count.
+        self.logits = torch.zeros(row_plan.experts, dtype=torch.int64, device=device)
         self.act = torch.zeros(row_plan.top_k * row_plan.inter, dtype=torch.int32, device=device)
         self.launches = torch.zeros(1, dtype=torch.int32, device=device)
         self.route_weights = torch.empty(row_plan.top_k, dtype=torch.bfloat16, device=device)

@@ -88,17 +88,14 @@ static __device__ __forceinline__ uint4 ld_poll_v4(const void* p) {
 
 #ifdef HIDDEN
 // A thread's 8 values of the row (HIDDEN = 8 a thread) through transformers' RMSNorm: bfloat16
-// of x / rms, times the weights, rounded; packed as the matrix-vector products read them. The
-// row's 1 / rms at ``rstd`` when given.
-static __device__ __forceinline__ uint4 normed_row(const float hv[8], uint4 gain, float eps, float* scratch,
-                                                   float* rstd_out = nullptr) {
+// of x / rms, times the weights, rounded; packed as the matrix-vector products read them.
+static __device__ __forceinline__ uint4 normed_row(const float hv[8], uint4 gain, float eps, float* scratch) {
     const float gv[8] = {lo(gain.x), hi(gain.x), lo(gain.y), hi(gain.y),
                          lo(gain.z), hi(gain.z), lo(gain.w), hi(gain.w)};
     float ss = 0.f;
 #pragma unroll
     for (int i = 0; i < 8; ++i) ss += hv[i] * hv[i];
     const float rstd = rsqrtf(block_sum(ss, scratch) / HIDDEN + eps);
-    if (rstd_out) *rstd_out = rstd;
     u32 nb[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) nb[i] = bf16_bits(rbf(hv[i] * rstd) * gv[i]);

@@ -240,23 +240,14 @@ def decode_step(
         PDL=layer.pdl, num_warps=ATTENTION_WARPS, **pdl, **marks(1),
     )  # fmt: skip
     mid = torch.empty_like(x)
-    row = layer.row if rows == 1 else None
-    route: dict[str, Any] = {}
-    if row is not None and row.router_t is not None:  # the o programs sum the router's logits
-        experts = row.router_t.shape[1]
-        route = {
-            "route_t_ptr": row.router_t, "route_gain_ptr": w.post_norm, "route_sums_ptr": row.logits,
-            "ROUTE_E": experts, "ROUTE_E_PAD": _pow2(experts), "ROUTE_STRIDE": moe_experts.LOGIT_STRIDE,
-            "ROUTE_BUCKETS": row.plan.buckets,
-        }  # fmt: skip
     k.gemv_kernel[(_cdiv(size, GEMV_ROWS),)](
         attended, w.input_norm, w.o_proj, x, mid,
         rows, attended.stride(0), w.o_proj.stride(0), x.stride(0), mid.stride(0), w.eps,
         K=w.o_proj.shape[1], K_PAD=_pow2(w.o_proj.shape[1]), N=size, ROWS=padded, BLOCK_N=GEMV_ROWS,
-        HAS_NORM=False, HAS_RES=True, PDL=layer.pdl, num_warps=GEMV_WARPS, **pdl, **marks(2), **route,
+        HAS_NORM=False, HAS_RES=True, PDL=layer.pdl, num_warps=GEMV_WARPS, **pdl, **marks(2),
     )  # fmt: skip
-    if row is not None:
-        return row(mid, pdl=layer.pdl, trace=None if trace is None else trace[3])
+    if rows == 1 and layer.row is not None:
+        return layer.row(mid, pdl=layer.pdl, trace=None if trace is None else trace[3])
     experts = w.router.shape[0]
     e_pad = _pow2(experts)
     block_e = min(ROUTER_EXPERTS, e_pad)

@@ -84,17 +84,8 @@ def gemv_kernel(
     rows, stride_x, stride_w, stride_res, stride_out, eps,
     K: tl.constexpr, K_PAD: tl.constexpr, N: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr, trace_ptr=None, TRACE: tl.constexpr = False,
-    route_t_ptr=None, route_gain_ptr=None, route_sums_ptr=None,
-    ROUTE_E: tl.constexpr = 0, ROUTE_E_PAD: tl.constexpr = 1, ROUTE_STRIDE: tl.constexpr = 1,
-    ROUTE_BUCKETS: tl.constexpr = 1,
 ):  # fmt: skip
-    """``out[t] = (res[t] +) W @ (rmsnorm(x[t]) or x[t])`` for a block of ``BLOCK_N`` outputs.
-
-    With ``ROUTE_E`` (one row: the o projection before the one-row MoE kernel, moe_experts'
-    ``LOGITS_IN_O``) each program also adds its outputs' share of the ``ROUTE_E`` router logits,
-    ``sum_n route_t[n, e] * gain[n] * out[n]``, to ``route_sums[(bucket * ROUTE_E + e) * ROUTE_STRIDE]``
-    (``bucket``: the program's index modulo ``ROUTE_BUCKETS``, so that few programs add to one word)
-    as 64-bit fixed point (units of 2^-32: integer sums come out the same in any order)."""
+    """``out[t] = (res[t] +) W @ (rmsnorm(x[t]) or x[t])`` for a block of ``BLOCK_N`` outputs."""
     mark(trace_ptr, tl.program_id(0), 0, TRACE)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
@@ -105,14 +96,6 @@ def gemv_kernel(
     gain = tl.zeros([K_PAD], tl.float32)
     if HAS_NORM:
         gain = tl.load(norm_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
-    if ROUTE_E > 0:
-        e = tl.arange(0, ROUTE_E_PAD)
-        route = tl.load(
-            route_t_ptr + n[:, None] * ROUTE_E + e[None, :],
-            mask=n_ok[:, None] & (e < ROUTE_E)[None, :],
-            other=0.0,
-        )
-        route_gain = tl.load(route_gain_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -132,12 +115,6 @@ def gemv_kernel(
         res = tl.load(res_ptr + r[:, None] * stride_res + n[None, :], mask=ok, other=0.0)
         out = (res.to(tl.float32) + out.to(tl.float32)).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + r[:, None] * stride_out + n[None, :], out, mask=ok)
-    if ROUTE_E > 0:
-        h = tl.sum(tl.where(ok, out.to(tl.float32), 0.0), axis=0)  # the one row's outputs
-        part = tl.sum(route.to(tl.float32) * (route_gain * h)[:, None], axis=0)
-        fixed = (part * 4294967296.0).to(tl.int64)
-        bucket = tl.program_id(0) % ROUTE_BUCKETS
-        tl.atomic_add(route_sums_ptr + (bucket * ROUTE_E + e) * ROUTE_STRIDE, fixed, mask=e < ROUTE_E, sem="relaxed")
     mark(trace_ptr, tl.program_id(0), 5, TRACE)
 
 

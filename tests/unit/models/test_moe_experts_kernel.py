@@ -43,15 +43,15 @@ def test_plan(shape, sms, expected) -> None:
 
 
 @pytest.mark.parametrize(
-    ("depth", "min_blocks", "trace", "logits_in_o"),
-    [(2, 1, False, True), (1, 2, False, True), (2, 2, True, True), (2, 2, False, False), (2, 2, True, False)],
+    ("depth", "min_blocks", "trace", "route_keys"),
+    [(2, 1, False, True), (1, 2, False, True), (2, 2, True, True), (2, 2, False, False)],
 )
-def test_the_released_shape_compiles_for_hopper_without_spills(depth, min_blocks, trace, logits_in_o) -> None:
+def test_the_released_shape_compiles_for_hopper_without_spills(depth, min_blocks, trace, route_keys) -> None:
     row_plan = plan(**RELEASED, multiprocessors=132)
     assert isinstance(row_plan, RowPlan)
-    assert row_plan.logits_in_o, "served: the o projection sums the router's logits"
+    assert row_plan.route_keys, "served: the top k by packed keys"
     row_plan = dataclasses.replace(
-        row_plan, depth=depth, min_blocks=min_blocks, trace=trace, logits_in_o=logits_in_o
+        row_plan, depth=depth, min_blocks=min_blocks, trace=trace, route_keys=route_keys
     )
     cubin, log = moe_experts.compile_cubin(row_plan, "sm_90")
     assert cubin[:4] == b"\x7fELF"
