@@ -19,13 +19,15 @@ from omni_runtime.bench.decode_moe import build
 from omni_runtime.executor import moe_experts, moe_layer
 
 # Each shape: overrides of executor.moe_layer's or moe_experts' launch values (the first and last:
-# as served). ROUTE_KEYS: the one-row MoE kernel's top k as rounds of one redux.sync over packed
-# keys (served) or of a shuffled argmax over the probabilities (the build before).
+# as served). ROW_O: the one-row o projection by row_gemv.cu (served) or the Triton kernel.
+# ROUTE_KEYS: the one-row MoE kernel's top k as rounds of one redux.sync over packed keys (served)
+# or of a shuffled argmax over the probabilities.
 SHAPES: list[dict[str, Any]] = [
     {},
-    {"ROUTE_KEYS": False},
+    {"ROW_O": False},
+    {"ROW_O": False, "ROUTE_KEYS": False},
     {},
-    {"ROUTE_KEYS": False},
+    {"ROW_O": False},
     {},
 ]
 

@@ -18,7 +18,7 @@ pytest.importorskip("triton")
 
 from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as hf  # noqa: E402
 
-from omni_runtime.executor import moe_experts  # noqa: E402
+from omni_runtime.executor import moe_experts, row_gemv  # noqa: E402
 from omni_runtime.executor.slot_cache import SlotKVCache  # noqa: E402
 from omni_runtime.models.qwen3_omni_moe.attention import fuse_qkv  # noqa: E402
 from omni_runtime.models.qwen3_omni_moe.config import released_30b_a3b_config  # noqa: E402
@@ -192,3 +192,35 @@ def test_one_row_routing_is_softmax_and_a_stable_top_k_of_its_logits(stack, rout
         assert row.route_index.tolist() == index.tolist()
         expected = (top / top.sum()).to(torch.bfloat16)  # within a bfloat16 step: __expf is not torch's exp
         torch.testing.assert_close(row.route_weights.float(), expected.float(), rtol=8e-3, atol=0)
+
+
+@pytest.mark.parametrize("pdl", [True, False])
+def test_row_gemv_adds_the_residual_to_the_product_as_rounded(pdl) -> None:
+    """``row_gemv.cu`` at the o projection's released shape ([2048, 4096]): bf16(res + bf16(W @ x))
+    within one bfloat16 step of the float64 product (the sum's order is the kernel's own), and a
+    second call bit-exact."""
+    generator = torch.Generator(device="cuda").manual_seed(3)
+    weight = (torch.randn(2048, 4096, device="cuda", generator=generator) / 64).to(torch.bfloat16)
+    x = torch.randn(1, 4096, device="cuda", generator=generator).to(torch.bfloat16)
+    res = torch.randn(1, 2048, device="cuda", generator=generator).to(torch.bfloat16)
+    kernel = row_gemv.row_gemv(weight)
+    assert kernel is not None and kernel.plan.blocks == 128
+    got = kernel(x, res, pdl=pdl)
+    again = kernel(x, res, pdl=pdl)
+    product = (weight.double() @ x[0].double()).to(torch.bfloat16).double()
+    expected = (res[0].double() + product).to(torch.bfloat16)
+    torch.testing.assert_close(got[0].float(), expected.float(), rtol=8e-3, atol=8e-3)
+    assert torch.equal(again, got)
+
+
+def test_one_row_o_projection_kernel_equals_the_triton_kernel(stack) -> None:
+    text, layers, rotary = stack
+    at, hidden, cos_sin, mask = _inputs(text, rotary, [300], 512)
+    fused = fused_decode_layers(layers, list(layers), "pdl")
+    assert fused is not None and fused[0].row_o is not None, "an H100/H200 takes row_gemv.cu for o"
+    got = _run(fused[0], hidden, cos_sin, mask, _cache(text, at, 512))
+    fused[0].row_o = None
+    expected = _run(fused[0], hidden, cos_sin, mask, _cache(text, at, 512))
+    torch.cuda.synchronize()
+    scale = expected.float().abs().max().item()
+    assert (got.float() - expected.float()).abs().max().item() <= 1e-2 * scale

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from omni_runtime.contract import switches
-from omni_runtime.executor import decode_attention, moe_decode, moe_experts
+from omni_runtime.executor import decode_attention, moe_decode, moe_experts, row_gemv
 from omni_runtime.executor.triton_support import triton_runs_on
 
 MAX_ROWS = 4  # decode rows the fused layer takes; above, the wrapped (compiled) layer
@@ -64,6 +64,9 @@ ROUTER_EXPERTS = 2  # router rows per router program
 KEYS_PER_SPLIT = 64  # least cached keys one attention program walks
 ATTENTION_PROGRAMS = 128  # attention programs wanted in all (rows x key/value heads x splits)
 MAX_SPLITS = 16  # splits a (row, key/value head) pair at most: the last one merges them in turn
+# One row with the MoE kernel: the o projection by row_gemv.cu (its rows copied into shared memory
+# during the attention) instead of the Triton matrix-vector kernel.
+ROW_O = True
 
 
 @dataclass(frozen=True)
@@ -125,11 +128,14 @@ class FusedMoeDecodeLayer:
         # Each program's global-timer marks when set (trace_buffer; tests/gpu/layer_phases.py)
         self.trace: torch.Tensor | None = None
         self.row: moe_experts.RowExperts | None = None
+        self.row_o: row_gemv.RowGemv | None = None
         if switches.flag("OMNI_MOE_ROW_KERNEL"):
             self.row = moe_experts.row_experts(
                 post_norm=weights.post_norm, router=weights.router, gate_up=weights.gate_up, down=weights.down,
                 top_k=weights.top_k, normalize=weights.normalize, eps=weights.eps,
             )  # fmt: skip
+            if self.row is not None and ROW_O:
+                self.row_o = row_gemv.row_gemv(weights.o_proj)
 
     def takes(self, hidden: torch.Tensor, cache: Any) -> bool:
         return (
@@ -239,13 +245,16 @@ def decode_step(
         KV_HEADS=w.kv_heads, GROUPS=groups, DIM=w.head_dim, BLOCK_G=block_g, BLOCK_N=BLOCK_N,
         PDL=layer.pdl, num_warps=ATTENTION_WARPS, **pdl, **marks(1),
     )  # fmt: skip
-    mid = torch.empty_like(x)
-    k.gemv_kernel[(_cdiv(size, GEMV_ROWS),)](
-        attended, w.input_norm, w.o_proj, x, mid,
-        rows, attended.stride(0), w.o_proj.stride(0), x.stride(0), mid.stride(0), w.eps,
-        K=w.o_proj.shape[1], K_PAD=_pow2(w.o_proj.shape[1]), N=size, ROWS=padded, BLOCK_N=GEMV_ROWS,
-        HAS_NORM=False, HAS_RES=True, PDL=layer.pdl, num_warps=GEMV_WARPS, **pdl, **marks(2),
-    )  # fmt: skip
+    if rows == 1 and layer.row is not None and layer.row_o is not None:
+        mid = layer.row_o(attended, x, pdl=layer.pdl, trace=None if trace is None else trace[2])
+    else:
+        mid = torch.empty_like(x)
+        k.gemv_kernel[(_cdiv(size, GEMV_ROWS),)](
+            attended, w.input_norm, w.o_proj, x, mid,
+            rows, attended.stride(0), w.o_proj.stride(0), x.stride(0), mid.stride(0), w.eps,
+            K=w.o_proj.shape[1], K_PAD=_pow2(w.o_proj.shape[1]), N=size, ROWS=padded, BLOCK_N=GEMV_ROWS,
+            HAS_NORM=False, HAS_RES=True, PDL=layer.pdl, num_warps=GEMV_WARPS, **pdl, **marks(2),
+        )  # fmt: skip
     if rows == 1 and layer.row is not None:
         return layer.row(mid, pdl=layer.pdl, trace=None if trace is None else trace[3])
     experts = w.router.shape[0]
