@@ -16,24 +16,24 @@ from typing import Any
 
 from omni_runtime.bench.decode import bench_runtime
 from omni_runtime.bench.decode_moe import build
-from omni_runtime.executor import moe_experts, moe_layer
+from omni_runtime.executor import moe_experts, moe_layer, row_gemv
 
-# Each shape: overrides of executor.moe_layer's or moe_experts' launch values (the first and last:
-# as served). ROW_O: the one-row o projection by row_gemv.cu (served) or the Triton kernel.
-# ROUTE_KEYS: the one-row MoE kernel's top k as rounds of one redux.sync over packed keys (served)
-# or of a shuffled argmax over the probabilities.
+# Each shape: overrides of executor.moe_layer's, moe_experts' or row_gemv's launch values (the first
+# and last: as served). ROW_QKV: the one-row q/k/v projection by row_gemv_normed (served) or the
+# Triton kernel; PREFETCH: the rows a warp of it holds before its wait.
 SHAPES: list[dict[str, Any]] = [
     {},
-    {"ROW_O": False},
-    {"ROW_O": False, "ROUTE_KEYS": False},
+    {"ROW_QKV": False},
+    {"PREFETCH": 2},
     {},
-    {"ROW_O": False},
+    {"ROW_QKV": False},
+    {"PREFETCH": 2},
     {},
 ]
 
 
 def _module(name: str) -> Any:
-    return moe_layer if hasattr(moe_layer, name) else moe_experts
+    return next(m for m in (moe_layer, moe_experts, row_gemv) if hasattr(m, name))
 
 
 # Each value a module attribute of moe_layer or moe_experts, or an OMNI_ switch (the environment).

@@ -224,3 +224,40 @@ def test_one_row_o_projection_kernel_equals_the_triton_kernel(stack) -> None:
     torch.cuda.synchronize()
     scale = expected.float().abs().max().item()
     assert (got.float() - expected.float()).abs().max().item() <= 1e-2 * scale
+
+
+@pytest.mark.parametrize("prefetch", [2, 3, 5])
+def test_row_gemv_normed_is_the_projection_of_the_normed_row(prefetch, monkeypatch) -> None:
+    """``row_gemv_normed`` at the fused q/k/v projection's released shape ([5120, 2048]): bf16(W @
+    rmsnorm(x)), the norm rounded as transformers' RMSNorm, within one bfloat16 step of the float64
+    product, whatever number of a warp's rows it reads before its wait."""
+    monkeypatch.setattr(row_gemv, "PREFETCH", prefetch)
+    generator = torch.Generator(device="cuda").manual_seed(4)
+    weight = (torch.randn(5120, 2048, device="cuda", generator=generator) / 45).to(torch.bfloat16)
+    gain = (1 + 0.1 * torch.randn(2048, device="cuda", generator=generator)).to(torch.bfloat16)
+    x = (3 * torch.randn(1, 2048, device="cuda", generator=generator)).to(torch.bfloat16)
+    kernel = row_gemv.row_gemv(weight, gain=gain, eps=1e-6)
+    assert kernel is not None and kernel.plan.norm and kernel.plan.prefetch == prefetch
+    got = kernel(x, pdl=True)
+    rstd = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)
+    normed = (gain.float() * (x.float() * rstd).to(torch.bfloat16).float()).to(torch.bfloat16)
+    expected = (weight.double() @ normed[0].double()).to(torch.bfloat16)
+    torch.testing.assert_close(got[0].float(), expected.float(), rtol=8e-3, atol=8e-3)
+    assert torch.equal(kernel(x, pdl=False), got)
+
+
+def test_one_row_qkv_projection_kernel_equals_the_triton_kernel(stack) -> None:
+    text, layers, rotary = stack
+    at, hidden, cos_sin, mask = _inputs(text, rotary, [300], 512)
+    fused = fused_decode_layers(layers, list(layers), "pdl")
+    assert fused is not None and fused[0].row_qkv is not None, "an H100/H200 takes row_gemv_normed for q/k/v"
+    got_cache, expected_cache = _cache(text, at, 512), _cache(text, at, 512)
+    got = _run(fused[0], hidden, cos_sin, mask, got_cache)
+    fused[0].row_qkv = None
+    expected = _run(fused[0], hidden, cos_sin, mask, expected_cache)
+    torch.cuda.synchronize()
+    scale = expected.float().abs().max().item()
+    assert (got.float() - expected.float()).abs().max().item() <= 1e-2 * scale
+    for name in ("keys", "values"):  # the new key and value, from the kernel's q/k/v
+        mine, theirs = getattr(got_cache, name)[0], getattr(expected_cache, name)[0]
+        assert (mine.float() - theirs.float()).abs().max().item() <= 1e-2 * theirs.float().abs().max().item()
