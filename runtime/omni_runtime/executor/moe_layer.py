@@ -65,10 +65,8 @@ KEYS_PER_SPLIT = 64  # least cached keys one attention program walks
 ATTENTION_PROGRAMS = 128  # attention programs wanted in all (rows x key/value heads x splits)
 MAX_SPLITS = 16  # splits a (row, key/value head) pair at most: the last one merges them in turn
 # One row with the MoE kernel: the o projection by row_gemv.cu (its rows copied into shared memory
-# during the attention) instead of the Triton matrix-vector kernel; likewise the q/k/v projection
-# (row_gemv_normed: a warp's first rows held in registers beside the MoE kernel before it ends).
+# during the attention) instead of the Triton matrix-vector kernel.
 ROW_O = True
-ROW_QKV = True
 
 
 @dataclass(frozen=True)
@@ -131,7 +129,6 @@ class FusedMoeDecodeLayer:
         self.trace: torch.Tensor | None = None
         self.row: moe_experts.RowExperts | None = None
         self.row_o: row_gemv.RowGemv | None = None
-        self.row_qkv: row_gemv.RowGemv | None = None
         if switches.flag("OMNI_MOE_ROW_KERNEL"):
             self.row = moe_experts.row_experts(
                 post_norm=weights.post_norm, router=weights.router, gate_up=weights.gate_up, down=weights.down,
@@ -139,8 +136,6 @@ class FusedMoeDecodeLayer:
             )  # fmt: skip
             if self.row is not None and ROW_O:
                 self.row_o = row_gemv.row_gemv(weights.o_proj)
-            if self.row is not None and ROW_QKV:
-                self.row_qkv = row_gemv.row_gemv(weights.qkv, gain=weights.input_norm, eps=weights.eps)
 
     def takes(self, hidden: torch.Tensor, cache: Any) -> bool:
         return (
@@ -227,16 +222,13 @@ def decode_step(
         return {} if trace is None else {"trace_ptr": trace[kernel], "TRACE": True}
 
     width = w.qkv.shape[0]
-    if rows == 1 and layer.row_qkv is not None:
-        qkv = layer.row_qkv(x, pdl=layer.pdl, trace=None if trace is None else trace[0])
-    else:
-        qkv = torch.empty(rows, width, dtype=dtype, device=device)
-        k.gemv_kernel[(_cdiv(width, GEMV_ROWS),)](
-            x, w.input_norm, w.qkv, x, qkv,
-            rows, x.stride(0), w.qkv.stride(0), 0, qkv.stride(0), w.eps,
-            K=size, K_PAD=_pow2(size), N=width, ROWS=padded, BLOCK_N=GEMV_ROWS,
-            HAS_NORM=True, HAS_RES=False, PDL=layer.pdl, num_warps=GEMV_WARPS, **pdl, **marks(0),
-        )  # fmt: skip
+    qkv = torch.empty(rows, width, dtype=dtype, device=device)
+    k.gemv_kernel[(_cdiv(width, GEMV_ROWS),)](
+        x, w.input_norm, w.qkv, x, qkv,
+        rows, x.stride(0), w.qkv.stride(0), 0, qkv.stride(0), w.eps,
+        K=size, K_PAD=_pow2(size), N=width, ROWS=padded, BLOCK_N=GEMV_ROWS,
+        HAS_NORM=True, HAS_RES=False, PDL=layer.pdl, num_warps=GEMV_WARPS, **pdl, **marks(0),
+    )  # fmt: skip
     groups = w.heads // w.kv_heads
     block_g = max(16, _pow2(groups))
     splits, per_split = split_plan(rows, w.kv_heads, view)

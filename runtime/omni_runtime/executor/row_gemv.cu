@@ -16,22 +16,13 @@
 // the multiprocessors' shared memory and HBM nearly idle, so the 17 MB of o rows stream while it
 // runs, and what the kernel adds past its wait is x's read and the dot products.
 //
-// With NORM, the kernel is ``row_gemv_normed`` instead: out[n] = bf16(W[n, :] . rmsnorm(x)) (the
-// fused q/k/v projection of the layer's input, which the one-row MoE kernel before it writes).
-// That kernel's blocks launch beside the MoE kernel's, whose shared memory is full, so a warp holds
-// PREFETCH of its rows in registers from entry (at most 128 registers a thread: a block fits beside
-// a MoE block) and reads the rest once it has used those.
-//
-// Compile-time sizes (NVRTC -D): K, N, NCTA, THREADS, NORM, PREFETCH; TRACE (1: each block's thread
-// 0 stores the GPU's global timer at 0 entry, 1 past the wait, 2 weights arrived or the prefetched
-// rows used, 5 end, as layer_phases reads).
+// Compile-time sizes (NVRTC -D): K, N, NCTA, THREADS; DELAY_NS (thread 0 asks for the rows this
+// long after the block starts, leaving HBM to the kernel before's first loads); TRACE (1: each block's thread 0 stores the
+// GPU's global timer at 0 entry, 1 past the wait, 2 weights arrived, 5 end, as layer_phases reads).
 
 #define WARPS (THREADS / 32)
 #define ROWS (N / NCTA)
 #define CHUNKS (K / 256)
-#if NORM
-#define HIDDEN K  // the normed row: 8 values a thread (moe_kernel_common's normed_row)
-#endif
 
 #include "moe_kernel_common.cuh"
 
@@ -49,7 +40,6 @@ static __device__ __forceinline__ void mark(long long* trace, int at) {
 #endif
 }
 
-#if !NORM
 extern "C" __global__ void __launch_bounds__(THREADS, 1) row_gemv(
     const bf16* __restrict__ x,    // [K] the row (from the kernel before)
     const bf16* __restrict__ w,    // [N, K]
@@ -64,6 +54,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) row_gemv(
     mark(trace, 0);
     if (tid == 0) {
         const u32 bar = smem_addr(s_bar);
+#if DELAY_NS > 0
+        long long start, now;
+        asm volatile("mov.u64 %0, %globaltimer;" : "=l"(start));
+        do asm volatile("mov.u64 %0, %globaltimer;" : "=l"(now));
+        while (now - start < DELAY_NS);
+#endif
         asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar));
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(ROWS * K * 2)
@@ -108,66 +104,3 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) row_gemv(
     if (tid < ROWS) out[first + tid] = (bf16)bf16_bits(residual + rbf(s_dot[tid]));  // as the Triton kernel rounds
     mark(trace, 5);
 }
-#else
-#define ROWS_PER_WARP (ROWS / WARPS)
-static_assert(K == THREADS * 8, "each thread normalises 8 of the row's K values");
-static_assert(PREFETCH >= 1 && PREFETCH <= ROWS_PER_WARP, "a warp holds some of its rows");
-
-extern "C" __global__ void __launch_bounds__(THREADS, 2) row_gemv_normed(
-    const bf16* __restrict__ x,     // [K] the row before its norm (from the kernel before)
-    const bf16* __restrict__ gain,  // [K] the norm's weights
-    const bf16* __restrict__ w,     // [N, K]
-    bf16* __restrict__ out,         // [N]
-    float eps,
-    long long* trace) {             // [NCTA, 8] when TRACE
-    __shared__ __align__(16) bf16 s_x[K];  // the normed row
-    __shared__ float s_sum[WARPS];
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const bf16* rows = w + ((size_t)blockIdx.x * ROWS + warp) * K + lane * 8;  // row i: + i * WARPS * K
-    mark(trace, 0);
-    uint4 held[PREFETCH][CHUNKS];  // the warp's first rows, read while the kernel before runs
-#pragma unroll
-    for (int i = 0; i < PREFETCH; ++i)
-#pragma unroll
-        for (int c = 0; c < CHUNKS; ++c) held[i][c] = ld_stream(rows + (size_t)i * WARPS * K + c * 256);
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;");
-    mark(trace, 1);
-    const uint4 g = *(const uint4*)(gain + tid * 8);  // after the wait: 4 registers fewer beside the held rows
-    const uint4 h = __ldcg((const uint4*)(x + tid * 8));
-    const float hv[8] = {lo(h.x), hi(h.x), lo(h.y), hi(h.y), lo(h.z), hi(h.z), lo(h.w), hi(h.w)};
-    *(uint4*)(s_x + tid * 8) = normed_row(hv, g, eps, s_sum);
-    __syncthreads();
-    // Chunk by chunk (one chunk of x live at a time): the held rows' sums, then the rest's.
-    float p[ROWS_PER_WARP];
-#pragma unroll
-    for (int i = 0; i < ROWS_PER_WARP; ++i) p[i] = 0.f;
-#pragma unroll
-    for (int c = 0; c < CHUNKS; ++c) {
-        const uint4 xc = *(const uint4*)(s_x + c * 256 + lane * 8);
-#pragma unroll
-        for (int i = 0; i < PREFETCH; ++i) p[i] += dot8(held[i][c], xc);
-    }
-    mark(trace, 2);
-#if PREFETCH < ROWS_PER_WARP
-    // The rest of the warp's rows, every load in flight before the first sum.
-    uint4 rest[ROWS_PER_WARP - PREFETCH][CHUNKS];
-#pragma unroll
-    for (int i = PREFETCH; i < ROWS_PER_WARP; ++i)
-#pragma unroll
-        for (int c = 0; c < CHUNKS; ++c) rest[i - PREFETCH][c] = ld_stream(rows + (size_t)i * WARPS * K + c * 256);
-#pragma unroll
-    for (int c = 0; c < CHUNKS; ++c) {
-        const uint4 xc = *(const uint4*)(s_x + c * 256 + lane * 8);
-#pragma unroll
-        for (int i = PREFETCH; i < ROWS_PER_WARP; ++i) p[i] += dot8(rest[i - PREFETCH][c], xc);
-    }
-#endif
-#pragma unroll
-    for (int i = 0; i < ROWS_PER_WARP; ++i) {
-        const float sum = warp_sum(p[i]);
-        if (lane == 0) out[(size_t)blockIdx.x * ROWS + warp + i * WARPS] = (bf16)bf16_bits(sum);
-    }
-    mark(trace, 5);
-}
-#endif

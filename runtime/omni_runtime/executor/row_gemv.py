@@ -30,11 +30,10 @@ from omni_runtime.executor.triton_support import hopper_or_later
 
 log = logging.getLogger(__name__)
 
-KERNELS = {False: "row_gemv", True: "row_gemv_normed"}
+KERNEL = "row_gemv"
 THREADS = 256
 MAX_ROWS_PER_BLOCK = 64  # rows a block at most (the block's rows are ROWS x K in shared memory)
-MAX_ROWS_PER_WARP = 8  # with the input norm: rows a warp reads (PREFETCH of them before its wait)
-PREFETCH = 3  # with the input norm: rows a warp reads before its wait (3 x 4 KB: 96 registers a thread)
+COPY_DELAY_NS = 0  # a block asks for its rows this long after it starts (the kernel's DELAY_NS)
 
 
 @dataclass(frozen=True)
@@ -45,8 +44,7 @@ class GemvPlan:
     n: int
     blocks: int
     threads: int = THREADS
-    norm: bool = False  # row_gemv_normed: the input's RMSNorm first, rows in registers, no residual
-    prefetch: int = 0  # with norm: rows a warp reads before its wait
+    delay_ns: int = 0
     trace: bool = False
 
     @property
@@ -55,43 +53,32 @@ class GemvPlan:
 
     @property
     def shared_bytes(self) -> int:
-        """Dynamic shared memory: the block's rows and the barrier (the row sums, and with the norm
-        the normed row, are static; with the norm the rows are in registers)."""
-        return 0 if self.norm else self.rows * self.k * 2 + 8
-
-    @property
-    def kernel(self) -> str:
-        return KERNELS[self.norm]
+        """Dynamic shared memory: the block's rows and the barrier (the row sums are static)."""
+        return self.rows * self.k * 2 + 8
 
     def defines(self) -> dict[str, int]:
         return {
-            "K": self.k, "N": self.n, "NCTA": self.blocks, "THREADS": self.threads, "NORM": int(self.norm),
-            "PREFETCH": self.prefetch, "TRACE": int(self.trace),
-        }  # fmt: skip
+            "K": self.k,
+            "N": self.n,
+            "NCTA": self.blocks,
+            "THREADS": self.threads,
+            "DELAY_NS": self.delay_ns,
+            "TRACE": int(self.trace),
+        }
 
 
-def plan(*, k: int, n: int, multiprocessors: int, norm: bool = False) -> GemvPlan | str:
+def plan(*, k: int, n: int, multiprocessors: int) -> GemvPlan | str:
     """The kernel's sizes for an [n, k] weight on a GPU of ``multiprocessors``, or a sentence saying
     why it does not take it (the caller keeps the Triton kernel): the most blocks up to one a
     multiprocessor that split the rows evenly, a multiple of the warps each, their rows fitting a
-    block's shared memory; with ``norm`` (the input normalised first, 8 of its values a thread) at
-    most ``MAX_ROWS_PER_WARP`` rows a warp, ``PREFETCH`` of them read before the wait."""
+    block's shared memory."""
     if k % 256:
         return f"input width {k} is not a multiple of 256"
-    if norm and k != THREADS * 8:
-        return f"input width {k} is not {THREADS * 8} (the norm takes 8 values a thread)"
     warps = THREADS // 32
     for blocks in range(min(multiprocessors, n // warps), 0, -1):
-        if n % blocks or (n // blocks) % warps:
+        if n % blocks or (n // blocks) % warps or n // blocks > MAX_ROWS_PER_BLOCK:
             continue
-        if norm:
-            per_warp = n // blocks // warps
-            if per_warp > MAX_ROWS_PER_WARP:
-                break
-            return GemvPlan(k, n, blocks, norm=True, prefetch=min(PREFETCH, per_warp))
-        if n // blocks > MAX_ROWS_PER_BLOCK:
-            continue
-        candidate = GemvPlan(k, n, blocks)
+        candidate = GemvPlan(k, n, blocks, delay_ns=COPY_DELAY_NS)
         if candidate.shared_bytes + candidate.rows * 4 > moe_experts.SHARED_LIMIT:
             return (
                 f"a block's {candidate.rows} rows of {k} need {candidate.shared_bytes} bytes of shared memory"
@@ -113,36 +100,24 @@ def compile_cubin(gemv_plan: GemvPlan, arch: str) -> tuple[bytes, str]:
 def _function(gemv_plan: GemvPlan, device_index: int) -> Any:
     major, minor = torch.cuda.get_device_capability(device_index)
     cubin, _log = compile_cubin(gemv_plan, f"sm_{major}{minor}")
-    return moe_experts.load_function(cubin, gemv_plan.kernel, gemv_plan.shared_bytes, device_index)
+    return moe_experts.load_function(cubin, KERNEL, gemv_plan.shared_bytes, device_index)
 
 
 class RowGemv:
-    """One row through one weight, rounded as the Triton kernel: ``res + weight @ x``, or with the
-    norm's ``gain`` ``weight @ rmsnorm(x)``."""
+    """``out = res + weight @ x`` for one row, rounded as the Triton kernel: one weight's kernel."""
 
-    def __init__(
-        self, gemv_plan: GemvPlan, weight: torch.Tensor, gain: torch.Tensor | None = None, eps: float = 0.0
-    ) -> None:
-        self.plan, self.weight, self.gain, self.eps, self.device = gemv_plan, weight, gain, eps, weight.device
+    def __init__(self, gemv_plan: GemvPlan, weight: torch.Tensor) -> None:
+        self.plan, self.weight, self.device = gemv_plan, weight, weight.device
 
     def __call__(
-        self,
-        x: torch.Tensor,
-        res: torch.Tensor | None = None,
-        *,
-        pdl: bool,
-        trace: torch.Tensor | None = None,
+        self, x: torch.Tensor, res: torch.Tensor, *, pdl: bool, trace: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """``x`` [1, K] and, without the norm, ``res`` [1, N] (contiguous, the weight's dtype and
-        device): [1, N]. ``trace`` (int64, at least [blocks, 8]): each block's marks (the kernel
-        compiled with them)."""
-        out = x.new_empty(1, self.plan.n)
+        """``x`` [1, K] and ``res`` [1, N] (contiguous, the weight's dtype and device): [1, N].
+        ``trace`` (int64, at least [blocks, 8]): each block's marks (the kernel compiled with them)."""
+        out = torch.empty_like(res)
         gemv_plan = self.plan if trace is None else dataclasses.replace(self.plan, trace=True)
         _module, function = _function(gemv_plan, moe_experts.device_index(self.device))
-        tensors = (x, self.gain, self.weight, out) if self.gain is not None else (x, self.weight, res, out)
-        values: list[Any] = [ctypes.c_uint64(t.data_ptr()) for t in tensors if t is not None]
-        if self.gain is not None:
-            values.append(ctypes.c_float(self.eps))
+        values = [ctypes.c_uint64(t.data_ptr()) for t in (x, self.weight, res, out)]
         values.append(ctypes.c_uint64(0 if trace is None else trace.data_ptr()))
         moe_experts.launch(
             function, values, blocks=gemv_plan.blocks, threads=gemv_plan.threads,
@@ -151,18 +126,12 @@ class RowGemv:
         return out
 
 
-def row_gemv(weight: torch.Tensor, *, gain: torch.Tensor | None = None, eps: float = 0.0) -> RowGemv | None:
-    """The kernel for ``weight`` [N, K] (with ``gain`` [K]: of the input's RMSNorm, epsilon ``eps``),
-    compiled and loaded now, or None where it does not run: a tensor it cannot read
-    (``moe_experts.usable``), not Hopper or later, no ``cuda.bindings``, a shape it does not take,
-    or a kernel that does not compile or load (logged)."""
+def row_gemv(weight: torch.Tensor) -> RowGemv | None:
+    """The kernel for ``weight`` [N, K], compiled and loaded now, or None where it does not run:
+    a weight it cannot read (``moe_experts.usable``), not Hopper or later, no ``cuda.bindings``, a
+    shape it does not take, or a kernel that does not compile or load (logged)."""
     device = weight.device
-    tensors = [weight] if gain is None else [weight, gain]
-    if (
-        weight.dim() != 2
-        or not hopper_or_later(device)
-        or not all(moe_experts.usable(t, device) for t in tensors)
-    ):
+    if weight.dim() != 2 or not hopper_or_later(device) or not moe_experts.usable(weight, device):
         return None
     try:
         import cuda.bindings.driver
@@ -171,7 +140,7 @@ def row_gemv(weight: torch.Tensor, *, gain: torch.Tensor | None = None, eps: flo
         return None
     n, k = weight.shape
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    gemv_plan = plan(k=k, n=n, multiprocessors=sms, norm=gain is not None)
+    gemv_plan = plan(k=k, n=n, multiprocessors=sms)
     if isinstance(gemv_plan, str):
         return None
     try:
@@ -183,4 +152,4 @@ def row_gemv(weight: torch.Tensor, *, gain: torch.Tensor | None = None, eps: flo
             exc,
         )
         return None
-    return RowGemv(gemv_plan, weight, gain, eps)
+    return RowGemv(gemv_plan, weight)
