@@ -16,8 +16,7 @@
 // the multiprocessors' shared memory and HBM nearly idle, so the 17 MB of o rows stream while it
 // runs, and what the kernel adds past its wait is x's read and the dot products.
 //
-// Compile-time sizes (NVRTC -D): K, N, NCTA, THREADS; DELAY_NS (thread 0 asks for the rows this
-// long after the block starts, leaving HBM to the kernel before's first loads); TRACE (1: each block's thread 0 stores the
+// Compile-time sizes (NVRTC -D): K, N, NCTA, THREADS; TRACE (1: each block's thread 0 stores the
 // GPU's global timer at 0 entry, 1 past the wait, 2 weights arrived, 5 end, as layer_phases reads).
 
 #define WARPS (THREADS / 32)
@@ -54,12 +53,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) row_gemv(
     mark(trace, 0);
     if (tid == 0) {
         const u32 bar = smem_addr(s_bar);
-#if DELAY_NS > 0
-        long long start, now;
-        asm volatile("mov.u64 %0, %globaltimer;" : "=l"(start));
-        do asm volatile("mov.u64 %0, %globaltimer;" : "=l"(now));
-        while (now - start < DELAY_NS);
-#endif
         asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar));
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(ROWS * K * 2)

@@ -33,7 +33,6 @@ log = logging.getLogger(__name__)
 KERNEL = "row_gemv"
 THREADS = 256
 MAX_ROWS_PER_BLOCK = 64  # rows a block at most (the block's rows are ROWS x K in shared memory)
-COPY_DELAY_NS = 0  # a block asks for its rows this long after it starts (the kernel's DELAY_NS)
 
 
 @dataclass(frozen=True)
@@ -44,7 +43,6 @@ class GemvPlan:
     n: int
     blocks: int
     threads: int = THREADS
-    delay_ns: int = 0
     trace: bool = False
 
     @property
@@ -62,7 +60,6 @@ class GemvPlan:
             "N": self.n,
             "NCTA": self.blocks,
             "THREADS": self.threads,
-            "DELAY_NS": self.delay_ns,
             "TRACE": int(self.trace),
         }
 
@@ -78,7 +75,7 @@ def plan(*, k: int, n: int, multiprocessors: int) -> GemvPlan | str:
     for blocks in range(min(multiprocessors, n // warps), 0, -1):
         if n % blocks or (n // blocks) % warps or n // blocks > MAX_ROWS_PER_BLOCK:
             continue
-        candidate = GemvPlan(k, n, blocks, delay_ns=COPY_DELAY_NS)
+        candidate = GemvPlan(k, n, blocks)
         if candidate.shared_bytes + candidate.rows * 4 > moe_experts.SHARED_LIMIT:
             return (
                 f"a block's {candidate.rows} rows of {k} need {candidate.shared_bytes} bytes of shared memory"
