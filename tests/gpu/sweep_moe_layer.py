@@ -19,15 +19,12 @@ from omni_runtime.bench.decode_moe import build
 from omni_runtime.executor import moe_experts, moe_layer, row_gemv
 
 # Each shape: overrides of executor.moe_layer's, moe_experts' or row_gemv's launch values (the first
-# and last: as served). ROW_QKV: the one-row q/k/v projection by row_gemv_normed (served) or the
-# Triton kernel; PREFETCH: the rows a warp of it holds before its wait.
+# and last: as served). ROW_O: the one-row o projection by row_gemv.cu (served) or the Triton kernel.
 SHAPES: list[dict[str, Any]] = [
     {},
-    {"ROW_QKV": False},
-    {"PREFETCH": 2},
+    {"ROW_O": False},
     {},
-    {"ROW_QKV": False},
-    {"PREFETCH": 2},
+    {"ROW_O": False},
     {},
 ]
 

@@ -39,7 +39,6 @@ THREADS_VALUES = 8  # values of the hidden row each thread holds
 TRIGGER = 0
 DEPTH = 2
 MIN_BLOCKS = 2  # blocks a multiprocessor must fit by registers (2: at most 128 a thread)
-ROUTE_KEYS = True  # the top k as rounds of one warp-wide max of packed keys (moe_kernel_common.cuh)
 SHARED_LIMIT = 227 * 1024  # a Hopper block's dynamic shared memory at most
 COMMON_HEADER = "moe_kernel_common.cuh"  # what the one-row kernels share, given to NVRTC as a header
 
@@ -58,7 +57,6 @@ class RowPlan:
     trigger: int
     depth: int
     min_blocks: int
-    route_keys: bool = True
     trace: bool = False
 
     @property
@@ -78,7 +76,6 @@ class RowPlan:
             "TRIGGER": self.trigger,
             "DEPTH": self.depth,
             "MIN_BLOCKS": self.min_blocks,
-            "ROUTE_KEYS": int(self.route_keys),
             "TRACE": int(self.trace),
         }
 
@@ -104,7 +101,7 @@ def plan(
         if not units or not rows or units % warps or 4 * top_k * rows > 2 * hidden or experts % blocks:
             continue
         candidate = RowPlan(
-            hidden, inter, experts, top_k, blocks, threads, normalize, TRIGGER, DEPTH, MIN_BLOCKS, ROUTE_KEYS
+            hidden, inter, experts, top_k, blocks, threads, normalize, TRIGGER, DEPTH, MIN_BLOCKS
         )
         if candidate.shared_bytes > SHARED_LIMIT:
             return f"a block's down rows need {candidate.shared_bytes} bytes of shared memory"

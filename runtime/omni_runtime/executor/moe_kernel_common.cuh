@@ -110,24 +110,20 @@ static __device__ __forceinline__ uint4 normed_row(const float hv[8], uint4 gain
 
 #ifdef EXPERTS
 #define E_LANES (EXPERTS / 32)
-#ifndef ROUTE_KEYS
-#define ROUTE_KEYS 1
-#endif
 // One warp's routing of the EXPERTS router logits, as published (tag << 32 | float bits; lane l
 // holds logits j * 32 + l): softmax and the top TOP_K (the lowest index on a tie, as a stable
 // sort). Lane k < TOP_K gets the k-th expert and its probability; every lane the top k's sum, in
 // rank order as transformers adds them. route_weight gives the weight to apply.
 //
-// ROUTE_KEYS (the default): a round of the top k is one warp-wide max of a 32-bit key per expert,
+// A round of the top k is one warp-wide max of a 32-bit key per expert,
 // the logit's bfloat16 bits made order-preserving above 0xffff minus the expert's index (the logits
 // are bfloat16 values, as transformers' linear rounds them; a higher logit is a higher
 // probability, and the lower index wins a tie), so a round is four compares and one redux.sync;
-// the softmax runs beside the rounds, not before them. 0: rounds of argmax over the probabilities
-// (a value and an index shuffled at each of five steps).
-#if ROUTE_KEYS
+// the softmax runs beside the rounds, not before them (rounds of argmax over the probabilities, a
+// value and an index shuffled at each of five steps, took about 1 µs more on an H200).
 static __device__ __forceinline__ u32 route_key(u64 slot, int expert) {
     u32 bits = ((u32)slot >> 16) & 0xffffu;  // the logit's bfloat16 bits (exact: it was rounded)
-    if (bits == 0x8000u) bits = 0u;                 // -0 ties with +0
+    if (bits == 0x8000u) bits = 0u;  // -0 ties with +0
     const u32 ordered = (bits & 0x8000u) ? (~bits & 0xffffu) : (bits | 0x8000u);
     return (ordered << 16) | (0xffffu - (u32)expert);
 }
@@ -179,49 +175,6 @@ static __device__ __forceinline__ void route_top_k(const u64 slot[E_LANES], int 
     if (lane >= TOP_K) mine = 0.f;
     expert = mine_expert;
 }
-#else
-static __device__ __forceinline__ void route_top_k(const u64 slot[E_LANES], int lane, float& mine, float& picked,
-                                                   int& expert) {
-    float v[E_LANES], m = __int_as_float(0xff800000);
-#pragma unroll
-    for (int j = 0; j < E_LANES; ++j) {
-        v[j] = __uint_as_float((u32)slot[j]);
-        m = fmaxf(m, v[j]);
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    float total = 0.f;
-#pragma unroll
-    for (int j = 0; j < E_LANES; ++j) {
-        v[j] = __expf(v[j] - m);
-        total += v[j];
-    }
-    total = warp_sum(total);
-#pragma unroll
-    for (int j = 0; j < E_LANES; ++j) v[j] = v[j] / total;
-    picked = 0.f, mine = 0.f;
-    int mine_expert = 0;
-    for (int k = 0; k < TOP_K; ++k) {
-        float best = -1.f;
-        int at = 0x7fffffff;
-#pragma unroll
-        for (int j = 0; j < E_LANES; ++j)
-            if (v[j] > best) best = v[j], at = j * 32 + lane;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-            const int oa = __shfl_xor_sync(0xffffffffu, at, o);
-            if (ob > best || (ob == best && oa < at)) best = ob, at = oa;
-        }
-        picked += best;
-        if (lane == k) mine = best, mine_expert = at;
-#pragma unroll
-        for (int j = 0; j < E_LANES; ++j)
-            if (j * 32 + lane == at) v[j] = -2.f;
-    }
-    expert = mine_expert;
-}
-#endif
 
 // A routed expert's weight: its probability, renormalised over the top k when NORMALIZE, rounded.
 static __device__ __forceinline__ float route_weight(float mine, float picked) {
