@@ -18,7 +18,7 @@ pytest.importorskip("triton")
 
 from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as hf  # noqa: E402
 
-from omni_runtime.executor import moe_experts, row_gemv  # noqa: E402
+from omni_runtime.executor import row_gemv  # noqa: E402
 from omni_runtime.executor.slot_cache import SlotKVCache  # noqa: E402
 from omni_runtime.models.qwen3_omni_moe.attention import fuse_qkv  # noqa: E402
 from omni_runtime.models.qwen3_omni_moe.config import released_30b_a3b_config  # noqa: E402
