@@ -114,7 +114,7 @@ def test_a_kernel_that_does_not_compile_or_load_leaves_the_triton_kernels_and_sa
     ("cluster", "shape", "expected"),
     [
         (8, {"blocks": 128, "experts": 128}, 8),  # the released shape: 16 logits a block
-        (8, {"blocks": 120, "experts": 128}, 0),  # blocks not a whole number of clusters
+        (8, {"blocks": 100, "experts": 128}, 0),  # blocks not a whole number of clusters
         (8, {"blocks": 128, "experts": 96}, 0),  # 12 logits a block: not a power of two
         (4, {"blocks": 128, "experts": 256}, 0),  # 64 logits a block: more than a warp sums
         (1, {"blocks": 128, "experts": 128}, 0),  # no clusters asked for
