@@ -42,7 +42,7 @@ MIN_BLOCKS = 2  # blocks a multiprocessor must fit by registers (2: at most 128 
 # Blocks a thread-block cluster (the kernel's CLUSTER): a cluster's blocks compute the router's
 # logits between them and exchange them in shared memory (0: every block publishes its logit to
 # global memory and polls for the others'). Used where the GPU holds every cluster at once.
-CLUSTER = 8
+CLUSTER = 4
 SHARED_LIMIT = 227 * 1024  # a Hopper block's dynamic shared memory at most
 COMMON_HEADER = "moe_kernel_common.cuh"  # what the one-row kernels share, given to NVRTC as a header
 
