@@ -19,13 +19,12 @@ from omni_runtime.bench.decode_moe import build
 from omni_runtime.executor import moe_experts, moe_layer, row_gemv
 
 # Each shape: overrides of executor.moe_layer's, moe_experts' or row_gemv's launch values (the first
-# and last: as served). CLUSTER: the one-row MoE kernel's logits computed by clusters of 8 blocks and
-# exchanged in shared memory (served) or published by each block to global memory (0).
+# and last: as served). ROW_O: the one-row o projection by row_gemv.cu (served) or the Triton kernel.
 SHAPES: list[dict[str, Any]] = [
     {},
-    {"CLUSTER": 0},
+    {"ROW_O": False},
     {},
-    {"CLUSTER": 0},
+    {"ROW_O": False},
     {},
 ]
 

@@ -24,13 +24,7 @@
 // weights and the residual in bfloat16; sums in float32). Launched as a programmatic dependent of
 // the o projection: the router rows and the norm's weights are read before the wait.
 //
-// With CLUSTER (a thread-block cluster size, e.g. 8) the logits are not published: the blocks of a
-// cluster compute all EXPERTS logits between them (EXPERTS / CLUSTER each, their router rows copied
-// into shared memory that the down rows take later) and hand them to each other's shared memory,
-// then meet at a cluster barrier, so every cluster routes without a round trip through global
-// memory. The blocks of cluster 0 also store the logits, tagged, for the record.
-//
-// Compile-time sizes (NVRTC -D): HIDDEN, INTER, EXPERTS, TOP_K, NCTA, THREADS, NORMALIZE, CLUSTER;
+// Compile-time sizes (NVRTC -D): HIDDEN, INTER, EXPERTS, TOP_K, NCTA, THREADS, NORMALIZE;
 // TRIGGER (when the next kernel may launch: 0 past the wait, 3 once routed, 1 after gate-up,
 // 2 at the end); DEPTH (gate-up units a warp has in flight); MIN_BLOCKS (launch bounds: blocks a
 // multiprocessor must fit by registers, so the next kernel's programs find room); TRACE (1: each
@@ -47,9 +41,6 @@
 #define H_CHUNKS (HIDDEN / 256)
 #define I_CHUNKS (INTER / 256)
 #define LOGITS_PER_BLOCK (EXPERTS / NCTA)
-#if CLUSTER
-#define C_LOGITS (EXPERTS / CLUSTER)  // logits a block of a cluster computes
-#endif
 
 #include "moe_kernel_common.cuh"
 
@@ -63,40 +54,6 @@ static_assert(EXPERTS % 32 == 0 && EXPERTS % NCTA == 0 && TOP_K <= 32, "experts 
 #define S_ACT_BYTES (TOP_K * INTER * 4)
 #define S_X_BYTES (HIDDEN * 2)
 static_assert(DOWN_ROWS <= THREADS && TOP_K * DOWN_ROWS * 4 <= S_X_BYTES, "a thread a down row; the parts fit");
-#if CLUSTER
-static_assert(EXPERTS % CLUSTER == 0 && NCTA % CLUSTER == 0, "clusters split the blocks and the logits");
-static_assert(C_LOGITS >= 1 && C_LOGITS <= 32 && (C_LOGITS & (C_LOGITS - 1)) == 0, "a warp sums a power of two");
-static_assert(C_LOGITS * HIDDEN * 2 <= S_DOWN_BYTES && WARPS * C_LOGITS * 4 <= S_ACT_BYTES, "router rows fit");
-static_assert(C_LOGITS * CLUSTER <= THREADS, "a thread hands one logit to one peer");
-
-// One halving step of warp_sums: lanes with bit o keep the upper half of their M sums, the others
-// the lower half, each adding its partner's; then the next step on the M / 2 kept.
-template <int C, int M>
-static __device__ __forceinline__ void halve(float (&v)[C], int lane) {
-    if constexpr (M > 1) {
-        constexpr int o = M * 16 / C;
-        const bool upper = lane & o;
-#pragma unroll
-        for (int i = 0; i < M / 2; ++i) {
-            const float keep = upper ? v[M / 2 + i] : v[i];
-            const float send = upper ? v[i] : v[M / 2 + i];
-            v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
-        }
-        halve<C, M / 2>(v, lane);
-    }
-}
-
-// C partial sums a lane (a block's C logits over this thread's HIDDEN values) summed across the
-// warp by halving: C - 1 + log2(32 / C) shuffles; after them lane l holds logit l / (32 / C)'s sum.
-template <int C>
-static __device__ __forceinline__ float warp_sums(float (&v)[C], int lane) {
-    halve<C, C>(v, lane);
-    float sum = v[0];
-#pragma unroll
-    for (int o = 16 / C; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    return sum;
-}
-#endif
 
 // The global timer at trace[block][at] when traced: 0 entry, 1 past the wait, 2 logits stored,
 // 3 routed, 4 gate-up done, 5 end, 6 every activation read, 7 down rows arrived.
@@ -142,49 +99,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
     float* s_weight = s_sum + 32;                            // [TOP_K]
     int* s_expert = (int*)(s_weight + 32);                   // [TOP_K]
     u64* s_bar = (u64*)(s_expert + 32);                      // the down rows' arrival
-    u64* s_bar_router = s_bar + 1;                           // CLUSTER: the router rows' arrival
-    float* s_logits = (float*)(s_bar + 2);                   // CLUSTER: [EXPERTS] from the cluster
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, block = blockIdx.x;
     mark(trace, 0);
 
     // Before the wait: what does not come from the o projection.
     const uint4 gain = *(const uint4*)(post_norm + tid * 8);
-#if CLUSTER
-    u32 rank;
-    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-    const bf16* s_router = s_down;  // [C_LOGITS][HIDDEN] this block's router rows, until the down rows come
-#else
     uint4 wrow[LOGITS_PER_BLOCK];
 #pragma unroll
     for (int j = 0; j < LOGITS_PER_BLOCK; ++j)
         wrow[j] = ld_stream(router + (size_t)(block * LOGITS_PER_BLOCK + j) * HIDDEN + tid * 8);
-#endif
     const u32 launch = __ldcg(launches);  // advanced by block 0 once every block has read it
     const u32 tag = 1u + (launch & 1u);
     if (tid == 0) {
         asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(s_bar)));
-#if CLUSTER
-        const u32 bar = smem_addr(s_bar_router);
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar));
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(C_LOGITS * HIDDEN * 2)
-                     : "memory");
-#pragma unroll 1
-        for (int j = 0; j < C_LOGITS; ++j)
-            asm volatile(
-                "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                    smem_addr(s_router + j * HIDDEN)),
-                "l"(router + (size_t)(rank * C_LOGITS + j) * HIDDEN), "r"(HIDDEN * 2), "r"(bar)
-                : "memory");
-#else
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-#endif
     }
-#if CLUSTER
-    // Every block of the cluster is running before any writes into another's shared memory.
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-#endif
     asm volatile("griddepcontrol.wait;" ::: "memory");
     mark(trace, 1);
 #if TRIGGER == 0
@@ -196,43 +126,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
     const float hv[8] = {lo(h.x), hi(h.x), lo(h.y), hi(h.y), lo(h.z), hi(h.z), lo(h.w), hi(h.w)};
     const uint4 normed = normed_row(hv, gain, eps, s_sum);
     *(uint4*)(s_x + tid * 8) = normed;
-#if CLUSTER
-    {
-        const u32 bar = smem_addr(s_bar_router);
-        u32 ready = 0;
-        while (!ready)
-            asm volatile(
-                "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
-                : "=r"(ready)
-                : "r"(bar)
-                : "memory");
-    }
-    float part[C_LOGITS];
-#pragma unroll
-    for (int j = 0; j < C_LOGITS; ++j) part[j] = dot8(*(const uint4*)(s_router + j * HIDDEN + tid * 8), normed);
-    const float warp_part = warp_sums<C_LOGITS>(part, lane);
-    float* s_sums = s_act;  // [WARPS][C_LOGITS]: the activations come later
-    if (lane % (32 / C_LOGITS) == 0) s_sums[warp * C_LOGITS + lane / (32 / C_LOGITS)] = warp_part;
-    __syncthreads();
-    if (tid < C_LOGITS) {
-        float sum = 0.f;
-#pragma unroll
-        for (int w = 0; w < WARPS; ++w) sum += s_sums[w * C_LOGITS + tid];
-        const float logit = rbf(sum);  // transformers' linear rounds
-        s_logits[rank * C_LOGITS + tid] = logit;
-        if (block < CLUSTER) logits[rank * C_LOGITS + tid] = ((u64)tag << 32) | __float_as_uint(logit);
-    }
-    __syncthreads();
-    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // every peer has started
-    if (tid < C_LOGITS * CLUSTER && tid / C_LOGITS != (int)rank) {  // this block's logits to each peer
-        const int at = rank * C_LOGITS + tid % C_LOGITS;
-        u32 remote;
-        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(s_logits + at)), "r"(tid / C_LOGITS));
-        asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(s_logits[at]) : "memory");
-    }
-    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-#else
 #pragma unroll
     for (int j = 0; j < LOGITS_PER_BLOCK; ++j) {
         const float logit = rbf(block_sum(dot8(wrow[j], normed), s_sum));  // transformers' linear rounds
@@ -242,17 +135,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
                          : "memory");
         }
     }
-#endif
     mark(trace, 2);
 
     // Routing (every block, warp 0): softmax over the experts, the top k (the lowest index on a
     // tie, as a stable sort), their weights renormalised when asked, rounded to bfloat16.
     if (warp == 0) {
         u64 slot[E_LANES];
-#if CLUSTER
-#pragma unroll
-        for (int j = 0; j < E_LANES; ++j) slot[j] = __float_as_uint(s_logits[j * 32 + lane]);
-#else
         bool ready;
         [[maybe_unused]] int spins = 0;
         do {  // every block's logits, published with this launch's tag
@@ -273,7 +161,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
                 break;
             }
         } while (!__all_sync(0xffffffffu, ready));
-#endif
         float mine, picked;
         int mine_expert;
         route_top_k(slot, lane, mine, picked, mine_expert);

@@ -39,10 +39,6 @@ THREADS_VALUES = 8  # values of the hidden row each thread holds
 TRIGGER = 0
 DEPTH = 2
 MIN_BLOCKS = 2  # blocks a multiprocessor must fit by registers (2: at most 128 a thread)
-# Blocks a thread-block cluster (the kernel's CLUSTER): a cluster's blocks compute the router's
-# logits between them and exchange them in shared memory (0: every block publishes its logit to
-# global memory and polls for the others'). Used where the GPU holds every cluster at once.
-CLUSTER = 4
 SHARED_LIMIT = 227 * 1024  # a Hopper block's dynamic shared memory at most
 COMMON_HEADER = "moe_kernel_common.cuh"  # what the one-row kernels share, given to NVRTC as a header
 
@@ -61,14 +57,12 @@ class RowPlan:
     trigger: int
     depth: int
     min_blocks: int
-    cluster: int = 0
     trace: bool = False
 
     @property
     def shared_bytes(self) -> int:
         down = self.top_k * (self.hidden // self.blocks) * self.inter * 2
-        # + two barriers and the cluster's logits
-        return down + self.top_k * self.inter * 4 + self.hidden * 2 + 32 * 4 * 3 + 16 + 4 * self.experts
+        return down + self.top_k * self.inter * 4 + self.hidden * 2 + 32 * 4 * 3 + 8
 
     def defines(self) -> dict[str, int]:
         return {
@@ -82,7 +76,6 @@ class RowPlan:
             "TRIGGER": self.trigger,
             "DEPTH": self.depth,
             "MIN_BLOCKS": self.min_blocks,
-            "CLUSTER": self.cluster,
             "TRACE": int(self.trace),
         }
 
@@ -108,28 +101,12 @@ def plan(
         if not units or not rows or units % warps or 4 * top_k * rows > 2 * hidden or experts % blocks:
             continue
         candidate = RowPlan(
-            hidden, inter, experts, top_k, blocks, threads, normalize, TRIGGER, DEPTH, MIN_BLOCKS,
-            cluster_size(blocks=blocks, experts=experts, threads=threads, hidden=hidden, down_rows=rows, inter=inter,
-                         top_k=top_k),
-        )  # fmt: skip
+            hidden, inter, experts, top_k, blocks, threads, normalize, TRIGGER, DEPTH, MIN_BLOCKS
+        )
         if candidate.shared_bytes > SHARED_LIMIT:
             return f"a block's down rows need {candidate.shared_bytes} bytes of shared memory"
         return candidate
     return f"no block count up to {multiprocessors} splits {hidden} rows, {inter} units and {experts} experts"
-
-
-def cluster_size(
-    *, blocks: int, experts: int, threads: int, hidden: int, down_rows: int, inter: int, top_k: int
-) -> int:
-    """``CLUSTER`` where the kernel can take it for this shape (the blocks and logits split evenly,
-    a power of two of logits a block up to 32, its router rows fitting where the down rows go
-    later), else 0."""
-    c = CLUSTER
-    if c <= 1 or blocks % c or experts % c:
-        return 0
-    per_block = experts // c
-    fits = per_block * hidden <= top_k * down_rows * inter and per_block * c <= threads
-    return c if per_block <= 32 and per_block & (per_block - 1) == 0 and fits else 0
 
 
 def source() -> str:
@@ -211,62 +188,28 @@ def launch(
     shared_bytes: int,
     device: torch.device,
     pdl: bool,
-    cluster: int = 0,
 ) -> None:
     """Launch ``function`` with argument ``values`` (ctypes) on PyTorch's current stream of
-    ``device``, as a programmatic dependent launch when ``pdl``, in clusters of ``cluster`` blocks
-    when given."""
+    ``device``, as a programmatic dependent launch when ``pdl``."""
     from cuda.bindings import driver
 
     _current_context(device_index(device))
     pointers = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
-    config = launch_config(blocks, threads, shared_bytes, cluster=cluster, pdl=pdl)
-    config.hStream = driver.CUstream(torch.cuda.current_stream(device).cuda_stream)
-    (err,) = driver.cuLaunchKernelEx(config, function, ctypes.addressof(pointers), 0)
-    _check(err, "cuLaunchKernelEx")
-
-
-def launch_config(
-    blocks: int, threads: int, shared_bytes: int, *, cluster: int = 0, pdl: bool = False
-) -> Any:
-    """A driver launch configuration (no stream yet): the grid, its clusters, PDL."""
-    from cuda.bindings import driver
-
     config = driver.CUlaunchConfig()
     config.gridDimX, config.gridDimY, config.gridDimZ = blocks, 1, 1
     config.blockDimX, config.blockDimY, config.blockDimZ = threads, 1, 1
     config.sharedMemBytes = shared_bytes
+    config.hStream = driver.CUstream(torch.cuda.current_stream(device).cuda_stream)
     attributes = []
     if pdl:
         attribute = driver.CUlaunchAttribute()
         attribute.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
         attribute.value.programmaticStreamSerializationAllowed = 1
         attributes.append(attribute)
-    if cluster:
-        attribute = driver.CUlaunchAttribute()
-        attribute.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-        attribute.value.clusterDim.x, attribute.value.clusterDim.y, attribute.value.clusterDim.z = (
-            cluster,
-            1,
-            1,
-        )
-        attributes.append(attribute)
     config.attrs = attributes
     config.numAttrs = len(attributes)
-    return config
-
-
-def clusters_fit(function: Any, blocks: int, threads: int, shared_bytes: int, cluster: int) -> bool:
-    """Whether the GPU holds every cluster of the grid at once (cuOccupancyMaxActiveClusters): the
-    kernel's blocks wait for each other's values, so a cluster that found no room would never
-    come."""
-    from cuda.bindings import driver
-
-    err, most = driver.cuOccupancyMaxActiveClusters(
-        function, launch_config(blocks, threads, shared_bytes, cluster=cluster)
-    )
-    _check(err, "cuOccupancyMaxActiveClusters")
-    return int(most) >= blocks // cluster
+    (err,) = driver.cuLaunchKernelEx(config, function, ctypes.addressof(pointers), 0)
+    _check(err, "cuLaunchKernelEx")
 
 
 @functools.cache
@@ -329,7 +272,7 @@ class RowExperts:
         values.append(ctypes.c_uint64(0 if trace is None else trace.data_ptr()))
         launch(
             function, values, blocks=self.plan.blocks, threads=self.plan.threads,
-            shared_bytes=self.plan.shared_bytes, device=self.device, pdl=pdl, cluster=self.plan.cluster,
+            shared_bytes=self.plan.shared_bytes, device=self.device, pdl=pdl,
         )  # fmt: skip
         return out
 
@@ -378,19 +321,7 @@ def row_experts(
     )
     if isinstance(row_plan, str) or not loads(row_plan, device_index(device)):
         return None
-    if row_plan.cluster and not _clusters_fit(row_plan, device_index(device)):
-        log.info("the GPU does not hold %d clusters of %d blocks at once: the one-row MoE kernel publishes its "
-                 "logits instead", row_plan.blocks // row_plan.cluster, row_plan.cluster)  # fmt: skip
-        row_plan = dataclasses.replace(row_plan, cluster=0)
-        if not loads(row_plan, device_index(device)):
-            return None
     return RowExperts(row_plan, weights, eps)
-
-
-@functools.cache
-def _clusters_fit(row_plan: RowPlan, device_index: int) -> bool:
-    _module, function = _function(row_plan, device_index)
-    return clusters_fit(function, row_plan.blocks, row_plan.threads, row_plan.shared_bytes, row_plan.cluster)
 
 
 def loads(row_plan: RowPlan, device_index: int) -> bool:

@@ -21,17 +21,16 @@ RELEASED = {"hidden": 2048, "inter": 768, "experts": 128, "top_k": 8, "normalize
     ("shape", "sms", "expected"),
     [
         # H200/H100: 132 multiprocessors, 128 blocks of 16 hidden rows and 48 units, 192 KB of down rows
-        # (+ 24 KB of activations as float, the 4 KB normed row, sums, routing, the cluster's logits),
-        # in clusters of 8
-        (RELEASED, 132, (128, 256, 226_192, 8)),
+        # (+ 24 KB of activations as float, the 4 KB normed row, sums and routing)
+        (RELEASED, 132, (128, 256, 225_672)),
         # fewer multiprocessors: 64 blocks would each hold 32 rows of every routed expert
-        (RELEASED, 100, "a block's down rows need 422800 bytes of shared memory"),
+        (RELEASED, 100, "a block's down rows need 422280 bytes of shared memory"),
         (RELEASED, 7, "no block count up to 7 splits 2048 rows, 768 units and 128 experts"),
         ({**RELEASED, "hidden": 1000}, 132, "hidden size 1000 is not a multiple of 256"),
         ({**RELEASED, "hidden": 16384}, 132, "hidden size 16384 needs 2048 threads a block (1024 at most)"),
         ({**RELEASED, "inter": 700}, 132, "expert width 700 is not a multiple of 256"),
         ({**RELEASED, "experts": 60, "top_k": 4}, 132, "60 experts, top 4: experts must be a multiple of 32 and k at most 32"),
-        ({**RELEASED, "inter": 1536}, 132, "a block's down rows need 447376 bytes of shared memory"),
+        ({**RELEASED, "inter": 1536}, 132, "a block's down rows need 446856 bytes of shared memory"),
     ],
 )  # fmt: skip
 def test_plan(shape, sms, expected) -> None:
@@ -40,19 +39,14 @@ def test_plan(shape, sms, expected) -> None:
         assert got == expected
     else:
         assert isinstance(got, RowPlan)
-        assert (got.blocks, got.threads, got.shared_bytes, got.cluster) == expected
+        assert (got.blocks, got.threads, got.shared_bytes) == expected
 
 
-@pytest.mark.parametrize(
-    ("depth", "min_blocks", "trace", "cluster"),
-    [(2, 1, False, 8), (1, 2, False, 8), (2, 2, True, 8), (2, 2, False, 0), (2, 2, True, 0), (2, 2, False, 4),
-     (2, 2, False, 16)],
-)  # fmt: skip
-def test_the_released_shape_compiles_for_hopper_without_spills(depth, min_blocks, trace, cluster) -> None:
-    """Without a stack frame too: the cluster's halving sums keep their partial sums in registers."""
+@pytest.mark.parametrize(("depth", "min_blocks", "trace"), [(2, 1, False), (1, 2, False), (2, 2, True)])
+def test_the_released_shape_compiles_for_hopper_without_spills(depth, min_blocks, trace) -> None:
     row_plan = plan(**RELEASED, multiprocessors=132)
     assert isinstance(row_plan, RowPlan)
-    row_plan = dataclasses.replace(row_plan, depth=depth, min_blocks=min_blocks, trace=trace, cluster=cluster)
+    row_plan = dataclasses.replace(row_plan, depth=depth, min_blocks=min_blocks, trace=trace)
     cubin, log = moe_experts.compile_cubin(row_plan, "sm_90")
     assert cubin[:4] == b"\x7fELF"
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in log, log
@@ -108,19 +102,3 @@ def test_a_kernel_that_does_not_compile_or_load_leaves_the_triton_kernels_and_sa
     assert "keep the Triton kernels" in caplog.text and "OMNI_MOE_ROW_KERNEL=0" in caplog.text
     monkeypatch.setattr(moe_experts, "_function", lambda plan, device_index: (None, None))
     assert loads(row_plan, 0) is True
-
-
-@pytest.mark.parametrize(
-    ("cluster", "shape", "expected"),
-    [
-        (8, {"blocks": 128, "experts": 128}, 8),  # the released shape: 16 logits a block
-        (8, {"blocks": 100, "experts": 128}, 0),  # blocks not a whole number of clusters
-        (8, {"blocks": 128, "experts": 96}, 0),  # 12 logits a block: not a power of two
-        (4, {"blocks": 128, "experts": 256}, 0),  # 64 logits a block: more than a warp sums
-        (1, {"blocks": 128, "experts": 128}, 0),  # no clusters asked for
-    ],
-)
-def test_cluster_size(cluster, shape, expected, monkeypatch) -> None:
-    monkeypatch.setattr(moe_experts, "CLUSTER", cluster)
-    sizes = {"threads": 256, "hidden": 2048, "down_rows": 16, "inter": 768, "top_k": 8}
-    assert moe_experts.cluster_size(**shape, **sizes) == expected
