@@ -223,7 +223,8 @@ SWITCHES: tuple[Switch, ...] = (
         "flag",
         "1",
         "Qwen3-Omni thinker decode steps of one row on Hopper or later: the MoE block (router, experts, "
-        "residual) as one CUDA kernel compiled at start by NVRTC; 0: the three Triton kernels.",
+        "residual) as one CUDA kernel and the o projection as another (its rows copied into shared memory "
+        "during the attention), compiled at start by NVRTC; 0: the Triton kernels.",
     ),
     Switch(
         "OMNI_MOE_STEP_KERNEL",
