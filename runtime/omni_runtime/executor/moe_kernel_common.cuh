@@ -115,12 +115,12 @@ static __device__ __forceinline__ uint4 normed_row(const float hv[8], uint4 gain
 // sort). Lane k < TOP_K gets the k-th expert and its probability; every lane the top k's sum, in
 // rank order as transformers adds them. route_weight gives the weight to apply.
 //
-// A round of the top k is one warp-wide max of a 32-bit key per expert,
-// the logit's bfloat16 bits made order-preserving above 0xffff minus the expert's index (the logits
-// are bfloat16 values, as transformers' linear rounds them; a higher logit is a higher
-// probability, and the lower index wins a tie), so a round is four compares and one redux.sync;
-// the softmax runs beside the rounds, not before them (rounds of argmax over the probabilities, a
-// value and an index shuffled at each of five steps, took about 1 µs more on an H200).
+// A round of the top k is one warp-wide max of a 32-bit key per expert: the logit's bfloat16 bits
+// made order-preserving, above 0xffff minus the expert's index (the logits are bfloat16 values, as
+// transformers' linear rounds them; a higher logit is a higher probability, and the lower index
+// wins a tie), so a round is four compares and one redux.sync; the softmax runs beside the rounds,
+// not before them (rounds of argmax over the probabilities, a value and an index shuffled at each
+// of five steps, took about 1 µs more on an H200).
 static __device__ __forceinline__ u32 route_key(u64 slot, int expert) {
     u32 bits = ((u32)slot >> 16) & 0xffffu;  // the logit's bfloat16 bits (exact: it was rounded)
     if (bits == 0x8000u) bits = 0u;  // -0 ties with +0

@@ -20,7 +20,9 @@ norm, the router's GEMM and top-k, the experts' two kernels, the residual). Here
 
 A step of one row on Hopper or later ends with one CUDA kernel instead of the last three
 (``moe_experts``: the router and both halves of the experts, the down rows copied into shared
-memory while the gate and up rows stream, no kernel boundary between them; ``OMNI_MOE_ROW_KERNEL``).
+memory while the gate and up rows stream, no kernel boundary between them; ``OMNI_MOE_ROW_KERNEL``),
+and its o projection is a CUDA kernel too (``row_gemv``: its rows copied into shared memory while
+the attention runs).
 
 Each kernel reads what does not depend on the kernel just before it (weights, the routing two
 kernels back, the residual) before it waits for that kernel, so with programmatic dependent
@@ -245,7 +247,7 @@ def decode_step(
         KV_HEADS=w.kv_heads, GROUPS=groups, DIM=w.head_dim, BLOCK_G=block_g, BLOCK_N=BLOCK_N,
         PDL=layer.pdl, num_warps=ATTENTION_WARPS, **pdl, **marks(1),
     )  # fmt: skip
-    if rows == 1 and layer.row is not None and layer.row_o is not None:
+    if rows == 1 and layer.row_o is not None:  # set only beside the one-row MoE kernel
         mid = layer.row_o(attended, x, pdl=layer.pdl, trace=None if trace is None else trace[2])
     else:
         mid = torch.empty_like(x)

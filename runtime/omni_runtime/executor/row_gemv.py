@@ -4,7 +4,8 @@ before its input exists (``row_gemv.cu``; issue 17: decode at batch 1).
 The fused decode layer's o projection (executor.moe_layer) follows the attention, whose dozen
 programs leave HBM and the multiprocessors nearly idle for 6-7 µs at one row. The Triton
 matrix-vector kernel reads the o rows into registers before its wait, but its 256 programs do not
-all fit beside the attention, so half of its 17 MB are read after the attention ends.
+all fit beside the attention (its last start up to 3 µs after the attention ends), so part of its
+17 MB is read after.
 ``row_gemv.cu`` takes one block a multiprocessor, each asking the copy engine for all its rows
 (128 KB at the released shape) as it starts: the whole matrix streams during the attention.
 
