@@ -7,7 +7,8 @@
 //
 //   1. at entry (a programmatic dependent launch: while the kernel before still runs) thread 0 asks
 //      the copy engine for the block's ROWS x K weights (cp.async.bulk on an mbarrier, into shared
-//      memory) and each thread reads its rows' residual;
+//      memory) and the first ROWS threads read the block's residuals (the layer's input: final
+//      before this kernel launches, two kernels back);
 //   2. past the wait, every warp reads x (K values, 16 bytes a lane at a time) into registers;
 //   3. once the weights are in, warp w takes rows w, w + WARPS, ..: a lane's share of each row
 //      against x, summed across the warp, rounded, plus the residual.
