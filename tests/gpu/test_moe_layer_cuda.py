@@ -173,8 +173,8 @@ def test_one_row_moe_kernel_replays_from_a_cuda_graph(stack) -> None:
 
 def test_one_row_routing_is_softmax_and_a_stable_top_k_of_its_logits(stack) -> None:
     """The kernel's routing of the logits its blocks published (bfloat16 values in the low 32 bits):
-    the experts of a stable descending sort of their softmax, and the weights renormalised over the
-    k and rounded to bfloat16, exactly; over 16 rows."""
+    exactly the experts of a stable descending sort of their softmax, and the weights renormalised
+    over the k and rounded to bfloat16 within a bfloat16 step; over 16 rows."""
     text, layers, rotary = stack
     fused = fused_decode_layers(layers, list(layers), "pdl")
     assert fused is not None and fused[0].row is not None
