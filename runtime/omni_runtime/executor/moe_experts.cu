@@ -55,17 +55,8 @@ static_assert(EXPERTS % 32 == 0 && EXPERTS % NCTA == 0 && TOP_K <= 32, "experts 
 #define S_X_BYTES (HIDDEN * 2)
 static_assert(DOWN_ROWS <= THREADS && TOP_K * DOWN_ROWS * 4 <= S_X_BYTES, "a thread a down row; the parts fit");
 
-// The global timer at trace[block][at] when traced: 0 entry, 1 past the wait, 2 logits stored,
-// 3 routed, 4 gate-up done, 5 end, 6 every activation read, 7 down rows arrived.
-static __device__ __forceinline__ void mark(long long* trace, int at) {
-#if TRACE
-    if (threadIdx.x == 0) {
-        long long now;
-        asm volatile("mov.u64 %0, %globaltimer;" : "=l"(now));
-        trace[blockIdx.x * 8 + at] = now;
-    }
-#endif
-}
+// Marks (mark_block): 0 entry, 1 past the wait, 2 logits stored, 3 routed, 4 gate-up done, 5 end,
+// 6 every activation read, 7 down rows arrived.
 
 static __device__ __forceinline__ bool tagged(u32 w, u32 tag) { return (w >> 16) == tag; }
 
@@ -101,7 +92,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
     u64* s_bar = (u64*)(s_expert + 32);                      // the down rows' arrival
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, block = blockIdx.x;
-    mark(trace, 0);
+    mark_block(trace, 0);
 
     // Before the wait: what does not come from the o projection.
     const uint4 gain = *(const uint4*)(post_norm + tid * 8);
@@ -116,7 +107,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     asm volatile("griddepcontrol.wait;" ::: "memory");
-    mark(trace, 1);
+    mark_block(trace, 1);
 #if TRIGGER == 0
     asm volatile("griddepcontrol.launch_dependents;");
 #endif
@@ -135,7 +126,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
                          : "memory");
         }
     }
-    mark(trace, 2);
+    mark_block(trace, 2);
 
     // Routing (every block, warp 0): softmax over the experts, the top k (the lowest index on a
     // tie, as a stable sort), their weights renormalised when asked, rounded to bfloat16.
@@ -175,7 +166,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
         }
     }
     __syncthreads();
-    mark(trace, 3);
+    mark_block(trace, 3);
 #if TRIGGER == 3
     asm volatile("griddepcontrol.launch_dependents;");
 #endif
@@ -232,7 +223,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
         }
     }
     asm volatile("fence.acq_rel.gpu;" ::: "memory");  // this thread's activations go out before it polls
-    mark(trace, 4);
+    mark_block(trace, 4);
 #if TRIGGER == 1
     asm volatile("griddepcontrol.launch_dependents;");
 #endif
@@ -269,7 +260,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
         __syncthreads();
         if (tid == 0) __stcg(launches, launch + 1u);
     }
-    mark(trace, 6);
+    mark_block(trace, 6);
     if (tid == 0) {
         const u32 bar = smem_addr(s_bar);
         u32 ready = 0;
@@ -283,7 +274,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
         if (!ready) trace[(NCTA + block) * 8 + 7] = 3000;
     }
     __syncthreads();
-    mark(trace, 7);
+    mark_block(trace, 7);
     // Warp w takes experts w, w + WARPS, ..: its activations in registers, each of the block's
     // down rows of that expert from shared memory once; then a thread a row sums the experts'
     // routing-weighted parts in expert order.
@@ -324,7 +315,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) moe_experts_ro
         const float res = __uint_as_float((u32)mid[unit] << 16);
         out[unit] = (bf16)bf16_bits(res + rbf(sum));  // transformers' residual + moe
     }
-    mark(trace, 5);
+    mark_block(trace, 5);
 #if TRIGGER == 2
     asm volatile("griddepcontrol.launch_dependents;");
 #endif

@@ -70,6 +70,20 @@ static __device__ __forceinline__ float block_sum(float v, float* scratch) {
     return s;
 }
 
+#ifdef TRACE
+// Traced (TRACE 1), thread 0 of a block stores the GPU's global timer at trace[block * 8 + at]: the
+// 8 marks a block that tests/gpu/layer_phases.py reads. Untraced, nothing.
+static __device__ __forceinline__ void mark_block(long long* trace, int at) {
+#if TRACE
+    if (threadIdx.x == 0) {
+        long long now;
+        asm volatile("mov.u64 %0, %globaltimer;" : "=l"(now));
+        trace[blockIdx.x * 8 + at] = now;
+    }
+#endif
+}
+#endif
+
 // Published values are strong (relaxed, gpu scope) stores, polled by strong loads: weak ones to
 // other addresses may be held back behind a polling loop (seen: a warp's last activation never
 // reached the readers).

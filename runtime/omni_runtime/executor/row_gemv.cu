@@ -30,16 +30,6 @@ static_assert(K % 256 == 0, "a warp reads a row in 256-value chunks, 8 a lane");
 static_assert(N % NCTA == 0 && ROWS % WARPS == 0 && ROWS <= THREADS, "blocks and warps split the rows");
 static_assert((K * 2) % 16 == 0, "a row is a whole number of 16-byte bulk-copy units");
 
-static __device__ __forceinline__ void mark(long long* trace, int at) {
-#if TRACE
-    if (threadIdx.x == 0) {
-        long long now;
-        asm volatile("mov.u64 %0, %globaltimer;" : "=l"(now));
-        trace[blockIdx.x * 8 + at] = now;
-    }
-#endif
-}
-
 extern "C" __global__ void __launch_bounds__(THREADS, 1) row_gemv(
     const bf16* __restrict__ x,    // [K] the row (from the kernel before)
     const bf16* __restrict__ w,    // [N, K]
@@ -51,7 +41,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) row_gemv(
     u64* s_bar = (u64*)(smem + (size_t)ROWS * K * 2);  // the weights' arrival
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int first = blockIdx.x * ROWS;
-    mark(trace, 0);
+    mark_block(trace, 0);
     if (tid == 0) {
         const u32 bar = smem_addr(s_bar);
         asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar));
@@ -70,7 +60,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) row_gemv(
     __syncthreads();  // the barrier is initialised before any thread waits on it
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;");
-    mark(trace, 1);
+    mark_block(trace, 1);
     uint4 xv[CHUNKS];
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) xv[c] = __ldcg((const uint4*)(x + c * 256 + lane * 8));
@@ -84,7 +74,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) row_gemv(
                 : "r"(bar)
                 : "memory");
     }
-    mark(trace, 2);
+    mark_block(trace, 2);
     __shared__ float s_dot[ROWS];
 #pragma unroll 1
     for (int r = warp; r < ROWS; r += WARPS) {
@@ -96,5 +86,5 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) row_gemv(
     }
     __syncthreads();
     if (tid < ROWS) out[first + tid] = (bf16)bf16_bits(residual + rbf(s_dot[tid]));  // as the Triton kernel rounds
-    mark(trace, 5);
+    mark_block(trace, 5);
 }
