@@ -20,6 +20,7 @@ import ctypes
 import dataclasses
 import functools
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -109,8 +110,13 @@ def plan(
     return f"no block count up to {multiprocessors} splits {hidden} rows, {inter} units and {experts} experts"
 
 
+def kernel_source(file: str) -> str:
+    """The text of one of the package's CUDA sources (``moe_experts.cu``, ``row_gemv.cu``, ..)."""
+    return resources.files("omni_runtime.executor").joinpath(file).read_text(encoding="utf-8")
+
+
 def source() -> str:
-    return resources.files("omni_runtime.executor").joinpath("moe_experts.cu").read_text(encoding="utf-8")
+    return kernel_source("moe_experts.cu")
 
 
 def compile_cubin(row_plan: RowPlan, arch: str) -> tuple[bytes, str]:
@@ -158,9 +164,18 @@ def _check(err: Any, what: str) -> None:
 @functools.cache
 def _function(row_plan: RowPlan, device_index: int) -> Any:
     """The loaded kernel for ``row_plan`` on GPU ``device_index`` (its primary context)."""
+    compile_for = functools.partial(compile_cubin, row_plan)
+    return load_for_device(compile_for, "moe_experts_row", row_plan.shared_bytes, device_index)
+
+
+def load_for_device(
+    compile_for: Callable[[str], tuple[bytes, str]], kernel: str, shared_bytes: int, device_index: int
+) -> tuple[Any, Any]:
+    """(module, function) of ``kernel`` compiled by ``compile_for(arch)`` for GPU ``device_index``'s
+    architecture and loaded there (``load_function``)."""
     major, minor = torch.cuda.get_device_capability(device_index)
-    cubin, _log = compile_cubin(row_plan, f"sm_{major}{minor}")
-    return load_function(cubin, "moe_experts_row", row_plan.shared_bytes, device_index)
+    cubin, _log = compile_for(f"sm_{major}{minor}")
+    return load_function(cubin, kernel, shared_bytes, device_index)
 
 
 def load_function(cubin: bytes, kernel: str, shared_bytes: int, device_index: int) -> tuple[Any, Any]:
@@ -288,6 +303,34 @@ def usable(weight: torch.Tensor, device: torch.device) -> bool:
     )
 
 
+def driver_kernels_run(device: torch.device, tensors: Sequence[torch.Tensor]) -> bool:
+    """Whether the one-row CUDA kernels can run here on ``tensors``: a GPU of compute capability 9.0
+    or later, every tensor one they can read (``usable``), and ``cuda.bindings`` (NVRTC and the
+    driver API) importable."""
+    if not hopper_or_later(device) or not all(usable(t, device) for t in tensors):
+        return False
+    try:
+        import cuda.bindings.driver
+        import cuda.bindings.nvrtc  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def loads_or_warns(load: Callable[[], object], kernel: str, keeps: str, switch: str) -> bool:
+    """Whether ``load()`` (a kernel's compile and load on this GPU) succeeds; where it raises a
+    RuntimeError, a warning naming ``kernel``, what runs instead (``keeps``) and the ``switch`` that
+    skips the check, and False (the layers keep their other kernels rather than fail every step)."""
+    try:
+        load()
+    except RuntimeError as exc:
+        log.warning(
+            "%s does not run on this GPU (%s); %s (%s=0 skips this check)", kernel, exc, keeps, switch
+        )
+        return False
+    return True
+
+
 def row_experts(
     *,
     post_norm: torch.Tensor,
@@ -304,15 +347,8 @@ def row_experts(
     ``cuda.bindings``, a shape it does not take, or a kernel that does not compile or load here
     (logged: the layer keeps its Triton kernels rather than fail every decode step)."""
     device = down.device
-    if not hopper_or_later(device):
-        return None
     weights = (post_norm, router, gate_up, down)
-    if not all(usable(t, device) for t in weights):
-        return None
-    try:
-        import cuda.bindings.driver
-        import cuda.bindings.nvrtc  # noqa: F401
-    except ImportError:
+    if not driver_kernels_run(device, weights):
         return None
     experts, hidden, inter = down.shape
     sms = torch.cuda.get_device_properties(device).multi_processor_count
@@ -327,16 +363,10 @@ def row_experts(
 def loads(row_plan: RowPlan, device_index: int) -> bool:
     """Whether the kernel compiles and loads on GPU ``device_index`` (once per sizes; cached); a
     warning naming the switch that turns it off where it does not."""
-    try:
-        _function(row_plan, device_index)
-    except RuntimeError as exc:
-        log.warning(
-            "the one-row MoE kernel does not run on this GPU (%s); one-row decode steps keep the Triton "
-            "kernels (OMNI_MOE_ROW_KERNEL=0 skips this check)",
-            exc,
-        )
-        return False
-    return True
+    return loads_or_warns(
+        lambda: _function(row_plan, device_index), "the one-row MoE kernel",
+        "one-row decode steps keep the Triton kernels", "OMNI_MOE_ROW_KERNEL",
+    )  # fmt: skip
 
 
 def device_index(device: torch.device) -> int:

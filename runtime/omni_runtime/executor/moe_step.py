@@ -24,14 +24,12 @@ import functools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 import torch
 
 from omni_runtime.executor import moe_experts
 from omni_runtime.executor.moe_layer import MoeLayerWeights
-from omni_runtime.executor.triton_support import hopper_or_later
 
 log = logging.getLogger(__name__)
 
@@ -166,20 +164,17 @@ def plan(
     return f"no block count up to {multiprocessors} splits the stack's rows, units and heads"
 
 
-def source() -> str:
-    return resources.files("omni_runtime.executor").joinpath("moe_step.cu").read_text(encoding="utf-8")
-
-
 def compile_cubin(step_plan: StepPlan, arch: str) -> tuple[bytes, str]:
     """(cubin, ptxas log) of ``moe_step.cu`` at ``step_plan``'s sizes for ``arch``, by NVRTC."""
-    return moe_experts.compile_source(source(), "moe_step.cu", step_plan.defines(), arch)
+    return moe_experts.compile_source(
+        moe_experts.kernel_source("moe_step.cu"), "moe_step.cu", step_plan.defines(), arch
+    )
 
 
 @functools.cache
 def _function(step_plan: StepPlan, device_index: int) -> Any:
-    major, minor = torch.cuda.get_device_capability(device_index)
-    cubin, _log = compile_cubin(step_plan, f"sm_{major}{minor}")
-    return moe_experts.load_function(cubin, KERNEL, step_plan.shared_bytes, device_index)
+    compile_for = functools.partial(compile_cubin, step_plan)
+    return moe_experts.load_for_device(compile_for, KERNEL, step_plan.shared_bytes, device_index)
 
 
 class RowStep:
@@ -303,12 +298,7 @@ def row_step(layers: Sequence[MoeLayerWeights], *, pdl: bool = True) -> RowStep 
     where it does not run: not a GPU of compute capability 9.0 or later, weights it cannot read,
     a shape it does not take, no ``cuda.bindings``, or a kernel that does not compile or load here
     (logged: the layers keep their kernels rather than fail every decode step)."""
-    if not layers or not hopper_or_later(layers[0].qkv.device) or not usable(layers):
-        return None
-    try:
-        import cuda.bindings.driver
-        import cuda.bindings.nvrtc  # noqa: F401
-    except ImportError:
+    if not layers or not usable(layers) or not moe_experts.driver_kernels_run(layers[0].qkv.device, []):
         return None
     first = layers[0]
     device = first.qkv.device
@@ -321,13 +311,9 @@ def row_step(layers: Sequence[MoeLayerWeights], *, pdl: bool = True) -> RowStep 
     if isinstance(step_plan, str):
         log.info("the one-kernel decode step does not take this stack (%s)", step_plan)
         return None
-    try:
-        _function(step_plan, moe_experts.device_index(device))
-    except RuntimeError as exc:
-        log.warning(
-            "the one-kernel decode step does not run on this GPU (%s); one-row steps keep the layer "
-            "kernels (OMNI_MOE_STEP_KERNEL=0 skips this check)",
-            exc,
-        )
+    if not moe_experts.loads_or_warns(
+        lambda: _function(step_plan, moe_experts.device_index(device)), "the one-kernel decode step",
+        "one-row steps keep the layer kernels", "OMNI_MOE_STEP_KERNEL",
+    ):  # fmt: skip
         return None
     return RowStep(step_plan, layers, pdl=pdl)

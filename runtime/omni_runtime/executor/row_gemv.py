@@ -19,17 +19,12 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
-import logging
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 import torch
 
 from omni_runtime.executor import moe_experts
-from omni_runtime.executor.triton_support import hopper_or_later
-
-log = logging.getLogger(__name__)
 
 KERNEL = "row_gemv"
 THREADS = 256
@@ -85,20 +80,17 @@ def plan(*, k: int, n: int, multiprocessors: int) -> GemvPlan | str:
     return f"no block count up to {multiprocessors} splits {n} rows into whole warps' shares"
 
 
-def source() -> str:
-    return resources.files("omni_runtime.executor").joinpath("row_gemv.cu").read_text(encoding="utf-8")
-
-
 def compile_cubin(gemv_plan: GemvPlan, arch: str) -> tuple[bytes, str]:
     """(cubin, ptxas log) of ``row_gemv.cu`` at ``gemv_plan``'s sizes for ``arch``, by NVRTC."""
-    return moe_experts.compile_source(source(), "row_gemv.cu", gemv_plan.defines(), arch)
+    return moe_experts.compile_source(
+        moe_experts.kernel_source("row_gemv.cu"), "row_gemv.cu", gemv_plan.defines(), arch
+    )
 
 
 @functools.cache
 def _function(gemv_plan: GemvPlan, device_index: int) -> Any:
-    major, minor = torch.cuda.get_device_capability(device_index)
-    cubin, _log = compile_cubin(gemv_plan, f"sm_{major}{minor}")
-    return moe_experts.load_function(cubin, KERNEL, gemv_plan.shared_bytes, device_index)
+    compile_for = functools.partial(compile_cubin, gemv_plan)
+    return moe_experts.load_for_device(compile_for, KERNEL, gemv_plan.shared_bytes, device_index)
 
 
 class RowGemv:
@@ -129,25 +121,14 @@ def row_gemv(weight: torch.Tensor) -> RowGemv | None:
     a weight it cannot read (``moe_experts.usable``), not Hopper or later, no ``cuda.bindings``, a
     shape it does not take, or a kernel that does not compile or load (logged)."""
     device = weight.device
-    if weight.dim() != 2 or not hopper_or_later(device) or not moe_experts.usable(weight, device):
-        return None
-    try:
-        import cuda.bindings.driver
-        import cuda.bindings.nvrtc  # noqa: F401
-    except ImportError:
+    if weight.dim() != 2 or not moe_experts.driver_kernels_run(device, [weight]):
         return None
     n, k = weight.shape
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     gemv_plan = plan(k=k, n=n, multiprocessors=sms)
-    if isinstance(gemv_plan, str):
-        return None
-    try:
-        _function(gemv_plan, moe_experts.device_index(device))
-    except RuntimeError as exc:
-        log.warning(
-            "the one-row matrix-vector kernel does not run on this GPU (%s); one-row decode steps keep the "
-            "Triton kernel (OMNI_MOE_ROW_KERNEL=0 skips this check)",
-            exc,
-        )
+    if isinstance(gemv_plan, str) or not moe_experts.loads_or_warns(
+        lambda: _function(gemv_plan, moe_experts.device_index(device)), "the one-row matrix-vector kernel",
+        "one-row decode steps keep the Triton kernel", "OMNI_MOE_ROW_KERNEL",
+    ):  # fmt: skip
         return None
     return RowGemv(gemv_plan, weight)
