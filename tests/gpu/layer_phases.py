@@ -41,6 +41,9 @@ PHASES = {
         ("every activation read", 4, 6), ("down rows' wait", 6, 7), ("down", 7, 5),
     ),
 }  # fmt: skip
+ROW_PHASES = PHASES | {  # row_gemv.cu's marks for o (the Triton kernel marks entry, wait and end only)
+    "o": (("x merged (or its loads issued)", 1, 3), ("weights' wait", 3, 2), ("dots", 2, 5)),
+}
 COUNTED = ("attention", "router")  # kernels whose last program to count itself done merges or routes
 CALLS = 8
 
@@ -105,6 +108,7 @@ def analyse(
     """The table of ``measure`` from each chained call's marks ([kernels, programs, 8], ns)."""
     rows_out: dict[str, list[list[float]]] = {}
     previous_end: int | None = None
+    phases = ROW_PHASES if kernels == ROW_KERNELS else PHASES
     for trace in marks:
         for k, name in enumerate(kernels):
             t = trace[k]
@@ -118,7 +122,7 @@ def analyse(
                     float(rel[:, 1].min()), float(rel[:, 1].median()), float(rel[:, 1].max()),
                     float(rel[:, 5].max()), float(used.sum()),
                 ]  # fmt: skip
-                for _label, a, b in PHASES.get(name, ()):
+                for _label, a, b in phases.get(name, ()):
                     row.append(float(((t[:, b] - t[:, a]).double() / 1000.0).median()))
                 if name in COUNTED:  # the last program's finish after its counter
                     last = int(t[:, 5].argmax())
@@ -138,7 +142,7 @@ def analyse(
         lines.append(
             f"{name:10} {med[6]:8.0f} {med[0]:8.2f}/{med[1]:<8.2f} {med[2]:8.2f}/{med[3]:.2f}/{med[4]:<8.2f} {med[5]:6.2f}"
         )
-        for (label, _a, _b), value in zip(PHASES.get(name, ()), med[7:], strict=False):
+        for (label, _a, _b), value in zip(phases.get(name, ()), med[7:], strict=False):
             lines.append(f"{'':10} own phase, median program: {label}: {value:.2f}")
         if name in COUNTED:
             lines.append(

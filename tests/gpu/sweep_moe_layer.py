@@ -19,12 +19,15 @@ from omni_runtime.bench.decode_moe import build
 from omni_runtime.executor import moe_experts, moe_layer, row_gemv
 
 # Each shape: overrides of executor.moe_layer's, moe_experts' or row_gemv's launch values (the first
-# and last: as served). ROW_O: the one-row o projection by row_gemv.cu (served) or the Triton kernel.
+# and last: as served). MERGE_CHUNK: the splits the attention's last program merges a round;
+# KEYS_PER_SPLIT: the least keys an attention split walks (served 64; 256: one split, which writes
+# its row itself, up to 256 cached keys). Run with --prompt 2048 too: the merge is longer there.
 SHAPES: list[dict[str, Any]] = [
     {},
-    {"ROW_O": False},
-    {},
-    {"ROW_O": False},
+    {"MERGE_CHUNK": 1},
+    {"KEYS_PER_SPLIT": 128},
+    {"KEYS_PER_SPLIT": 256},
+    {"MERGE_CHUNK": 1},
     {},
 ]
 

@@ -18,7 +18,7 @@ pytest.importorskip("triton")
 
 from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as hf  # noqa: E402
 
-from omni_runtime.executor import row_gemv  # noqa: E402
+from omni_runtime.executor import moe_layer, row_gemv  # noqa: E402
 from omni_runtime.executor.slot_cache import SlotKVCache  # noqa: E402
 from omni_runtime.models.qwen3_omni_moe.attention import fuse_qkv  # noqa: E402
 from omni_runtime.models.qwen3_omni_moe.config import released_30b_a3b_config  # noqa: E402
@@ -71,7 +71,16 @@ def _inputs(text, rotary, write: list[int], view: int):
 
 
 @pytest.mark.parametrize(
-    ("write", "view"), [([100], 256), ([0], 256), ([700], 1024), ([5, 300], 512), ([3, 250, 511, 40], 512)]
+    ("write", "view"),
+    [
+        ([100], 256),
+        ([0], 256),
+        ([700], 1024),
+        ([5, 300], 512),
+        ([3, 250, 511, 40], 512),
+        ([40], 64),
+        ([2, 60], 64),
+    ],
 )
 @pytest.mark.parametrize("mode", ["fused", "pdl"])
 def test_fused_layer_equals_transformers_layer(stack, write, view, mode) -> None:
@@ -222,3 +231,19 @@ def test_one_row_o_projection_kernel_equals_the_triton_kernel(stack) -> None:
     torch.cuda.synchronize()
     scale = expected.float().abs().max().item()
     assert (got.float() - expected.float()).abs().max().item() <= 1e-2 * scale
+
+
+@pytest.mark.parametrize(("write", "view"), [([700], 1024), ([3, 250, 511, 40], 512)])
+def test_the_attention_merge_four_splits_a_round_equals_one_a_round(stack, write, view, monkeypatch) -> None:
+    """The attention's last program merging ``MERGE_CHUNK`` splits a round (their loads in flight
+    together): the same merges in the same order as one a round, so the same bits."""
+    text, layers, rotary = stack
+    at, hidden, cos_sin, mask = _inputs(text, rotary, write, view)
+    fused = fused_decode_layers(layers, list(layers), "pdl")
+    assert fused is not None
+    assert moe_layer.MERGE_CHUNK == 4
+    got = _run(fused[0], hidden, cos_sin, mask, _cache(text, at, view))
+    monkeypatch.setattr(moe_layer, "MERGE_CHUNK", 1)
+    expected = _run(fused[0], hidden, cos_sin, mask, _cache(text, at, view))
+    torch.cuda.synchronize()
+    assert torch.equal(got, expected)

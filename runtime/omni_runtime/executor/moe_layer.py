@@ -69,6 +69,7 @@ MAX_SPLITS = 16  # splits a (row, key/value head) pair at most: the last one mer
 # One row with the MoE kernel: the o projection by row_gemv.cu (its rows copied into shared memory
 # during the attention) instead of the Triton matrix-vector kernel.
 ROW_O = True
+MERGE_CHUNK = 4  # splits the attention's last program merges a round (their loads in flight together)
 
 
 @dataclass(frozen=True)
@@ -234,6 +235,7 @@ def decode_step(
     groups = w.heads // w.kv_heads
     block_g = max(16, _pow2(groups))
     splits, per_split = split_plan(rows, w.kv_heads, view)
+    output = (k.OUTPUT_DIRECT if splits == 1 else k.OUTPUT_MERGED).value
     pairs = rows * w.kv_heads
     m = torch.empty(pairs, splits, block_g, dtype=torch.float32, device=device)
     denominators = torch.empty_like(m)
@@ -245,7 +247,7 @@ def decode_step(
         qkv.stride(0), cos.stride(0), sin.stride(0), keys.stride(0), keys.stride(1), keys.stride(2),
         attended.stride(0), splits, per_split, w.scaling, w.qk_eps,
         KV_HEADS=w.kv_heads, GROUPS=groups, DIM=w.head_dim, BLOCK_G=block_g, BLOCK_N=BLOCK_N,
-        PDL=layer.pdl, num_warps=ATTENTION_WARPS, **pdl, **marks(1),
+        PDL=layer.pdl, OUTPUT=output, MERGE_CHUNK=MERGE_CHUNK, num_warps=ATTENTION_WARPS, **pdl, **marks(1),
     )  # fmt: skip
     if rows == 1 and layer.row_o is not None:  # set only beside the one-row MoE kernel
         mid = layer.row_o(attended, x, pdl=layer.pdl, trace=None if trace is None else trace[2])

@@ -286,6 +286,35 @@ def experts_down_kernel(
     mark(trace_ptr, program, 5, TRACE)
 
 
+# How attention_kernel writes its row (its OUTPUT): merged by a pair's last split to finish, or
+# by a pair's one split.
+OUTPUT_MERGED = tl.constexpr(0)
+OUTPUT_DIRECT = tl.constexpr(1)
+
+
+@triton.jit
+def _merged_splits(m_ptr, l_ptr, acc_ptr, pair, splits, g, d, BLOCK_G: tl.constexpr, DIM: tl.constexpr,
+                   CHUNK: tl.constexpr):  # fmt: skip
+    """A (row, key/value head) pair's ``splits`` partial softmaxes combined, ``CHUNK`` splits a
+    round unrolled so that their loads can be in flight together (a split past ``splits``, or one
+    with no key: maximum -inf, nothing added): [BLOCK_G, DIM]."""
+    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    total = tl.zeros([BLOCK_G], tl.float32)
+    out = tl.zeros([BLOCK_G, DIM], tl.float32)
+    for first in range(0, splits, CHUNK):
+        for k in tl.static_range(CHUNK):
+            ok = (
+                g * 0 + (first + k) < splits
+            )  # a split past the last: masked (as a vector, for the interpreter)
+            at = pair * splits + first + k
+            m_s = tl.load(m_ptr + at * BLOCK_G + g, mask=ok, other=float("-inf"), cache_modifier=".cg")
+            l_s = tl.load(l_ptr + at * BLOCK_G + g, mask=ok, other=0.0, cache_modifier=".cg")
+            part = tl.load(acc_ptr + (at * BLOCK_G + g[:, None]) * DIM + d[None, :], mask=ok[:, None], other=0.0,
+                           cache_modifier=".cg")  # fmt: skip
+            m, total, out = merge_split(m, total, out, m_s, l_s, part)
+    return out / total[:, None]
+
+
 @triton.jit(do_not_specialize=["splits", "per_split"])
 def attention_kernel(
     qkv_ptr, qnorm_ptr, knorm_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr,
@@ -293,14 +322,17 @@ def attention_kernel(
     stride_qkv, stride_cos, stride_sin, stride_cb, stride_ch, stride_cn, stride_out,
     splits, per_split, scale, eps,
     KV_HEADS: tl.constexpr, GROUPS: tl.constexpr, DIM: tl.constexpr, BLOCK_G: tl.constexpr,
-    BLOCK_N: tl.constexpr, PDL: tl.constexpr, trace_ptr=None, TRACE: tl.constexpr = False,
+    BLOCK_N: tl.constexpr, PDL: tl.constexpr, OUTPUT: tl.constexpr = 0, MERGE_CHUNK: tl.constexpr = 1,
+    trace_ptr=None, TRACE: tl.constexpr = False,
 ):  # fmt: skip
     """One decode token's attention for a (row, key/value head) and a split of its cached keys:
     the per-head q and k norms and the rotary embedding of the fused q/k/v projection's output,
     the new key and value written to the cache (split 0) at the row's position, a partial softmax
-    over the split's cached keys before that position, and, in the last split to finish (a
-    counter per pair it resets), the new key's term and the splits combined into the output
-    (``softmax_step`` and ``merge_split`` of attention_kernels, as the decode attention's)."""
+    over the split's cached keys before that position (split 0 with the new key's term), and, in
+    the last split to finish (a counter per pair it resets), the splits combined into the output
+    (``softmax_step`` and ``merge_split`` of attention_kernels, as the decode attention's):
+    ``OUTPUT_MERGED``; ``OUTPUT_DIRECT`` (one split a pair): the split writes its row itself, with no
+    partial and no counter. ``MERGE_CHUNK``: the splits the last program merges a round."""
     pair = tl.program_id(0)
     split = tl.program_id(1)
     program = pair * tl.num_programs(1) + split
@@ -367,25 +399,26 @@ def attention_kernel(
         keys = tl.load(kc_ptr + block_at, mask=inside[:, None], other=0.0)
         values = tl.load(vc_ptr + block_at, mask=inside[:, None], other=0.0)
         m_i, l_i, acc = softmax_step(query, block_keys, block_values, block_inside, m_i, l_i, acc, scale)
-    at = pair * splits + split
-    tl.store(m_ptr + at * BLOCK_G + g, m_i)
-    tl.store(l_ptr + at * BLOCK_G + g, l_i)
-    tl.store(acc_ptr + (at * BLOCK_G + g[:, None]) * DIM + d[None, :], acc)
+    if split == 0:  # the new key's term, once
+        m_key = tl.sum(query.to(tl.float32) * key_new.to(tl.float32)[None, :], axis=1) * scale
+        one = tl.full([BLOCK_G], 1.0, tl.float32)
+        value_rows = tl.zeros([BLOCK_G, DIM], tl.float32) + value_new.to(tl.float32)[None, :]
+        m_i, l_i, acc = merge_split(m_i, l_i, acc, m_key, one, value_rows)
+    out_at = out_ptr + row * stride_out + (head * GROUPS + g)[:, None] * DIM + d[None, :]
+    if OUTPUT == OUTPUT_DIRECT:  # the pair's one split is its output: no partial, no counter
+        tl.store(out_at, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=g_ok[:, None])
+    else:
+        at = pair * splits + split
+        tl.store(m_ptr + at * BLOCK_G + g, m_i)
+        tl.store(l_ptr + at * BLOCK_G + g, l_i)
+        tl.store(acc_ptr + (at * BLOCK_G + g[:, None]) * DIM + d[None, :], acc)
     mark(trace_ptr, program, 3, TRACE)
-    done = tl.atomic_add(count_ptr + pair, 1, sem="acq_rel")
+    if OUTPUT == OUTPUT_MERGED:
+        done = tl.atomic_add(count_ptr + pair, 1, sem="acq_rel")
     mark(trace_ptr, program, 4, TRACE)
-    if done == splits - 1:  # the last split of this pair: combine, starting from the new key
-        m = tl.sum(query.to(tl.float32) * key_new.to(tl.float32)[None, :], axis=1) * scale
-        total = tl.full([BLOCK_G], 1.0, tl.float32)
-        out = tl.zeros([BLOCK_G, DIM], tl.float32) + value_new.to(tl.float32)[None, :]
-        for s in range(splits):
-            at = pair * splits + s
-            m_s = tl.load(m_ptr + at * BLOCK_G + g, cache_modifier=".cg")
-            l_s = tl.load(l_ptr + at * BLOCK_G + g, cache_modifier=".cg")
-            part = tl.load(acc_ptr + (at * BLOCK_G + g[:, None]) * DIM + d[None, :], cache_modifier=".cg")
-            m, total, out = merge_split(m, total, out, m_s, l_s, part)
-        out = out / total[:, None]
-        out_at = out_ptr + row * stride_out + (head * GROUPS + g)[:, None] * DIM + d[None, :]
-        tl.store(out_at, out.to(out_ptr.dtype.element_ty), mask=g_ok[:, None])
-        tl.atomic_xchg(count_ptr + pair, 0)
+    if OUTPUT == OUTPUT_MERGED:  # noqa: SIM102 (done exists only here, a compile-time branch)
+        if done == splits - 1:  # the last split of this pair combines them all
+            out = _merged_splits(m_ptr, l_ptr, acc_ptr, pair, splits, g, d, BLOCK_G, DIM, MERGE_CHUNK)
+            tl.store(out_at, out.to(out_ptr.dtype.element_ty), mask=g_ok[:, None])
+            tl.atomic_xchg(count_ptr + pair, 0)
     mark(trace_ptr, program, 5, TRACE)

@@ -18,7 +18,8 @@
 // runs, and what the kernel adds past its wait is x's read and the dot products.
 //
 // Compile-time sizes (NVRTC -D): K, N, NCTA, THREADS; TRACE (1: each block's thread 0 stores the
-// GPU's global timer at 0 entry, 1 past the wait, 2 weights arrived, 5 end, as layer_phases reads).
+// GPU's global timer at 0 entry, 1 past the wait, 3 x's loads issued, 2 weights arrived, 5 end, as
+// layer_phases reads).
 
 #define WARPS (THREADS / 32)
 #define ROWS (N / NCTA)
@@ -64,6 +65,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) row_gemv(
     uint4 xv[CHUNKS];
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) xv[c] = __ldcg((const uint4*)(x + c * 256 + lane * 8));
+    mark_block(trace, 3);
     {
         const u32 bar = smem_addr(s_bar);
         u32 ready = 0;

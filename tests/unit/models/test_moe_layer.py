@@ -200,7 +200,8 @@ def test_layer_kernels_compile_for_hopper_without_a_gpu(pdl: bool) -> None:
         ["stride_qkv", "stride_cos", "stride_sin", "stride_cb", "stride_ch", "stride_cn", "stride_out", "splits",
          "per_split"],
         ["scale", "eps"],
-        {"KV_HEADS": 4, "GROUPS": 8, "DIM": 128, "BLOCK_G": 16, "BLOCK_N": 32, "PDL": pdl},
+        {"KV_HEADS": 4, "GROUPS": 8, "DIM": 128, "BLOCK_G": 16, "BLOCK_N": 32, "PDL": pdl,
+         "OUTPUT": 0, "MERGE_CHUNK": 4},
         {"pos_ptr": "*i64", "m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "count_ptr": "*i32"},
     )  # fmt: skip
     for compiled in (gemv, router, attention, gate_up, down):
@@ -230,7 +231,8 @@ def test_unset_omni_moe_layer_means_pdl_and_every_mode_is_a_choice() -> None:
     assert set(MODES) == {"pdl", "fused", "off"}
 
 
-def test_the_attention_kernel_marks_its_phases_when_traced() -> None:
+@pytest.mark.parametrize("output", [0, 1])
+def test_the_attention_kernel_marks_its_phases_when_traced(output) -> None:
     """tests/gpu/layer_phases.py's marks: the global timer read at entry, past the wait, after the
     new key's store, around the counter and at the end (6 reads), stored to the trace."""
     traced = _compile(
@@ -240,7 +242,8 @@ def test_the_attention_kernel_marks_its_phases_when_traced() -> None:
         ["stride_qkv", "stride_cos", "stride_sin", "stride_cb", "stride_ch", "stride_cn", "stride_out", "splits",
          "per_split"],
         ["scale", "eps"],
-        {"KV_HEADS": 4, "GROUPS": 8, "DIM": 128, "BLOCK_G": 16, "BLOCK_N": 32, "PDL": True, "TRACE": True},
+        {"KV_HEADS": 4, "GROUPS": 8, "DIM": 128, "BLOCK_G": 16, "BLOCK_N": 32, "PDL": True, "TRACE": True,
+         "OUTPUT": output, "MERGE_CHUNK": 1},
         {"pos_ptr": "*i64", "m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "count_ptr": "*i32"},
     )  # fmt: skip
     assert traced.asm["ptx"].count("%globaltimer") == 6

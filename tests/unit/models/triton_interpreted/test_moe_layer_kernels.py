@@ -163,3 +163,45 @@ def test_routing_equals_a_stable_sort_with_ties(seed: int) -> None:
     top, expected = (t[:, :4] for t in torch.sort(prob, dim=-1, descending=True, stable=True))
     assert torch.equal(index, expected)
     torch.testing.assert_close(weights, top / top.sum(-1, keepdim=True))
+
+
+@pytest.mark.parametrize(("write", "view"), [([0], 64), ([5], 64), ([300], 512), ([130], 512)])
+def test_the_attention_outputs_agree(write, view) -> None:
+    """``attention_kernel``'s outputs for one row: its last split merging one split a round (the
+    reference), four a round, and (a view of one split) its one split writing the row: the same
+    row, and the same new key and value in the cache."""
+    _, layers, rotary = stack()
+    fused = fused_decode_layers(layers, list(layers), "fused")
+    assert fused is not None
+    layer = fused[0]
+    assert isinstance(layer, moe_layer.FusedMoeDecodeLayer)
+    w, kernels = layer.weights, moe_layer._kernels()
+    at, _, cos_sin, _ = step_inputs(rotary, write, view, torch.float32)
+    cos, sin = (t.reshape(t.shape[0], -1)[:, -HEAD_DIM:] for t in cos_sin)
+    qkv = torch.randn(1, w.qkv.shape[0], generator=torch.Generator().manual_seed(7))
+    groups = w.heads // w.kv_heads
+    splits, per_split = moe_layer.split_plan(1, KV_HEADS, view)
+    outputs = [(kernels.OUTPUT_MERGED, 1), (kernels.OUTPUT_MERGED, 4)]
+    if splits == 1:
+        outputs.append((kernels.OUTPUT_DIRECT, 1))
+    got = []
+    for output, chunk in outputs:
+        cache = slot_cache(at, view, torch.float32)
+        m = torch.empty(KV_HEADS, splits, 16)
+        denominators = torch.empty_like(m)
+        partial = torch.empty(KV_HEADS, splits, 16, HEAD_DIM)
+        attended = torch.zeros(1, w.heads * HEAD_DIM)
+        keys, values = cache.layer_keys, cache.layer_values
+        kernels.attention_kernel[(KV_HEADS, splits)](
+            qkv, w.q_norm, w.k_norm, cos, sin, keys, values, at,
+            m, denominators, partial, layer.attention_count, attended,
+            qkv.stride(0), cos.stride(0), sin.stride(0), keys.stride(0), keys.stride(1), keys.stride(2),
+            attended.stride(0), splits, per_split, w.scaling, w.qk_eps,
+            KV_HEADS=KV_HEADS, GROUPS=groups, DIM=HEAD_DIM, BLOCK_G=16, BLOCK_N=moe_layer.BLOCK_N,
+            PDL=False, OUTPUT=output, MERGE_CHUNK=chunk,
+        )  # fmt: skip
+        got.append((attended, cache.layer_keys.clone(), cache.layer_values.clone()))
+    for other in got[1:]:
+        for value, expected in zip(other, got[0], strict=True):
+            torch.testing.assert_close(value, expected, rtol=1e-5, atol=1e-5)
+    assert not layer.attention_count.any()
