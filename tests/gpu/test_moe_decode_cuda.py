@@ -99,3 +99,52 @@ def test_fused_qkv_thinker_equals_transformers_on_cuda() -> None:
         assert fuse_qkv(model) == 2
         got = model(input_ids=ids).last_hidden_state.float()
     assert (got - want).abs().max().item() <= 2e-2 * max(want.abs().max().item(), 1.0)
+
+
+def test_step_inputs_kernel_equals_the_rotary_module_bit_for_bit() -> None:
+    """executor.decode_inputs on the released thinker's rotary embedding and final norm: built (its
+    check passes), cos and sin of decode positions with mrope deltas bit-exact with transformers'
+    module, write positions clamped and mask rows as slot_cache computed them, the norm within a
+    bfloat16 step."""
+    from transformers import Qwen2_5OmniThinkerConfig
+    from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as q25
+
+    from omni_runtime.executor import decode_inputs
+    from omni_runtime.models.qwen3_omni_moe.config import released_30b_a3b_config
+
+    text = released_30b_a3b_config().thinker_config.text_config
+    device = torch.device("cuda")
+    rotary = hf.Qwen3OmniMoeThinkerTextRotaryEmbedding(text).to(device)
+    fast = decode_inputs.step_inputs(rotary, dtype=torch.bfloat16, device=device, max_len=4096)
+    assert fast is not None
+    lengths = torch.tensor([0, 17, 4095, 9000], device=device)  # the last a stale padding row
+    delta = torch.tensor([0, -5, 300, 2], device=device)
+    write, (cos, sin), mask = fast(lengths, delta, 512)
+    expected_write = lengths.clamp(max=4095)
+    hidden = torch.zeros(4, 1, 8, dtype=torch.bfloat16, device=device)
+    expected = rotary(hidden, (expected_write + delta).view(1, 4, 1).expand(3, 4, 1))
+    assert torch.equal(write, expected_write)
+    assert torch.equal(cos, expected[0]) and torch.equal(sin, expected[1])
+    assert torch.equal(
+        mask, (torch.arange(512, device=device)[None, :] <= expected_write[:, None])[:, None, None, :]
+    )
+
+    norm = hf.Qwen3OmniMoeThinkerTextRMSNorm(text.hidden_size, eps=text.rms_norm_eps).to(
+        device, torch.bfloat16
+    )
+    assert decode_inputs.final_norm(norm, dtype=torch.bfloat16, device=device) is not None
+
+    # Qwen2.5-Omni's rotary (the same recomposition of mrope sections) takes it too; a rotary whose
+    # values differ (here: scaled after the module's own) keeps its module.
+    other_rotary = q25.Qwen2_5OmniRotaryEmbedding(Qwen2_5OmniThinkerConfig().text_config).to(device)
+    assert (
+        decode_inputs.step_inputs(other_rotary, dtype=torch.bfloat16, device=device, max_len=4096) is not None
+    )
+
+    class Scaled(torch.nn.Module):
+        inv_freq, attention_scaling = rotary.inv_freq, 1.0
+
+        def forward(self, x, positions):
+            return tuple(2 * t for t in rotary(x, positions))
+
+    assert decode_inputs.step_inputs(Scaled(), dtype=torch.bfloat16, device=device, max_len=4096) is None

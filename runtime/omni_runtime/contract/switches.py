@@ -227,6 +227,14 @@ SWITCHES: tuple[Switch, ...] = (
         "during the attention), compiled at start by NVRTC; 0: the Triton kernels.",
     ),
     Switch(
+        "OMNI_STEP_INPUTS_KERNEL",
+        "flag",
+        "1",
+        "A decode step's write positions, rotary cos and sin and attention mask in one Triton kernel and "
+        "its final RMSNorm in another (on a CUDA GPU, where they match the model's modules, checked at "
+        "start); 0: the modules' PyTorch kernels.",
+    ),
+    Switch(
         "OMNI_MOE_STEP_KERNEL",
         "flag",
         "0",

@@ -52,6 +52,7 @@ import torch
 from torch import nn
 
 from omni_runtime.contract import switches
+from omni_runtime.executor import decode_inputs
 from omni_runtime.executor.decode_attention import use_packed_decode
 from omni_runtime.executor.host_copy import to_device
 from omni_runtime.executor.kept_kv import copy_in, copy_out, suffix_groups
@@ -340,6 +341,13 @@ class SlotDecoder:
         self.decode_stack: Callable[..., torch.Tensor | None] | None = None
         self.embed_fn, self.head_fn = embed_fn, head_fn
         self.slots, self.max_len, self.device, self.dtype = slots, max_len, device, dtype
+        # A decode step's positions, rotary cos/sin and mask, and its final norm, one kernel each
+        # where they reproduce the modules (executor.decode_inputs); None: the modules.
+        self.step_inputs: decode_inputs.StepInputs | None = None
+        self.final_norm: decode_inputs.FinalNorm | None = None
+        if switches.flag("OMNI_STEP_INPUTS_KERNEL"):
+            self.step_inputs = decode_inputs.step_inputs(rotary, dtype=dtype, device=device, max_len=max_len)
+            self.final_norm = decode_inputs.final_norm(norm, dtype=dtype, device=device)
         self.cache = SlotKVCache(
             layers=len(layers),
             slots=slots,
@@ -789,14 +797,17 @@ class SlotDecoder:
     def _step(self, batch: int, view: int) -> None:
         """The graph body: everything reads and writes fixed buffers."""
         ids = self.last_ids[:batch]
-        # Padding rows are free slots with stale lengths (up to max_len): clamp so they write in bounds.
-        write = self.lengths[:batch].clamp(max=self.max_len - 1)
         inputs = self.embed_fn(ids, self.extra[:batch]).to(self.dtype)
         hidden = inputs[:, None, :]
-        pos = (write + self.rope_delta[:batch]).view(1, batch, 1).expand(3, batch, 1)
-        cos_sin = self.rotary(hidden, pos)
-        mask = torch.arange(view, device=self.device)[None, :] <= write[:, None]
-        mask = mask[:, None, None, :]
+        # Padding rows are free slots with stale lengths (up to max_len): clamp so they write in bounds.
+        if self.step_inputs is not None:
+            write, cos_sin, mask = self.step_inputs(self.lengths[:batch], self.rope_delta[:batch], view)
+        else:
+            write = self.lengths[:batch].clamp(max=self.max_len - 1)
+            pos = (write + self.rope_delta[:batch]).view(1, batch, 1).expand(3, batch, 1)
+            cos_sin = self.rotary(hidden, pos)
+            mask = torch.arange(view, device=self.device)[None, :] <= write[:, None]
+            mask = mask[:, None, None, :]
         cache = self.cache
         cache.write_pos = write
         cache.view_len = view
@@ -814,7 +825,7 @@ class SlotDecoder:
                         hidden = hidden[0]
             finally:
                 cache.layer_keys = cache.layer_values = None
-        normed = self.norm(hidden[:, 0])
+        normed = self.norm(hidden[:, 0]) if self.final_norm is None else self.final_norm(hidden[:, 0])
         self.out_logits[:batch].copy_(self.head_fn(normed))
         self.out_hidden[:batch].copy_(normed)
         self.out_inputs[:batch].copy_(inputs)

@@ -9,9 +9,14 @@ import os
 import torch
 
 
+def interpreted() -> bool:
+    """Whether Triton's interpreter runs the kernels (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
 def triton_runs_on(tensor: torch.Tensor) -> bool:
     """Whether a Triton kernel can take ``tensor``: it is on a GPU, or the interpreter is on."""
-    return tensor.is_cuda or os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return tensor.is_cuda or interpreted()
 
 
 def hopper_or_later(device: torch.device) -> bool:
