@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from omni_runtime.executor.triton_support import interpreted, triton_runs_on
+from omni_runtime.executor.triton_support import interpreted
 
 log = logging.getLogger(__name__)
 
@@ -87,22 +87,22 @@ class FinalNorm:
 
 def step_inputs(rotary: Any, *, dtype: torch.dtype, device: torch.device, max_len: int) -> StepInputs | None:
     """The one-kernel step inputs for ``rotary`` (a transformers rotary embedding module), or None
-    where they do not apply: no Triton on ``device``, no ``inv_freq`` / ``attention_scaling``, or
-    cos and sin that differ from the module's own for a decode token (checked now, positions
-    ``CHECK_POSITIONS``)."""
+    where they do not apply: not a CUDA ``device`` with Triton, no ``inv_freq`` /
+    ``attention_scaling``, a rope whose frequencies change with the length, or cos and sin that
+    differ from the module's own for a decode token (checked now, at ``CHECK_POSITIONS``)."""
     inv_freq = getattr(rotary, "inv_freq", None)
     scaling = getattr(rotary, "attention_scaling", None)
-    probe = torch.zeros(1, 1, 1, dtype=dtype, device=device)
-    if not isinstance(inv_freq, torch.Tensor) or scaling is None or not triton_runs_on(probe):
+    if not isinstance(inv_freq, torch.Tensor) or scaling is None or not _kernels_on(device):
         return None
-    if device.type != "cuda":  # the interpreter runs the kernel too, but a CPU step keeps the modules
+    if getattr(rotary, "rope_type", "default") != "default":  # e.g. dynamic: its frequencies move
         return None
-    fast = StepInputs(inv_freq.to(device), float(scaling), dtype, 1 << 40)  # no clamp while checked
+    inv_freq = inv_freq.to(device)
+    unclamped = StepInputs(inv_freq, float(scaling), dtype, 1 << 40)
     positions = torch.tensor(CHECK_POSITIONS, dtype=torch.int64, device=device)
+    probe = torch.zeros(len(CHECK_POSITIONS), 1, 1, dtype=dtype, device=device)
     with torch.no_grad():
-        expected = rotary(probe.expand(len(CHECK_POSITIONS), 1, 1), positions.view(1, -1, 1).expand(3, -1, 1))
-        _, got, _ = fast(positions, torch.zeros_like(positions), 1)
-    fast.max_len = max_len
+        expected = rotary(probe, positions.view(1, -1, 1).expand(3, -1, 1))
+        _, got, _ = unclamped(positions, torch.zeros_like(positions), 1)
     same = all(
         isinstance(e, torch.Tensor) and e.shape == g.shape and torch.equal(e, g)
         for e, g in zip(expected, got, strict=True)
@@ -113,19 +113,16 @@ def step_inputs(rotary: Any, *, dtype: torch.dtype, device: torch.device, max_le
             type(rotary).__name__,
         )
         return None
-    return fast
+    return StepInputs(inv_freq, float(scaling), dtype, max_len)
 
 
 def final_norm(norm: Any, *, dtype: torch.dtype, device: torch.device) -> FinalNorm | None:
     """The one-kernel final norm for ``norm`` (a transformers RMSNorm module), or None where it
-    does not apply: no Triton CUDA device, no ``weight`` / ``variance_epsilon``, or an output more
-    than a bfloat16 step from the module's on a random row (checked now)."""
+    does not apply: not a CUDA ``device`` with Triton, no ``weight`` / ``variance_epsilon``, or an output more
+    than a bfloat16 step from the module's on random rows (checked now)."""
     weight = getattr(norm, "weight", None)
     eps = getattr(norm, "variance_epsilon", None)
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 1 or eps is None or device.type != "cuda":
-        return None
-    probe = torch.zeros(1, 1, dtype=dtype, device=device)
-    if not triton_runs_on(probe):
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 1 or eps is None or not _kernels_on(device):
         return None
     fast = FinalNorm(weight, float(eps))
     generator = torch.Generator(device=device).manual_seed(0)
@@ -137,3 +134,15 @@ def final_norm(norm: Any, *, dtype: torch.dtype, device: torch.device) -> FinalN
         log.info("the norm %s keeps its module (the one-kernel norm differs)", type(norm).__name__)
         return None
     return fast
+
+
+def _kernels_on(device: torch.device) -> bool:
+    """Whether the kernels run for ``device``: a CUDA GPU with Triton importable (the interpreter
+    runs them on CPU too, but a CPU step keeps the modules)."""
+    if device.type != "cuda":
+        return False
+    try:
+        from omni_runtime.executor import decode_input_kernels  # noqa: F401
+    except ImportError:
+        return False
+    return True
