@@ -66,3 +66,59 @@ def test_final_norm_equals_the_module() -> None:
     # Within two bfloat16 steps: the interpreter's rounding to bfloat16 is not the GPU's (on a GPU
     # decode_inputs.final_norm checks one step at the largest value before it is used).
     torch.testing.assert_close(got.float(), expected.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_a_slot_decoder_with_the_kernels_decodes_as_with_the_modules() -> None:
+    """The tiny Qwen2.5-Omni thinker's slot decoder stepping with the two kernels (set here: on a
+    CPU the decoder keeps its modules) against the same decoder with its modules: the same greedy
+    tokens and logits within float32 noise over steps that write, mask and rotate at several
+    positions (two rows of different lengths)."""
+    from transformers import Qwen2_5OmniForConditionalGeneration
+
+    from omni_runtime.contract.adapter import RowSampling, ThinkerAdmission, ThinkerPrompt
+    from omni_runtime.models.qwen2_5_omni.runners import QwenThinkerRunner
+    from omni_runtime.models.qwen2_5_omni.tiny import ensure_tiny_checkpoint
+
+    model = Qwen2_5OmniForConditionalGeneration.from_pretrained(str(ensure_tiny_checkpoint(progress=False)))
+    thinker = model.thinker.eval().float()
+    lengths = [7, 12]
+
+    def decode(kernels: bool) -> tuple[list[list[int]], list[torch.Tensor]]:
+        lm = thinker.model.language_model
+        runner = QwenThinkerRunner(
+            lm, thinker.lm_head, thinker.config, slots=4, max_len=512, dtype=torch.float32,
+            device=torch.device("cpu"), cuda_graphs=False,
+        )  # fmt: skip
+        assert runner.decoder.step_inputs is None and runner.decoder.final_norm is None  # a CPU keeps them
+        if kernels:
+            rotary = lm.rotary_emb
+            runner.decoder.step_inputs = StepInputs(
+                rotary.inv_freq, rotary.attention_scaling, torch.float32, 512
+            )
+            runner.decoder.final_norm = FinalNorm(lm.norm.weight, lm.norm.variance_epsilon)
+        rows = []
+        for slot, n in enumerate(lengths):
+            ids = list(range(10 + slot, 10 + slot + n))
+            prompt = ThinkerPrompt(
+                input_ids=ids, embeds=runner.embed(torch.tensor(ids)),
+                positions=torch.arange(n).view(1, -1).expand(3, -1), rope_delta=0,
+            )  # fmt: skip
+            rows.append(
+                ThinkerAdmission(
+                    slot=slot, prompt=prompt, sampling=RowSampling(temperature=0.0), want_vectors=False
+                )
+            )
+        runner.admit(rows)
+        tokens, logits = [], []
+        for i in range(4):
+            step = runner.step(len(lengths), vector_slots=[], max_length=max(lengths) + 1 + i)
+            tokens.append(list(step.tokens))
+            logits.append(runner.decoder.out_logits[: len(lengths)].clone())
+        return tokens, logits
+
+    with torch.no_grad():
+        want_tokens, want_logits = decode(kernels=False)
+        got_tokens, got_logits = decode(kernels=True)
+    assert got_tokens == want_tokens
+    for got, want in zip(got_logits, want_logits, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
