@@ -42,7 +42,7 @@ PHASES = {
     ),
 }  # fmt: skip
 ROW_PHASES = PHASES | {  # row_gemv.cu's marks for o (the Triton kernel marks entry, wait and end only)
-    "o": (("x merged (or its loads issued)", 1, 3), ("weights' wait", 3, 2), ("dots", 2, 5)),
+    "o": (("x's loads issued", 1, 3), ("weights' wait", 3, 2), ("dots", 2, 5)),
 }
 COUNTED = ("attention", "router")  # kernels whose last program to count itself done merges or routes
 CALLS = 8

@@ -41,6 +41,13 @@ def step_inputs_kernel(
 
 
 @triton.jit
+def rms_normed(x, gain, rstd, DTYPE: tl.constexpr):
+    """transformers' RMSNorm of one row given its ``rstd``: ``weight * bf16(x * rstd)`` rounded
+    (float32 values of ``DTYPE``; also the fused MoE layer's norms, moe_layer_kernels)."""
+    return ((x * rstd).to(DTYPE).to(tl.float32) * gain).to(DTYPE).to(tl.float32)
+
+
+@triton.jit
 def rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_x, stride_out, eps, H: tl.constexpr, BLOCK: tl.constexpr):
     """Row ``program_id`` of ``x`` normed as transformers' RMSNorm: float32, ``x * rsqrt(mean(x^2)
     + eps)`` rounded to the weight's dtype, times the weight, rounded."""
@@ -51,5 +58,4 @@ def rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_x, stride_out, eps, H: tl.cons
     rstd = tl.rsqrt(tl.sum(x * x, axis=0) / H + eps)
     dtype = out_ptr.dtype.element_ty
     w = tl.load(w_ptr + h, mask=ok, other=0.0).to(tl.float32)
-    out = w * (x * rstd).to(dtype).to(tl.float32)
-    tl.store(out_ptr + row * stride_out + h, out.to(dtype), mask=ok)
+    tl.store(out_ptr + row * stride_out + h, rms_normed(x, w, rstd, dtype).to(dtype), mask=ok)

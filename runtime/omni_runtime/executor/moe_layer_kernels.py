@@ -17,6 +17,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from omni_runtime.executor.attention_kernels import merge_split, softmax_step
+from omni_runtime.executor.decode_input_kernels import rms_normed
 
 TRACE_MARKS = tl.constexpr(8)  # marks a program when traced (``mark``)
 
@@ -35,12 +36,6 @@ def mark(trace_ptr, program, at: tl.constexpr, TRACE: tl.constexpr):
     own phases, 5 done). Without, nothing: the served kernels compile as before."""
     if TRACE:
         tl.store(trace_ptr + program * TRACE_MARKS + at, _now())
-
-
-@triton.jit
-def _normed(x, gain, rstd, DTYPE: tl.constexpr):
-    """transformers' RMSNorm of one row given its ``rstd``: ``weight * bf16(x * rstd)`` rounded."""
-    return ((x * rstd).to(DTYPE).to(tl.float32) * gain).to(DTYPE).to(tl.float32)
 
 
 @triton.jit
@@ -106,7 +101,7 @@ def gemv_kernel(
         x = tl.load(x_ptr + t * stride_x + k, mask=k_ok & (k * 0 + t < rows), other=0.0).to(tl.float32)
         if HAS_NORM:
             rstd = tl.rsqrt(tl.sum(x * x, axis=0) / K + eps)
-            x = _normed(x, gain, rstd, x_ptr.dtype.element_ty)
+            x = rms_normed(x, gain, rstd, x_ptr.dtype.element_ty)
         y = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
         acc = tl.where(r[:, None] == t, y[None, :], acc)
     out = acc.to(out_ptr.dtype.element_ty)
@@ -146,7 +141,7 @@ def router_kernel(
         if t < rows:
             x = tl.load(h_ptr + t * stride_h + k, mask=k_ok, other=0.0).to(tl.float32)
             rstd = tl.rsqrt(tl.sum(x * x, axis=0) / HIDDEN + eps)
-            x = _normed(x, gain, rstd, h_ptr.dtype.element_ty)
+            x = rms_normed(x, gain, rstd, h_ptr.dtype.element_ty)
             tl.store(xn_ptr + t * stride_xn + k, x.to(xn_ptr.dtype.element_ty), mask=k_ok & share)
             logit = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
             logit = logit.to(h_ptr.dtype.element_ty).to(tl.float32)  # transformers' linear rounds
@@ -303,9 +298,8 @@ def _merged_splits(m_ptr, l_ptr, acc_ptr, pair, splits, g, d, BLOCK_G: tl.conste
     out = tl.zeros([BLOCK_G, DIM], tl.float32)
     for first in range(0, splits, CHUNK):
         for k in tl.static_range(CHUNK):
-            ok = (
-                g * 0 + (first + k) < splits
-            )  # a split past the last: masked (as a vector, for the interpreter)
+            # A split past the last is masked (the mask a vector: the interpreter takes no scalar).
+            ok = g * 0 + (first + k) < splits
             at = pair * splits + first + k
             m_s = tl.load(m_ptr + at * BLOCK_G + g, mask=ok, other=float("-inf"), cache_modifier=".cg")
             l_s = tl.load(l_ptr + at * BLOCK_G + g, mask=ok, other=0.0, cache_modifier=".cg")
