@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from omni_runtime.executor.triton_support import interpreted
+from omni_runtime.executor.triton_support import interpreted, triton_available
 
 log = logging.getLogger(__name__)
 
@@ -137,12 +137,6 @@ def final_norm(norm: Any, *, dtype: torch.dtype, device: torch.device) -> FinalN
 
 
 def _kernels_on(device: torch.device) -> bool:
-    """Whether the kernels run for ``device``: a CUDA GPU with Triton importable (the interpreter
+    """Whether the kernels run for ``device``: a CUDA GPU with Triton installed (the interpreter
     runs them on CPU too, but a CPU step keeps the modules)."""
-    if device.type != "cuda":
-        return False
-    try:
-        from omni_runtime.executor import decode_input_kernels  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return device.type == "cuda" and triton_available()

@@ -29,7 +29,6 @@ tests also compile them for sm_90 without a GPU.
 from __future__ import annotations
 
 import functools
-import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,10 +70,6 @@ def launch_config(rows: int, hidden: int, intermediate: int, top_k: int) -> Laun
 
 def _pow2_at_least(n: int) -> int:
     return 1 << max(4, (n - 1).bit_length())
-
-
-def triton_available() -> bool:
-    return importlib.util.find_spec("triton") is not None
 
 
 def register() -> None:

@@ -4,9 +4,15 @@ kernels' CPU tests run them. Elsewhere a caller takes its PyTorch path."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import torch
+
+
+def triton_available() -> bool:
+    """Whether Triton is installed (the CPU image leaves it out)."""
+    return importlib.util.find_spec("triton") is not None
 
 
 def interpreted() -> bool:

@@ -159,12 +159,12 @@ def test_experts_implementation_from_the_environment(value, chosen) -> None:
 
 
 def test_default_experts_without_triton_or_for_the_talker_is_grouped_mm(monkeypatch) -> None:
-    from omni_runtime.executor import moe_decode
+    from omni_runtime.executor import triton_support
     from omni_runtime.models.qwen3_omni_moe.loader import experts_implementation
 
     assert experts_implementation(None, stage="talker") == "grouped_mm"
     assert experts_implementation("omni_fused", stage="talker") == "omni_fused"  # the variable wins
-    monkeypatch.setattr(moe_decode, "triton_available", lambda: False)
+    monkeypatch.setattr(triton_support, "triton_available", lambda: False)
     assert experts_implementation(None) == "grouped_mm"
 
 

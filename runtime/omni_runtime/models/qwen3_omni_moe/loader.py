@@ -34,7 +34,7 @@ from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as hf
 from omni_runtime.contract import switches
 from omni_runtime.contract.engine import EngineError
 from omni_runtime.contract.options import EngineOptions
-from omni_runtime.executor import moe_decode
+from omni_runtime.executor import moe_decode, triton_support
 from omni_runtime.executor.tensor_parallel import check_tp_size, shard_text_model
 from omni_runtime.executor.tp_group import TPLeader
 from omni_runtime.models.qwen2_5_omni.loader import (
@@ -157,14 +157,14 @@ def experts_implementation(value: str | None, *, stage: str = "thinker") -> str:
     ``grouped_mm``. On an H200 ``omni_fused`` made the 30B-A3B thinker's decode step 1.1-1.4x
     faster, while streaming speech (talker-bound) was no faster with it on the talker
     (docs/benchmarks.md)."""
-    fused_default = stage == "thinker" and moe_decode.triton_available()
+    fused_default = stage == "thinker" and triton_support.triton_available()
     choice = (value or "").strip() or (moe_decode.NAME if fused_default else "grouped_mm")
     if choice not in MOE_EXPERTS:
         raise EngineError(
             f"OMNI_MOE_EXPERTS is {choice!r}; use one of {', '.join(MOE_EXPERTS)}", param="OMNI_MOE_EXPERTS"
         )
     if choice == moe_decode.NAME:
-        if not moe_decode.triton_available():
+        if not triton_support.triton_available():
             raise EngineError(
                 f"OMNI_MOE_EXPERTS is {choice!r} but Triton is not installed; install triton or use grouped_mm",
                 param="OMNI_MOE_EXPERTS",
